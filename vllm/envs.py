@@ -1,0 +1,81 @@
+"""Every environment variable the engine reads, in one place.
+
+Each entry is (type, default, doc). Values are read lazily on attribute access
+(`vllm.envs.VLLM_CPU_KVCACHE_SPACE`), so tests can set variables with
+monkeypatch after import and see the change.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+
+def _bool(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _opt_int(value: str) -> int | None:
+    return int(value) if value.strip() else None
+
+
+# name -> (parser, default, documentation)
+environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
+    # ---- build / platform ----
+    "VLLM_TARGET_DEVICE": (str, "", "Target device recorded at build time (hpu, cpu, cuda); "
+                           "overrides the recorded one when set at run time."),
+    "VLLM_PLUGINS": (str, "", "Comma-separated names of plugins to load; empty loads all."),
+    "VLLM_USE_FAKE_HPU": (_bool, False, "Run the HPU path on CPU with the vllm.hpu stand-ins."),
+    "VLLM_FAKE_HPU_MEMORY_GB": (float, 16.0, "Device memory the fake HPU reports, in GiB."),
+    # ---- CPU ----
+    "VLLM_CPU_KVCACHE_SPACE": (float, 0.0, "KV cache size on CPU in GiB; 0 means automatic "
+                               "(a quarter of available memory, capped at 4 GiB)."),
+    "VLLM_CPU_OMP_THREADS_BIND": (str, "auto", "Cores the CPU worker binds to ('auto' or 'all')."),
+    # ---- server ----
+    "VLLM_API_KEY": (str, "", "API key the OpenAI server requires under /v1 when set."),
+    "VLLM_HOST_IP": (str, "", "IP address of this node for distributed setups."),
+    "VLLM_PORT": (_opt_int, None, "Base port for distributed communication."),
+    "VLLM_LOGGING_LEVEL": (str, "INFO", "Level of the vllm logger."),
+    "VLLM_CACHE_ROOT": (str, os.path.join(os.path.expanduser("~"), ".cache", "vllm"),
+                        "Where converted models (GGUF -> safetensors) are cached."),
+    "VLLM_ENGINE_ITERATION_TIMEOUT_S": (int, 60, "Seconds a worker may take for one step."),
+    # ---- HPU (see HPU.md) ----
+    "PT_HPU_LAZY_MODE": (int, 0, "1: lazy mode (HPU graphs); 0: eager / torch.compile."),
+    "PT_HPU_ENABLE_LAZY_COLLECTIVES": (_bool, False, "Required for TP with HPU graphs."),
+    "VLLM_SKIP_WARMUP": (_bool, False, "Skip bucket warmup (first requests then compile)."),
+    "VLLM_EXPONENTIAL_BUCKETING": (_bool, True, "Exponential buckets (default) or linear."),
+    "VLLM_GRAPH_RESERVED_MEM": (float, 0.1, "Share of usable memory kept for HPU graphs."),
+    "VLLM_GRAPH_PROMPT_RATIO": (float, 0.3, "Share of graph memory given to prompt graphs."),
+    "VLLM_GRAPH_PROMPT_STRATEGY": (str, "min_tokens", "Prompt capture order (min_tokens|max_bs)."),
+    "VLLM_GRAPH_DECODE_STRATEGY": (str, "max_bs", "Decode capture order (max_bs|min_tokens)."),
+    "VLLM_PROFILER_ENABLED": (_bool, False, "Write a high-level profile trace."),
+    "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION": (_bool, False, "Log steps that compiled a graph."),
+    "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION_ALL": (_bool, False, "Log every step's compiles."),
+    "VLLM_HPU_LOG_STEP_CPU_FALLBACKS": (_bool, False, "Log steps with CPU fallbacks."),
+    "VLLM_HPU_LOG_STEP_CPU_FALLBACKS_ALL": (_bool, False, "Log every step's CPU fallbacks."),
+    "VLLM_CONTIGUOUS_PA": (_bool, True, "Contiguous paged attention (used when prefix caching "
+                           "is off)."),
+    "VLLM_DEFRAG_THRESHOLD": (int, 32, "Defragment when max_used - num_used exceeds this."),
+}
+
+for _kind in ("PROMPT", "DECODE"):
+    for _dim in ("BS", "SEQ", "BLOCK"):
+        for _part in ("MIN", "STEP", "MAX"):
+            environment_variables[f"VLLM_{_kind}_{_dim}_BUCKET_{_part}"] = (
+                _opt_int, None, f"{_kind.lower()} {_dim.lower()} bucket {_part.lower()}")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in environment_variables:
+        raise AttributeError(f"module 'vllm.envs' has no attribute {name!r}")
+    parse, default, _ = environment_variables[name]
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return parse(raw)
+    except ValueError as e:
+        raise ValueError(f"Invalid value {raw!r} for environment variable {name}: {e}") from e
+
+
+def __dir__() -> list[str]:
+    return list(environment_variables)

@@ -1,0 +1,43 @@
+"""The one piece of state shared by every attention layer during a forward pass.
+
+Lifetime: the model runner enters `set_forward_context(...)` around exactly one
+`model(...)` call; attention layers read it with `get_forward_context()`. Outside
+that block there is no context, and `Attention` falls back to plain causal
+attention over the whole input (used by profiling runs and unit tests).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import torch
+
+
+@dataclass
+class ForwardContext:
+    attn_metadata: Any
+    """Backend-specific metadata built by the model runner for this step."""
+    kv_caches: list[torch.Tensor]
+    """One KV cache tensor per attention layer of this rank, indexed by layer index."""
+    attn_impl: Any
+    """Object with `forward(layer, query, key, value, kv_cache, attn_metadata)`."""
+
+
+_forward_context: Optional[ForwardContext] = None
+
+
+def get_forward_context() -> Optional[ForwardContext]:
+    return _forward_context
+
+
+@contextmanager
+def set_forward_context(attn_metadata: Any, kv_caches: list[torch.Tensor],
+                        attn_impl: Any) -> Iterator[None]:
+    global _forward_context
+    prev = _forward_context
+    _forward_context = ForwardContext(attn_metadata, kv_caches, attn_impl)
+    try:
+        yield
+    finally:
+        _forward_context = prev

@@ -1,0 +1,88 @@
+"""The current platform: recorded build target, else auto-detection.
+
+`current_platform` resolves lazily on first attribute access, so importing vllm
+never initialises a device.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+from typing import Any, Optional
+
+from vllm.platforms.interface import Platform, PlatformEnum
+
+logger = logging.getLogger(__name__)
+
+_BUILTIN = {
+    "cpu": "vllm.platforms.cpu.CpuPlatform",
+    "cuda": "vllm.platforms.cuda.CudaPlatform",
+    "hpu": "vllm.platforms.hpu.HpuPlatform",
+}
+
+
+def _recorded_target() -> str:
+    """The target device: VLLM_TARGET_DEVICE at run time, else the one setup.py recorded."""
+    env = os.environ.get("VLLM_TARGET_DEVICE", "").strip().lower()
+    if env:
+        return env
+    try:
+        from vllm._build_info import TARGET_DEVICE  # written by setup.py
+        return TARGET_DEVICE
+    except ImportError:
+        return ""
+
+
+def _detect_builtin() -> str:
+    target = _recorded_target()
+    if target in _BUILTIN and target != "cpu":
+        return target
+    if importlib.util.find_spec("habana_frameworks") is not None:
+        return "hpu"
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return "cuda"
+    except Exception:  # pragma: no cover - broken torch installs
+        pass
+    return "cpu"
+
+
+def resolve_current_platform_cls_qualname() -> str:
+    from vllm.plugins import load_platform_plugin
+    oot = load_platform_plugin()
+    if oot is not None:
+        return oot
+    return _BUILTIN[_detect_builtin()]
+
+
+def _load_cls(qualname: str) -> type:
+    module, _, name = qualname.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+_current_platform: Optional[Platform] = None
+
+
+class _LazyPlatform:
+    """Proxy that builds the platform object the first time it is used."""
+
+    def __getattr__(self, name: str) -> Any:
+        global _current_platform
+        if _current_platform is None:
+            qualname = resolve_current_platform_cls_qualname()
+            _current_platform = _load_cls(qualname)()
+            logger.debug("Current platform: %s", qualname)
+        return getattr(_current_platform, name)
+
+
+def _reset_current_platform() -> None:
+    """Forget the resolved platform (tests that change VLLM_TARGET_DEVICE or plugins)."""
+    global _current_platform
+    _current_platform = None
+
+
+current_platform: Platform = _LazyPlatform()  # type: ignore[assignment]
+
+__all__ = ["Platform", "PlatformEnum", "current_platform"]

@@ -1,0 +1,46 @@
+"""The CPU platform: the embedded default wherever no accelerator is present."""
+from __future__ import annotations
+
+import psutil
+import torch
+
+from vllm.platforms.interface import Platform, PlatformEnum
+
+
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 dot products (AVX512_BF16 / AMX)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+class CpuPlatform(Platform):
+    _enum = PlatformEnum.CPU
+    device_name = "cpu"
+    device_type = "cpu"
+    dist_backend = "gloo"
+
+    def __init__(self) -> None:
+        self.supported_dtypes = ((torch.bfloat16, torch.float32, torch.float16)
+                                 if cpu_supports_bf16() else
+                                 (torch.float32, torch.bfloat16, torch.float16))
+
+    def resolve_auto_dtype(self, config_dtype: torch.dtype) -> torch.dtype:
+        if config_dtype == torch.float16:
+            return torch.bfloat16  # fp16 matmuls are slow on CPU, as in vLLM
+        if config_dtype == torch.float32:
+            return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+        return config_dtype
+
+    def get_worker_cls(self) -> str:
+        return "vllm.worker.cpu_worker.CPUWorker"
+
+    def get_attn_backend_cls(self) -> str:
+        return "vllm.attention.backends.torch_sdpa.TorchSDPABackendImpl"
+
+    def mem_get_info(self) -> tuple[int, int]:
+        vm = psutil.virtual_memory()
+        return vm.available, vm.total

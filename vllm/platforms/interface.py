@@ -1,0 +1,78 @@
+"""What a platform decides: device, worker class, attention backend, memory, dtypes."""
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+
+class PlatformEnum(enum.Enum):
+    CPU = enum.auto()
+    HPU = enum.auto()
+    CUDA = enum.auto()
+    OOT = enum.auto()
+
+
+class Platform:
+    _enum: PlatformEnum = PlatformEnum.OOT
+    device_name: str = "unknown"
+    device_type: str = "cpu"
+    dist_backend: str = "gloo"
+    supported_dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
+
+    def is_cpu(self) -> bool:
+        return self._enum == PlatformEnum.CPU
+
+    def is_hpu(self) -> bool:
+        return self._enum == PlatformEnum.HPU
+
+    def is_cuda(self) -> bool:
+        return self._enum == PlatformEnum.CUDA
+
+    def is_out_of_tree(self) -> bool:
+        return self._enum == PlatformEnum.OOT
+
+    def default_block_size(self) -> int:
+        return 16
+
+    def get_worker_cls(self) -> str:
+        """Qualified name of the Worker class the executor instantiates."""
+        raise NotImplementedError
+
+    def get_attn_backend_cls(self) -> str:
+        """Qualified name of the attention implementation class."""
+        raise NotImplementedError
+
+    def resolve_auto_dtype(self, config_dtype: torch.dtype) -> torch.dtype:
+        """dtype='auto': the checkpoint's dtype, or a 16-bit one for fp32 checkpoints."""
+        if config_dtype == torch.float32:
+            return torch.bfloat16 if torch.bfloat16 in self.supported_dtypes else torch.float32
+        if config_dtype not in self.supported_dtypes:
+            return self.supported_dtypes[0]
+        return config_dtype
+
+    def check_and_update_config(self, vllm_config: "VllmConfig") -> None:
+        dtype = vllm_config.model_config.torch_dtype
+        if dtype not in self.supported_dtypes:
+            names = ", ".join(str(d).removeprefix("torch.") for d in self.supported_dtypes)
+            raise ValueError(f"dtype {dtype} is not supported on {self.device_name}; "
+                             f"supported: {names}.")
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """(free, total) device memory in bytes."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        return None
+
+    def seed_everything(self, seed: int) -> None:
+        import random
+
+        import numpy as np
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)

@@ -1,0 +1,70 @@
+"""Out-of-tree platforms and general plugins, found through entry points.
+
+`vllm.platform_plugins`: each entry point is a function returning the qualified
+name of a Platform class, or None when its device is absent; at most one may
+activate. `vllm.general_plugins`: functions run once in every process.
+`VLLM_PLUGINS` (comma-separated entry-point names) filters both groups.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from importlib.metadata import entry_points
+from typing import Any, Callable, Optional
+
+logger = logging.getLogger(__name__)
+
+_general_plugins_loaded = False
+
+
+def _allowed_names() -> Optional[set[str]]:
+    raw = os.environ.get("VLLM_PLUGINS", "").strip()
+    return {n.strip() for n in raw.split(",") if n.strip()} if raw else None
+
+
+def load_plugins_by_group(group: str) -> dict[str, Callable[[], Any]]:
+    allowed = _allowed_names()
+    plugins = {}
+    for ep in entry_points(group=group):
+        if allowed is not None and ep.name not in allowed:
+            continue
+        try:
+            plugins[ep.name] = ep.load()
+        except Exception:
+            logger.exception("Failed to load plugin %s from group %s", ep.name, group)
+    return plugins
+
+
+def load_platform_plugin() -> Optional[str]:
+    """Qualified name of the one activated out-of-tree platform, or None."""
+    activated = {}
+    for name, func in load_plugins_by_group("vllm.platform_plugins").items():
+        try:
+            qualname = func()
+        except Exception:
+            logger.exception("Platform plugin %s failed", name)
+            continue
+        if qualname is not None:
+            activated[name] = qualname
+    if len(activated) > 1:
+        raise RuntimeError(f"Only one platform plugin can be activated, found: "
+                           f"{sorted(activated)}")
+    if activated:
+        name, qualname = next(iter(activated.items()))
+        logger.info("Platform plugin %s is activated: %s", name, qualname)
+        return qualname
+    return None
+
+
+def load_general_plugins() -> None:
+    """Run every general plugin once per process (called by engines and workers)."""
+    global _general_plugins_loaded
+    if _general_plugins_loaded:
+        return
+    _general_plugins_loaded = True
+    for name, func in load_plugins_by_group("vllm.general_plugins").items():
+        try:
+            func()
+            logger.info("General plugin %s loaded.", name)
+        except Exception:
+            logger.exception("General plugin %s failed", name)
