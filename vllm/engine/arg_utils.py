@@ -1,0 +1,165 @@
+"""EngineArgs: every engine option under vLLM's name, and its argparse flags.
+
+Help text for each flag comes from the field docstrings in vllm/config.py, so the
+config classes stay the single source of truth.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import json
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+from vllm.config import (DEFAULT_MODEL, CacheConfig, DeviceConfig, LoadConfig, ModelConfig,
+                         ParallelConfig, SchedulerConfig, VllmConfig)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Read the string literal that follows each field in a dataclass's source."""
+    try:
+        tree = ast.parse(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+_DOCS: dict[str, str] = {}
+for _cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, DeviceConfig,
+             LoadConfig):
+    _DOCS.update(_field_docs(_cls))
+_DOCS["kv_cache_dtype"] = _DOCS.get("cache_dtype", "")
+
+
+@dataclass
+class EngineArgs:
+    model: str = DEFAULT_MODEL
+    tokenizer: Optional[str] = None
+    served_model_name: Optional[list[str]] = None
+    dtype: str = "auto"
+    seed: int = 0
+    max_model_len: Optional[int] = None
+    quantization: Optional[str] = None
+    trust_remote_code: bool = False
+    revision: Optional[str] = None
+    generation_config: str = "auto"
+    max_logprobs: int = 20
+    enforce_eager: bool = False
+    # cache
+    block_size: Optional[int] = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    kv_cache_memory_bytes: Optional[int] = None
+    num_gpu_blocks_override: Optional[int] = None
+    kv_cache_dtype: str = "auto"
+    swap_space: float = 0
+    # scheduler
+    max_num_seqs: int = 256
+    max_num_batched_tokens: Optional[int] = None
+    enable_chunked_prefill: bool = True
+    # parallel
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: Optional[str] = None
+    # device / load
+    device: str = "auto"
+    load_format: str = "auto"
+    download_dir: Optional[str] = None
+    # features refused with a clear error until supported
+    enable_lora: bool = False
+    speculative_config: Optional[dict] = None
+    disable_log_stats: bool = False
+
+    def __post_init__(self) -> None:
+        if self.model is None:
+            self.model = DEFAULT_MODEL
+        if isinstance(self.served_model_name, str):
+            self.served_model_name = [self.served_model_name]
+
+    # ------------------------------------------------------------------ CLI
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add one --flag per field, named as in vLLM (underscores become dashes)."""
+        group = parser.add_argument_group("Engine arguments")
+        for f in fields(EngineArgs):
+            flag = "--" + f.name.replace("_", "-")
+            default = (f.default if f.default is not dataclasses.MISSING else None)
+            help_text = _DOCS.get(f.name, "")
+            if f.name == "model":
+                group.add_argument(flag, type=str, default=default, help=help_text)
+            elif f.type in ("bool", bool):
+                group.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                   default=default, help=help_text)
+            elif f.name == "served_model_name":
+                group.add_argument(flag, type=str, nargs="+", default=None, help=help_text)
+            elif f.name == "speculative_config":
+                group.add_argument(flag, type=json.loads, default=None,
+                                   help="Speculative decoding config as JSON (not supported "
+                                        "yet: refused).")
+            else:
+                group.add_argument(flag, type=_parse_type(f.type), default=default,
+                                   help=help_text)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)
+                      if hasattr(args, f.name)})
+
+    # ------------------------------------------------------------- config
+    def create_engine_config(self) -> VllmConfig:
+        if self.enable_lora:
+            raise ValueError("enable_lora: LoRA adapters are not supported yet.")
+        if self.speculative_config:
+            raise ValueError("speculative_config: speculative decoding is not supported yet.")
+        model_config = ModelConfig(
+            model=self.model, tokenizer=self.tokenizer, dtype=self.dtype, seed=self.seed,
+            max_model_len=self.max_model_len, served_model_name=self.served_model_name,
+            enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs,
+            quantization=self.quantization, revision=self.revision,
+            trust_remote_code=self.trust_remote_code,
+            generation_config=self.generation_config)
+        cache_config = CacheConfig(
+            block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
+            enable_prefix_caching=self.enable_prefix_caching,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            cache_dtype=self.kv_cache_dtype, swap_space=self.swap_space)
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_chunked_prefill=self.enable_chunked_prefill)
+        parallel_config = ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            data_parallel_size=self.data_parallel_size,
+            distributed_executor_backend=self.distributed_executor_backend)
+        return VllmConfig(model_config=model_config, cache_config=cache_config,
+                          scheduler_config=scheduler_config, parallel_config=parallel_config,
+                          device_config=DeviceConfig(device=self.device),
+                          load_config=LoadConfig(load_format=self.load_format,
+                                                 download_dir=self.download_dir))
+
+
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    disable_log_requests: bool = False
+
+
+def _parse_type(annotation: Any):
+    """Map a field annotation (a string under postponed evaluation) to an argparse type."""
+    text = str(annotation)
+    if "int" in text and "float" not in text:
+        return int
+    if "float" in text:
+        return float
+    return str
