@@ -1,0 +1,127 @@
+"""Per-request block tables over the BlockPool, with prefix caching.
+
+Prefix caching identifies a full block by a hash chained over every token before
+it: hash(parent_hash, block_tokens). Only full blocks are cached, and a hit never
+covers the last prompt token (it must be computed to get logits), so the hit is
+capped at num_tokens - 1 tokens.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+from vllm.core.block_pool import BlockPool, KVCacheBlock
+from vllm.request import Request
+
+logger = logging.getLogger(__name__)
+
+_ROOT_HASH = hash("vllm-prefix-cache-root")
+
+
+def hash_block_tokens(parent_hash: Optional[int], token_ids: tuple[int, ...],
+                      extra_keys: Optional[tuple] = None) -> int:
+    return hash((_ROOT_HASH if parent_hash is None else parent_hash, token_ids, extra_keys))
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0
+    """Prompt tokens looked up in the prefix cache (cumulative)."""
+    hits: int = 0
+    """Prompt tokens found in the prefix cache (cumulative)."""
+
+
+class KVCacheManager:
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.num_cached_blocks: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    def _update_block_hashes(self, request: Request) -> list[int]:
+        """Extend request.block_hashes to cover every full block of its known tokens."""
+        bs = self.block_size
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        for i in range(len(hashes), len(tokens) // bs):
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block_tokens(parent, tuple(tokens[i * bs:(i + 1) * bs])))
+        return hashes
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of the request: (blocks, number of tokens)."""
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            # Prompt logprobs need every prompt position computed (as in vLLM).
+            return [], 0
+        hashes = self._update_block_hashes(request)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in hashes[:max_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        self.prefix_cache_stats.queries += request.num_tokens
+        self.prefix_cache_stats.hits += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: Optional[list[KVCacheBlock]] = None,
+                       ) -> Optional[list[KVCacheBlock]]:
+        """Make room for `num_new_tokens` more tokens; None if the pool is too small.
+
+        `new_computed_blocks` are prefix-cache hits for a request being scheduled from
+        the waiting queue; their tokens are already counted in num_computed_tokens.
+        """
+        new_computed_blocks = new_computed_blocks or []
+        req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_required = -(-(num_computed + num_new_tokens) // self.block_size)
+        num_new_blocks = num_required - len(req_blocks) - len(new_computed_blocks)
+        # Hits sitting in the free queue stop being free once touched.
+        num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_revived:
+            if not req_blocks:
+                del self.req_to_blocks[request.request_id]
+            return None
+        if new_computed_blocks:
+            self.block_pool.touch(new_computed_blocks)
+            req_blocks.extend(new_computed_blocks)
+            self.num_cached_blocks[request.request_id] = len(req_blocks)
+        new_blocks = self.block_pool.get_new_blocks(max(num_new_blocks, 0))
+        req_blocks.extend(new_blocks)
+        if self.enable_caching:
+            self._cache_full_blocks(request, num_computed + num_new_tokens)
+        return new_blocks
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Hash blocks that become full once this step's tokens are written."""
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        start = self.num_cached_blocks.get(request.request_id, 0)
+        if num_full <= start:
+            return
+        hashes = self._update_block_hashes(request)
+        blocks = self.req_to_blocks[request.request_id]
+        for i in range(start, num_full):
+            self.block_pool.cache_full_block(blocks[i], hashes[i])
+        self.num_cached_blocks[request.request_id] = num_full
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks; its tail blocks are evicted first."""
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.num_cached_blocks.pop(request.request_id, None)
+        self.block_pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()

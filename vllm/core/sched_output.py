@@ -1,0 +1,55 @@
+"""What the scheduler hands to the workers for one step (no tensors: cheap to broadcast)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from vllm.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the workers have not seen (or must rebuild after preemption)."""
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    wants_prompt_logprobs: bool
+
+
+@dataclass
+class CachedRequestData:
+    """A request the workers already hold: only what changed."""
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]
+    """Tokens to compute this step per request; the batch follows this dict's order."""
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str] = field(default_factory=set)
+    """Requests finished, aborted or preempted since the last step: workers drop them."""
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Per scheduled request, in batch order."""
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    """One token for a request that reached the end of its known tokens, else []."""
+    logprobs: Optional[list[Optional[tuple[list[int], list[float], int]]]] = None
+    """Per request: (token ids [sampled, top-k...], logprobs, rank of sampled) or None."""
+    prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = \
+        field(default_factory=dict)
+    """Per request with prompt logprobs: rows for the prompt positions computed this step."""

@@ -1,0 +1,242 @@
+"""vLLM V1-style scheduler: one token budget per step, running requests first.
+
+There are no prefill or decode phases: each request needs
+`num_tokens - num_computed_tokens` tokens computed, and the step's budget
+(`max_num_batched_tokens`) is handed out to running requests, then to waiting
+ones, so long prompts chunk naturally. When the KV pool runs dry the most recently
+started running request is preempted by recompute: its blocks are freed, its
+progress reset, and it goes back to the front of the waiting queue.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from vllm.config import VllmConfig
+from vllm.core.kv_cache_manager import KVCacheManager
+from vllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
+                                    SchedulerOutput)
+from vllm.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SchedulerStats:
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass
+class EngineCoreOutput:
+    """What one step produced for one request."""
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: Optional[list[tuple[list[int], list[float], int]]] = None
+    new_prompt_logprobs: Optional[tuple[list[list[int]], list[list[float]], list[int]]] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[int | str] = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Scheduler:
+
+    def __init__(self, vllm_config: VllmConfig, num_blocks: int) -> None:
+        sc = vllm_config.scheduler_config
+        self.max_num_seqs = sc.max_num_seqs
+        self.max_num_batched_tokens = sc.max_num_batched_tokens
+        self.enable_chunked_prefill = sc.enable_chunked_prefill
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.block_size = vllm_config.cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, self.block_size, vllm_config.cache_config.enable_prefix_caching)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------ requests
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        """Abort / stop requests from outside (client gone, stop string matched)."""
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = status
+            self._free_request(request)
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ------------------------------------------------------------ schedule
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        new_reqs: list[NewRequestData] = []
+        cached_reqs: list[CachedRequestData] = []
+        preemptions_before = self.num_preemptions
+
+        idx = 0
+        while idx < len(self.running) and budget > 0:
+            request = self.running[idx]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new <= 0:
+                idx += 1
+                continue
+            new_blocks = self._allocate_or_preempt(request, num_new)
+            if new_blocks is None:
+                break  # the request itself was preempted
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+            self._record_running(request, new_blocks, new_reqs, cached_reqs)
+            idx += 1
+        # After a preemption the pool is tight: admit nobody new this step.
+        if self.num_preemptions == preemptions_before:
+            budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
+
+        out = SchedulerOutput(
+            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_reqs,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            finished_req_ids=self.finished_req_ids)
+        self.finished_req_ids = set()
+        return out
+
+    def _allocate_or_preempt(self, request: Request, num_new: int):
+        """Allocate slots, preempting from the back of `running` until it fits."""
+        while True:
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            if new_blocks is not None:
+                return new_blocks
+            victim = self.running.pop()
+            self._preempt(victim)
+            if victim is request:
+                return None
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self.finished_req_ids.add(request.request_id)  # workers drop its state
+        logger.debug("Preempted request %s (recompute)", request.request_id)
+
+    def _record_running(self, request, new_blocks, new_reqs, cached_reqs) -> None:
+        cached_reqs.append(CachedRequestData(
+            req_id=request.request_id, new_block_ids=[b.block_id for b in new_blocks],
+            num_computed_tokens=request.num_computed_tokens))
+
+    def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int],
+                          new_reqs: list[NewRequestData]) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            computed_blocks, num_computed = [], 0
+            if request.num_computed_tokens == 0:
+                computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(
+                    request)
+            num_new = request.num_tokens - num_computed
+            if not self.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new,
+                                                              computed_blocks)
+            if new_blocks is None:
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_computed
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+            new_reqs.append(NewRequestData(
+                req_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                output_token_ids=list(request.output_token_ids),
+                sampling_params=request.sampling_params,
+                block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
+                num_computed_tokens=num_computed,
+                wants_prompt_logprobs=request.wants_prompt_logprobs))
+        return budget
+
+    # ------------------------------------------------------------- update
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        outputs: list[EngineCoreOutput] = []
+        for i, req_id in enumerate(runner_output.req_ids):
+            request = self.requests.get(req_id)
+            if request is None:
+                continue  # aborted while the step ran
+            request.num_computed_tokens += scheduler_output.num_scheduled_tokens[req_id]
+            new_ids = runner_output.sampled_token_ids[i]
+            prompt_lp = runner_output.prompt_logprobs.get(req_id)
+            if prompt_lp is not None and request.num_computed_tokens >= request.num_prompt_tokens:
+                request.prompt_logprobs_done = True
+            if not new_ids and prompt_lp is None:
+                continue  # a prefill chunk that produced nothing to report
+            if new_ids:
+                request.append_output_token_ids(new_ids)
+                self._check_stop(request)
+            logprobs = runner_output.logprobs[i] if runner_output.logprobs else None
+            outputs.append(EngineCoreOutput(
+                request_id=req_id, new_token_ids=new_ids,
+                new_logprobs=[logprobs] if (logprobs is not None and new_ids) else None,
+                new_prompt_logprobs=prompt_lp,
+                finish_reason=request.get_finished_reason(), stop_reason=request.stop_reason,
+                num_cached_tokens=max(request.num_cached_tokens, 0)))
+            if request.is_finished():
+                self.running.remove(request)
+                self._free_request(request)
+        return outputs
+
+    def _check_stop(self, request: Request) -> None:
+        params = request.sampling_params
+        last = request.output_token_ids[-1]
+        if request.num_output_tokens >= params.min_tokens:
+            if last == request.eos_token_id and not params.ignore_eos:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return
+            if params.stop_token_ids and last in params.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = last
+                return
+        if (request.num_output_tokens >= request.max_tokens
+                or request.num_tokens >= self.max_model_len):
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+
+    def get_stats(self) -> SchedulerStats:
+        pc = self.kv_cache_manager.prefix_cache_stats
+        return SchedulerStats(
+            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage, prefix_cache_queries=pc.queries,
+            prefix_cache_hits=pc.hits, num_preemptions=self.num_preemptions)

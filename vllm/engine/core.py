@@ -1,0 +1,80 @@
+"""The engine core: scheduler + executor, stepping requests forward one batch at a time.
+
+It knows nothing about text: requests come in as token ids, outputs leave as token
+ids, logprobs and finish reasons. Detokenization and stop strings live in the
+frontend (LLMEngine), which is what lets the core run in another process later.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterable, Optional
+
+from vllm.config import VllmConfig
+from vllm.core.scheduler import EngineCoreOutput, Scheduler, SchedulerStats
+from vllm.executor.executor_base import ExecutorBase
+from vllm.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+
+    def __init__(self, vllm_config: VllmConfig,
+                 executor_class: Optional[type[ExecutorBase]] = None) -> None:
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+        start = time.perf_counter()
+        self.vllm_config = vllm_config
+        self.executor = (executor_class or ExecutorBase.get_class(vllm_config))(vllm_config)
+        num_blocks = self._init_kv_cache()
+        self.scheduler = Scheduler(vllm_config, num_blocks)
+        logger.info("Engine core initialized in %.2f s", time.perf_counter() - start)
+
+    def _init_kv_cache(self) -> int:
+        cfg = self.vllm_config
+        num_blocks = self.executor.determine_num_available_blocks()
+        bs = cfg.cache_config.block_size
+        max_len = cfg.model_config.max_model_len
+        if num_blocks * bs < max_len:
+            raise ValueError(
+                f"The model's max seq len ({max_len}) is larger than the maximum number of "
+                f"tokens that can be stored in KV cache ({num_blocks * bs}). Increase the KV "
+                "cache size (VLLM_CPU_KVCACHE_SPACE / kv_cache_memory_bytes / "
+                "gpu_memory_utilization) or decrease max_model_len.")
+        cfg.cache_config.num_gpu_blocks = num_blocks
+        self.executor.initialize_cache(num_blocks)
+        device = cfg.device_config.device.upper()
+        logger.info("# %s blocks: %d (block size %d, %d tokens)", device, num_blocks, bs,
+                    num_blocks * bs)
+        logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_len,
+                    num_blocks * bs / max_len)
+        return num_blocks
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: Iterable[str],
+                       status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        self.scheduler.finish_requests(request_ids, status)
+
+    def step(self) -> list[EngineCoreOutput]:
+        if not self.scheduler.has_unfinished_requests():
+            return []
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            return []
+        runner_output = self.executor.execute_model(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.get_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.kv_cache_manager.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()

@@ -1,0 +1,121 @@
+"""LLMEngine: the synchronous frontend over the engine core.
+
+add_request tokenizes and validates, fans n > 1 out into n core requests, and
+hands them to the EngineCore; step() runs one core step and turns its token
+outputs into RequestOutputs (text, logprobs, stop strings).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterable, Optional
+
+from vllm.config import VllmConfig
+from vllm.core.scheduler import SchedulerStats
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.core import EngineCore
+from vllm.engine.output_processor import OutputProcessor, ParentRequest
+from vllm.engine.processor import Processor, PromptType
+from vllm.outputs import RequestMetrics, RequestOutput
+from vllm.request import Request, RequestStatus
+from vllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+
+    def __init__(self, vllm_config: VllmConfig, log_stats: bool = True) -> None:
+        from vllm.transformers_utils.tokenizer import get_tokenizer
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.log_stats = log_stats
+        mc = self.model_config
+        logger.info("Initializing engine: model=%s, dtype=%s, max_model_len=%d, device=%s, "
+                    "block_size=%d, prefix_caching=%s, chunked_prefill=%s", mc.model,
+                    str(mc.torch_dtype).removeprefix("torch."), mc.max_model_len,
+                    vllm_config.device_config.device, vllm_config.cache_config.block_size,
+                    vllm_config.cache_config.enable_prefix_caching,
+                    vllm_config.scheduler_config.enable_chunked_prefill)
+        self.tokenizer = get_tokenizer(mc.tokenizer_path)
+        self.processor = Processor(mc, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.engine_core = EngineCore(vllm_config)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
+        return cls(engine_args.create_engine_config(),
+                   log_stats=not engine_args.disable_log_stats)
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def get_model_config(self):
+        return self.model_config
+
+    # ------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: Optional[float] = None) -> None:
+        """Validate and queue one request; ValueError for bad input (nothing is queued)."""
+        if request_id in self.output_processor.parents:
+            raise ValueError(f"Request id {request_id} is already in use.")
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams instance.")
+        prompt_text, prompt_ids = self.processor.tokenize_prompt(prompt)
+        params = self.processor.prepare_params(params)
+        max_tokens = self.processor.validate(prompt_ids, params)
+        arrival = arrival_time if arrival_time is not None else time.time()
+        parent = ParentRequest(request_id=request_id, prompt=prompt_text,
+                               prompt_token_ids=prompt_ids, params=params,
+                               metrics=RequestMetrics(arrival_time=arrival))
+        child_ids, child_params = self._fan_out(request_id, params)
+        self.output_processor.add_request(parent, child_ids, child_params)
+        for cid, cparams in zip(child_ids, child_params):
+            self.engine_core.add_request(Request(
+                request_id=cid, prompt_token_ids=prompt_ids, sampling_params=cparams,
+                eos_token_id=self.processor.eos_token_id, arrival_time=arrival,
+                max_tokens=max_tokens))
+
+    @staticmethod
+    def _fan_out(request_id: str, params: SamplingParams
+                 ) -> tuple[list[str], list[SamplingParams]]:
+        """n > 1: n children, seeds offset by index so they differ but reproduce."""
+        if params.n == 1:
+            return [request_id], [params]
+        ids, children = [], []
+        for i in range(params.n):
+            child = params.clone()
+            child.n = 1
+            if params.seed is not None:
+                child.seed = params.seed + i
+            ids.append(f"{i}_{request_id}")
+            children.append(child)
+        return ids, children
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        child_ids = self.output_processor.abort_requests(ids)
+        self.engine_core.abort_requests(child_ids)
+
+    # ---------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        core_outputs = self.engine_core.step()
+        outputs, stopped = self.output_processor.process_outputs(core_outputs)
+        if stopped:
+            self.engine_core.abort_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    def get_stats(self) -> SchedulerStats:
+        return self.engine_core.get_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine_core.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.engine_core.shutdown()

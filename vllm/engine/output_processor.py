@@ -1,0 +1,234 @@
+"""Output processing: token ids from the core -> text, stop strings, RequestOutput.
+
+Each core request has a RequestState holding its incremental detokenizer and the
+logprobs gathered so far. A request with n > 1 is n core requests ("children")
+under one ParentRequest; the user sees one RequestOutput with n completions.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from vllm.core.scheduler import EngineCoreOutput
+from vllm.engine.detokenizer import IncrementalDetokenizer
+from vllm.engine.stop_checker import check_stop_strings
+from vllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.sequence import Logprob, PromptLogprobs, SampleLogprobs
+
+
+@dataclass
+class ParentRequest:
+    """The user's request: owns n children and the parts of the output they share."""
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    children: list["RequestState"] = field(default_factory=list)
+    prompt_logprobs: Optional[PromptLogprobs] = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.children)
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    index: int
+    parent: ParentRequest
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: Optional[SampleLogprobs] = None
+    cumulative_logprob: Optional[float] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[int | str] = None
+    sent_text_len: int = 0
+    sent_tokens: int = 0
+    sent_logprobs: int = 0
+    sent_finished: bool = False
+    text: str = ""
+
+
+class OutputProcessor:
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.request_states: dict[str, RequestState] = {}
+        self.parents: dict[str, ParentRequest] = {}
+        self._token_text: dict[int, str] = {}
+
+    # ---------------------------------------------------------- bookkeeping
+    def add_request(self, parent: ParentRequest, child_ids: list[str],
+                    child_params: list[SamplingParams]) -> None:
+        self.parents[parent.request_id] = parent
+        for i, (cid, params) in enumerate(zip(child_ids, child_params)):
+            state = RequestState(
+                request_id=cid, index=i, parent=parent, params=params,
+                detokenizer=IncrementalDetokenizer(
+                    self.tokenizer, parent.prompt_token_ids,
+                    skip_special_tokens=params.skip_special_tokens,
+                    spaces_between_special_tokens=params.spaces_between_special_tokens),
+                logprobs=[] if params.logprobs is not None else None,
+                cumulative_logprob=0.0 if params.logprobs is not None else None)
+            parent.children.append(state)
+            self.request_states[cid] = state
+        if parent.params.prompt_logprobs is not None:
+            parent.prompt_logprobs = [None]
+
+    def abort_requests(self, parent_ids) -> list[str]:
+        """Forget parents; return their children's core ids (to abort in the core)."""
+        child_ids = []
+        for pid in parent_ids:
+            parent = self.parents.pop(pid, None)
+            if parent is None:
+                continue
+            for child in parent.children:
+                self.request_states.pop(child.request_id, None)
+                child_ids.append(child.request_id)
+        return child_ids
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.parents)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.parents)
+
+    # ------------------------------------------------------------- process
+    def process_outputs(self, outputs: list[EngineCoreOutput]
+                        ) -> tuple[list[RequestOutput], list[str]]:
+        """-> (outputs for the user, core request ids stopped by a stop string)."""
+        now = time.time()
+        touched: dict[str, ParentRequest] = {}
+        stopped: list[str] = []
+        for out in outputs:
+            state = self.request_states.get(out.request_id)
+            if state is None:
+                continue
+            parent = state.parent
+            self._update_metrics(parent, out, now)
+            if out.new_prompt_logprobs is not None and parent.prompt_logprobs is not None:
+                parent.prompt_logprobs.extend(self._prompt_logprob_dicts(
+                    out.new_prompt_logprobs, parent, len(parent.prompt_logprobs)))
+            if out.new_token_ids and self._process_tokens(state, out):
+                stopped.append(state.request_id)
+            touched[parent.request_id] = parent
+        results = []
+        for parent in touched.values():
+            result = self._make_request_output(parent)
+            if result is not None:
+                results.append(result)
+            if parent.finished:
+                self.abort_requests([parent.request_id])
+        return results, stopped
+
+    @staticmethod
+    def _update_metrics(parent: ParentRequest, out: EngineCoreOutput, now: float) -> None:
+        m = parent.metrics
+        if m.first_scheduled_time is None:
+            m.first_scheduled_time = now
+            m.time_in_queue = now - m.arrival_time
+        parent.num_cached_tokens = out.num_cached_tokens
+        if out.new_token_ids:
+            if m.first_token_time is None:
+                m.first_token_time = now
+            m.last_token_time = now
+
+    def _process_tokens(self, state: RequestState, out: EngineCoreOutput) -> bool:
+        """Detokenize, check stop strings; True if a stop string ended the request."""
+        params = state.params
+        new_ids = out.new_token_ids
+        state.token_ids.extend(new_ids)
+        if state.logprobs is not None and out.new_logprobs:
+            for ids, lps, rank in out.new_logprobs:
+                state.logprobs.append(self._logprob_dict(ids, lps, rank))
+                state.cumulative_logprob += lps[0]
+        # The core only stops on tokens (EOS / stop_token_ids); such a token adds no text.
+        stop_token = out.finish_reason == "stop" and not params.include_stop_str_in_output
+        text_ids = new_ids[:-1] if stop_token else new_ids
+        if params.detokenize:
+            delta = state.detokenizer.update(text_ids) if text_ids else ""
+            if out.finish_reason is not None:
+                delta += state.detokenizer.flush() if hasattr(state.detokenizer, "flush") else ""
+            state.text += delta
+        if out.finish_reason is not None:
+            state.finish_reason, state.stop_reason = out.finish_reason, out.stop_reason
+            return False
+        if params.stop and params.detokenize:
+            hit = check_stop_strings(state.text, len(delta), params.stop,
+                                     params.include_stop_str_in_output)
+            if hit is not None:
+                stop_str, truncate_to = hit
+                if truncate_to != -1:
+                    state.text = state.text[:truncate_to]
+                state.finish_reason, state.stop_reason = "stop", stop_str
+                return True
+        return False
+
+    def _token_str(self, token_id: int) -> str:
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id])
+            self._token_text[token_id] = text
+        return text
+
+    def _logprob_dict(self, ids: list[int], lps: list[float], rank: int) -> dict[int, Logprob]:
+        result = {ids[0]: Logprob(lps[0], rank, self._token_str(ids[0]))}
+        for j, (tid, lp) in enumerate(zip(ids[1:], lps[1:]), start=1):
+            if tid not in result:
+                result[tid] = Logprob(lp, j, self._token_str(tid))
+        return result
+
+    def _prompt_logprob_dicts(self, chunk, parent: ParentRequest, start: int
+                              ) -> list[dict[int, Logprob]]:
+        ids_rows, lp_rows, ranks = chunk
+        return [self._logprob_dict(ids, lps, rank)
+                for ids, lps, rank in zip(ids_rows, lp_rows, ranks)]
+
+    # ------------------------------------------------------------- outputs
+    def _make_request_output(self, parent: ParentRequest) -> Optional[RequestOutput]:
+        kind = parent.params.output_kind
+        finished = parent.finished
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        if finished:
+            parent.metrics.finished_time = time.time()
+        delta = kind == RequestOutputKind.DELTA
+        completions = []
+        for child in parent.children:
+            comp = self._completion(child, delta)
+            if comp is not None:
+                completions.append(comp)
+        if delta and not completions:
+            return None
+        return RequestOutput(
+            request_id=parent.request_id, prompt=parent.prompt,
+            prompt_token_ids=parent.prompt_token_ids, prompt_logprobs=parent.prompt_logprobs,
+            outputs=completions, finished=finished, metrics=parent.metrics,
+            num_cached_tokens=parent.num_cached_tokens)
+
+    @staticmethod
+    def _completion(child: RequestState, delta: bool) -> Optional[CompletionOutput]:
+        """Everything so far, or (delta mode) what is new since the last output."""
+        if not delta:
+            text, ids, lps = child.text, list(child.token_ids), child.logprobs
+        else:
+            has_new = len(child.token_ids) > child.sent_tokens
+            newly_finished = child.finish_reason is not None and not child.sent_finished
+            if not (has_new or newly_finished):
+                return None
+            text = child.text[child.sent_text_len:]
+            ids = child.token_ids[child.sent_tokens:]
+            lps = child.logprobs[child.sent_logprobs:] if child.logprobs is not None else None
+            child.sent_text_len = len(child.text)
+            child.sent_tokens = len(child.token_ids)
+            child.sent_logprobs = len(child.logprobs) if child.logprobs is not None else 0
+            child.sent_finished = child.finish_reason is not None
+        return CompletionOutput(
+            index=child.index, text=text, token_ids=ids,
+            cumulative_logprob=child.cumulative_logprob, logprobs=lps,
+            finish_reason=child.finish_reason, stop_reason=child.stop_reason)

@@ -1,0 +1,152 @@
+"""The offline API: `LLM(...).generate(prompts, sampling_params)` and `LLM.chat`."""
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Optional, Sequence, Union
+
+from tqdm.auto import tqdm
+
+from vllm.config import DEFAULT_MODEL
+from vllm.engine.arg_utils import EngineArgs
+from vllm.engine.llm_engine import LLMEngine
+from vllm.engine.processor import PromptType
+from vllm.outputs import RequestOutput
+from vllm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+ChatMessages = list[dict[str, Any]]
+
+
+class LLM:
+    """An LLM for offline batched generation, with vLLM's constructor arguments.
+
+    Any EngineArgs field may be passed as a keyword (max_num_seqs, block_size,
+    enable_prefix_caching, kv_cache_memory_bytes, ...).
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, tokenizer: Optional[str] = None,
+                 dtype: str = "auto", seed: int = 0, max_model_len: Optional[int] = None,
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
+                 enforce_eager: bool = False, **kwargs: Any) -> None:
+        known = {f for f in EngineArgs.__dataclass_fields__}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"Unknown LLM argument(s): {', '.join(unknown)}")
+        kwargs.setdefault("disable_log_stats", True)
+        engine_args = EngineArgs(model=model, tokenizer=tokenizer, dtype=dtype, seed=seed,
+                                 max_model_len=max_model_len,
+                                 tensor_parallel_size=tensor_parallel_size,
+                                 gpu_memory_utilization=gpu_memory_utilization,
+                                 enforce_eager=enforce_eager, **kwargs)
+        self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        self.request_counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.get_tokenizer()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return SamplingParams()
+
+    # ------------------------------------------------------------ generate
+    def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = True, prompt_token_ids: Optional[list] = None,
+                 **kwargs: Any) -> list[RequestOutput]:
+        if kwargs.get("lora_request") is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported yet.")
+        prompt_list = self._normalize_prompts(prompts, prompt_token_ids)
+        params_list = self._normalize_params(sampling_params, len(prompt_list))
+        request_ids = self._add_requests(prompt_list, params_list)
+        return self._run_engine(request_ids, use_tqdm)
+
+    @staticmethod
+    def _normalize_prompts(prompts, prompt_token_ids) -> list[PromptType]:
+        if prompt_token_ids is not None:  # legacy keyword
+            ids = prompt_token_ids
+            if ids and isinstance(ids[0], int):
+                ids = [ids]
+            return [{"prompt_token_ids": list(t)} for t in ids]
+        if prompts is None:
+            raise ValueError("prompts must be given.")
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        return list(prompts)
+
+    @staticmethod
+    def _normalize_params(sampling_params, num: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams() for _ in range(num)]
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * num
+        params = list(sampling_params)
+        if len(params) != num:
+            raise ValueError(f"The lengths of prompts ({num}) and sampling_params "
+                             f"({len(params)}) must be the same.")
+        return params
+
+    def _add_requests(self, prompts: list[PromptType], params: list[SamplingParams]
+                      ) -> list[str]:
+        """Add all or nothing: a bad prompt aborts the ones already added, then raises."""
+        added: list[str] = []
+        try:
+            for prompt, p in zip(prompts, params):
+                request_id = str(next(self.request_counter))
+                self.llm_engine.add_request(request_id, prompt, p)
+                added.append(request_id)
+        except Exception:
+            self.llm_engine.abort_request(added)
+            raise
+        return added
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True,
+                   disable=not use_tqdm)
+        in_toks = out_toks = 0
+        try:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        in_toks += len(output.prompt_token_ids)
+                        out_toks += sum(len(o.token_ids) for o in output.outputs)
+                        elapsed = bar.format_dict["elapsed"] or 1e-9
+                        bar.set_postfix_str(f"est. speed input: {in_toks / elapsed:.2f} toks/s,"
+                                            f" output: {out_toks / elapsed:.2f} toks/s")
+                        bar.update(1)
+        except BaseException:
+            engine.abort_request([r for r in request_ids if r not in finished])
+            raise
+        finally:
+            bar.close()
+        return [finished[r] for r in request_ids if r in finished]
+
+    # ---------------------------------------------------------------- chat
+    def chat(self, messages: Union[ChatMessages, list[ChatMessages]],
+             sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+             use_tqdm: bool = True, chat_template: Optional[str] = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts = [{"prompt_token_ids": self._apply_chat_template(
+            conv, chat_template, add_generation_prompt, continue_final_message,
+            chat_template_kwargs or {})} for conv in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _apply_chat_template(self, conversation: ChatMessages, chat_template: Optional[str],
+                             add_generation_prompt: bool, continue_final_message: bool,
+                             kwargs: dict[str, Any]) -> list[int]:
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both "
+                             "be true.")
+        tokenizer = self.get_tokenizer()
+        if chat_template is None and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("The model's tokenizer has no chat template; pass chat_template.")
+        text = tokenizer.apply_chat_template(
+            conversation, chat_template=chat_template, tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, **kwargs)
+        return tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,58 @@
+"""The executor interface: how the engine core reaches its workers.
+
+UniProcExecutor keeps one worker in the engine's process; a multiprocess or Ray
+executor implements the same four calls over its ranks.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+from vllm.config import VllmConfig
+from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+
+
+class ExecutorBase:
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        self.vllm_config = vllm_config
+        self._init_executor()
+
+    def _init_executor(self) -> None:
+        raise NotImplementedError
+
+    def determine_num_available_blocks(self) -> int:
+        raise NotImplementedError
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        raise NotImplementedError
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        raise NotImplementedError
+
+    def check_health(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
+    @staticmethod
+    def get_class(vllm_config: VllmConfig) -> type["ExecutorBase"]:
+        backend = vllm_config.parallel_config.distributed_executor_backend
+        qualname = {
+            "uni": "vllm.executor.uniproc_executor.UniProcExecutor",
+            "mp": "vllm.executor.mp_executor.MultiprocExecutor",
+            "ray": "vllm.executor.ray_executor.RayDistributedExecutor",
+        }[backend]
+        module, _, name = qualname.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except ImportError as e:
+            raise ValueError(f"distributed_executor_backend={backend!r} is not available: {e}"
+                             ) from e
+
+
+def resolve_worker_cls(vllm_config: Optional[VllmConfig] = None) -> type:
+    from vllm.platforms import current_platform
+    module, _, name = current_platform.get_worker_cls().rpartition(".")
+    return getattr(importlib.import_module(module), name)

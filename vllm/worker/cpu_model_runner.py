@@ -1,0 +1,226 @@
+"""Runs one scheduled step on CPU (also used for CUDA): inputs, forward, sampling.
+
+The batch is flattened token-major with no padding, decodes first (see
+torch_sdpa.py for why), and logits are computed only at rows that sample (the last
+token of a request that has caught up with its known tokens) and at prompt rows
+whose logprobs were asked for.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from vllm.attention.backends.torch_sdpa import PrefillSeq, build_metadata
+from vllm.config import VllmConfig
+from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from vllm.forward_context import set_forward_context
+from vllm.sample.logprobs import compute_prompt_logprobs
+from vllm.sample.metadata import SamplingMetadata, SamplingRow
+from vllm.sample.sampler import Sampler
+from vllm.worker.request_state import CachedRequestState, RequestStates
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: object
+    req_ids: list[str]
+    logits_indices: list[int]
+    """Batch row of each sampling request's last token."""
+    sampling_req_ids: list[str]
+    prompt_lp_rows: dict[str, tuple[list[int], list[int], bool]]
+    """req_id -> (batch rows, next-token targets, prompt finished) for prompt logprobs."""
+
+
+class CPUModelRunner:
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device | str = "cpu") -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.block_size = vllm_config.cache_config.block_size
+        self.device = torch.device(device)
+        self.dtype = self.model_config.torch_dtype
+        self.requests = RequestStates(self.device)
+        self.sampler = Sampler()
+        self.model: Optional[torch.nn.Module] = None
+        self.kv_caches: list[torch.Tensor] = []
+        from vllm.platforms import current_platform
+        self.attn_impl = _load_attn_impl(current_platform.get_attn_backend_cls())
+
+    # -------------------------------------------------------------- setup
+    def load_model(self) -> None:
+        from vllm.model_executor.model_loader import get_model
+        start = time.perf_counter()
+        self.model = get_model(self.vllm_config, device=self.device)
+        logger.info("Loading model weights took %.2f s", time.perf_counter() - start)
+
+    def get_kv_cache_block_bytes(self) -> int:
+        """Bytes of one KV block across all layers this rank holds."""
+        mc = self.model_config
+        num_layers = len(self._owned_layer_ids())
+        kv_heads = self._kv_heads_per_rank()
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * num_layers * self.block_size * kv_heads * mc.get_head_size() * elem
+
+    def _kv_heads_per_rank(self) -> int:
+        tp = self.vllm_config.parallel_config.tensor_parallel_size
+        return max(1, self.model_config.get_num_kv_heads() // tp)
+
+    def _owned_layer_ids(self) -> list[int]:
+        model = self.model
+        start = getattr(model, "start_layer", None)
+        end = getattr(model, "end_layer", None)
+        if start is None and model is not None and hasattr(model, "model"):
+            start = getattr(model.model, "start_layer", None)
+            end = getattr(model.model, "end_layer", None)
+        if start is None:
+            return list(range(self.model_config.get_num_layers()))
+        return list(range(start, end))
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """One [2, num_blocks * block_size, kv_heads, head_size] tensor per owned layer.
+
+        The list is indexed by global layer index; layers of other PP stages get an
+        empty placeholder. Zero-filled so masked-out slots never hold NaNs.
+        """
+        shape = (2, num_blocks * self.block_size, self._kv_heads_per_rank(),
+                 self.model_config.get_head_size())
+        owned = set(self._owned_layer_ids())
+        empty = torch.empty(0, dtype=self.dtype, device=self.device)
+        self.kv_caches = [
+            torch.zeros(shape, dtype=self.dtype, device=self.device) if i in owned else empty
+            for i in range(self.model_config.get_num_layers())]
+
+    # ------------------------------------------------------------ execute
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self.requests.update(so)
+        if so.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        inputs = self._prepare_inputs(so)
+        with set_forward_context(inputs.attn_metadata, self.kv_caches, self.attn_impl):
+            hidden = self.model(inputs.input_ids, inputs.positions)
+        return self._sample_and_collect(inputs, hidden)
+
+    def _order_batch(self, so: SchedulerOutput) -> list[str]:
+        """Decodes (one new token) first, then prefills, in scheduling order."""
+        ids = list(so.num_scheduled_tokens)
+        return ([r for r in ids if so.num_scheduled_tokens[r] == 1]
+                + [r for r in ids if so.num_scheduled_tokens[r] != 1])
+
+    def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
+        bs = self.block_size
+        req_ids = self._order_batch(so)
+        tokens: list[np.ndarray] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        decode_tables, decode_lens = [], []
+        prefills: list[PrefillSeq] = []
+        prefill_blocks: list[list[int]] = []
+        logits_indices, sampling_ids = [], []
+        prompt_lp_rows: dict[str, tuple[list[int], list[int], bool]] = {}
+        offset = 0
+        for req_id in req_ids:
+            st = self.requests[req_id]
+            n = so.num_scheduled_tokens[req_id]
+            start = st.num_computed_tokens
+            pos = np.arange(start, start + n)
+            block_ids = np.asarray(st.block_ids)
+            tokens.append(np.asarray(st.token_ids[start:start + n]))
+            positions.append(pos)
+            slots.append(block_ids[pos // bs] * bs + pos % bs)
+            if n == 1:
+                decode_tables.append(st.block_ids[:(start + n - 1) // bs + 1])
+                decode_lens.append(start + n)
+            else:
+                prefills.append(PrefillSeq(query_start=offset, query_len=n, context_len=start))
+                prefill_blocks.append(st.block_ids)
+            if start + n == st.num_tokens:
+                logits_indices.append(offset + n - 1)
+                sampling_ids.append(req_id)
+            if st.wants_prompt_logprobs:
+                prompt_lp_rows[req_id] = self._prompt_logprob_rows(st, start, n, offset)
+            offset += n
+        slot_mapping = torch.from_numpy(np.concatenate(slots)).to(self.device)
+        md = build_metadata(slot_mapping, decode_tables, decode_lens, prefills, prefill_blocks,
+                            bs, self.device)
+        return StepInputs(
+            input_ids=torch.from_numpy(np.concatenate(tokens)).to(self.device),
+            positions=torch.from_numpy(np.concatenate(positions)).to(self.device),
+            attn_metadata=md, req_ids=req_ids, logits_indices=logits_indices,
+            sampling_req_ids=sampling_ids, prompt_lp_rows=prompt_lp_rows)
+
+    @staticmethod
+    def _prompt_logprob_rows(st: CachedRequestState, start: int, n: int,
+                             offset: int) -> tuple[list[int], list[int], bool]:
+        """Rows whose next token is a prompt token (position p predicts p + 1)."""
+        num_prompt = len(st.prompt_token_ids)
+        end = min(start + n, num_prompt - 1)
+        rows = list(range(offset, offset + max(0, end - start)))
+        targets = st.prompt_token_ids[start + 1:end + 1]
+        return rows, targets, start + n >= num_prompt
+
+    def _sample_and_collect(self, inputs: StepInputs, hidden: torch.Tensor
+                            ) -> ModelRunnerOutput:
+        sampled: dict[str, list[int]] = {r: [] for r in inputs.req_ids}
+        logprobs_out: dict[str, tuple[list[int], list[float], int]] = {}
+        if inputs.logits_indices:
+            idx = torch.tensor(inputs.logits_indices, device=self.device)
+            logits = self.model.compute_logits(hidden[idx])
+            rows = [self._sampling_row(self.requests[r]) for r in inputs.sampling_req_ids]
+            md = SamplingMetadata.build(rows, logits.shape[-1], self.device)
+            out = self.sampler(logits, md)
+            token_ids = out.sampled_token_ids.tolist()
+            lp = out.logprobs_tensors
+            lp_lists = None
+            if lp is not None:
+                lp_lists = (lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
+                            lp.selected_token_ranks.tolist())
+            for i, req_id in enumerate(inputs.sampling_req_ids):
+                st = self.requests[req_id]
+                st.append_token(token_ids[i])
+                sampled[req_id] = [token_ids[i]]
+                k = st.sampling_params.logprobs
+                if lp_lists is not None and k is not None:
+                    logprobs_out[req_id] = (lp_lists[0][i][:k + 1], lp_lists[1][i][:k + 1],
+                                            lp_lists[2][i])
+        prompt_lps = self._prompt_logprobs(inputs, hidden)
+        return ModelRunnerOutput(
+            req_ids=inputs.req_ids, sampled_token_ids=[sampled[r] for r in inputs.req_ids],
+            logprobs=[logprobs_out.get(r) for r in inputs.req_ids] if logprobs_out else None,
+            prompt_logprobs=prompt_lps)
+
+    def _prompt_logprobs(self, inputs: StepInputs, hidden: torch.Tensor) -> dict:
+        result = {}
+        for req_id, (rows, targets, done) in inputs.prompt_lp_rows.items():
+            st = self.requests[req_id]
+            if not rows:
+                result[req_id] = ([], [], [])
+            else:
+                logits = self.model.compute_logits(hidden[torch.tensor(rows)])
+                t = compute_prompt_logprobs(logits, torch.tensor(targets, device=self.device),
+                                            st.sampling_params.prompt_logprobs)
+                result[req_id] = (t.logprob_token_ids.tolist(), t.logprobs.tolist(),
+                                  t.selected_token_ranks.tolist())
+            if done:
+                st.wants_prompt_logprobs = False
+        return result
+
+    @staticmethod
+    def _sampling_row(st: CachedRequestState) -> SamplingRow:
+        return SamplingRow(params=st.sampling_params, prompt_token_ids=st.prompt_token_ids,
+                           output_token_ids=st.output_token_ids, generator=st.generator)
+
+
+def _load_attn_impl(qualname: str):
+    import importlib
+    module, _, name = qualname.rpartition(".")
+    return getattr(importlib.import_module(module), name)()

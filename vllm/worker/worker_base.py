@@ -1,0 +1,57 @@
+"""The worker lifecycle every executor drives, whatever the device.
+
+init_device -> load_model -> determine_num_available_blocks -> initialize_cache ->
+execute_model (every step). One worker per rank; in a multiprocess executor only
+the driver's output (rank 0 of the last pipeline stage's TP group) is returned.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from vllm.config import VllmConfig
+from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerBase:
+
+    def __init__(self, vllm_config: VllmConfig, local_rank: int = 0, rank: int = 0,
+                 distributed_init_method: Optional[str] = None) -> None:
+        self.vllm_config = vllm_config
+        self.local_rank = local_rank
+        self.rank = rank
+        self.distributed_init_method = distributed_init_method
+        self.model_runner = None
+
+    def init_device(self) -> None:
+        raise NotImplementedError
+
+    def init_distributed(self, backend: str) -> None:
+        """Set up process groups when there is more than one rank."""
+        pc = self.vllm_config.parallel_config
+        if pc.world_size == 1:
+            return
+        from vllm.distributed import init_distributed_environment, initialize_model_parallel
+        init_distributed_environment(pc.world_size, self.rank, self.distributed_init_method,
+                                     self.local_rank, backend)
+        initialize_model_parallel(pc.tensor_parallel_size, pc.pipeline_parallel_size)
+
+    def load_model(self) -> None:
+        self.model_runner.load_model()
+
+    def determine_num_available_blocks(self) -> int:
+        raise NotImplementedError
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.model_runner.initialize_kv_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> Optional[ModelRunnerOutput]:
+        return self.model_runner.execute_model(scheduler_output)
+
+    def check_health(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
