@@ -1,0 +1,1 @@
+"""Sampling: metadata for a batch, the sampler, its ops and logprobs."""

@@ -1,0 +1,1 @@
+"""Tensor operations of the sampler, one family per file."""

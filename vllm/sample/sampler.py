@@ -1,0 +1,100 @@
+"""The sampler: logits of the last position of each request -> next token ids (+ logprobs).
+
+Order (vLLM V1): raw logprobs (if requested) -> float32 -> allowed_token_ids ->
+min_tokens and logit_bias -> repetition / frequency / presence penalties -> argmax for
+greedy rows; for the others temperature -> min_p -> top_k / top_p -> random sample.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from vllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
+from vllm.sample.metadata import SamplingMetadata
+from vllm.sample.ops.logit_masks import (apply_allowed_token_mask, apply_logit_bias,
+                                         apply_min_tokens)
+from vllm.sample.ops.penalties import apply_penalties
+from vllm.sample.ops.topk_topp import apply_min_p, apply_top_k_top_p
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [N] int64
+    logprobs_tensors: Optional[LogprobsTensors]  # None when no row asked for logprobs
+
+
+class Sampler(nn.Module):
+    """Stateless: all per-request state (history, generators) comes in the metadata.
+
+    The logits tensor belongs to the sampler once passed: it may be modified in place.
+    """
+
+    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        if logits.dim() != 2 or logits.shape[0] != metadata.num_rows:
+            raise ValueError(f"logits must be [{metadata.num_rows}, vocab], got "
+                             f"{tuple(logits.shape)}")
+        raw_logprobs = None
+        if metadata.max_num_logprobs is not None:
+            # Logprobs of the model's own distribution, before any processing.
+            raw_logprobs = compute_logprobs(logits)
+        if metadata.needs_logit_processing or not metadata.all_greedy:
+            logits = logits.to(torch.float32)
+            logits = self.apply_logit_processing(logits, metadata)
+        sampled = self.sample(logits, metadata)
+        logprobs_tensors = None
+        if raw_logprobs is not None:
+            logprobs_tensors = gather_logprobs(raw_logprobs, metadata.max_num_logprobs,
+                                               sampled)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs_tensors)
+
+    @staticmethod
+    def apply_logit_processing(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Constraints, biases and penalties: everything the greedy argmax also sees."""
+        if md.allowed_token_mask is not None:
+            logits = apply_allowed_token_mask(logits, md.allowed_token_mask)
+        if md.min_tokens_mask is not None:
+            logits = apply_min_tokens(logits, *md.min_tokens_mask)
+        if md.logit_bias is not None:
+            logits = apply_logit_bias(logits, *md.logit_bias)
+        if md.penalties is not None:
+            pen = md.penalties
+            logits[pen.rows] = apply_penalties(logits[pen.rows], pen.output_counts,
+                                               pen.seen_mask, pen.presence, pen.frequency,
+                                               pen.repetition)
+        return logits
+
+    @staticmethod
+    def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        greedy = None if md.all_random else logits.argmax(dim=-1)
+        if md.all_greedy:
+            return greedy
+        logits = logits.div_(md.temperature.unsqueeze(1))
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
+        if md.top_k is not None or md.top_p is not None:
+            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        sampled = random_sample(probs, md.generators)
+        if greedy is None:
+            return sampled
+        return torch.where(md.greedy_mask, greedy, sampled)
+
+
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Sample one token per row as argmax(probs / q), q ~ Exp(1) (no host sync needed).
+
+    P(argmax = i) = p_i / sum(p), the same law as torch.multinomial. Seeded rows draw
+    q from their own generator, so their samples do not depend on their batch mates;
+    the other rows share one draw from the global generator.
+    """
+    q = torch.empty_like(probs)
+    if len(generators) < probs.shape[0]:
+        q.exponential_()
+    for row, gen in generators.items():
+        q[row].exponential_(generator=gen)
+    # An exact 0 from exponential_ would make p/q inf or nan; keep q positive.
+    q.clamp_min_(torch.finfo(q.dtype).tiny)
+    return probs.div_(q).argmax(dim=-1)

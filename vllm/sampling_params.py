@@ -1,0 +1,372 @@
+"""Sampling parameters for text generation, with vLLM's fields, defaults and checks.
+
+Every range check happens in `__post_init__` so a bad request fails when it is built
+(offline `LLM.generate` and the OpenAI server alike), with a `ValueError` that names
+the field and the allowed range. Checks that need the model (vocabulary size,
+`max_logprobs`) live in `verify_against`, called by the input processor.
+"""
+from __future__ import annotations
+
+import copy
+import enum
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+logger = logging.getLogger(__name__)
+
+_SAMPLING_EPS = 1e-5
+"""Temperatures below this mean greedy decoding."""
+_MIN_TEMP = 1e-2
+"""Smallest non-greedy temperature: lower ones overflow float32 logits / temperature."""
+_MAX_LOGIT_BIAS = 100.0
+"""OpenAI's clamp for logit_bias values."""
+
+
+class SamplingType(enum.IntEnum):
+    """How the sampler picks the next token of a request."""
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+class RequestOutputKind(enum.Enum):
+    """What each streamed `RequestOutput` carries."""
+    CUMULATIVE = 0
+    """Everything generated so far."""
+    DELTA = 1
+    """Only what is new since the previous output."""
+    FINAL_ONLY = 2
+    """Nothing until the request finishes, then everything."""
+
+
+@dataclass
+class SamplingParams:
+    """How to sample the completion(s) of one prompt (see vLLM's documentation).
+
+    `top_k` 0 and -1 both mean "no top-k" (stored as 0); `temperature` below 1e-5
+    means greedy, which turns top_p, top_k and min_p off.
+    """
+
+    n: int = 1
+    best_of: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: Optional[int] = 16
+    min_tokens: int = 0
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logit_bias: Optional[dict[Union[int, str], float]] = None
+    allowed_token_ids: Optional[list[int]] = None
+    truncate_prompt_tokens: Optional[int] = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    extra_args: Optional[dict[str, Any]] = None
+
+    # Set by update_from_generation_config (the model's end-of-sequence token).
+    _eos_token_id: Optional[int] = field(default=None, init=False, repr=False)
+
+    # ------------------------------------------------------------------ construction
+
+    def __post_init__(self) -> None:
+        self._normalize()
+        self._verify_args()
+        if self.temperature < _SAMPLING_EPS:
+            # Greedy: the truncation knobs cannot change an argmax, so turn them off.
+            self.top_p = 1.0
+            self.top_k = 0
+            self.min_p = 0.0
+            self._verify_greedy_sampling()
+        elif self.temperature < _MIN_TEMP:
+            logger.warning(
+                "temperature %s is less than %s, which may cause numerical errors nan or "
+                "inf in tensors. We have maxed it out to %s.",
+                self.temperature, _MIN_TEMP, _MIN_TEMP)
+            self.temperature = _MIN_TEMP
+
+    @classmethod
+    def from_optional(cls, **kwargs: Any) -> "SamplingParams":
+        """Build from keyword arguments where None means "use the default".
+
+        Request bodies of the OpenAI server send null for unset fields; fields whose
+        default is itself None (seed, stop, logprobs...) keep None.
+        """
+        return cls(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def _normalize(self) -> None:
+        """Bring equivalent spellings to one form before the range checks."""
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty",
+                     "temperature", "top_p", "min_p"):
+            setattr(self, name, _as_float(name, getattr(self, name)))
+        for name in ("n", "top_k", "min_tokens"):
+            setattr(self, name, _as_int(name, getattr(self, name)))
+        for name in ("best_of", "seed", "max_tokens", "logprobs", "prompt_logprobs",
+                     "truncate_prompt_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, _as_int(name, value))
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.seed == -1:
+            self.seed = None
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        self.bad_words = [] if self.bad_words is None else list(self.bad_words)
+        if self.logit_bias is not None:
+            self.logit_bias = _normalize_logit_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        if not isinstance(self.output_kind, RequestOutputKind):
+            try:
+                self.output_kind = RequestOutputKind(self.output_kind)
+            except ValueError:
+                raise ValueError(
+                    f"output_kind must be one of {[k.name for k in RequestOutputKind]}, "
+                    f"got {self.output_kind!r}.") from None
+
+    def _verify_args(self) -> None:
+        """Range checks with vLLM's bounds; each error names the field."""
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}.")
+        if self.best_of is not None:
+            if self.best_of < self.n:
+                raise ValueError(
+                    f"best_of must be greater than or equal to n, got n={self.n} and "
+                    f"best_of={self.best_of}.")
+            if self.best_of != self.n:
+                raise ValueError(
+                    f"best_of={self.best_of} > n={self.n} is not supported (as in vLLM "
+                    "V1); leave best_of unset or equal to n.")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(
+                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if not self.repetition_penalty > 0.0 or math.isinf(self.repetition_penalty):
+            raise ValueError(
+                f"repetition_penalty must be greater than zero, got "
+                f"{self.repetition_penalty}.")
+        if not self.temperature >= 0.0 or math.isinf(self.temperature):
+            raise ValueError(
+                f"temperature must be non-negative, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < 0:
+            raise ValueError(
+                f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.min_tokens < 0:
+            raise ValueError(
+                f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                f"got {self.min_tokens}.")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                hint = (" (-1, the full vocabulary, is not supported)" if value == -1 else "")
+                raise ValueError(f"{name} must be non-negative, got {value}{hint}.")
+        if self.truncate_prompt_tokens is not None and not (
+                self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1):
+            raise ValueError(
+                f"truncate_prompt_tokens must be -1 or at least 1, got "
+                f"{self.truncate_prompt_tokens}.")
+        self._verify_stop()
+        if self.bad_words:
+            raise ValueError(
+                "bad_words is not supported by this engine; leave it unset (use "
+                "logit_bias with -100 or allowed_token_ids instead).")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty when given.")
+            _check_token_ids("allowed_token_ids", self.allowed_token_ids)
+
+    def _verify_stop(self) -> None:
+        for s in self.stop:
+            if not isinstance(s, str):
+                raise ValueError(f"stop must be a string or a list of strings, got {s!r}.")
+            if s == "":
+                raise ValueError("stop cannot contain an empty string.")
+        if self.stop and not self.detokenize:
+            raise ValueError(
+                "stop strings are only supported when detokenize is True. "
+                "Set detokenize=True to use stop.")
+        _check_token_ids("stop_token_ids", self.stop_token_ids)
+
+    def _verify_greedy_sampling(self) -> None:
+        if self.n > 1:
+            raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
+
+    # ------------------------------------------------------------------ model-dependent
+
+    def update_from_generation_config(self, generation_config: dict[str, Any],
+                                      eos_token_id: Optional[int] = None) -> None:
+        """Record the model's end-of-sequence token(s).
+
+        `eos_token_id` (the tokenizer's) stops the request unless ignore_eos, with no
+        stop_reason. Extra eos ids listed in the model's generation_config become
+        stop_token_ids (so they are reported as the stop_reason), unless ignore_eos.
+        """
+        self._eos_token_id = eos_token_id
+        extra = generation_config.get("eos_token_id") if generation_config else None
+        if extra is None:
+            return
+        extra_ids = {extra} if isinstance(extra, int) else set(extra)
+        extra_ids.discard(eos_token_id)
+        if extra_ids and not self.ignore_eos:
+            known = set(self.stop_token_ids)
+            self.stop_token_ids = self.stop_token_ids + sorted(extra_ids - known)
+
+    def verify_against(self, vocab_size: int, max_logprobs: int) -> None:
+        """Checks that need the model: token ids inside the vocabulary, logprob counts.
+
+        `max_logprobs` < 0 means no cap beyond the vocabulary size.
+        """
+        cap = vocab_size if max_logprobs < 0 else max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value > cap:
+                raise ValueError(
+                    f"Requested {name}={value}, which is greater than max allowed: {cap} "
+                    "(raise --max-logprobs to allow more).")
+        for name, ids in (("stop_token_ids", self.stop_token_ids),
+                          ("allowed_token_ids", self.allowed_token_ids or []),
+                          ("logit_bias", list(self.logit_bias or {}))):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(
+                    f"{name} contains out-of-vocab token id(s) {bad[:10]}; token ids must "
+                    f"be in [0, {vocab_size}).")
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < _SAMPLING_EPS:
+            return SamplingType.GREEDY
+        if self.seed is not None:
+            return SamplingType.RANDOM_SEED
+        return SamplingType.RANDOM
+
+    @property
+    def eos_token_id(self) -> Optional[int]:
+        """The tokenizer's eos id set by update_from_generation_config, if any."""
+        return self._eos_token_id
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        """Token ids that finish the request: stop_token_ids, plus eos unless ignore_eos.
+
+        The sampler also masks these while fewer than min_tokens were generated.
+        """
+        ids = set(self.stop_token_ids)
+        if self._eos_token_id is not None and not self.ignore_eos:
+            ids.add(self._eos_token_id)
+        return ids
+
+    @property
+    def output_text_buffer_length(self) -> int:
+        """Characters a streaming frontend holds back: a stop string may still begin there."""
+        if not self.stop or self.include_stop_str_in_output:
+            return 0
+        return max(len(s) for s in self.stop) - 1
+
+    def clone(self) -> "SamplingParams":
+        """A deep copy (children of an n>1 request each get their own)."""
+        return copy.deepcopy(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"SamplingParams(n={self.n}, "
+            f"presence_penalty={self.presence_penalty}, "
+            f"frequency_penalty={self.frequency_penalty}, "
+            f"repetition_penalty={self.repetition_penalty}, "
+            f"temperature={self.temperature}, "
+            f"top_p={self.top_p}, "
+            f"top_k={self.top_k}, "
+            f"min_p={self.min_p}, "
+            f"seed={self.seed}, "
+            f"stop={self.stop}, "
+            f"stop_token_ids={self.stop_token_ids}, "
+            f"bad_words={self.bad_words}, "
+            f"include_stop_str_in_output={self.include_stop_str_in_output}, "
+            f"ignore_eos={self.ignore_eos}, "
+            f"max_tokens={self.max_tokens}, "
+            f"min_tokens={self.min_tokens}, "
+            f"logprobs={self.logprobs}, "
+            f"prompt_logprobs={self.prompt_logprobs}, "
+            f"skip_special_tokens={self.skip_special_tokens}, "
+            "spaces_between_special_tokens="
+            f"{self.spaces_between_special_tokens}, "
+            f"truncate_prompt_tokens={self.truncate_prompt_tokens}, "
+            f"extra_args={self.extra_args})")
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _as_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}.")
+    if math.isnan(value):
+        raise ValueError(f"{name} must be a number, got nan.")
+    return float(value)
+
+
+def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ValueError(f"{name} must be an integer, got {value!r}.")
+    return value
+
+
+def _check_token_ids(name: str, ids: list[Any]) -> None:
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ValueError(f"{name} must contain non-negative integer token ids, got {t!r}.")
+
+
+def _normalize_logit_bias(bias: dict[Union[int, str], float]) -> dict[int, float]:
+    """Keys become ints (JSON sends strings), values are clamped to [-100, 100]."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}.")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            if isinstance(key, bool) or not isinstance(key, (int, str)):
+                raise ValueError
+            token = int(key)
+        except ValueError:
+            raise ValueError(
+                f"logit_bias keys must be token ids (int or a string of an int), got "
+                f"{key!r}.") from None
+        if token < 0:
+            raise ValueError(f"logit_bias keys must be non-negative token ids, got {key!r}.")
+        value = _as_float(f"logit_bias[{key!r}]", value)
+        out[token] = min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, value))
+    return out
