@@ -1,0 +1,147 @@
+"""HPU bucket ranges, filters, lookup and fallback."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from vllm.worker.hpu_bucketing import (Bucket, HPUBucketingContext, exponential_range,
+                                       linear_range)
+
+ALL_BUCKET_VARS = [f"VLLM_{k}_{d}_BUCKET_{p}" for k in ("PROMPT", "DECODE")
+                   for d in ("BS", "SEQ", "BLOCK") for p in ("MIN", "STEP", "MAX")]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    for name in ALL_BUCKET_VARS + ["VLLM_EXPONENTIAL_BUCKETING"]:
+        monkeypatch.delenv(name, raising=False)
+
+
+def _ctx(**kw):
+    args = dict(max_num_seqs=256, max_num_prefill_seqs=None, block_size=128,
+                max_num_batched_tokens=8192, max_model_len=8192)
+    args.update(kw)
+    return HPUBucketingContext(**args)
+
+
+def test_linear_ranges():
+    assert linear_range(2, 32, 64) == [2, 4, 8, 16, 32, 64]
+    assert linear_range(128, 128, 512) == [128, 256, 384, 512]
+    assert linear_range(0, 8, 24) == [0, 8, 16, 24]
+
+
+def test_exponential_known_lists():
+    ctx = _ctx(num_kv_blocks=4096)
+    assert ctx.decode_bs_range.values() == [1, 2, 4, 8, 14, 24, 42, 78, 140, 256]
+    assert ctx.prompt_seq_range.values() == [128, 256, 384, 512, 768, 1024, 1536, 2048,
+                                             2944, 4096, 5888, 8192]
+    assert exponential_range(1, 2, 256, 9) == [1, 2, 4, 8, 14, 24, 42, 78, 140, 256]
+    assert exponential_range(0, 1, 64, 7) == [0, 1, 2, 4, 8, 16, 32, 64]
+    assert exponential_range(5, 1, 40, 1) == [40]
+
+
+def test_invalid_ranges_raise():
+    with pytest.raises(ValueError, match="min"):
+        linear_range(8, 4, 2)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        _ctx(max_num_seqs=0)
+    with pytest.raises(ValueError, match="max_num_prefill_seqs"):
+        _ctx(max_num_seqs=4, max_num_prefill_seqs=8)
+
+
+def test_prompt_filter_and_decode_filters():
+    ctx = _ctx(num_kv_blocks=300)
+    assert ctx.prompt_buckets
+    for b in ctx.prompt_buckets:
+        assert b.batch_size * (b.query_len + b.num_blocks * 128) <= 8192
+    # A bucket that would break the budget is absent even though its values exist.
+    assert Bucket(64, 256, 0) not in ctx.prompt_buckets and Bucket(64, 128, 0) in ctx.prompt_buckets
+    for b in ctx.decode_buckets:
+        assert b.query_len == 1 and b.batch_size <= b.num_blocks <= 300
+    assert max(b.num_blocks for b in ctx.decode_buckets) == 300  # clamped, not 4096+
+    assert Bucket(256, 1, 256) in ctx.decode_buckets
+    assert Bucket(140, 1, 128) not in ctx.decode_buckets  # bs > blocks
+
+
+def test_no_prompt_context_gives_zero_ctx_buckets():
+    ctx = _ctx(use_prompt_context=False)
+    assert {b.num_blocks for b in ctx.prompt_buckets} == {0}
+
+
+def test_lookup_smallest_covering_bucket():
+    ctx = _ctx(num_kv_blocks=4096)
+    assert ctx.find_prompt_bucket(3, 300) == Bucket(4, 384, 0)
+    assert ctx.find_prompt_bucket(1, 128, 3) == Bucket(1, 128, 4)
+    assert ctx.find_decode_bucket(3, 7) == Bucket(4, 1, 128)
+    assert ctx.find_decode_bucket(1, 1) == Bucket(1, 1, 1)
+    assert ctx.find_decode_bucket(200, 1000) == Bucket(256, 1, 1024)
+    assert not ctx.fallback_buckets
+
+
+def test_fallback_warns_once_and_adds_one_bucket(caplog):
+    ctx = _ctx(num_kv_blocks=4096)
+    before = ctx.num_prompt_buckets
+    with caplog.at_level(logging.WARNING, logger="vllm"):
+        first = ctx.find_prompt_bucket(3, 2100)  # (4, 2944) breaks the token budget
+        second = ctx.find_prompt_bucket(3, 2100)
+        third = ctx.find_prompt_bucket(4, 2900)
+    warnings = [r for r in caplog.records if "was not warmed up" in r.getMessage()]
+    assert first == second == third == Bucket(4, 2944, 0)
+    assert len(warnings) == 1
+    assert ctx.num_prompt_buckets == before + 1 and ctx.fallback_buckets == [first]
+
+
+def test_decode_fallback_past_range():
+    ctx = _ctx(max_num_seqs=8, num_kv_blocks=64)
+    with pytest.raises(ValueError):
+        ctx.find_decode_bucket(0, 3)
+    bucket = ctx.find_decode_bucket(9, 20)  # more sequences than max_num_seqs
+    assert bucket.batch_size >= 9 and bucket.num_blocks >= 20
+    assert bucket in ctx.decode_buckets
+
+
+def test_decode_lookup_requires_generation():
+    ctx = _ctx()
+    with pytest.raises(ValueError, match="generate_decode_buckets"):
+        ctx.find_decode_bucket(1, 1)
+    ctx.generate_decode_buckets(100)
+    assert ctx.find_decode_bucket(1, 1) == Bucket(1, 1, 1)
+
+
+def test_env_overrides(monkeypatch):
+    monkeypatch.setenv("VLLM_DECODE_BS_BUCKET_MAX", "64")
+    monkeypatch.setenv("VLLM_PROMPT_SEQ_BUCKET_MIN", "256")
+    monkeypatch.setenv("VLLM_PROMPT_BS_BUCKET_STEP", "4")
+    ctx = _ctx(num_kv_blocks=1024)
+    assert ctx.decode_bs_range.values() == [1, 2, 4, 8, 12, 22, 36, 64]
+    assert ctx.prompt_seq_range.values()[0] == 256
+    assert ctx.prompt_bs_range.step == 4
+
+
+def test_linear_mode_env_and_defaults(monkeypatch):
+    monkeypatch.setenv("VLLM_EXPONENTIAL_BUCKETING", "false")
+    ctx = _ctx(max_num_seqs=64, max_model_len=1024, max_num_batched_tokens=2048,
+               num_kv_blocks=1000)
+    assert not ctx.exponential
+    assert ctx.prompt_bs_range.values() == [1, 2, 4, 8, 16, 32, 64]
+    assert ctx.prompt_seq_range.values() == [128, 256, 384, 512, 640, 768, 896, 1024]
+    assert ctx.decode_bs_range.values() == [1, 2, 4, 8, 16, 32, 64]
+    assert ctx.decode_block_range.as_list() == [128, 128, 512]
+
+
+def test_invalid_env_names_the_variable(monkeypatch):
+    monkeypatch.setenv("VLLM_DECODE_BS_BUCKET_MIN", "0")
+    with pytest.raises(ValueError, match="VLLM_DECODE_BS_BUCKET_MIN"):
+        _ctx(num_kv_blocks=100)
+
+
+def test_log_lines(caplog):
+    with caplog.at_level(logging.INFO, logger="vllm"):
+        ctx = _ctx(num_kv_blocks=512)
+    text = caplog.text
+    assert "Prompt bucket config (min, step, max_warmup) bs:[1, 2, 64], seq:[128, 128, 8192]" \
+        in text
+    assert f"Generated {ctx.num_prompt_buckets} prompt buckets [bs, query, num_blocks]:" in text
+    assert "Decode bucket config (min, step, max_warmup) bs:[1, 2, 256]" in text
+    assert f"Generated {ctx.num_decode_buckets} decode buckets [bs, query, num_blocks]:" in text

@@ -1,0 +1,239 @@
+"""Paged attention for the HPU in static-shape tensor ops.
+
+Gaudi compiles one graph per shape and is slow at data-dependent gathers and
+per-sequence loops, so decode attention is "flat": every KV block in the batch is
+one row, a one-hot `block_mapping` [N, B] moves data between sequence rows and
+block rows with matmuls, and a softmax is assembled from per-block partial results.
+All shapes depend only on the bucket (padded batch size B, padded block count N).
+
+KV cache layout, per layer: K and V are each `[num_blocks * block_size, num_kv_heads,
+head_size]` (the engine's `[2, ...]` per-layer tensor is `kv_cache[0]`, `kv_cache[1]`).
+Caches must be allocated zeroed (`torch.zeros`): padding rows read blocks that were
+never written, and 0 * NaN garbage would poison the matmuls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from vllm import hpu
+
+
+def write_to_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                      value_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store K/V [T, H, D] at `slot = block_id * block_size + pos % block_size`.
+
+    Padded tokens must map to the pad block's slots so they never overwrite real data.
+    """
+    key_cache.index_copy_(0, slot_mapping, key)
+    value_cache.index_copy_(0, slot_mapping, value)
+
+
+# ---------------------------------------------------------------------------
+# Decode: flat paged attention
+# ---------------------------------------------------------------------------
+
+@dataclass
+class FlatPAMetadata:
+    """Static-shape decode metadata for B padded sequences over N padded blocks.
+
+    No Python scalars live here (they would key a new HPU graph per value); the
+    sizes B, N and block_size are the tensors' shapes.
+    """
+    block_list: Optional[torch.Tensor]
+    """[N] physical block ids (pad block for padding); None with contiguous PA, where
+    row n *is* physical block n and the KV fetch is the slice cache[:N*block_size]."""
+    block_groups: torch.Tensor
+    """[N] int64: index of the sequence owning the block row, -1 for padding."""
+    block_usage: torch.Tensor
+    """[N] int64: tokens used in the block (1 for padding so no row is all -inf)."""
+    block_bias: torch.Tensor
+    """[N, block_size]: 0 where j < block_usage[n], -inf after."""
+    block_mapping: torch.Tensor
+    """[N, B]: one_hot(block_groups, B); padding rows are all zero."""
+
+
+def _checked_lengths(block_tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
+                     block_size: int, batch_size: int) -> list[int]:
+    """Blocks each sequence uses; ValueError on inconsistent inputs."""
+    if len(block_tables) != len(seq_lens):
+        raise ValueError(f"block_tables ({len(block_tables)}) and seq_lens ({len(seq_lens)}) "
+                         "must have one entry per sequence.")
+    if len(seq_lens) > batch_size:
+        raise ValueError(f"{len(seq_lens)} sequences do not fit batch_size={batch_size}.")
+    counts = []
+    for i, (table, n) in enumerate(zip(block_tables, seq_lens)):
+        if n < 1:
+            raise ValueError(f"seq_lens[{i}] must be >= 1, got {n}.")
+        need = -(-n // block_size)
+        if len(table) < need:
+            raise ValueError(f"block table of sequence {i} has {len(table)} blocks; "
+                             f"seq_len {n} needs {need}.")
+        counts.append(need)
+    return counts
+
+
+def build_flat_pa_metadata(block_tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
+                           block_size: int, batch_size: int, num_blocks: int,
+                           pad_block_id: int, contiguous: bool = False,
+                           dtype: torch.dtype = torch.float32,
+                           device: torch.device | str = "cpu") -> FlatPAMetadata:
+    """Decode metadata padded to (batch_size, num_blocks) = the decode bucket.
+
+    `seq_lens` count the tokens in the cache including the one being decoded.
+    With `contiguous`, `num_blocks` must exceed the highest physical block id used;
+    otherwise it must be >= the total number of blocks of the batch.
+    """
+    counts = _checked_lengths(block_tables, seq_lens, block_size, batch_size)
+    ids, groups, usage = [], [], []
+    for seq, (table, n, need) in enumerate(zip(block_tables, seq_lens, counts)):
+        ids.extend(table[:need])
+        groups.extend([seq] * need)
+        usage.extend([block_size] * (need - 1) + [n - (need - 1) * block_size])
+    if contiguous:
+        top = max(ids, default=-1)
+        if top >= num_blocks:
+            raise ValueError(f"contiguous PA: block id {top} needs num_blocks > {top}, "
+                             f"got {num_blocks}.")
+        block_list = None
+        groups_t = torch.full((num_blocks,), -1, dtype=torch.long)
+        usage_t = torch.ones(num_blocks, dtype=torch.long)
+        index = torch.tensor(ids, dtype=torch.long)
+        groups_t[index] = torch.tensor(groups, dtype=torch.long)
+        usage_t[index] = torch.tensor(usage, dtype=torch.long)
+    else:
+        if len(ids) > num_blocks:
+            raise ValueError(f"the batch uses {len(ids)} blocks; num_blocks={num_blocks} "
+                             "is too small.")
+        pad = num_blocks - len(ids)
+        block_list = torch.tensor(ids + [pad_block_id] * pad, dtype=torch.long, device=device)
+        groups_t = torch.tensor(groups + [-1] * pad, dtype=torch.long)
+        usage_t = torch.tensor(usage + [1] * pad, dtype=torch.long)
+    bias = torch.zeros(num_blocks, block_size, dtype=dtype)
+    bias.masked_fill_(torch.arange(block_size)[None, :] >= usage_t[:, None], float("-inf"))
+    mapping = torch.zeros(num_blocks, batch_size + 1, dtype=dtype)
+    mapping[torch.arange(num_blocks), torch.where(groups_t < 0, batch_size, groups_t)] = 1
+    return FlatPAMetadata(block_list=block_list, block_groups=groups_t.to(device),
+                          block_usage=usage_t.to(device), block_bias=bias.to(device),
+                          block_mapping=mapping[:, :batch_size].contiguous().to(device))
+
+
+def _fetch_blocks(cache: torch.Tensor, block_list: Optional[torch.Tensor], num_blocks: int,
+                  block_size: int) -> torch.Tensor:
+    """[N, block_size, H, D]: gathered by id, or a slice of the first N (contiguous PA)."""
+    heads, dim = cache.shape[1], cache.shape[2]
+    if block_list is None:
+        return cache[:num_blocks * block_size].view(num_blocks, block_size, heads, dim)
+    return cache.view(-1, block_size, heads, dim).index_select(0, block_list)
+
+
+def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
+                         value_cache: torch.Tensor, metadata: FlatPAMetadata,
+                         scale: float) -> torch.Tensor:
+    """Decode attention: query [B, Hq, D] -> [B, Hq, D] over each sequence's cached tokens.
+
+    GQA groups the Hq // Hkv query heads of a KV head instead of repeating K/V.
+    The per-block softmax pieces are rescaled to the sequence-wide maximum; the
+    sum over blocks is divided out after `block2batch` (identical math to dividing
+    each block row, but padding rows never see a 0/0).
+    """
+    mapping = metadata.block_mapping                       # [N, B]
+    num_blocks, batch = mapping.shape
+    block_size = metadata.block_bias.shape[1]
+    q_heads, head_dim = query.shape[1], query.shape[2]
+    kv_heads = key_cache.shape[1]
+    group = q_heads // kv_heads
+
+    # 1. one query row per block (batch2block)
+    q = torch.matmul(mapping, (query * scale).reshape(batch, -1))
+    q = q.view(num_blocks, kv_heads, group, head_dim)
+    # 2. the blocks' keys and values
+    k = _fetch_blocks(key_cache, metadata.block_list, num_blocks, block_size)
+    v = _fetch_blocks(value_cache, metadata.block_list, num_blocks, block_size)
+    k = k.permute(0, 2, 3, 1)                              # [N, Hkv, D, bs]
+    v = v.permute(0, 2, 1, 3)                              # [N, Hkv, bs, D]
+    # 3. per-block partial softmax
+    scores = torch.matmul(q, k) + metadata.block_bias.view(num_blocks, 1, 1, block_size)
+    block_max = scores.amax(dim=-1, keepdim=True)          # [N, Hkv, G, 1]
+    probs = torch.exp(scores - block_max)
+    block_sum = probs.sum(dim=-1, keepdim=True)
+    block_out = torch.matmul(probs, v)                     # [N, Hkv, G, D]
+    # 4. sequence-wide maximum; padding rows reduce into an extra dump row B
+    owner = torch.where(metadata.block_groups < 0, batch, metadata.block_groups)
+    seq_max = torch.full((batch + 1, kv_heads, group, 1), float("-inf"),
+                         dtype=scores.dtype, device=scores.device)
+    seq_max = seq_max.scatter_reduce(0, owner.view(-1, 1, 1, 1).expand_as(block_max),
+                                     block_max, reduce="amax", include_self=True)
+    rescale = torch.exp(block_max - seq_max.index_select(0, owner))
+    # 5-6. sum the rescaled pieces per sequence (block2batch) and normalise
+    mapping_t = mapping.t()
+    total = torch.matmul(mapping_t, (block_sum * rescale).view(num_blocks, -1))
+    out = torch.matmul(mapping_t, (block_out * rescale).view(num_blocks, -1))
+    out = out.view(batch, kv_heads, group, head_dim)
+    total = total.view(batch, kv_heads, group, 1).clamp_min(torch.finfo(out.dtype).tiny)
+    return (out / total).view(batch, q_heads, head_dim)
+
+
+# ---------------------------------------------------------------------------
+# Prefill
+# ---------------------------------------------------------------------------
+
+def prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     query_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal prefill without context: q [B, T, Hq, D], k/v [B, T, Hkv, D] -> [B, T, Hq, D].
+
+    Right padding; `query_lens` [B] are the valid lengths (padded query rows give 0).
+    """
+    out = hpu.FusedSDPA.apply(query.transpose(1, 2), key.transpose(1, 2),
+                              value.transpose(1, 2), None, 0.0, True, scale, "None", False,
+                              query_lens, "right")
+    return out.transpose(1, 2)
+
+
+def context_attention_mask(context_lens: torch.Tensor, past_len: int, new_len: int,
+                           dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [B, 1, T, past_len + T]: past j < context_len, new part causal."""
+    past_ok = torch.arange(past_len, device=context_lens.device)[None, :] < context_lens[:, None]
+    rows = torch.arange(new_len, device=context_lens.device)
+    causal = rows[None, :] <= rows[:, None]                        # [T, T]
+    batch = context_lens.shape[0]
+    allowed = torch.cat((past_ok[:, None, :].expand(batch, new_len, past_len),
+                         causal[None].expand(batch, new_len, new_len)), dim=-1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=context_lens.device)
+    return mask.masked_fill_(~allowed, float("-inf")).unsqueeze(1)
+
+
+def gather_context(cache: torch.Tensor, context_block_list: torch.Tensor,
+                   block_size: int) -> torch.Tensor:
+    """[B, C * block_size, H, D]: the cached tokens of each sequence's C context blocks."""
+    batch, ctx_blocks = context_block_list.shape
+    heads, dim = cache.shape[1], cache.shape[2]
+    blocks = cache.view(-1, block_size, heads, dim).index_select(0, context_block_list.reshape(-1))
+    return blocks.view(batch, ctx_blocks * block_size, heads, dim)
+
+
+def prompt_attention_with_context(query: torch.Tensor, key: torch.Tensor,
+                                  value: torch.Tensor, key_cache: torch.Tensor,
+                                  value_cache: torch.Tensor, context_block_list: torch.Tensor,
+                                  context_lens: torch.Tensor, block_size: int,
+                                  scale: float) -> torch.Tensor:
+    """Prefill after a context (prefix-cache hit or earlier chunk).
+
+    q [B, T, Hq, D] and k/v [B, T, Hkv, D] are the new tokens (right padded);
+    `context_block_list` [B, C] lists each sequence's context blocks (pad block
+    beyond its context), `context_lens` [B] its context tokens. The past K/V is
+    gathered in front of the new tokens; past positions at or beyond the context
+    length are masked and the new part is causal. Padded query rows stay finite
+    (they see at least the first new token) and are ignored by the caller.
+    `block_size` is a constant of the engine, so it does not multiply graphs.
+    """
+    past_k = gather_context(key_cache, context_block_list, block_size)
+    past_v = gather_context(value_cache, context_block_list, block_size)
+    k = torch.cat((past_k, key), dim=1).transpose(1, 2)            # [B, Hkv, S, D]
+    v = torch.cat((past_v, value), dim=1).transpose(1, 2)
+    mask = context_attention_mask(context_lens, past_k.shape[1], query.shape[1], query.dtype)
+    out = hpu.FusedSDPA.apply(query.transpose(1, 2), k, v, mask, 0.0, False, scale, "None",
+                              False, None, "right")
+    return out.transpose(1, 2)

@@ -1,0 +1,116 @@
+"""A stand-in for `habana_frameworks.torch.hpu.wrap_in_hpu_graph` off hardware.
+
+A real HPU graph is recorded once per input signature (shapes and dtypes of every
+tensor argument, plus the values of every non-tensor argument) and replayed after
+that. The stand-in runs the module eagerly every time but keeps the same books:
+the first call with a signature is a "capture" (and a compile, see
+`compile_stats`), later calls are "replays". That is what lets tests assert that
+serving after warmup captures nothing new, and it makes the classic mistake
+visible: a Python scalar that varies per step (a length, a count) is part of the
+key, so every value is a new capture.
+
+Memory model: a captured graph keeps static output buffers, so each capture adds
+the bytes of its outputs to the fake device ledger (`memory.track_alloc`) until
+`release()`; this lets the runner's graph-memory budget be exercised off hardware.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Hashable
+
+import torch
+from torch import nn
+
+from vllm.hpu import compile_stats, memory
+
+logger = logging.getLogger(__name__)
+
+
+def input_signature(obj: Any) -> Hashable:
+    """The key a graph is recorded under: tensor shapes/dtypes, scalar values.
+
+    Recurses through tuples/lists, dicts and dataclasses; any other object counts
+    by its type name only (its contents are invisible to a graph).
+    """
+    if isinstance(obj, torch.Tensor):
+        return ("T", tuple(obj.shape), obj.dtype, obj.device.type)
+    if obj is None or isinstance(obj, (bool, int, float, str, torch.dtype)):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, tuple(input_signature(x) for x in obj))
+    if isinstance(obj, dict):
+        return ("dict", tuple(sorted((str(k), input_signature(v)) for k, v in obj.items())))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return (type(obj).__qualname__,
+                tuple((f.name, input_signature(getattr(obj, f.name)))
+                      for f in dataclasses.fields(obj)))
+    return ("obj", type(obj).__qualname__)
+
+
+def _output_bytes(out: Any) -> int:
+    if isinstance(out, torch.Tensor):
+        return out.numel() * out.element_size()
+    if isinstance(out, (list, tuple)):
+        return sum(_output_bytes(x) for x in out)
+    if isinstance(out, dict):
+        return sum(_output_bytes(x) for x in out.values())
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        return sum(_output_bytes(getattr(out, f.name)) for f in dataclasses.fields(out))
+    return 0
+
+
+class FakeHPUGraphForward:
+    """Replaces `module.forward`; counts captures and replays per input signature."""
+
+    def __init__(self, forward: Callable[..., Any], disable_tensor_cache: bool) -> None:
+        self._forward = forward
+        self.disable_tensor_cache = disable_tensor_cache
+        self.signatures: dict[Hashable, int] = {}  # signature -> bytes held by the capture
+        self.captures = 0
+        self.replays = 0
+        self.bypassed = 0
+
+    def __call__(self, *args: Any, bypass_hpu_graphs: bool = False, **kwargs: Any) -> Any:
+        if bypass_hpu_graphs:
+            self.bypassed += 1
+            return self._forward(*args, **kwargs)
+        sig = input_signature((args, kwargs))
+        out = self._forward(*args, **kwargs)
+        if sig in self.signatures:
+            self.replays += 1
+        else:
+            self.captures += 1
+            compile_stats.record_compile(("hpu_graph", id(self), sig))
+            self.signatures[sig] = memory.track_alloc(_output_bytes(out))
+            logger.debug("fake HPU graph capture #%d", self.captures)
+        return out
+
+    def captured_bytes(self) -> int:
+        return sum(self.signatures.values())
+
+    def release(self) -> None:
+        """Drop every captured graph (and its memory); later calls capture again."""
+        for nbytes in self.signatures.values():
+            memory.track_free(nbytes)
+        self.signatures.clear()
+
+
+def wrap_in_hpu_graph(module: nn.Module, disable_tensor_cache: bool = True) -> nn.Module:
+    """Wrap `module.forward` in place, like the real API, and return the module.
+
+    Call it as `module(*args, bypass_hpu_graphs=False, **kwargs)`; the books are in
+    `module.forward` (a `FakeHPUGraphForward`), also reachable via `graph_stats`.
+    """
+    if isinstance(module.__dict__.get("forward"), FakeHPUGraphForward):
+        return module
+    module.forward = FakeHPUGraphForward(module.forward, disable_tensor_cache)
+    return module
+
+
+def graph_stats(module: nn.Module) -> FakeHPUGraphForward:
+    """The capture/replay books of a module wrapped by `wrap_in_hpu_graph`."""
+    fwd = module.__dict__.get("forward")
+    if not isinstance(fwd, FakeHPUGraphForward):
+        raise ValueError("module was not wrapped with wrap_in_hpu_graph (fake HPU).")
+    return fwd

@@ -1,0 +1,73 @@
+"""The Intel Gaudi (HPU) platform, real or fake.
+
+On the fake HPU (VLLM_USE_FAKE_HPU=1 or no habana_frameworks) the HPU code path
+runs unchanged but tensors live on the CPU. `device_type` stays "hpu" (it names the
+backend), so runners must place tensors on `torch_device` ("hpu" on Gaudi, "cpu"
+on the fake HPU), never on `device_type`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from vllm import envs
+from vllm.platforms.interface import Platform, PlatformEnum
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger(__name__)
+
+
+class HpuPlatform(Platform):
+    _enum = PlatformEnum.HPU
+    device_name = "hpu"
+    device_type = "hpu"
+    dist_backend = "hccl"
+    supported_dtypes = (torch.bfloat16, torch.float32)
+
+    def __init__(self) -> None:
+        from vllm import hpu
+        self.is_fake = hpu.is_fake_hpu()
+        self.torch_device = hpu.torch_device_type()
+        # HCCL exists only on Gaudi; the fake HPU's processes talk over gloo.
+        self.dist_backend = "gloo" if self.is_fake else "hccl"
+
+    def default_block_size(self) -> int:
+        return 128  # 16/32 under-use Gaudi's matrix engine
+
+    def get_worker_cls(self) -> str:
+        return "vllm.worker.hpu_worker.HPUWorker"
+
+    def get_attn_backend_cls(self) -> str:
+        return "vllm.attention.backends.hpu_attn.HPUAttentionImpl"
+
+    def resolve_auto_dtype(self, config_dtype: torch.dtype) -> torch.dtype:
+        """bf16 for fp16/fp32 checkpoints: Gaudi's native 16-bit type."""
+        if config_dtype in (torch.float16, torch.float32):
+            return torch.bfloat16
+        return config_dtype if config_dtype in self.supported_dtypes else torch.bfloat16
+
+    def check_and_update_config(self, vllm_config: "VllmConfig") -> None:
+        super().check_and_update_config(vllm_config)
+        parallel = vllm_config.parallel_config
+        lazy_graphs = envs.PT_HPU_LAZY_MODE == 1 and not vllm_config.model_config.enforce_eager
+        if parallel.world_size > 1 and lazy_graphs and not envs.PT_HPU_ENABLE_LAZY_COLLECTIVES:
+            # Workers are spawned after this point, so they inherit the setting.
+            os.environ["PT_HPU_ENABLE_LAZY_COLLECTIVES"] = "true"
+            logger.warning("Tensor/pipeline parallel with HPU graphs needs "
+                           "PT_HPU_ENABLE_LAZY_COLLECTIVES=true; setting it.")
+        if vllm_config.cache_config.block_size != 128:
+            logger.info("block_size=%d on HPU; 128 uses Gaudi's matrix engine best.",
+                        vllm_config.cache_config.block_size)
+
+    def mem_get_info(self) -> tuple[int, int]:
+        from vllm import hpu
+        return hpu.mem_get_info()
+
+    def synchronize(self) -> None:
+        from vllm import hpu
+        hpu.synchronize()

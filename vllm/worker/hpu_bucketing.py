@@ -1,0 +1,346 @@
+"""Shape buckets for the HPU runner: every batch is padded to one of a fixed set.
+
+Gaudi compiles one graph per input shape, so the runner only ever runs a small set
+of shapes ("buckets"), all compiled during warmup. A bucket is
+`(batch_size, query_len, num_blocks)`:
+- prompt: `num_blocks` = context blocks per sequence (prefix-cache hit or earlier
+  chunk of a chunked prefill), 0 for a plain prefill;
+- decode: `query_len` = 1 and `num_blocks` = KV blocks of the whole batch (the
+  highest block id + 1 with contiguous paged attention).
+
+Each dimension takes its values from a range `(min, step, max)`, either linear
+(ramp-up by doubling below `step`, then multiples of `step`) or exponential
+(`VLLM_EXPONENTIAL_BUCKETING`, the default). Prompt buckets are the grid of
+bs x query x ctx values that fits the token budget; decode buckets the grid of
+bs x blocks with at least one block per sequence.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
+
+from vllm import envs
+
+logger = logging.getLogger(__name__)
+
+
+class Bucket(NamedTuple):
+    batch_size: int
+    query_len: int
+    num_blocks: int
+
+
+def linear_range(bmin: int, bstep: int, bmax: int) -> list[int]:
+    """Ramp up `min, 2*min, 4*min, ...` below `step`, then `step, 2*step, ... <= max`.
+
+    (2, 32, 64) -> 2 4 8 16 32 64; (128, 128, 512) -> 128 256 384 512.
+    A min of 0 adds the value 0 and continues from `step` (0 cannot be doubled).
+    """
+    _check_range(bmin, bstep, bmax)
+    values = [0] if bmin == 0 else []
+    v = bstep if bmin == 0 else bmin
+    while v < bstep and v <= bmax:
+        values.append(v)
+        v *= 2
+    values.extend(range(bstep, bmax + 1, bstep))
+    return sorted(set(values))
+
+
+def exponential_range(bmin: int, bstep: int, bmax: int, num: int) -> list[int]:
+    """`num` points spaced geometrically from min to max, rounded up to `step`.
+
+    v_i = ceil(min * (max/min)^(i/(num-1)) / step) * step for i in 0..num-1,
+    de-duplicated, each clamped to max. A min of 0 or 1 would waste points on tiny
+    values, so the points are built from `step` and min is added back.
+    Decode bs (1, 2, 256, 9) -> 1 2 4 8 14 24 42 78 140 256;
+    query (128, 128, 8192, 13) -> 128 256 384 512 768 1024 1536 2048 2944 4096 5888 8192.
+    """
+    _check_range(bmin, bstep, bmax)
+    if num < 1:
+        raise ValueError(f"number of exponential buckets must be >= 1, got {num}.")
+    extra = None
+    if bmin in (0, 1):
+        extra, bmin = bmin, bstep
+    bmin = min(bmin, bmax)
+    values = set() if extra is None else {extra}
+    if num == 1:
+        return sorted(values | {bmax})
+    ratio = bmax / bmin
+    for i in range(num):
+        point = bmin * ratio ** (i / (num - 1))
+        # The epsilon keeps float noise (64**(1/3) = 3.9999..) from bumping a step.
+        values.add(min(bmax, math.ceil(point / bstep - 1e-9) * bstep))
+    return sorted(values)
+
+
+def _check_range(bmin: int, bstep: int, bmax: int) -> None:
+    if bmin < 0 or bstep < 1 or bmax < max(bmin, 1):
+        raise ValueError(f"invalid bucket range (min={bmin}, step={bstep}, max={bmax}): "
+                         "need min >= 0, step >= 1 and max >= max(min, 1).")
+
+
+def _log2_ceil(x: int) -> int:
+    return math.ceil(math.log2(x)) if x > 1 else 0
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class BucketRange:
+    """One dimension's range; `num` set means exponential with that many points."""
+    env_prefix: str  # e.g. VLLM_PROMPT_BS_BUCKET
+    min: int
+    step: int
+    max: int
+    num: Optional[int] = None
+
+    def values(self) -> list[int]:
+        if self.num is None:
+            return linear_range(self.min, self.step, self.max)
+        return exponential_range(self.min, self.step, self.max, self.num)
+
+    def as_list(self) -> list[int]:
+        return [self.min, self.step, self.max]
+
+
+def read_bucket_range(phase: str, dim: str, bmin: int, bstep: int, bmax: int,
+                      num_for_max: Optional[Callable[[int], int]], lowest_min: int
+                      ) -> BucketRange:
+    """Defaults overridden by VLLM_{phase}_{dim}_BUCKET_{MIN|STEP|MAX}, then validated.
+
+    `num_for_max` gives the number of exponential points for the final max (None:
+    linear). `lowest_min` is the smallest legal min (1 for sizes, 0 for context).
+    """
+    prefix = f"VLLM_{phase}_{dim}_BUCKET"
+    parts = {"MIN": bmin, "STEP": bstep, "MAX": bmax}
+    for part in parts:
+        value = getattr(envs, f"{prefix}_{part}")
+        if value is not None:
+            parts[part] = value
+    if parts["MIN"] < lowest_min:
+        raise ValueError(f"{prefix}_MIN must be >= {lowest_min}, got {parts['MIN']}.")
+    if parts["STEP"] < 1:
+        raise ValueError(f"{prefix}_STEP must be >= 1, got {parts['STEP']}.")
+    if parts["MAX"] < max(parts["MIN"], 1):
+        raise ValueError(f"{prefix}_MAX must be >= max({prefix}_MIN, 1) = "
+                         f"{max(parts['MIN'], 1)}, got {parts['MAX']}.")
+    num = num_for_max(parts["MAX"]) if num_for_max is not None else None
+    return BucketRange(prefix, parts["MIN"], parts["STEP"], parts["MAX"], num)
+
+
+def _covering(buckets: list[Bucket], want: Bucket) -> list[Bucket]:
+    return [b for b in buckets if b.batch_size >= want.batch_size
+            and b.query_len >= want.query_len and b.num_blocks >= want.num_blocks]
+
+
+def _round_up_to_range(value: int, values: list[int], step: int) -> int:
+    """The smallest range value >= value; past the range, the next multiple of step."""
+    for v in values:
+        if v >= value:
+            return v
+    return _round_up(value, step)
+
+
+class HPUBucketingContext:
+    """Generates prompt/decode buckets and finds the bucket a batch is padded to.
+
+    Args:
+        max_num_seqs: most sequences in a decode batch.
+        max_num_prefill_seqs: most sequences in a prompt batch (None: min(max_num_seqs, 64)).
+        block_size: tokens per KV block.
+        max_num_batched_tokens: token budget of one step (prompt bucket filter).
+        max_model_len: longest sequence (prompt query and context ranges).
+        num_kv_blocks: KV blocks available; decode buckets are generated once known.
+        use_prompt_context: False when neither prefix caching nor chunked prefill can
+            give a prompt a context, so prompt buckets all have 0 context blocks.
+        exponential: exponential ranges (None: VLLM_EXPONENTIAL_BUCKETING).
+    """
+
+    def __init__(self, max_num_seqs: int, max_num_prefill_seqs: Optional[int],
+                 block_size: int, max_num_batched_tokens: int, max_model_len: int,
+                 num_kv_blocks: Optional[int] = None, use_prompt_context: bool = True,
+                 exponential: Optional[bool] = None) -> None:
+        for name, value in (("max_num_seqs", max_num_seqs), ("block_size", block_size),
+                            ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("max_model_len", max_model_len)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}.")
+        if max_num_prefill_seqs is None:
+            max_num_prefill_seqs = min(max_num_seqs, 64)
+        if not 1 <= max_num_prefill_seqs <= max_num_seqs:
+            raise ValueError(f"max_num_prefill_seqs must be in [1, max_num_seqs="
+                             f"{max_num_seqs}], got {max_num_prefill_seqs}.")
+        self.max_num_seqs = max_num_seqs
+        self.max_num_prefill_seqs = max_num_prefill_seqs
+        self.block_size = block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.use_prompt_context = use_prompt_context
+        self.exponential = envs.VLLM_EXPONENTIAL_BUCKETING if exponential is None else exponential
+        self.num_kv_blocks: Optional[int] = None
+        self.prompt_buckets: list[Bucket] = []
+        self.decode_buckets: list[Bucket] = []
+        self.fallback_buckets: list[Bucket] = []
+        self._lookup_cache: dict[tuple[bool, Bucket], Bucket] = {}
+        self._warn_unused_decode_seq()
+        self.prompt_bs_range, self.prompt_seq_range, self.prompt_ctx_range = \
+            self._prompt_ranges()
+        self.generate_prompt_buckets()
+        if num_kv_blocks is not None:
+            self.generate_decode_buckets(num_kv_blocks)
+
+    # ---- ranges ----
+
+    @staticmethod
+    def _warn_unused_decode_seq() -> None:
+        if any(getattr(envs, f"VLLM_DECODE_SEQ_BUCKET_{p}") is not None
+               for p in ("MIN", "STEP", "MAX")):
+            logger.warning("VLLM_DECODE_SEQ_BUCKET_* is ignored: decode buckets always "
+                           "have query length 1 (use VLLM_DECODE_BLOCK_BUCKET_*).")
+
+    def _max_ctx_blocks(self) -> int:
+        """Most context blocks a prompt can have: at least one new token follows them."""
+        return -(-(self.max_model_len - 1) // self.block_size)
+
+    def _prompt_ranges(self) -> tuple[BucketRange, BucketRange, BucketRange]:
+        bsz, mps = self.block_size, self.max_num_prefill_seqs
+        max_ctx = self._max_ctx_blocks() if self.use_prompt_context else 0
+        if self.exponential:
+            query_max = min(self.max_num_batched_tokens, self.max_model_len)
+            bs = read_bucket_range("PROMPT", "BS", 1, 2, mps,
+                                   lambda m: _log2_ceil(m) + 1, 1)
+            # ceil(log2(max)) points (not +1): the spacing vLLM-Gaudi uses for queries.
+            seq = read_bucket_range("PROMPT", "SEQ", bsz, bsz, max(query_max, bsz),
+                                    lambda m: max(1, _log2_ceil(m)), 1)
+            ctx = read_bucket_range("PROMPT", "BLOCK", 0, 1, max(max_ctx, 1),
+                                    lambda m: _log2_ceil(m) + 1, 0)
+        else:
+            ctx_step = max(1, 1024 // bsz)
+            bs = read_bucket_range("PROMPT", "BS", 1, min(mps, 32), mps, None, 1)
+            seq = read_bucket_range("PROMPT", "SEQ", bsz, bsz,
+                                    _round_up(self.max_model_len, bsz), None, 1)
+            ctx = read_bucket_range("PROMPT", "BLOCK", 0, ctx_step,
+                                    _round_up(max(max_ctx, 1), ctx_step), None, 0)
+        return bs, seq, ctx
+
+    def _decode_ranges(self, num_kv_blocks: int) -> tuple[BucketRange, BucketRange]:
+        bsz, mns = self.block_size, self.max_num_seqs
+        max_blocks = max(128, mns * -(-self.max_model_len // bsz))
+        if self.exponential:
+            bs = read_bucket_range("DECODE", "BS", 1, 2, mns, lambda m: _log2_ceil(m) + 1, 1)
+            blocks = read_bucket_range("DECODE", "BLOCK", 1, bsz, min(max_blocks, num_kv_blocks),
+                                       lambda m: _log2_ceil(m) + 1, 1)
+        else:
+            bs = read_bucket_range("DECODE", "BS", 1, min(mns, 32), mns, None, 1)
+            blocks = read_bucket_range("DECODE", "BLOCK", bsz, bsz, max_blocks, None, 1)
+        return bs, blocks
+
+    # ---- generation ----
+
+    def generate_prompt_buckets(self) -> list[Bucket]:
+        """bs x query x ctx grid minus buckets over the token budget."""
+        bs_r, seq_r, ctx_r = self.prompt_bs_range, self.prompt_seq_range, self.prompt_ctx_range
+        ctx_values = ctx_r.values() if self.use_prompt_context else [0]
+        buckets = [Bucket(b, q, c) for b in bs_r.values() for q in seq_r.values()
+                   for c in ctx_values if self._prompt_fits(Bucket(b, q, c))]
+        self.prompt_buckets = sorted(buckets)
+        self._lookup_cache.clear()
+        logger.info("Prompt bucket config (min, step, max_warmup) bs:%s, seq:%s, blocks:%s",
+                    bs_r.as_list(), seq_r.as_list(),
+                    ctx_r.as_list() if self.use_prompt_context else [0, 0, 0])
+        logger.info("Generated %d prompt buckets [bs, query, num_blocks]: %s",
+                    len(self.prompt_buckets), [tuple(b) for b in self.prompt_buckets])
+        return self.prompt_buckets
+
+    def _prompt_fits(self, b: Bucket) -> bool:
+        tokens = b.batch_size * (b.query_len + b.num_blocks * self.block_size)
+        return tokens <= self.max_num_batched_tokens
+
+    def generate_decode_buckets(self, num_kv_blocks: int) -> list[Bucket]:
+        """bs x blocks grid, blocks clamped to the KV cache, at least a block per sequence."""
+        if num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}.")
+        self.num_kv_blocks = num_kv_blocks
+        self.decode_bs_range, self.decode_block_range = self._decode_ranges(num_kv_blocks)
+        block_values = sorted({min(v, num_kv_blocks) for v in self.decode_block_range.values()})
+        buckets = [Bucket(b, 1, n) for b in self.decode_bs_range.values()
+                   for n in block_values if b <= n]
+        self.decode_buckets = sorted(buckets)
+        self._lookup_cache.clear()
+        logger.info("Decode bucket config (min, step, max_warmup) bs:%s, block:%s",
+                    self.decode_bs_range.as_list(), self.decode_block_range.as_list())
+        logger.info("Generated %d decode buckets [bs, query, num_blocks]: %s",
+                    len(self.decode_buckets), [tuple(b) for b in self.decode_buckets])
+        return self.decode_buckets
+
+    # ---- lookup ----
+
+    def find_prompt_bucket(self, batch_size: int, query_len: int, ctx_blocks: int = 0) -> Bucket:
+        """Smallest prompt bucket >= (batch_size, query_len, ctx_blocks) in every dim."""
+        return self._find(True, Bucket(batch_size, query_len, ctx_blocks))
+
+    def find_decode_bucket(self, batch_size: int, num_blocks: int) -> Bucket:
+        """Smallest decode bucket >= (batch_size, 1, num_blocks) in every dim."""
+        if not self.decode_buckets:
+            raise ValueError("decode buckets are not generated yet: call "
+                             "generate_decode_buckets(num_kv_blocks) first.")
+        return self._find(False, Bucket(batch_size, 1, num_blocks))
+
+    def _cost(self, is_prompt: bool, b: Bucket) -> tuple[int, ...]:
+        if is_prompt:
+            return (b.batch_size * (b.query_len + b.num_blocks * self.block_size), *b)
+        return (b.num_blocks, b.batch_size)
+
+    def _find(self, is_prompt: bool, want: Bucket) -> Bucket:
+        if min(want.batch_size, want.query_len) < 1 or want.num_blocks < 0:
+            raise ValueError(f"batch shape {tuple(want)} must have batch_size >= 1, "
+                             "query_len >= 1 and num_blocks >= 0.")
+        key = (is_prompt, want)
+        found = self._lookup_cache.get(key)
+        if found is None:
+            buckets = self.prompt_buckets if is_prompt else self.decode_buckets
+            candidates = _covering(buckets, want)
+            if candidates:
+                found = min(candidates, key=lambda b: self._cost(is_prompt, b))
+            else:
+                found = self._add_fallback(is_prompt, want)
+            self._lookup_cache[key] = found
+        return found
+
+    def _add_fallback(self, is_prompt: bool, want: Bucket) -> Bucket:
+        """Round the batch up dimension by dimension, warn once, and keep the bucket."""
+        if is_prompt:
+            bs_r, seq_r = self.prompt_bs_range, self.prompt_seq_range
+            ctx_r = self.prompt_ctx_range
+            bucket = Bucket(_round_up_to_range(want.batch_size, bs_r.values(), bs_r.step),
+                            _round_up_to_range(want.query_len, seq_r.values(), seq_r.step),
+                            _round_up_to_range(want.num_blocks, ctx_r.values(), ctx_r.step)
+                            if want.num_blocks else 0)
+            self.prompt_buckets = sorted(self.prompt_buckets + [bucket])
+            kind = "Prompt"
+        else:
+            bs_r, blk_r = self.decode_bs_range, self.decode_block_range
+            blocks = _round_up_to_range(want.num_blocks, blk_r.values(), blk_r.step)
+            blocks = max(want.num_blocks, min(blocks, self.num_kv_blocks or blocks))
+            bucket = Bucket(_round_up_to_range(want.batch_size, bs_r.values(), bs_r.step), 1,
+                            blocks)
+            self.decode_buckets = sorted(self.decode_buckets + [bucket])
+            kind = "Decode"
+        self.fallback_buckets.append(bucket)
+        self._lookup_cache.clear()  # the new bucket may beat earlier answers
+        logger.warning("%s bucket %s for batch %s was not warmed up; this step compiles a "
+                       "new graph. Raise the VLLM_%s_*_BUCKET_MAX settings to cover it.",
+                       kind, tuple(bucket), tuple(want), kind.upper())
+        return bucket
+
+    @property
+    def num_prompt_buckets(self) -> int:
+        return len(self.prompt_buckets)
+
+    @property
+    def num_decode_buckets(self) -> int:
+        return len(self.decode_buckets)

@@ -1,0 +1,112 @@
+"""Keeps used KV blocks packed at low ids, for contiguous paged attention.
+
+With contiguous PA the decode step reads the KV slice `cache[:max_block_id + 1]`,
+so the decode bucket follows the highest block id in use, not the number of blocks
+in use. After many requests come and go, a few long-lived blocks at high ids would
+keep every step in a large bucket. When `max_used - num_used` exceeds
+`VLLM_DEFRAG_THRESHOLD`, the highest used blocks are swapped into the lowest free
+ids.
+
+The block manager keeps its own (logical) ids; this class owns the map from logical
+to physical ids, and the runner translates block tables with `resolve_table`
+before building attention metadata.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+from vllm import envs
+
+logger = logging.getLogger(__name__)
+
+
+def plan_defrag(used_block_ids: Iterable[int], threshold: int,
+                max_moves: Optional[int] = None) -> list[tuple[int, int]]:
+    """Moves (src, dst) of the highest used ids into the lowest free ids.
+
+    Empty unless `max_used - num_used > threshold`, where max_used is the highest
+    used id + 1 (the contiguous slice length). At most `max_moves` moves, highest
+    source first, so a partial plan still lowers the maximum.
+    """
+    used = sorted(set(used_block_ids))
+    if not used:
+        return []
+    num_used, max_used = len(used), used[-1] + 1
+    if max_used - num_used <= threshold:
+        return []
+    used_set = set(used)
+    free_low = (b for b in range(num_used) if b not in used_set)
+    high = (b for b in reversed(used) if b >= num_used)
+    moves = list(zip(high, free_low))
+    return moves if max_moves is None else moves[:max_moves]
+
+
+def swap_blocks(caches: Sequence[torch.Tensor], moves: Sequence[tuple[int, int]],
+                block_size: int, pad_block_id: Optional[int] = None) -> None:
+    """Swap the contents of blocks src <-> dst in every cache [num_slots, H, D].
+
+    With `pad_block_id` the move list is padded to a power of two (at least 8) with
+    no-op self-swaps of the pad block, so Gaudi compiles few swap shapes.
+    """
+    if not moves:
+        return
+    src = [s for s, _ in moves]
+    dst = [d for _, d in moves]
+    if pad_block_id is not None:
+        target = max(8, 1 << (len(moves) - 1).bit_length())
+        src += [pad_block_id] * (target - len(moves))
+        dst += [pad_block_id] * (target - len(moves))
+    for cache in caches:
+        blocks = cache.view(-1, block_size, *cache.shape[1:])
+        src_t = torch.tensor(src, dtype=torch.long, device=cache.device)
+        dst_t = torch.tensor(dst, dtype=torch.long, device=cache.device)
+        src_data = blocks.index_select(0, src_t)
+        dst_data = blocks.index_select(0, dst_t)
+        blocks.index_copy_(0, dst_t, src_data)
+        blocks.index_copy_(0, src_t, dst_data)
+
+
+class HPUDefragmenter:
+    """Logical -> physical block map plus the policy that compacts it."""
+
+    def __init__(self, num_blocks: int, block_size: int, threshold: Optional[int] = None,
+                 max_moves: Optional[int] = 64, pad_block_id: Optional[int] = None) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, "
+                             f"{block_size}.")
+        self.threshold = envs.VLLM_DEFRAG_THRESHOLD if threshold is None else threshold
+        if self.threshold < 0:
+            raise ValueError(f"VLLM_DEFRAG_THRESHOLD must be >= 0, got {self.threshold}.")
+        self.block_size = block_size
+        self.max_moves = max_moves
+        self.pad_block_id = pad_block_id
+        self.to_physical = list(range(num_blocks))
+        self.to_logical = list(range(num_blocks))
+        self.total_moves = 0
+
+    def resolve(self, logical_id: int) -> int:
+        return self.to_physical[logical_id]
+
+    def resolve_table(self, block_table: Sequence[int]) -> list[int]:
+        return [self.to_physical[b] for b in block_table]
+
+    def defragment(self, used_logical_ids: Iterable[int],
+                   caches: Sequence[torch.Tensor]) -> int:
+        """Compact if needed; returns the number of blocks moved."""
+        used = list(used_logical_ids)
+        used_physical = [self.to_physical[b] for b in used]
+        moves = plan_defrag(used_physical, self.threshold, self.max_moves)
+        if not moves:
+            return 0
+        swap_blocks(caches, moves, self.block_size, self.pad_block_id)
+        for src, dst in moves:
+            a, b = self.to_logical[src], self.to_logical[dst]
+            self.to_physical[a], self.to_physical[b] = dst, src
+            self.to_logical[src], self.to_logical[dst] = b, a
+        self.total_moves += len(moves)
+        logger.debug("Defragmented KV cache: moved %d blocks; highest used id now %d.",
+                     len(moves), max(self.to_physical[b] for b in used))
+        return len(moves)
