@@ -9,7 +9,7 @@ be exercised and tested off hardware:
 |---|---|---|
 | mark_step() | htcore.mark_step | no-op (ops run eagerly) |
 | is_lazy() | utils.internal.is_lazy | PT_HPU_LAZY_MODE == 1 |
-| wrap_in_hpu_graph(m, disable_tensor_cache) | hpu.wrap_in_hpu_graph | counts captures/replays per input signature |
+| wrap_in_hpu_graph(m, ...) | hpu.wrap_in_hpu_graph | counts captures/replays per signature |
 | synchronize(), set_device(), device_count() | torch.hpu.* | no-op / one device |
 | mem_get_info() | torch.hpu.mem_get_info | VLLM_FAKE_HPU_MEMORY_GB minus `track_alloc`ed bytes |
 | FusedSDPA, FusedRMSNorm, apply_rotary_pos_emb | hpex kernels | torch equivalents |
