@@ -23,10 +23,7 @@ _BUILTIN = {
 
 
 def _recorded_target() -> str:
-    """The target device: VLLM_TARGET_DEVICE at run time, else the one setup.py recorded."""
-    env = os.environ.get("VLLM_TARGET_DEVICE", "").strip().lower()
-    if env:
-        return env
+    """The target setup.py recorded at build time ('' for a source checkout)."""
     try:
         from vllm._build_info import TARGET_DEVICE  # written by setup.py
         return TARGET_DEVICE
@@ -35,9 +32,17 @@ def _recorded_target() -> str:
 
 
 def _detect_builtin() -> str:
-    target = _recorded_target()
-    if target in _BUILTIN and target != "cpu":
-        return target
+    """VLLM_TARGET_DEVICE at run time, then VLLM_USE_FAKE_HPU, the build target, detection."""
+    env = os.environ.get("VLLM_TARGET_DEVICE", "").strip().lower()
+    if env:
+        if env not in _BUILTIN:
+            raise ValueError(f"VLLM_TARGET_DEVICE={env!r}; choose one of {sorted(_BUILTIN)}")
+        return env
+    if os.environ.get("VLLM_USE_FAKE_HPU", "0").strip().lower() in ("1", "true"):
+        return "hpu"
+    recorded = _recorded_target()
+    if recorded in _BUILTIN:
+        return recorded
     if importlib.util.find_spec("habana_frameworks") is not None:
         return "hpu"
     try:

@@ -1,0 +1,55 @@
+"""The CUDA worker: the torch-ops runner on a GPU, KV cache sized by gpu_memory_utilization."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from vllm.worker.cpu_model_runner import CPUModelRunner
+from vllm.worker.worker_base import WorkerBase
+
+logger = logging.getLogger(__name__)
+
+
+class GPUWorker(WorkerBase):
+
+    def init_device(self) -> None:
+        self.device = torch.device(f"cuda:{self.local_rank}")
+        torch.cuda.set_device(self.device)
+        self.init_distributed("nccl")
+        from vllm.platforms import current_platform
+        current_platform.seed_everything(self.vllm_config.model_config.seed)
+        self.model_runner = CPUModelRunner(self.vllm_config, device=self.device)
+
+    def determine_num_available_blocks(self) -> int:
+        """Blocks that fit in gpu_memory_utilization of the GPU after weights and activations.
+
+        A forward pass at the full token budget (no KV cache) measures peak activation
+        memory, as vLLM's profile run does.
+        """
+        cc = self.vllm_config.cache_config
+        block_bytes = self.model_runner.get_kv_cache_block_bytes()
+        if cc.num_gpu_blocks_override is not None:
+            return cc.num_gpu_blocks_override
+        if cc.kv_cache_memory_bytes is not None:
+            return max(1, cc.kv_cache_memory_bytes // block_bytes)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        self._profile_run()
+        free, total = torch.cuda.mem_get_info()
+        peak = torch.cuda.max_memory_allocated()
+        budget = total * cc.gpu_memory_utilization - (total - free) - \
+            (peak - torch.cuda.memory_allocated())
+        logger.info("GPU memory: total %.2f GiB, in use %.2f GiB, activation peak %.2f GiB",
+                    total / 2**30, (total - free) / 2**30, peak / 2**30)
+        return max(1, int(budget // block_bytes))
+
+    @torch.inference_mode()
+    def _profile_run(self) -> None:
+        sc = self.vllm_config.scheduler_config
+        n = min(sc.max_num_batched_tokens, self.vllm_config.model_config.max_model_len)
+        ids = torch.zeros(n, dtype=torch.long, device=self.device)
+        pos = torch.arange(n, device=self.device)
+        hidden = self.model_runner.model(ids, pos)
+        self.model_runner.model.compute_logits(hidden[-min(n, sc.max_num_seqs):])
+        torch.cuda.synchronize()
