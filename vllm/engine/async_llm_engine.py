@@ -1,0 +1,512 @@
+"""AsyncLLMEngine: the blocking LLMEngine driven by one background thread, for asyncio servers.
+
+Why a thread: `LLMEngine.step()` is CPU-bound torch work; running it on the event loop
+would stall every HTTP connection for the length of a step. The loop thread owns the
+engine: coroutines never touch it directly. They post "add" and "abort" commands to a
+thread-safe inbox that the thread drains between steps, and the thread hands each step's
+outputs back to the event loop with one `call_soon_threadsafe` per step. When there is
+no work the thread sleeps on an Event (no busy spin).
+
+Inside, every request runs with `RequestOutputKind.DELTA`: the thread then sees exactly the
+new tokens of each step (what the metrics need), and `RequestStream` rebuilds what the
+caller asked for (DELTA, CUMULATIVE or FINAL_ONLY), merging deltas when the consumer lags.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncGenerator, Iterable, Optional, Union
+
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.engine.metrics import StatsTracker
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped (crash or shutdown); no request can be served any more."""
+
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: Any
+    params: Any
+    arrival_time: float
+    stream: "RequestStream"
+    accepted: "asyncio.Future[None]"
+
+
+@dataclass
+class _Abort:
+    request_ids: list[str]
+    notify: bool  # True: end the streams (public abort); False: the consumer is gone.
+
+
+_END = object()  # sentinel: the stream ends without a further output
+
+
+class RequestStream:
+    """Outputs of one request: fed on the event loop, consumed by one coroutine.
+
+    `put` receives DELTA outputs (or an exception); `get` returns the next output in the
+    caller's output kind, merging every delta that arrived since the last `get`.
+    """
+
+    def __init__(self, request_id: str, output_kind: Any) -> None:
+        self.request_id = request_id
+        self._kind = _kind_name(output_kind)
+        self._items: list[Any] = []
+        self._ready = asyncio.Event()
+        self._acc: Any = None  # merged output not yet handed out (or all, for CUMULATIVE)
+        self._last: Any = None  # latest delta seen, the template of a final abort output
+        self.finished = False
+
+    def put(self, item: Any) -> None:
+        self._items.append(item)
+        self._ready.set()
+
+    async def get(self) -> Any:
+        """Next output; raises StopAsyncIteration at the end, or the error the engine sent."""
+        while True:
+            if self.finished:
+                raise StopAsyncIteration
+            while not self._items:
+                self._ready.clear()
+                await self._ready.wait()
+            items, self._items = self._items, []
+            result = self._absorb(items)
+            if result is not None:
+                return result
+
+    def _absorb(self, items: list[Any]) -> Any:
+        for item in items:
+            if isinstance(item, BaseException):
+                self.finished = True
+                raise item
+            if item is _END:
+                self.finished = True
+                return self._aborted_output()
+            self._last = item
+            self._acc = item if self._acc is None else merge_delta(self._acc, item)
+            if item.finished:
+                self.finished = True
+                break
+        acc = self._acc
+        if acc is None:
+            return None
+        if self._kind == "FINAL_ONLY" and not acc.finished:
+            return None
+        if self._kind == "CUMULATIVE":
+            return snapshot(acc)
+        self._acc = None
+        return acc
+
+    def _aborted_output(self) -> Any:
+        """The last output of an aborted request: finish_reason "abort" on unfinished
+        completions (nothing when the request never produced output)."""
+        if self._acc is not None:
+            return as_aborted(self._acc)
+        if self._last is None or self._kind == "CUMULATIVE":
+            raise StopAsyncIteration
+        return as_aborted(self._last, empty=True)
+
+
+class AsyncLLMEngine:
+    """asyncio front of LLMEngine: `generate()` streams RequestOutputs of one request."""
+
+    def __init__(self, engine: Any, *, log_requests: bool = True, log_stats: bool = True,
+                 max_log_len: Optional[int] = None, start_engine_loop: bool = True) -> None:
+        self.engine = engine
+        self.model_config = engine.model_config
+        self.vllm_config = getattr(engine, "vllm_config", None)
+        self.log_requests = log_requests
+        self.max_log_len = max_log_len
+        self.stats = StatsTracker(self.model_config.served_model_name[0],
+                                  self.model_config.max_model_len, log_stats=log_stats)
+        self._inbox: "queue.SimpleQueue[Union[_Add, _Abort]]" = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # orders "post to inbox" against "engine died"
+        self._dead: Optional[EngineDeadError] = None
+        self._stopping = False
+        self._streams: dict[str, RequestStream] = {}  # owned by the loop thread
+        self._pending_ids: set[str] = set()  # ids posted but not yet finished (event loop)
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._shutdown_done = False
+        self._start_requested = start_engine_loop
+
+    # ------------------------------------------------------------ creation
+    @classmethod
+    def from_engine_args(cls, engine_args: AsyncEngineArgs, start_engine_loop: bool = True,
+                         max_log_len: Optional[int] = None) -> "AsyncLLMEngine":
+        from vllm.engine.llm_engine import LLMEngine
+        engine = LLMEngine.from_engine_args(engine_args)
+        return cls(engine,
+                   log_requests=not getattr(engine_args, "disable_log_requests", False),
+                   log_stats=not getattr(engine_args, "disable_log_stats", False),
+                   max_log_len=max_log_len, start_engine_loop=start_engine_loop)
+
+    # --------------------------------------------------------------- state
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._dead is None
+
+    @property
+    def errored(self) -> bool:
+        return self._dead is not None and not self._stopping
+
+    @property
+    def is_stopped(self) -> bool:
+        return self._dead is not None
+
+    @property
+    def dead_error(self) -> Optional[EngineDeadError]:
+        return self._dead
+
+    async def check_health(self) -> None:
+        """Raise EngineDeadError when the engine loop is no longer serving."""
+        if self._dead is not None:
+            raise self._dead
+
+    async def get_tokenizer(self) -> Any:
+        return self.engine.get_tokenizer()
+
+    async def get_model_config(self) -> Any:
+        return self.model_config
+
+    async def get_vllm_config(self) -> Any:
+        return self.vllm_config
+
+    async def is_tracing_enabled(self) -> bool:
+        return False
+
+    def start_background_loop(self) -> None:
+        """Start the engine loop thread, bound to the running event loop."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="vllm-engine-loop",
+                                        daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ requests
+    async def add_request(self, request_id: str, prompt: Any, params: Any,
+                          arrival_time: Optional[float] = None) -> RequestStream:
+        """Queue a request and wait until the engine accepted it.
+
+        Raises ValueError (invalid request, from the engine's validation) or EngineDeadError
+        here, before any output, so a server can still answer with a plain HTTP error.
+        """
+        if self._thread is None:
+            if not self._start_requested:
+                raise RuntimeError("The engine loop is not running; call "
+                                   "start_background_loop() first.")
+            self.start_background_loop()
+        if request_id in self._pending_ids:
+            raise ValueError(f"request_id {request_id!r} is already in use by a running "
+                             "request.")
+        stream = RequestStream(request_id, getattr(params, "output_kind", None))
+        inner = _with_delta_kind(params)
+        accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        command = _Add(request_id, prompt, inner,
+                       time.time() if arrival_time is None else arrival_time, stream, accepted)
+        self._post(command)
+        self._pending_ids.add(request_id)
+        try:
+            await accepted
+        except BaseException:
+            self._pending_ids.discard(request_id)
+            if not accepted.done() or accepted.cancelled():
+                # Cancelled while waiting: the engine may accept it later; take it back.
+                self._post_quietly(_Abort([request_id], notify=False))
+            raise
+        if self.log_requests:
+            self._log_request(request_id, prompt, params)
+        return stream
+
+    async def generate(self, prompt: Any, sampling_params: Any, request_id: str,
+                       *, priority: int = 0, arrival_time: Optional[float] = None,
+                       ) -> AsyncGenerator[Any, None]:
+        """Stream the outputs of one request.
+
+        Closing the generator early (client gone, task cancelled) aborts the request, which
+        frees its KV blocks.
+        """
+        if priority != 0:
+            raise ValueError("priority: only 0 is supported (FCFS scheduling).")
+        stream = await self.add_request(request_id, prompt, sampling_params, arrival_time)
+        async for output in self.iterate(stream):
+            yield output
+
+    async def iterate(self, stream: RequestStream) -> AsyncGenerator[Any, None]:
+        """Yield a stream's outputs; abort the request if the consumer stops early."""
+        try:
+            while True:
+                try:
+                    output = await stream.get()
+                except StopAsyncIteration:
+                    return
+                yield output
+        finally:
+            self._pending_ids.discard(stream.request_id)
+            if not stream.finished:
+                self._post_quietly(_Abort([stream.request_id], notify=False))
+                if self.log_requests:
+                    logger.info("Aborted request %s.", stream.request_id)
+
+    async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
+        """Abort requests: their streams end (with finish_reason "abort" when they produced
+        output) and their KV blocks are freed. Unknown ids are ignored."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        self._post_quietly(_Abort(ids, notify=True))
+
+    # ------------------------------------------------------------ shutdown
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the loop thread after its current step, end every stream, free the engine."""
+        if self._shutdown_done:
+            return
+        self._shutdown_done = True
+        with self._lock:
+            self._stopping = True
+            if self._dead is None:
+                self._dead = EngineDeadError("The engine is shutting down.")
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                logger.warning("Engine loop thread did not stop within %.0f s.", timeout)
+        if thread is None or not thread.is_alive():
+            self._fail_all(self._dead)
+        try:
+            self.engine.shutdown()
+        except Exception:  # noqa: BLE001 - shutting down anyway; report and go on
+            logger.exception("Error while shutting down the engine.")
+
+    # ------------------------------------------------------- event loop side
+    def _post(self, command: Union[_Add, _Abort]) -> None:
+        with self._lock:
+            if self._dead is not None:
+                raise self._dead
+            self._inbox.put(command)
+        self._wake.set()
+
+    def _post_quietly(self, command: _Abort) -> None:
+        try:
+            self._post(command)
+        except EngineDeadError:
+            pass
+
+    def _log_request(self, request_id: str, prompt: Any, params: Any) -> None:
+        text, ids = _prompt_parts(prompt)
+        if self.max_log_len is not None:
+            text = text[:self.max_log_len] if text is not None else None
+            ids = ids[:self.max_log_len] if ids is not None else None
+        logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s.",
+                    request_id, text, params, ids)
+
+    # -------------------------------------------------------- engine thread
+    def _run_loop(self) -> None:
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                self._drain_inbox()
+                if self._stopping:
+                    break
+                if self.engine.has_unfinished_requests():
+                    outputs = self.engine.step()
+                    self._dispatch(outputs)
+                else:
+                    self._publish_stats()
+                    self._wake.wait()
+        except BaseException as exc:  # noqa: BLE001 - any crash kills the engine, reported
+            logger.exception("The engine loop stopped with an error.")
+            dead = EngineDeadError(
+                f"The engine loop died with {type(exc).__name__}: {exc}. It cannot serve "
+                "more requests; restart the server (see the server log for the traceback).")
+            dead.__cause__ = exc
+            with self._lock:
+                self._dead = dead
+            self._fail_all(dead)
+            return
+        self._fail_all(self._dead or EngineDeadError("The engine is shutting down."))
+
+    def _drain_inbox(self) -> None:
+        deliveries: list[tuple[Any, Any]] = []
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, _Add):
+                self._handle_add(command, deliveries)
+            else:
+                self._handle_abort(command, deliveries)
+        if deliveries:
+            self._deliver(deliveries)
+
+    def _handle_add(self, cmd: _Add, deliveries: list) -> None:
+        if cmd.request_id in self._streams:
+            error: Optional[BaseException] = ValueError(
+                f"request_id {cmd.request_id!r} is already in use by a running request.")
+        else:
+            try:
+                self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
+                                        arrival_time=cmd.arrival_time)
+                error = None
+            except Exception as exc:  # noqa: BLE001 - handed to the requester, engine lives
+                error = exc
+        if error is None:
+            self._streams[cmd.request_id] = cmd.stream
+            self.stats.on_request_added(cmd.request_id)
+        deliveries.append((cmd.accepted, error))
+
+    def _handle_abort(self, cmd: _Abort, deliveries: list) -> None:
+        known = [rid for rid in cmd.request_ids if rid in self._streams]
+        for rid in known:
+            stream = self._streams.pop(rid)
+            self.stats.on_request_aborted(rid)
+            if cmd.notify:
+                deliveries.append((stream, _END))
+        if known:
+            self.engine.abort_request(known)
+            self._publish_stats()
+
+    def _dispatch(self, outputs: list[Any]) -> None:
+        now = time.monotonic()
+        deliveries = []
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue  # aborted between the step and now
+            self.stats.on_output(out, now)
+            if out.finished:
+                del self._streams[out.request_id]
+            deliveries.append((stream, out))
+        self._publish_stats()
+        if deliveries:
+            self._deliver(deliveries)
+
+    def _publish_stats(self) -> None:
+        get_stats = getattr(self.engine, "get_stats", None)
+        if get_stats is not None:
+            self.stats.on_scheduler_stats(get_stats())
+
+    def _deliver(self, deliveries: list[tuple[Any, Any]]) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(_deliver_on_loop, deliveries)
+        except RuntimeError:
+            pass  # the event loop closed under us: nobody is listening any more
+
+    def _fail_all(self, error: BaseException) -> None:
+        """End every stream and every not-yet-accepted request with `error`."""
+        deliveries: list[tuple[Any, Any]] = [(s, error) for s in self._streams.values()]
+        self._streams.clear()
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, _Add):
+                deliveries.append((command.accepted, error))
+        if deliveries:
+            self._deliver(deliveries)
+
+
+def _deliver_on_loop(deliveries: list[tuple[Any, Any]]) -> None:
+    for target, item in deliveries:
+        if isinstance(target, asyncio.Future):
+            if target.done():
+                continue
+            if item is None:
+                target.set_result(None)
+            else:
+                target.set_exception(item)
+        else:
+            target.put(item)
+
+
+# ------------------------------------------------------------------ outputs
+def _kind_name(kind: Any) -> str:
+    name = getattr(kind, "name", None) or (str(kind) if kind is not None else "CUMULATIVE")
+    return name.upper()
+
+
+def _with_delta_kind(params: Any) -> Any:
+    """A copy of the sampling params asking the engine for DELTA outputs."""
+    from vllm.sampling_params import RequestOutputKind
+    inner = copy.copy(params)
+    inner.output_kind = RequestOutputKind.DELTA
+    return inner
+
+
+def merge_delta(acc: Any, new: Any) -> Any:
+    """Append the DELTA output `new` to `acc` (a merged output owned by the stream)."""
+    merged = copy.copy(acc)
+    by_index = {c.index: c for c in acc.outputs}
+    for c in new.outputs:
+        old = by_index.get(c.index)
+        if old is None:
+            by_index[c.index] = c
+            continue
+        joined = copy.copy(old)
+        joined.text = (old.text or "") + (c.text or "")
+        joined.token_ids = list(old.token_ids) + list(c.token_ids)
+        if c.logprobs is not None or old.logprobs is not None:
+            joined.logprobs = list(old.logprobs or []) + list(c.logprobs or [])
+        joined.cumulative_logprob = c.cumulative_logprob
+        joined.finish_reason = c.finish_reason
+        joined.stop_reason = c.stop_reason
+        by_index[c.index] = joined
+    merged.outputs = [by_index[i] for i in sorted(by_index)]
+    if merged.prompt_logprobs is None:
+        merged.prompt_logprobs = new.prompt_logprobs
+    merged.finished = new.finished
+    if getattr(new, "metrics", None) is not None:
+        merged.metrics = new.metrics
+    if getattr(new, "num_cached_tokens", None) is not None:
+        merged.num_cached_tokens = new.num_cached_tokens
+    return merged
+
+
+def snapshot(output: Any) -> Any:
+    """A copy whose lists the stream will not mutate later (CUMULATIVE hand-outs)."""
+    snap = copy.copy(output)
+    snap.outputs = []
+    for c in output.outputs:
+        cc = copy.copy(c)
+        cc.token_ids = list(c.token_ids)
+        if c.logprobs is not None:
+            cc.logprobs = list(c.logprobs)
+        snap.outputs.append(cc)
+    return snap
+
+
+def as_aborted(output: Any, empty: bool = False) -> Any:
+    """A finished copy of `output`; `empty` drops its content (a DELTA with no news)."""
+    final = snapshot(output)
+    final.finished = True
+    for c in final.outputs:
+        if empty:
+            c.text, c.token_ids = "", []
+            c.logprobs = [] if c.logprobs is not None else None
+        if c.finish_reason is None:
+            c.finish_reason = "abort"
+    return final
+
+
+def _prompt_parts(prompt: Any) -> tuple[Optional[str], Optional[list[int]]]:
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, dict):
+        return prompt.get("prompt"), prompt.get("prompt_token_ids")
+    return None, None

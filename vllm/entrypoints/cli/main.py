@@ -1,0 +1,41 @@
+"""The `vllm` command: `vllm serve MODEL ...`, `vllm --version`.
+
+Declared as the console script `vllm = vllm.entrypoints.cli.main:main`.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    from vllm.entrypoints.cli.serve import add_serve_parser
+    from vllm.version import __version__
+    parser = argparse.ArgumentParser(prog="vllm", description="vLLM CLI")
+    parser.add_argument("-v", "--version", action="version", version=__version__)
+    subparsers = parser.add_subparsers(dest="subcommand", metavar="{serve}")
+    add_serve_parser(subparsers)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "dispatch_function", None) is None:
+        parser.print_help()
+        sys.exit(2)
+    try:
+        args.dispatch_function(args)
+    except KeyboardInterrupt:
+        logger.info("Server stopped.")
+    except (ValueError, OSError) as e:
+        logger.error("%s", e)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""`vllm serve [MODEL] [flags]`: start the OpenAI-compatible server."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    parser = subparsers.add_parser(
+        "serve", help="Start the vLLM OpenAI-compatible API server.",
+        description="Start the vLLM OpenAI-compatible API server.",
+        usage="vllm serve [model_tag] [options]",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("model_tag", type=str, nargs="?", default=None,
+                        help="The model to serve (overrides --model).")
+    make_arg_parser(parser)
+    parser.set_defaults(dispatch_function=cmd_serve)
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    """The positional MODEL wins over --model, as in vLLM."""
+    from vllm.entrypoints.openai.api_server import run_server
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    run_server(args)

@@ -1,0 +1,338 @@
+"""The OpenAI-compatible HTTP server: app factory, routes, and `main()`.
+
+`python -m vllm.entrypoints.openai.api_server --model M` (or `vllm serve M`) loads the
+engine, then serves /v1/completions, /v1/chat/completions, /v1/models, /tokenize,
+/detokenize, /health, /version and /metrics with uvicorn.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from contextlib import asynccontextmanager
+from http import HTTPStatus
+from typing import Any, Awaitable, Callable, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import vllm.envs as envs
+from vllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
+from vllm.entrypoints.openai.chat_utils import load_chat_template
+from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.entrypoints.openai.errors import (OpenAIError, ServiceUnavailableError,
+                                            error_type_for, make_error, validation_error)
+from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
+                                              DetokenizeRequest, TokenizeRequest,
+                                              VersionResponse)
+from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm.entrypoints.openai.serving_engine import copy_tokenizer
+from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from vllm.version import __version__
+
+logger = logging.getLogger("vllm.entrypoints.openai.api_server")  # not __main__ under -m
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+GRACEFUL_SHUTDOWN_S = 5
+"""How long open requests may keep running after SIGINT/SIGTERM before being cancelled."""
+
+
+# ------------------------------------------------------------------ app state
+class ServerState:
+    """Everything the routes need, built once per app from the engine and the flags."""
+
+    def __init__(self, engine: AsyncLLMEngine, args: argparse.Namespace) -> None:
+        self.engine = engine
+        model_config = engine.model_config
+        tokenizer = copy_tokenizer(engine.engine.get_tokenizer())
+        self.models = OpenAIServingModels(list(model_config.served_model_name),
+                                          model_config.model, model_config.max_model_len)
+        common = dict(tokenizer=tokenizer,
+                      return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids",
+                                                              False)))
+        self.chat = OpenAIServingChat(
+            engine, self.models, response_role=getattr(args, "response_role", "assistant"),
+            chat_template=load_chat_template(getattr(args, "chat_template", None)), **common)
+        self.completion = OpenAIServingCompletion(engine, self.models, **common)
+        self.tokenization = OpenAIServingTokenization(engine, self.models, chat=self.chat,
+                                                      **common)
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.vllm
+
+
+# ---------------------------------------------------------------- middleware
+class APIKeyMiddleware:
+    """Require `Authorization: Bearer KEY` under /v1 (plain ASGI: streaming stays intact)."""
+
+    def __init__(self, app: Any, api_key: str, root_path: str = "") -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+        self.prefix = f"{root_path or ''}/v1"
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if (scope["type"] == "http" and scope.get("method") != "OPTIONS"
+                and scope.get("path", "").startswith(self.prefix)):
+            headers = dict(scope.get("headers") or [])
+            if headers.get(b"authorization") != self.expected:
+                response = JSONResponse({"error": "Unauthorized"}, status_code=401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# -------------------------------------------------------------------- errors
+def _error_json(err: OpenAIError) -> JSONResponse:
+    return JSONResponse(err.to_response().model_dump(), status_code=int(err.status))
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return _error_json(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_json(validation_error(list(exc.errors())))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = make_error(str(exc.detail), error_type_for(exc.status_code), exc.status_code)
+        return JSONResponse(body.model_dump(), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return _error_json(ServiceUnavailableError(str(exc)))
+
+    @app.exception_handler(ValueError)
+    async def _value(_: Request, exc: ValueError) -> JSONResponse:
+        return _error_json(OpenAIError(str(exc)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("Unexpected error while serving a request.")
+        body = make_error(f"Internal server error: {type(exc).__name__}: {exc}",
+                          "InternalServerError", 500)
+        return JSONResponse(body.model_dump(), status_code=500)
+
+
+# ------------------------------------------------------------- cancellation
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def with_cancellation(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Cancel the handler when the client disconnects, which aborts its engine requests.
+
+    Starlette does not cancel a running endpoint on disconnect; without this a client that
+    gives up on a long non-streaming completion would still cost its full generation.
+    """
+
+    @functools.wraps(handler)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        raw_request: Request = kwargs["raw_request"]
+        work = asyncio.ensure_future(handler(*args, **kwargs))
+        watcher = asyncio.ensure_future(_wait_for_disconnect(raw_request))
+        try:
+            await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        finally:
+            watcher.cancel()
+        if work.done():
+            return work.result()
+        work.cancel()
+        await asyncio.gather(work, return_exceptions=True)
+        return Response(status_code=499)  # client closed the request; nobody reads this
+
+    return wrapper
+
+
+def _respond(result: Any) -> Any:
+    """A response model as JSON, or an SSE generator as a streaming response."""
+    if hasattr(result, "__aiter__"):
+        return StreamingResponse(result, media_type="text/event-stream", headers=SSE_HEADERS)
+    return JSONResponse(result.model_dump())
+
+
+# -------------------------------------------------------------------- routes
+def _install_routes(app: FastAPI) -> None:
+    @app.get("/health", response_class=Response)
+    async def health(raw_request: Request) -> Response:
+        try:
+            await _state(raw_request).engine.check_health()
+        except EngineDeadError as e:
+            return _error_json(ServiceUnavailableError(str(e)))
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> VersionResponse:
+        return VersionResponse(version=__version__)
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics(raw_request: Request) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        registry = _state(raw_request).engine.stats.registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def show_available_models(raw_request: Request) -> Any:
+        return JSONResponse(_state(raw_request).models.show_available_models().model_dump())
+
+    @app.post("/tokenize")
+    async def tokenize(request: TokenizeRequest, raw_request: Request) -> Any:
+        result = await _state(raw_request).tokenization.create_tokenize(request)
+        return JSONResponse(result.model_dump())
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Any:
+        result = await _state(raw_request).tokenization.create_detokenize(request)
+        return JSONResponse(result.model_dump())
+
+    @app.post("/v1/completions")
+    @with_cancellation
+    async def create_completion(request: CompletionRequest, raw_request: Request) -> Any:
+        return _respond(await _state(raw_request).completion.create_completion(request))
+
+    @app.post("/v1/chat/completions")
+    @with_cancellation
+    async def create_chat_completion(request: ChatCompletionRequest,
+                                     raw_request: Request) -> Any:
+        return _respond(await _state(raw_request).chat.create_chat_completion(request))
+
+
+# ----------------------------------------------------------------------- app
+def build_app(args: argparse.Namespace, engine: AsyncLLMEngine) -> FastAPI:
+    """The FastAPI app serving `engine`; one app per engine (own metrics registry)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start_background_loop()
+        started = getattr(args, "_process_start", None)
+        if started is not None:
+            logger.info("vLLM API server ready in %.2f s (since process start).",
+                        time.time() - started)
+        try:
+            yield
+        finally:
+            engine.shutdown()
+
+    app = FastAPI(title="vLLM OpenAI-compatible API", version=__version__,
+                  root_path=getattr(args, "root_path", None) or "", lifespan=lifespan)
+    app.state.vllm = ServerState(engine, args)
+    _install_error_handlers(app)
+    _install_routes(app)
+    app.add_middleware(CORSMiddleware,
+                       allow_origins=getattr(args, "allowed_origins", ["*"]),
+                       allow_credentials=getattr(args, "allow_credentials", False),
+                       allow_methods=getattr(args, "allowed_methods", ["*"]),
+                       allow_headers=getattr(args, "allowed_headers", ["*"]))
+    api_key = getattr(args, "api_key", None) or envs.VLLM_API_KEY
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key,
+                           root_path=getattr(args, "root_path", None) or "")
+    return app
+
+
+# ----------------------------------------------------------------- run/main
+def create_server_socket(host: Optional[str], port: int) -> socket.socket:
+    """Bind early so a busy port fails before the model is loaded."""
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host or "0.0.0.0", port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"Cannot listen on {host or '0.0.0.0'}:{port}: {e.strerror}. Is another "
+                      "server running there? Choose another --port.") from e
+    return sock
+
+
+def _raise_keyboard_interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+
+def _log_startup(engine: AsyncLLMEngine) -> None:
+    from vllm.platforms import current_platform
+    mc = engine.model_config
+    device = getattr(getattr(engine.vllm_config, "device_config", None), "device", None)
+    logger.info("Model: %s (served as %s), dtype %s, max_model_len %d, device: %s (%s).",
+                mc.model, ", ".join(mc.served_model_name), mc.torch_dtype, mc.max_model_len,
+                device or current_platform.device_type, current_platform.device_name)
+
+
+async def serve_http(app: FastAPI, sock: socket.socket, args: argparse.Namespace) -> None:
+    import uvicorn
+    config = uvicorn.Config(app, log_level=args.uvicorn_log_level,
+                            access_log=not args.disable_uvicorn_access_log,
+                            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+                            ssl_ca_certs=args.ssl_ca_certs, timeout_keep_alive=5,
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    await uvicorn.Server(config).serve(sockets=[sock])
+
+
+def run_server(args: argparse.Namespace) -> None:
+    """Load the engine, then serve until SIGINT/SIGTERM."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    args._process_start = _process_start_time()
+    validate_parsed_serve_args(args)
+    logger.info("vLLM API server version %s", __version__)
+    sock = create_server_socket(args.host, args.port)
+    # Until uvicorn installs its own handlers, SIGTERM unwinds model loading cleanly.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs.from_cli_args(args),
+                                                 max_log_len=args.max_log_len)
+        try:
+            _log_startup(engine)
+            app = build_app(args, engine)
+            scheme = "https" if args.ssl_certfile else "http"
+            logger.info("Starting vLLM API server on %s://%s:%d", scheme,
+                        args.host or "0.0.0.0", args.port)
+            asyncio.run(serve_http(app, sock, args))
+        finally:
+            engine.shutdown()
+    finally:
+        sock.close()
+
+
+def _process_start_time() -> float:
+    try:
+        import psutil
+        return psutil.Process(os.getpid()).create_time()
+    except Exception:  # noqa: BLE001 - only used for the "ready in" log line
+        return time.time()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = make_arg_parser()
+    args = parser.parse_args(argv)
+    try:
+        run_server(args)
+    except KeyboardInterrupt:
+        logger.info("Server stopped.")
+    except (ValueError, OSError) as e:
+        logger.error("%s", e)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Chat messages -> prompt text through a Jinja chat template.
+
+The template is the request's `chat_template`, else the server's --chat-template, else the
+tokenizer's own. Message content may be a string or a list of {"type": "text"} parts;
+other part types (images, audio) are refused: this server runs text-only models.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from vllm.entrypoints.openai.errors import BadRequestError
+from vllm.entrypoints.openai.protocol import ChatMessage
+
+_JINJA_MARKERS = ("{{", "{%", "{#")
+# Keyword arguments apply_chat_template controls itself: a request may not override them.
+_RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "chat_template", "tokenize",
+                             "add_generation_prompt", "continue_final_message", "tools",
+                             "documents", "return_dict", "return_tensors", "padding",
+                             "truncation", "max_length", "tokenizer_kwargs",
+                             "return_assistant_tokens_mask"}
+
+
+def load_chat_template(value: Optional[str]) -> Optional[str]:
+    """--chat-template: a file path, or the template itself (recognised by Jinja markers)."""
+    if value is None:
+        return None
+    if any(marker in value for marker in _JINJA_MARKERS):
+        return value
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    raise ValueError(f"--chat-template: {value!r} is neither a readable file nor a Jinja "
+                     "template.")
+
+
+def conversation_from_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Plain dicts for the template; list content is joined into one string."""
+    if not messages:
+        raise BadRequestError("messages must contain at least one message.", param="messages")
+    conversation = []
+    for i, message in enumerate(messages):
+        entry: dict[str, Any] = dict(message.model_extra or {})
+        entry["role"] = message.role
+        entry["content"] = _content_text(message.content, i)
+        if message.name is not None:
+            entry["name"] = message.name
+        conversation.append(entry)
+    return conversation
+
+
+def _content_text(content: Any, index: int) -> Optional[str]:
+    if content is None or isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if part.type != "text":
+            raise BadRequestError(
+                f"Content part type {part.type!r} is not supported; only 'text' parts are "
+                "(this server runs text-only models).", param=f"messages.{index}.content.{j}")
+        if part.text is None:
+            raise BadRequestError("A 'text' content part needs a 'text' field.",
+                                  param=f"messages.{index}.content.{j}.text")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def apply_chat_template(tokenizer: Any, conversation: list[dict[str, Any]], *,
+                        chat_template: Optional[str], add_generation_prompt: bool,
+                        continue_final_message: bool,
+                        chat_template_kwargs: Optional[dict[str, Any]] = None) -> str:
+    """Render the conversation to prompt text; a template failure is the client's 400."""
+    kwargs = dict(chat_template_kwargs or {})
+    reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(kwargs))
+    if reserved:
+        raise BadRequestError(f"chat_template_kwargs may not set {', '.join(reserved)}.",
+                              param="chat_template_kwargs")
+    template = chat_template or getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise BadRequestError(
+            "The model's tokenizer has no chat template; start the server with "
+            "--chat-template or pass chat_template in the request.", param="chat_template")
+    if continue_final_message and (not conversation
+                                   or conversation[-1].get("role") != "assistant"):
+        raise BadRequestError("continue_final_message needs a final assistant message to "
+                              "continue.", param="continue_final_message")
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation, chat_template=template, tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, **kwargs)
+    except Exception as e:  # noqa: BLE001 - jinja errors come from the client's input
+        raise BadRequestError(f"Could not apply the chat template: {type(e).__name__}: {e}",
+                              param="messages") from e
+    if not isinstance(text, str):
+        raise BadRequestError("The chat template did not render to text.",
+                              param="chat_template")
+    return text

@@ -1,0 +1,96 @@
+"""Command-line flags of the OpenAI server: server options plus every EngineArgs flag.
+
+Names and defaults follow `vllm serve`; `vllm serve MODEL` and
+`python -m vllm.entrypoints.openai.api_server --model MODEL` share this parser.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from vllm.engine.arg_utils import AsyncEngineArgs
+
+
+def _json_list(value: str) -> list[str]:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON list such as '[\"*\"]': {e}")
+    if not isinstance(parsed, list) or not all(isinstance(v, str) for v in parsed):
+        raise argparse.ArgumentTypeError("expected a JSON list of strings such as '[\"*\"]'")
+    return parsed
+
+
+def _port(value: str) -> int:
+    port = int(value)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {port}")
+    return port
+
+
+def _add(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup, flag: str,
+         **kwargs) -> None:
+    """Add a flag unless EngineArgs already defines it (one definition per flag)."""
+    if flag not in parser._option_string_actions:  # noqa: SLF001 - argparse has no public API
+        group.add_argument(flag, **kwargs)
+
+
+def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Return `parser` (or a new one) with the server's and the engine's flags."""
+    if parser is None:
+        parser = argparse.ArgumentParser(
+            description="vLLM OpenAI-compatible RESTful API server.",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    server = parser.add_argument_group("Server arguments")
+    server.add_argument("--host", type=str, default=None,
+                        help="Host name to listen on; all interfaces when unset.")
+    server.add_argument("--port", type=_port, default=8000, help="Port to listen on.")
+    server.add_argument("--uvicorn-log-level", type=str, default="info",
+                        choices=["critical", "error", "warning", "info", "debug", "trace"],
+                        help="Log level of uvicorn.")
+    server.add_argument("--disable-uvicorn-access-log", action="store_true",
+                        help="Do not log every HTTP request (uvicorn access log).")
+    server.add_argument("--allow-credentials", action="store_true",
+                        help="CORS: allow credentials.")
+    server.add_argument("--allowed-origins", type=_json_list, default=["*"],
+                        help="CORS: allowed origins, as a JSON list.")
+    server.add_argument("--allowed-methods", type=_json_list, default=["*"],
+                        help="CORS: allowed methods, as a JSON list.")
+    server.add_argument("--allowed-headers", type=_json_list, default=["*"],
+                        help="CORS: allowed headers, as a JSON list.")
+    server.add_argument("--api-key", type=str, default=None,
+                        help="If set, requests under /v1 must send 'Authorization: Bearer "
+                             "<key>'. Defaults to the VLLM_API_KEY environment variable.")
+    server.add_argument("--chat-template", type=str, default=None,
+                        help="Chat template: a file path or the Jinja template itself. "
+                             "Defaults to the tokenizer's.")
+    server.add_argument("--response-role", type=str, default="assistant",
+                        help="Role of generated chat messages when add_generation_prompt "
+                             "is true.")
+    server.add_argument("--ssl-keyfile", type=str, default=None, help="SSL key file.")
+    server.add_argument("--ssl-certfile", type=str, default=None, help="SSL certificate file.")
+    server.add_argument("--ssl-ca-certs", type=str, default=None, help="SSL CA certificates.")
+    server.add_argument("--root-path", type=str, default=None,
+                        help="FastAPI root_path when the server runs behind a path-based "
+                             "proxy.")
+    server.add_argument("--return-tokens-as-token-ids", action="store_true",
+                        help="Show logprob tokens as 'token_id:<id>' instead of text.")
+    server.add_argument("--max-log-len", type=int, default=None,
+                        help="Most prompt characters/ids printed in request logs "
+                             "(default: unlimited).")
+    AsyncEngineArgs.add_cli_args(parser)
+    _add(parser, server, "--disable-log-requests", action="store_true",
+         help="Do not log each received request.")
+    _add(parser, server, "--disable-log-stats", action="store_true",
+         help="Do not log throughput and cache statistics periodically.")
+    return parser
+
+
+def validate_parsed_serve_args(args: argparse.Namespace) -> None:
+    """Fail fast, before loading the model, on flags that cannot work."""
+    from vllm.entrypoints.openai.chat_utils import load_chat_template
+    load_chat_template(args.chat_template)
+    if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
+        raise ValueError("--ssl-keyfile and --ssl-certfile must be given together.")
+    if args.max_log_len is not None and args.max_log_len < 0:
+        raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")

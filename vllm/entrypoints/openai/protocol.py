@@ -1,0 +1,463 @@
+"""Request and response bodies of the OpenAI-compatible server (pydantic models).
+
+Field names and defaults follow OpenAI's API plus vLLM's extras. Requests accept unknown
+fields (logged and ignored, as vLLM does), but fields this server knows and does not
+support are refused by `unsupported_fields()` with a 400 naming the field: a client that
+asks for JSON mode or tools must not silently get plain text.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, Literal, Optional, Union
+
+from pydantic import (BaseModel, ConfigDict, Field, model_serializer, model_validator)
+
+logger = logging.getLogger(__name__)
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+MAX_N = 128
+"""Most completions one request may ask for (n): each one is a sequence in the batch."""
+
+
+def random_uuid() -> str:
+    return uuid.uuid4().hex
+
+
+class OpenAIBaseModel(BaseModel):
+    """Base of request bodies: unknown fields are kept aside, logged and ignored."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _warn_unknown_fields(self) -> "OpenAIBaseModel":
+        extra = self.model_extra
+        if extra:
+            logger.warning("The following fields were present in the request but ignored: %s",
+                           sorted(extra))
+        return self
+
+
+class ResponseModel(BaseModel):
+    """Base of response bodies: strict, every field serialized (None as null)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# ------------------------------------------------------------------ errors
+class ErrorInfo(ResponseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: int
+
+
+class ErrorResponse(ResponseModel):
+    error: ErrorInfo
+
+
+# ------------------------------------------------------------------ shared
+class StreamOptions(OpenAIBaseModel):
+    include_usage: Optional[bool] = False
+    continuous_usage_stats: Optional[bool] = False
+
+
+class ResponseFormat(OpenAIBaseModel):
+    type: str = "text"
+
+
+class PromptTokensDetails(ResponseModel):
+    cached_tokens: int = 0
+
+
+class UsageInfo(ResponseModel):
+    prompt_tokens: int = 0
+    total_tokens: int = 0
+    completion_tokens: Optional[int] = 0
+    prompt_tokens_details: Optional[PromptTokensDetails] = None
+
+
+Int64 = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+
+
+class SamplingFields(OpenAIBaseModel):
+    """Sampling knobs shared by completions and chat (OpenAI's plus vLLM's extras)."""
+
+    model: Optional[str] = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    best_of: Optional[int] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    seed: Optional[int] = Int64
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logit_bias: Optional[dict[str, float]] = None
+    allowed_token_ids: Optional[list[int]] = None
+    prompt_logprobs: Optional[int] = None
+    truncate_prompt_tokens: Optional[int] = Field(default=None, ge=-1)
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None
+    response_format: Optional[ResponseFormat] = None
+    request_id: Optional[str] = None
+    priority: int = 0
+    return_tokens_as_token_ids: Optional[bool] = None
+    # vLLM extras this server knows but does not implement (refused when set).
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    guided_json: Optional[Any] = None
+    guided_regex: Optional[Any] = None
+    guided_choice: Optional[Any] = None
+    guided_grammar: Optional[Any] = None
+    structured_outputs: Optional[Any] = None
+    logits_processors: Optional[Any] = None
+    bad_words: Optional[Any] = None
+    cache_salt: Optional[Any] = None
+    kv_transfer_params: Optional[Any] = None
+    vllm_xargs: Optional[Any] = None
+
+    def unsupported_fields(self) -> Optional[tuple[str, str]]:
+        """(field, reason) of the first field asking for something not implemented."""
+        if self.response_format is not None and self.response_format.type != "text":
+            return ("response_format", f"response_format type {self.response_format.type!r} "
+                    "(structured output) is not supported; only 'text' is.")
+        if self.use_beam_search:
+            return ("use_beam_search", "Beam search is not supported.")
+        if self.length_penalty != 1.0:
+            return ("length_penalty", "length_penalty only applies to beam search, which is "
+                    "not supported.")
+        if self.best_of is not None and self.best_of != self.n:
+            return ("best_of", f"best_of={self.best_of} different from n={self.n} is not "
+                    "supported.")
+        if self.priority != 0:
+            return ("priority", "Only priority 0 is supported (FCFS scheduling).")
+        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                     "structured_outputs"):
+            if getattr(self, name) is not None:
+                return (name, f"{name}: guided decoding (structured output) is not supported.")
+        for name, what in (("logits_processors", "custom logits processors"),
+                           ("bad_words", "bad_words"), ("cache_salt", "cache_salt"),
+                           ("kv_transfer_params", "KV transfer (disaggregated prefill)"),
+                           ("vllm_xargs", "vllm_xargs")):
+            if getattr(self, name) is not None:
+                return (name, f"{name}: {what} is not supported.")
+        return None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.include_usage and self.stream_options.continuous_usage_stats)
+
+
+# ------------------------------------------------------------- completions
+class CompletionRequest(SamplingFields):
+    # OpenAI: https://platform.openai.com/docs/api-reference/completions/create
+    prompt: Union[list[int], list[list[int]], str, list[str]]
+    echo: Optional[bool] = False
+    logprobs: Optional[int] = Field(default=None, ge=0)
+    max_tokens: Optional[int] = 16
+    suffix: Optional[str] = None
+    add_special_tokens: bool = True
+    prompt_embeds: Optional[Any] = None
+
+    def unsupported_fields(self) -> Optional[tuple[str, str]]:
+        if self.suffix:
+            return ("suffix", "suffix (fill-in-the-middle) is not supported.")
+        if self.prompt_embeds is not None:
+            return ("prompt_embeds", "prompt_embeds is not supported.")
+        return super().unsupported_fields()
+
+
+class CompletionLogProbs(ResponseModel):
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[Optional[float]] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[Optional[dict[str, float]]] = Field(default_factory=list)
+
+
+class CompletionResponseChoice(ResponseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogProbs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None
+    prompt_logprobs: Optional[list[Optional[dict[int, "Logprob"]]]] = None
+
+
+class Logprob(ResponseModel):
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+class CompletionResponse(ResponseModel):
+    id: str = Field(default_factory=lambda: f"cmpl-{random_uuid()}")
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionResponseChoice]
+    usage: UsageInfo
+    system_fingerprint: Optional[str] = None
+
+
+class CompletionResponseStreamChoice(ResponseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogProbs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None
+
+
+class CompletionStreamResponse(ResponseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionResponseStreamChoice]
+    usage: Optional[UsageInfo] = None
+
+
+# -------------------------------------------------------------------- chat
+class ChatContentPart(OpenAIBaseModel):
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(OpenAIBaseModel):
+    """One message; extra keys (tool_calls, tool_call_id, ...) are passed to the template."""
+    role: str
+    content: Optional[Union[str, list[ChatContentPart]]] = None
+    name: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _warn_unknown_fields(self) -> "ChatMessage":
+        return self  # message extras are legitimate template inputs, not ignored fields
+
+
+class ChatCompletionRequest(SamplingFields):
+    # OpenAI: https://platform.openai.com/docs/api-reference/chat/create
+    messages: list[ChatMessage]
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = Field(default=0, ge=0)
+    max_tokens: Optional[int] = None
+    max_completion_tokens: Optional[int] = None
+    tools: Optional[list[Any]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = "none"
+    parallel_tool_calls: Optional[bool] = None
+    functions: Optional[list[Any]] = None
+    function_call: Optional[Any] = None
+    audio: Optional[Any] = None
+    modalities: Optional[list[str]] = None
+    prediction: Optional[Any] = None
+    # vLLM extras
+    echo: bool = False
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    documents: Optional[list[dict[str, str]]] = None
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    mm_processor_kwargs: Optional[Any] = None
+
+    def unsupported_fields(self) -> Optional[tuple[str, str]]:
+        if self.tools:
+            return ("tools", "Tool calling is not supported.")
+        if self.tool_choice not in (None, "none", "auto"):
+            return ("tool_choice", "tool_choice other than 'none' is not supported (no tool "
+                    "calling).")
+        if self.functions:
+            return ("functions", "Function calling is not supported.")
+        if self.function_call not in (None, "none"):
+            return ("function_call", "Function calling is not supported.")
+        if self.audio is not None:
+            return ("audio", "Audio output is not supported.")
+        if self.modalities and any(m != "text" for m in self.modalities):
+            return ("modalities", "Only the 'text' modality is supported.")
+        if self.prediction is not None:
+            return ("prediction", "Predicted outputs are not supported.")
+        if self.documents:
+            return ("documents", "documents (RAG templates) are not supported.")
+        if self.mm_processor_kwargs is not None:
+            return ("mm_processor_kwargs", "Multimodal inputs are not supported.")
+        if self.add_generation_prompt and self.continue_final_message:
+            return ("continue_final_message", "continue_final_message and "
+                    "add_generation_prompt cannot both be true.")
+        if self.top_logprobs and not self.logprobs:
+            return ("top_logprobs", "When using `top_logprobs`, `logprobs` must be set to "
+                    "true.")
+        return super().unsupported_fields()
+
+    @property
+    def requested_max_tokens(self) -> Optional[int]:
+        """max_completion_tokens (OpenAI's current name) wins over deprecated max_tokens."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+
+class ChatCompletionLogProb(ResponseModel):
+    token: str
+    logprob: float = -9999.0
+    bytes: Optional[list[int]] = None
+
+
+class ChatCompletionLogProbsContent(ChatCompletionLogProb):
+    top_logprobs: list[ChatCompletionLogProb] = Field(default_factory=list)
+
+
+class ChatCompletionLogProbs(ResponseModel):
+    content: Optional[list[ChatCompletionLogProbsContent]] = None
+
+
+class ChatResponseMessage(ResponseModel):
+    role: str
+    content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: list[Any] = Field(default_factory=list)
+
+
+class ChatCompletionResponseChoice(ResponseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: Optional[ChatCompletionLogProbs] = None
+    finish_reason: Optional[str] = "stop"
+    stop_reason: Optional[Union[int, str]] = None
+
+
+class ChatCompletionResponse(ResponseModel):
+    id: str = Field(default_factory=lambda: f"chatcmpl-{random_uuid()}")
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionResponseChoice]
+    usage: UsageInfo
+    system_fingerprint: Optional[str] = None
+    prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = None
+
+
+class DeltaMessage(ResponseModel):
+    """A streamed message delta; unset parts are omitted (OpenAI sends {} at the end)."""
+    role: Optional[str] = None
+    content: Optional[str] = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ChatCompletionResponseStreamChoice(ResponseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: Optional[ChatCompletionLogProbs] = None
+    finish_reason: Optional[str] = None
+    stop_reason: Optional[Union[int, str]] = None
+
+
+class ChatCompletionStreamResponse(ResponseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatCompletionResponseStreamChoice]
+    usage: Optional[UsageInfo] = None
+
+
+# ------------------------------------------------------------------ models
+class ModelPermission(ResponseModel):
+    id: str = Field(default_factory=lambda: f"modelperm-{random_uuid()}")
+    object: str = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: Optional[str] = None
+    is_blocking: bool = False
+
+
+class ModelCard(ResponseModel):
+    id: str
+    object: str = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "vllm"
+    root: Optional[str] = None
+    parent: Optional[str] = None
+    max_model_len: Optional[int] = None
+    permission: list[ModelPermission] = Field(default_factory=list)
+
+
+class ModelList(ResponseModel):
+    object: str = "list"
+    data: list[ModelCard] = Field(default_factory=list)
+
+
+# ------------------------------------------------------------ tokenization
+class TokenizeCompletionRequest(OpenAIBaseModel):
+    model: Optional[str] = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: Optional[bool] = False
+
+
+class TokenizeChatRequest(OpenAIBaseModel):
+    model: Optional[str] = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    return_token_strs: Optional[bool] = False
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[Any]] = None
+
+    def unsupported_fields(self) -> Optional[tuple[str, str]]:
+        if self.tools:
+            return ("tools", "Tool calling is not supported.")
+        if self.add_generation_prompt and self.continue_final_message:
+            return ("continue_final_message", "continue_final_message and "
+                    "add_generation_prompt cannot both be true.")
+        return None
+
+
+TokenizeRequest = Union[TokenizeCompletionRequest, TokenizeChatRequest]
+
+
+class TokenizeResponse(ResponseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: Optional[list[str]] = None
+
+
+class DetokenizeRequest(OpenAIBaseModel):
+    model: Optional[str] = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(ResponseModel):
+    prompt: str
+
+
+class VersionResponse(ResponseModel):
+    version: str
+
+
+CompletionResponseChoice.model_rebuild()

@@ -1,0 +1,170 @@
+"""POST /v1/chat/completions: messages -> chat template -> one engine request with n choices.
+
+Streaming follows OpenAI's chunk sequence: per choice a first chunk carrying the role, then
+content deltas, the last one with finish_reason; then an optional usage chunk and [DONE].
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Optional, Union
+
+from vllm.entrypoints.openai.chat_utils import (apply_chat_template,
+                                                conversation_from_messages)
+from vllm.entrypoints.openai.errors import BadRequestError
+from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
+                                              ChatCompletionResponseChoice,
+                                              ChatCompletionResponseStreamChoice,
+                                              ChatCompletionStreamResponse, ChatResponseMessage,
+                                              DeltaMessage, UsageInfo, random_uuid)
+from vllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, PromptInput, sse,
+                                                   sse_error)
+
+
+class OpenAIServingChat(OpenAIServing):
+
+    def __init__(self, *args: Any, response_role: str = "assistant",
+                 chat_template: Optional[str] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.response_role = response_role
+        self.chat_template = chat_template
+
+    async def render_prompt(self, request: Any) -> PromptInput:
+        """Messages -> template text -> token ids (shared with /tokenize)."""
+        conversation = conversation_from_messages(request.messages)
+        text = await self.run_blocking(
+            apply_chat_template, self.tokenizer, conversation,
+            chat_template=request.chat_template or self.chat_template,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            chat_template_kwargs=request.chat_template_kwargs)
+        ids = await self.tokenize_text(text, request.add_special_tokens)
+        return PromptInput(ids, text)
+
+    def response_role_for(self, request: ChatCompletionRequest) -> str:
+        if request.add_generation_prompt:
+            return self.response_role
+        return request.messages[-1].role
+
+    async def create_chat_completion(self, request: ChatCompletionRequest,
+                                     ) -> Union[ChatCompletionResponse, AsyncIterator[str]]:
+        model_name = self.check_model(request.model)
+        self.check_supported(request)
+        await self.check_engine()
+        prompt = await self.render_prompt(request)
+        truncated = self.truncate(prompt.token_ids, request.truncate_prompt_tokens,
+                                  self.max_model_len)
+        if truncated is not prompt.token_ids:
+            prompt = PromptInput(truncated, None)
+        max_tokens = self.resolve_max_tokens(len(prompt.token_ids),
+                                             request.requested_max_tokens, "messages",
+                                             "messages")
+        top = request.top_logprobs or 0
+        params = self.sampling_params(request, max_tokens=max_tokens,
+                                      logprobs=top if request.logprobs else None,
+                                      prompt_logprobs=request.prompt_logprobs,
+                                      stream=bool(request.stream))
+        request_id = f"chatcmpl-{request.request_id or random_uuid()}"
+        try:
+            stream = await self.engine.add_request(request_id, prompt.engine_prompt(), params)
+        except ValueError as e:
+            raise BadRequestError(str(e)) from e
+        outputs = self.engine.iterate(stream)
+        created = int(time.time())
+        role = self.response_role_for(request)
+        if request.stream:
+            return self._stream(request, prompt, outputs, request_id, created, model_name,
+                                role)
+        return await self._full(request, prompt, outputs, request_id, created, model_name,
+                                role)
+
+    def _echo_text(self, request: ChatCompletionRequest, role: str) -> str:
+        last = request.messages[-1]
+        if request.echo and last.role == role and last.content:
+            return (last.content if isinstance(last.content, str)
+                    else "\n".join(p.text or "" for p in last.content))
+        return ""
+
+    # ------------------------------------------------------------ full body
+    async def _full(self, request: ChatCompletionRequest, prompt: PromptInput, outputs: Any,
+                    request_id: str, created: int, model_name: str,
+                    role: str) -> ChatCompletionResponse:
+        final = None
+        try:
+            async for output in outputs:
+                final = output
+        finally:
+            await outputs.aclose()
+        echo = self._echo_text(request, role)
+        as_ids = bool(request.return_tokens_as_token_ids)
+        choices = []
+        completion_tokens = 0
+        for c in sorted(final.outputs, key=lambda c: c.index):
+            completion_tokens += len(c.token_ids)
+            logprobs = None
+            if request.logprobs:
+                logprobs = self.chat_logprobs(c.token_ids, c.logprobs or [],
+                                              request.top_logprobs or 0, as_ids)
+            choices.append(ChatCompletionResponseChoice(
+                index=c.index, message=ChatResponseMessage(role=role, content=echo + c.text),
+                logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+        prompt_tokens = len(prompt.token_ids)
+        return ChatCompletionResponse(
+            id=request_id, created=created, model=model_name, choices=choices,
+            usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                            total_tokens=prompt_tokens + completion_tokens),
+            prompt_logprobs=(self.prompt_logprobs_json(final.prompt_logprobs)
+                             if request.prompt_logprobs is not None else None))
+
+    # --------------------------------------------------------------- stream
+    async def _stream(self, request: ChatCompletionRequest, prompt: PromptInput, outputs: Any,
+                      request_id: str, created: int, model_name: str,
+                      role: str) -> AsyncIterator[str]:
+        prompt_tokens = len(prompt.token_ids)
+        completion_tokens = 0
+        as_ids = bool(request.return_tokens_as_token_ids)
+
+        def chunk(index: int, delta: DeltaMessage, logprobs: Any = None,
+                  finish_reason: Optional[str] = None, stop_reason: Any = None) -> str:
+            usage = None
+            if request.continuous_usage:
+                usage = UsageInfo(prompt_tokens=prompt_tokens,
+                                  completion_tokens=completion_tokens,
+                                  total_tokens=prompt_tokens + completion_tokens)
+            return sse(ChatCompletionStreamResponse(
+                id=request_id, created=created, model=model_name, usage=usage,
+                choices=[ChatCompletionResponseStreamChoice(
+                    index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
+                    stop_reason=stop_reason)]))
+
+        try:
+            for index in range(request.n):
+                yield chunk(index, DeltaMessage(role=role, content=""))
+            echo = self._echo_text(request, role)
+            if echo:
+                for index in range(request.n):
+                    yield chunk(index, DeltaMessage(content=echo))
+            async for output in outputs:
+                for c in output.outputs:
+                    completion_tokens += len(c.token_ids)
+                    if not c.text and not c.token_ids and c.finish_reason is None:
+                        continue
+                    logprobs = None
+                    if request.logprobs:
+                        logprobs = self.chat_logprobs(c.token_ids, c.logprobs or [],
+                                                      request.top_logprobs or 0, as_ids)
+                    yield chunk(c.index, DeltaMessage(content=c.text), logprobs,
+                                c.finish_reason, c.stop_reason)
+            if request.include_usage:
+                yield sse(ChatCompletionStreamResponse(
+                    id=request_id, created=created, model=model_name, choices=[],
+                    usage=UsageInfo(prompt_tokens=prompt_tokens,
+                                    completion_tokens=completion_tokens,
+                                    total_tokens=prompt_tokens + completion_tokens)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported in-stream (headers are sent)
+            yield sse_error(e)
+        finally:
+            await outputs.aclose()
+        yield SSE_DONE

@@ -1,0 +1,177 @@
+"""POST /v1/completions: one engine request per prompt, n choices each.
+
+Choice indices run prompt-major: prompt i's j-th completion is choice i * n + j, as in vLLM.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Optional, Union
+
+from vllm.entrypoints.openai.errors import BadRequestError
+from vllm.entrypoints.openai.protocol import (CompletionRequest, CompletionResponse,
+                                              CompletionResponseChoice,
+                                              CompletionResponseStreamChoice,
+                                              CompletionStreamResponse, UsageInfo, random_uuid)
+from vllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, PromptInput,
+                                                   merge_async_iterators, sse, sse_error)
+
+
+class OpenAIServingCompletion(OpenAIServing):
+
+    async def create_completion(self, request: CompletionRequest,
+                                ) -> Union[CompletionResponse, AsyncIterator[str]]:
+        model_name = self.check_model(request.model)
+        self.check_supported(request)
+        await self.check_engine()
+        prompts = await self._prompt_inputs(request)
+        base_id = f"cmpl-{request.request_id or random_uuid()}"
+        # echo + logprobs returns the prompt's logprobs too, so ask the engine for them.
+        prompt_logprobs = request.prompt_logprobs
+        if request.echo and request.logprobs is not None and prompt_logprobs is None:
+            prompt_logprobs = request.logprobs
+        streams = []
+        try:
+            for i, prompt in enumerate(prompts):
+                max_tokens = self.resolve_max_tokens(len(prompt.token_ids), request.max_tokens,
+                                                     "prompt", "prompt")
+                params = self.sampling_params(request, max_tokens=max_tokens,
+                                              logprobs=request.logprobs,
+                                              prompt_logprobs=prompt_logprobs,
+                                              stream=bool(request.stream))
+                request_id = base_id if len(prompts) == 1 else f"{base_id}-{i}"
+                try:
+                    streams.append(await self.engine.add_request(
+                        request_id, prompt.engine_prompt(), params))
+                except ValueError as e:
+                    raise BadRequestError(str(e)) from e
+        except BaseException:
+            await self.engine.abort([s.request_id for s in streams])
+            raise
+        iterators = [self.engine.iterate(s) for s in streams]
+        created = int(time.time())
+        if request.stream:
+            return self._stream(request, prompts, iterators, base_id, created, model_name)
+        return await self._full(request, prompts, iterators, base_id, created, model_name)
+
+    async def _prompt_inputs(self, request: CompletionRequest) -> list[PromptInput]:
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            items: list[Any] = [prompt]
+        elif not prompt:
+            raise BadRequestError("prompt must not be empty.", param="prompt")
+        elif isinstance(prompt[0], int):
+            items = [prompt]
+        else:
+            items = list(prompt)
+        inputs = []
+        for i, item in enumerate(items):
+            if isinstance(item, str):
+                ids = await self.tokenize_text(item, request.add_special_tokens)
+                text: Optional[str] = item
+            else:
+                ids = list(item)
+                self.check_token_ids(ids, "prompt")
+                text = None
+            ids = self.truncate(ids, request.truncate_prompt_tokens, self.max_model_len)
+            if not ids:
+                raise BadRequestError("The prompt is empty (no tokens).", param="prompt")
+            if text is None or request.truncate_prompt_tokens is not None:
+                text = None
+            inputs.append(PromptInput(ids, text))
+        return inputs
+
+    def _prompt_text(self, prompt: PromptInput) -> str:
+        return prompt.text if prompt.text is not None else self.decode(prompt.token_ids)
+
+    # ------------------------------------------------------------ full body
+    async def _full(self, request: CompletionRequest, prompts: list[PromptInput],
+                    iterators: list[Any], request_id: str, created: int,
+                    model_name: str) -> CompletionResponse:
+        finals: list[Any] = [None] * len(prompts)
+        async for i, output in merge_async_iterators(*iterators):
+            finals[i] = output
+        choices = []
+        prompt_tokens = completion_tokens = 0
+        for i, (prompt, final) in enumerate(zip(prompts, finals)):
+            prompt_tokens += len(prompt.token_ids)
+            prompt_text = self._prompt_text(prompt) if request.echo else ""
+            for c in sorted(final.outputs, key=lambda c: c.index):
+                completion_tokens += len(c.token_ids)
+                logprobs = None
+                if request.logprobs is not None:
+                    logprobs = self._logprobs(request, prompt, final, c, prompt_text)
+                choices.append(CompletionResponseChoice(
+                    index=i * request.n + c.index, text=prompt_text + c.text,
+                    logprobs=logprobs, finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason,
+                    prompt_logprobs=(self.prompt_logprobs_json(final.prompt_logprobs)
+                                     if request.prompt_logprobs is not None else None)))
+        return CompletionResponse(
+            id=request_id, created=created, model=model_name, choices=choices,
+            usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                            total_tokens=prompt_tokens + completion_tokens))
+
+    def _logprobs(self, request: CompletionRequest, prompt: PromptInput, final: Any,
+                  completion: Any, prompt_text: str) -> Any:
+        as_ids = bool(request.return_tokens_as_token_ids)
+        token_ids = list(completion.token_ids)
+        steps = list(completion.logprobs or [])
+        if request.echo:
+            prompt_steps = list(final.prompt_logprobs or [None] * len(prompt.token_ids))
+            token_ids = list(prompt.token_ids) + token_ids
+            steps = prompt_steps + steps
+        return self.completion_logprobs(token_ids, steps, request.logprobs or 0, 0, as_ids)
+
+    # --------------------------------------------------------------- stream
+    async def _stream(self, request: CompletionRequest, prompts: list[PromptInput],
+                      iterators: list[Any], request_id: str, created: int,
+                      model_name: str) -> AsyncIterator[str]:
+        n = request.n
+        sent_text_len = [0] * (len(prompts) * n)   # text offset of each choice so far
+        echoed = [not request.echo] * (len(prompts) * n)
+        prompt_tokens = [len(p.token_ids) for p in prompts]
+        completion_tokens = [0] * len(prompts)
+        as_ids = bool(request.return_tokens_as_token_ids)
+        try:
+            async for i, output in merge_async_iterators(*iterators):
+                for c in output.outputs:
+                    index = i * n + c.index
+                    completion_tokens[i] += len(c.token_ids)
+                    text = c.text
+                    token_ids, steps = list(c.token_ids), list(c.logprobs or [])
+                    if not echoed[index]:
+                        echoed[index] = True
+                        text = self._prompt_text(prompts[i]) + text
+                        token_ids = list(prompts[i].token_ids) + token_ids
+                        steps = list(output.prompt_logprobs or
+                                     [None] * len(prompts[i].token_ids)) + steps
+                    if not text and not token_ids and c.finish_reason is None:
+                        continue
+                    logprobs = None
+                    if request.logprobs is not None:
+                        logprobs = self.completion_logprobs(token_ids, steps, request.logprobs,
+                                                            sent_text_len[index], as_ids)
+                    sent_text_len[index] += len(text)
+                    usage = None
+                    if request.continuous_usage:
+                        usage = _usage(prompt_tokens[i], completion_tokens[i])
+                    yield sse(CompletionStreamResponse(
+                        id=request_id, created=created, model=model_name, usage=usage,
+                        choices=[CompletionResponseStreamChoice(
+                            index=index, text=text, logprobs=logprobs,
+                            finish_reason=c.finish_reason, stop_reason=c.stop_reason)]))
+            if request.include_usage:
+                yield sse(CompletionStreamResponse(
+                    id=request_id, created=created, model=model_name, choices=[],
+                    usage=_usage(sum(prompt_tokens), sum(completion_tokens))))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported in-stream (headers are sent)
+            yield sse_error(e)
+        yield SSE_DONE
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens)

@@ -1,0 +1,374 @@
+"""What the completion, chat and tokenization handlers share.
+
+Model-name checks, prompt tokenization (off the event loop), the context-length check with
+vLLM's messages, request -> SamplingParams, logprobs in OpenAI's shapes, and a merge of
+several output streams (one per prompt) into one.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Optional, Sequence
+
+from vllm.engine.async_llm_engine import AsyncLLMEngine
+from vllm.entrypoints.openai.errors import (BadRequestError, NotFoundError, OpenAIError,
+                                            ServiceUnavailableError)
+from vllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCompletionLogProbs,
+                                              ChatCompletionLogProbsContent, CompletionLogProbs,
+                                              Logprob, SamplingFields)
+from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+
+logger = logging.getLogger(__name__)
+
+LOGPROB_FLOOR = -9999.0
+"""OpenAI clients cannot parse -inf; vLLM clamps logprobs to this value."""
+
+
+@dataclass
+class PromptInput:
+    """One prompt ready for the engine: its token ids and, when known, its text."""
+    token_ids: list[int]
+    text: Optional[str] = None
+
+    def engine_prompt(self) -> dict[str, Any]:
+        prompt: dict[str, Any] = {"prompt_token_ids": self.token_ids}
+        if self.text is not None:
+            prompt["prompt"] = self.text
+        return prompt
+
+
+class OpenAIServing:
+    """Base of the route handlers; holds the engine, the served names and a tokenizer copy."""
+
+    def __init__(self, engine: AsyncLLMEngine, models: OpenAIServingModels, *,
+                 tokenizer: Any, return_tokens_as_token_ids: bool = False) -> None:
+        self.engine = engine
+        self.models = models
+        self.model_config = engine.model_config
+        self.max_model_len: int = engine.model_config.max_model_len
+        self.tokenizer = tokenizer
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
+        # One worker: the tokenizer is not meant for concurrent mutation, and one long
+        # prompt should not starve the event loop (encoding runs outside it).
+        self._executor = _shared_executor()
+
+    # --------------------------------------------------------------- checks
+    def check_model(self, model: Optional[str]) -> str:
+        """The served name to answer with; 404 for a model this server does not serve."""
+        if model is None or model == "":
+            return self.models.default_name
+        if not self.models.is_served(model):
+            raise NotFoundError(f"The model `{model}` does not exist.", param="model")
+        return model
+
+    @staticmethod
+    def check_supported(request: Any) -> None:
+        refused = request.unsupported_fields()
+        if refused is not None:
+            field, reason = refused
+            raise BadRequestError(reason, param=field)
+
+    async def check_engine(self) -> None:
+        if self.engine.is_stopped:
+            raise ServiceUnavailableError(str(self.engine.dead_error))
+
+    # ----------------------------------------------------------- tokenizing
+    async def run_blocking(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    async def tokenize_text(self, text: str, add_special_tokens: bool) -> list[int]:
+        encoded = await self.run_blocking(self.tokenizer, text,
+                                          add_special_tokens=add_special_tokens)
+        return list(encoded["input_ids"])
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def check_token_ids(self, token_ids: Sequence[int], param: str) -> None:
+        vocab = max(len(self.tokenizer), self.model_config.hf_config.vocab_size
+                    if self.model_config.hf_config is not None else 0)
+        for tid in token_ids:
+            if not 0 <= tid < vocab:
+                raise BadRequestError(f"Token id {tid} is out of vocabulary (valid: 0 to "
+                                      f"{vocab - 1}).", param=param)
+
+    @staticmethod
+    def truncate(token_ids: list[int], truncate_prompt_tokens: Optional[int],
+                 max_model_len: int) -> list[int]:
+        """Keep the last `truncate_prompt_tokens` tokens (-1: max_model_len), as vLLM does."""
+        if truncate_prompt_tokens is None:
+            return token_ids
+        keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+        return token_ids[-keep:] if keep > 0 else token_ids
+
+    def resolve_max_tokens(self, prompt_len: int, requested: Optional[int], what: str,
+                           param: str) -> int:
+        """Check prompt + max_tokens against max_model_len; None means "fill the context"."""
+        if prompt_len >= self.max_model_len:
+            raise BadRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, your request has {prompt_len} input tokens. Please reduce the "
+                f"length of the input {what}.", param=param)
+        if requested is None:
+            return self.max_model_len - prompt_len
+        if requested < 1:
+            raise BadRequestError(f"max_tokens must be at least 1, got {requested}.",
+                                  param="max_tokens")
+        if prompt_len + requested > self.max_model_len:
+            raise BadRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, you requested {prompt_len + requested} tokens ({prompt_len} in the "
+                f"{what}, {requested} in the completion). Please reduce the length of the "
+                f"{what} or completion.", param="max_tokens")
+        return requested
+
+    # ------------------------------------------------------------- sampling
+    def sampling_params(self, request: SamplingFields, *, max_tokens: int,
+                        logprobs: Optional[int], prompt_logprobs: Optional[int],
+                        stream: bool) -> Any:
+        """Build SamplingParams; unset request fields take the model's generation defaults
+        (generation_config.json), then vLLM's."""
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+        defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                    "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                    "frequency_penalty": 0.0}
+        defaults.update(self._model_sampling_defaults())
+        values = {}
+        for name, default in defaults.items():
+            value = getattr(request, name, None)
+            values[name] = default if value is None else value
+        max_logprobs = getattr(self.model_config, "max_logprobs", 20)
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if value is not None and value > max_logprobs:
+                field = ("top_logprobs" if name == "logprobs" and hasattr(request, "top_logprobs")
+                         else name)
+                raise BadRequestError(f"{field}={value} is larger than the maximum of "
+                                      f"{max_logprobs} (--max-logprobs).", param=field)
+        logit_bias = self._logit_bias(request.logit_bias)
+        stop = [request.stop] if isinstance(request.stop, str) else request.stop
+        kwargs = dict(
+            n=request.n, seed=request.seed, stop=stop or [],
+            stop_token_ids=request.stop_token_ids or [],
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            ignore_eos=request.ignore_eos, max_tokens=max_tokens,
+            min_tokens=request.min_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=request.skip_special_tokens,
+            spaces_between_special_tokens=request.spaces_between_special_tokens,
+            logit_bias=logit_bias, allowed_token_ids=request.allowed_token_ids,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+            **values)
+        try:
+            return SamplingParams(**kwargs)
+        except (ValueError, TypeError) as e:
+            raise BadRequestError(str(e), param=guess_param(str(e), request)) from e
+
+    def _model_sampling_defaults(self) -> dict[str, Any]:
+        getter = getattr(self.model_config, "get_diff_sampling_param", None)
+        if getter is None:
+            return {}
+        try:
+            return dict(getter() or {})
+        except Exception:  # noqa: BLE001 - defaults are a nicety; fall back to vLLM's
+            logger.debug("Could not read the model's sampling defaults.", exc_info=True)
+            return {}
+
+    @staticmethod
+    def _logit_bias(bias: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
+        if not bias:
+            return None
+        out: dict[int, float] = {}
+        for key, value in bias.items():
+            try:
+                token_id = int(key)
+            except ValueError:
+                raise BadRequestError(f"logit_bias keys must be token ids, got {key!r}.",
+                                      param="logit_bias") from None
+            out[token_id] = min(100.0, max(-100.0, value))
+        return out
+
+    # ------------------------------------------------------------- logprobs
+    def token_text(self, token_id: int, logprob: Any = None, as_ids: bool = False) -> str:
+        if as_ids or self.return_tokens_as_token_ids:
+            return f"token_id:{token_id}"
+        decoded = getattr(logprob, "decoded_token", None)
+        if decoded is not None:
+            return decoded
+        return self.tokenizer.decode([token_id])
+
+    def completion_logprobs(self, token_ids: Sequence[int], steps: Sequence[Optional[dict]],
+                            num_top: int, text_offset: int, as_ids: bool = False,
+                            ) -> CompletionLogProbs:
+        """OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs, text_offset.
+
+        `steps[i]` is the engine's {token_id: Logprob} for token i (None for the first
+        prompt token, which nothing predicts). top_logprobs keeps the chosen token and the
+        `num_top` best ones.
+        """
+        result = CompletionLogProbs()
+        offset = text_offset
+        for i, token_id in enumerate(token_ids):
+            step = steps[i] if i < len(steps) else None
+            chosen = step.get(token_id) if step else None
+            token = self.token_text(token_id, chosen, as_ids)
+            result.tokens.append(token)
+            result.text_offset.append(offset)
+            offset += len(token)
+            if step is None or chosen is None:
+                result.token_logprobs.append(None)
+                result.top_logprobs.append(None)
+                continue
+            result.token_logprobs.append(max(chosen.logprob, LOGPROB_FLOOR))
+            top: dict[str, float] = {}
+            for tid, lp in step.items():
+                if tid == token_id or (lp.rank is not None and lp.rank <= num_top):
+                    top.setdefault(self.token_text(tid, lp, as_ids),
+                                   max(lp.logprob, LOGPROB_FLOOR))
+            result.top_logprobs.append(top)
+        return result
+
+    def chat_logprobs(self, token_ids: Sequence[int], steps: Sequence[Optional[dict]],
+                      num_top: int, as_ids: bool = False) -> ChatCompletionLogProbs:
+        """OpenAI's chat logprobs: content[{token, logprob, bytes, top_logprobs}]."""
+        content = []
+        for i, token_id in enumerate(token_ids):
+            step = (steps[i] if i < len(steps) else None) or {}
+            chosen = step.get(token_id)
+            token = self.token_text(token_id, chosen, as_ids)
+            ranked = sorted(((lp.rank, tid, lp) for tid, lp in step.items()
+                             if lp.rank is not None), key=lambda t: t[0])[:num_top]
+            top = [ChatCompletionLogProb(
+                token=(text := self.token_text(tid, lp, as_ids)),
+                logprob=max(lp.logprob, LOGPROB_FLOOR),
+                bytes=list(text.encode("utf-8", errors="replace"))) for _, tid, lp in ranked]
+            content.append(ChatCompletionLogProbsContent(
+                token=token,
+                logprob=max(chosen.logprob, LOGPROB_FLOOR) if chosen is not None
+                else LOGPROB_FLOOR,
+                bytes=list(token.encode("utf-8", errors="replace")), top_logprobs=top))
+        return ChatCompletionLogProbs(content=content)
+
+    @staticmethod
+    def prompt_logprobs_json(prompt_logprobs: Any) -> Optional[list[Optional[dict[int, Logprob]]]]:
+        if prompt_logprobs is None:
+            return None
+        return [None if step is None else
+                {tid: Logprob(logprob=max(lp.logprob, LOGPROB_FLOOR), rank=lp.rank,
+                              decoded_token=lp.decoded_token) for tid, lp in step.items()}
+                for step in prompt_logprobs]
+
+
+# -------------------------------------------------------------------- helpers
+_EXECUTOR: Optional[ThreadPoolExecutor] = None
+
+
+def _shared_executor() -> ThreadPoolExecutor:
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-tokenizer")
+    return _EXECUTOR
+
+
+def copy_tokenizer(tokenizer: Any) -> Any:
+    """A private tokenizer for the server thread (the engine thread keeps its own)."""
+    try:
+        return copy.deepcopy(tokenizer)
+    except Exception:  # noqa: BLE001 - sharing is the safe fallback for read-only use
+        return tokenizer
+
+
+_FIELD_RE = re.compile(r"[A-Za-z_]+")
+
+
+def guess_param(message: str, request: Any) -> Optional[str]:
+    """The request field an engine ValueError names (its first word usually is one)."""
+    names = set(type(request).model_fields)
+    aliases = {"max_tokens": "max_tokens", "logprobs": "logprobs"}
+    for word in _FIELD_RE.findall(message)[:6]:
+        if word in names or word in aliases:
+            if word == "max_tokens" and "max_completion_tokens" in names and \
+                    getattr(request, "max_completion_tokens", None) is not None:
+                return "max_completion_tokens"
+            return word
+    return None
+
+
+def sse(data: Any) -> str:
+    """One server-sent event carrying a JSON payload."""
+    text = data if isinstance(data, str) else data.model_dump_json()
+    return f"data: {text}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sse_error(err: BaseException) -> str:
+    """A stream's error event: the OpenAI error body (500 only for unexpected faults)."""
+    if isinstance(err, OpenAIError):
+        body = err.to_response()
+    elif isinstance(err, ValueError):
+        body = BadRequestError(str(err)).to_response()
+    else:
+        from vllm.engine.async_llm_engine import EngineDeadError
+        status = 503 if isinstance(err, EngineDeadError) else 500
+        from vllm.entrypoints.openai.errors import error_type_for, make_error
+        body = make_error(str(err) or type(err).__name__, error_type_for(status), status)
+    return sse(body.model_dump_json())
+
+
+async def merge_async_iterators(*iterators: AsyncIterator[Any]) -> AsyncIterator[tuple[int, Any]]:
+    """Yield (index, item) from several async iterators as items arrive.
+
+    When the consumer stops early (or fails), every source is closed, which aborts its
+    request in the engine.
+    """
+    if len(iterators) == 1:
+        try:
+            async for item in iterators[0]:
+                yield 0, item
+        finally:
+            await _aclose(iterators[0])
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, iterator: AsyncIterator[Any]) -> None:
+        try:
+            async for item in iterator:
+                await queue.put((index, item))
+            await queue.put((index, done))
+        except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
+            await queue.put((index, e))
+            if isinstance(e, asyncio.CancelledError):
+                raise
+
+    tasks = [asyncio.create_task(pump(i, it)) for i, it in enumerate(iterators)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for it in iterators:
+            await _aclose(it)
+
+
+async def _aclose(iterator: Any) -> None:
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass

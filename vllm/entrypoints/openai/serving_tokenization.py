@@ -1,0 +1,36 @@
+"""POST /tokenize ({prompt} or {messages}) and POST /detokenize ({tokens})."""
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.entrypoints.openai.protocol import (DetokenizeRequest, DetokenizeResponse,
+                                              TokenizeChatRequest, TokenizeRequest,
+                                              TokenizeResponse)
+from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm.entrypoints.openai.serving_engine import OpenAIServing
+
+
+class OpenAIServingTokenization(OpenAIServing):
+
+    def __init__(self, *args: Any, chat: OpenAIServingChat, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.chat = chat  # renders messages exactly as /v1/chat/completions does
+
+    async def create_tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        self.check_model(request.model)
+        if isinstance(request, TokenizeChatRequest):
+            self.check_supported(request)
+            token_ids = (await self.chat.render_prompt(request)).token_ids
+        else:
+            token_ids = await self.tokenize_text(request.prompt, request.add_special_tokens)
+        token_strs = None
+        if request.return_token_strs:
+            token_strs = self.tokenizer.convert_ids_to_tokens(token_ids)
+        return TokenizeResponse(count=len(token_ids), max_model_len=self.max_model_len,
+                                tokens=token_ids, token_strs=token_strs)
+
+    async def create_detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        self.check_model(request.model)
+        self.check_token_ids(request.tokens, "tokens")
+        text = await self.run_blocking(self.decode, request.tokens)
+        return DetokenizeResponse(prompt=text)
