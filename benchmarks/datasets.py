@@ -284,6 +284,7 @@ class _TextBuilder:
                               for s in corpus.sentences]
 
     def text(self, num_tokens: int, with_instruction: bool) -> str:
+        """Text of at most `num_tokens` tokens (counted as the engine counts a prompt)."""
         parts: list[str] = []
         approx = 0
         if with_instruction:
@@ -295,8 +296,15 @@ class _TextBuilder:
             i = int(self.rng.integers(len(self.corpus.sentences)))
             parts.append(self.corpus.sentences[i] + " ")
             approx += self.sentence_lens[i]
-        ids = _encode(self.tokenizer, "".join(parts).strip(), False)[:num_tokens]
-        return self.tokenizer.decode(ids)
+        ids = _encode(self.tokenizer, "".join(parts).strip(), False)
+        budget = num_tokens - len(_encode(self.tokenizer, ""))  # special tokens, e.g. BOS
+        for _ in range(4):
+            text = self.tokenizer.decode(ids[:max(budget, 1)])
+            excess = len(_encode(self.tokenizer, text)) - num_tokens
+            if excess <= 0:
+                break
+            budget -= excess  # the cut re-tokenized longer; cut a little more
+        return text
 
 
 def sample_synthetic_requests(num_requests: int, tokenizer: Any, seed: int = 0,
