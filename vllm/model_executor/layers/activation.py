@@ -1,0 +1,14 @@
+"""Gated activations of the MLP blocks."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    """SwiGLU: x = [gate | up] on the last dim -> silu(gate) * up (half the width)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]

@@ -1,0 +1,42 @@
+"""RMSNorm, optionally fused with the residual add that precedes it."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm computed in float32, as HF Llama/Qwen do.
+
+    `forward(x)` returns the normalized `x`. `forward(x, residual)` first forms
+    `x + residual` (in the model dtype), normalizes that sum and also returns it
+    as the new residual: decoder layers chain these without keeping a separate
+    add, which is the layout vLLM's fused kernels expect.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6,
+                 params_dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.variance_epsilon = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=params_dtype or
+                                              torch.get_default_dtype()), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+                ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        if residual is not None:
+            x = x + residual
+            residual = x
+        out = self._norm(x)
+        return out if residual is None else (out, residual)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"

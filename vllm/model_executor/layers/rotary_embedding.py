@@ -1,0 +1,163 @@
+"""Rotary position embeddings (RoPE) with a precomputed cos/sin cache.
+
+The cache holds `[cos | sin]` for every position up to `max_position`, computed in
+float32 exactly as HF computes it on the fly (`positions * inv_freq`, then cos and
+sin) and stored in the model dtype, so a forward pass only gathers rows by
+position: no trigonometry and no per-token work in the hot loop.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+
+class RotaryEmbedding(nn.Module):
+    """Plain RoPE ("default"): inv_freq[i] = base ** (-2i / rotary_dim).
+
+    `is_neox_style=True` rotates the two halves of the rotary part (HF Llama's
+    `rotate_half`); False rotates interleaved even/odd pairs (GPT-J style).
+    Only the first `rotary_dim` features of each head are rotated.
+    """
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int,
+                 base: float, is_neox_style: bool = True,
+                 dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__()
+        if rotary_dim > head_size or rotary_dim % 2:
+            raise ValueError(f"rotary_dim must be even and <= head_size ({head_size}), got "
+                             f"{rotary_dim}.")
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.max_position_embeddings = max_position_embeddings
+        self.base = base
+        self.is_neox_style = is_neox_style
+        cache = self._compute_cos_sin_cache().to(dtype or torch.get_default_dtype())
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def _compute_inv_freq(self) -> torch.Tensor:
+        exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.int64).float()
+        return 1.0 / (self.base ** (exponents / self.rotary_dim))
+
+    def _compute_cos_sin_cache(self) -> torch.Tensor:
+        inv_freq = self._compute_inv_freq()
+        t = torch.arange(self.max_position_embeddings, dtype=torch.float32,
+                         device=inv_freq.device)
+        freqs = torch.outer(t, inv_freq)
+        return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+    def forward(self, positions: torch.Tensor, query: torch.Tensor,
+                key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate `query` [T, heads*head_size] and `key` [T, kv_heads*head_size]."""
+        cos, sin = self.cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+        if cos.dtype != query.dtype:
+            cos, sin = cos.to(query.dtype), sin.to(query.dtype)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.view(shape[0], -1, self.head_size)
+        rot = x[..., :self.rotary_dim]
+        if self.is_neox_style:
+            x1, x2 = rot.chunk(2, dim=-1)
+            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        if self.rotary_dim < self.head_size:
+            out = torch.cat((out, x[..., self.rotary_dim:]), dim=-1)
+        return out.view(shape)
+
+    def extra_repr(self) -> str:
+        return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
+                f"max_position={self.max_position_embeddings}, base={self.base}, "
+                f"neox={self.is_neox_style}")
+
+
+class LinearScalingRotaryEmbedding(RotaryEmbedding):
+    """Position interpolation ("linear"): every frequency divided by `factor`."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int,
+                 base: float, is_neox_style: bool, scaling_factor: float,
+                 dtype: Optional[torch.dtype] = None) -> None:
+        self.scaling_factor = scaling_factor
+        super().__init__(head_size, rotary_dim, max_position_embeddings, base, is_neox_style,
+                         dtype)
+
+    def _compute_inv_freq(self) -> torch.Tensor:
+        return super()._compute_inv_freq() / self.scaling_factor
+
+
+class Llama3RotaryEmbedding(RotaryEmbedding):
+    """Llama 3.1 frequency scaling ("llama3").
+
+    Wavelengths shorter than `orig_max_position / high_freq_factor` are kept,
+    those longer than `orig_max_position / low_freq_factor` are divided by
+    `scaling_factor`, and the band between is interpolated smoothly.
+    """
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int,
+                 base: float, is_neox_style: bool, scaling_factor: float,
+                 low_freq_factor: float, high_freq_factor: float, orig_max_position: int,
+                 dtype: Optional[torch.dtype] = None) -> None:
+        self.scaling_factor = scaling_factor
+        self.low_freq_factor = low_freq_factor
+        self.high_freq_factor = high_freq_factor
+        self.orig_max_position = orig_max_position
+        super().__init__(head_size, rotary_dim, max_position_embeddings, base, is_neox_style,
+                         dtype)
+
+    def _compute_inv_freq(self) -> torch.Tensor:
+        inv_freq = super()._compute_inv_freq()
+        low_freq_wavelen = self.orig_max_position / self.low_freq_factor
+        high_freq_wavelen = self.orig_max_position / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / self.scaling_factor,
+                             inv_freq)
+        smooth = ((self.orig_max_position / wavelen - self.low_freq_factor) /
+                  (self.high_freq_factor - self.low_freq_factor))
+        smoothed = (1 - smooth) * scaled / self.scaling_factor + smooth * scaled
+        is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def _require(scaling: dict[str, Any], key: str, rope_type: str) -> Any:
+    if key not in scaling:
+        raise ValueError(f"rope_scaling of type {rope_type!r} needs the field {key!r}.")
+    return scaling[key]
+
+
+def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
+             rope_scaling: Optional[dict[str, Any]] = None, is_neox_style: bool = True,
+             dtype: Optional[torch.dtype] = None) -> RotaryEmbedding:
+    """Build the rotary embedding a config asks for.
+
+    `rope_scaling` is the HF dict (`rope_scaling` or, in transformers 5,
+    `rope_parameters`); its `rope_type` (or legacy `type`) selects the variant.
+    Every call returns a new module: a model builds one and shares it across its
+    layers, so casting or moving one model never touches another's cache.
+    """
+    scaling = dict(rope_scaling or {})
+    rope_type = scaling.get("rope_type", scaling.get("type", "default")) or "default"
+    args = (head_size, rotary_dim, max_position, base, is_neox_style)
+    if rope_type == "default":
+        return RotaryEmbedding(*args, dtype=dtype)
+    if rope_type == "linear":
+        return LinearScalingRotaryEmbedding(
+            *args, scaling_factor=float(_require(scaling, "factor", rope_type)), dtype=dtype)
+    if rope_type == "llama3":
+        return Llama3RotaryEmbedding(
+            *args, scaling_factor=float(_require(scaling, "factor", rope_type)),
+            low_freq_factor=float(_require(scaling, "low_freq_factor", rope_type)),
+            high_freq_factor=float(_require(scaling, "high_freq_factor", rope_type)),
+            orig_max_position=int(_require(scaling, "original_max_position_embeddings",
+                                           rope_type)),
+            dtype=dtype)
+    raise ValueError(f"rope_scaling type {rope_type!r} is not supported; supported: "
+                     f"{', '.join(SUPPORTED_ROPE_TYPES)}.")

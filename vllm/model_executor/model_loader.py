@@ -1,0 +1,107 @@
+"""Build a model for this rank and fill it from a local HF-style checkpoint.
+
+Parameters are created directly in the target dtype and on the target device
+(default-dtype and device contexts), uninitialized, then each checkpoint tensor is
+copied once into its (sharded) slice: no float32 model is ever materialized, no
+random init is wasted, and safetensors files are read through mmap.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import time
+from typing import Any, Iterator, Union
+
+import torch
+from torch import nn
+
+from vllm.model_executor.models.registry import ModelRegistry
+
+logger = logging.getLogger(__name__)
+
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
+_PT_INDEX = "pytorch_model.bin.index.json"
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def get_model(vllm_config: Any, device: Union[str, torch.device] = "cpu") -> nn.Module:
+    """The model of `vllm_config`, weights loaded, in eval mode, ready for inference."""
+    model_config = vllm_config.model_config
+    load_format = vllm_config.load_config.load_format
+    model_cls, arch = ModelRegistry.resolve_model_cls(model_config.architectures)
+    start = time.perf_counter()
+    with torch.no_grad(), _default_dtype(model_config.torch_dtype), torch.device(device):
+        model = model_cls(vllm_config=vllm_config)
+    with torch.no_grad():
+        if load_format == "dummy":
+            _init_dummy_weights(model, model_config.seed)
+        else:
+            model.load_weights(iterate_weights(model_config.model_path, load_format))
+    model.eval()
+    logger.info("Loaded %s (%s) from %s in %.2f s (%s, %.1f M parameters)", arch,
+                model_config.torch_dtype, model_config.model_path,
+                time.perf_counter() - start, "dummy weights" if load_format == "dummy" else
+                load_format, sum(p.numel() for p in model.parameters()) / 1e6)
+    return model
+
+
+def _init_dummy_weights(model: nn.Module, seed: int, low: float = -1e-3,
+                        high: float = 1e-3) -> None:
+    """Small uniform random weights (load_format='dummy': profiling, benchmarks)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for param in model.parameters():
+        values = torch.empty(param.shape, dtype=torch.float32).uniform_(low, high, generator=gen)
+        param.data.copy_(values)
+
+
+def _files_from_index(model_path: str, index_name: str) -> list[str]:
+    with open(os.path.join(model_path, index_name)) as f:
+        weight_map = json.load(f)["weight_map"]
+    return [os.path.join(model_path, name) for name in sorted(set(weight_map.values()))]
+
+
+def _weight_files(model_path: str, load_format: str) -> tuple[str, list[str]]:
+    """('safetensors' | 'pt', files) present in the directory, safetensors preferred."""
+    if load_format in ("auto", "safetensors", "gguf"):
+        if os.path.isfile(os.path.join(model_path, _SAFETENSORS_INDEX)):
+            return "safetensors", _files_from_index(model_path, _SAFETENSORS_INDEX)
+        files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
+        if files:
+            return "safetensors", files
+    if load_format in ("auto", "pt"):
+        if os.path.isfile(os.path.join(model_path, _PT_INDEX)):
+            return "pt", _files_from_index(model_path, _PT_INDEX)
+        files = sorted(glob.glob(os.path.join(model_path, "pytorch_model*.bin")))
+        if files:
+            return "pt", files
+    raise ValueError(f"No weights for load_format={load_format!r} in {model_path}: expected "
+                     "*.safetensors (or model.safetensors.index.json) or pytorch_model*.bin.")
+
+
+def iterate_weights(model_path: str,
+                    load_format: str = "auto") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, CPU tensor) for every tensor of the checkpoint, file by file."""
+    kind, files = _weight_files(model_path, load_format)
+    if kind == "safetensors":
+        from safetensors import safe_open
+        for path in files:
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+    else:
+        for path in files:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            yield from state.items()
+            del state

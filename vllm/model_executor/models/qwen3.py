@@ -1,0 +1,39 @@
+"""Qwen3: the Llama decoder with per-head RMSNorm on q and k before the rotary."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.model_executor.models.llama import (LlamaAttention, LlamaDecoderLayer,
+                                              LlamaForCausalLM, LlamaModel)
+
+
+class Qwen3Attention(LlamaAttention):
+    """head_dim comes from the config (it need not be hidden_size / num_heads)."""
+
+    def __init__(self, config: Any, rotary_emb: RotaryEmbedding, prefix: str = "") -> None:
+        super().__init__(config, rotary_emb, prefix)
+        self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def rotate_qk(self, positions: torch.Tensor, q: torch.Tensor,
+                  k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t = q.shape[0]
+        q = self.q_norm(q.view(t, self.num_heads, self.head_dim)).view(t, self.q_size)
+        k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)).view(t, self.kv_size)
+        return self.rotary_emb(positions, q, k)
+
+
+class Qwen3DecoderLayer(LlamaDecoderLayer):
+    attention_cls = Qwen3Attention
+
+
+class Qwen3Model(LlamaModel):
+    layer_cls = Qwen3DecoderLayer
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    model_cls = Qwen3Model

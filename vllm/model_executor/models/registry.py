@@ -1,0 +1,58 @@
+"""HF `architectures` name -> model class.
+
+Built-in classes are imported lazily (by module path) so importing the registry
+stays cheap. `ModelRegistry.register_model` lets plugins add architectures, as in
+vLLM (a class or a "module:Class" string).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Iterable, Union
+
+from torch import nn
+
+_BUILTIN_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+}
+
+
+class _ModelRegistry:
+
+    def __init__(self) -> None:
+        self._models: dict[str, Union[str, type[nn.Module]]] = {
+            arch: f"vllm.model_executor.models.{module}:{cls}"
+            for arch, (module, cls) in _BUILTIN_MODELS.items()}
+
+    def get_supported_archs(self) -> list[str]:
+        return sorted(self._models)
+
+    def register_model(self, model_arch: str,
+                       model_cls: Union[str, type[nn.Module]]) -> None:
+        """Add or override an architecture: a class, or "package.module:ClassName"."""
+        if isinstance(model_cls, str) and ":" not in model_cls:
+            raise ValueError(f"model_cls string must look like 'package.module:ClassName', "
+                             f"got {model_cls!r}.")
+        self._models[model_arch] = model_cls
+
+    def _load(self, arch: str) -> type[nn.Module]:
+        entry = self._models[arch]
+        if isinstance(entry, str):
+            module, name = entry.split(":")
+            entry = getattr(importlib.import_module(module), name)
+        return entry
+
+    def resolve_model_cls(self, architectures: Union[str, Iterable[str]]
+                          ) -> tuple[type[nn.Module], str]:
+        """(class, architecture) for the first supported name in `architectures`."""
+        archs = [architectures] if isinstance(architectures, str) else list(architectures or [])
+        for arch in archs:
+            if arch in self._models:
+                return self._load(arch), arch
+        raise ValueError(f"Model architectures {archs} are not supported for now. Supported "
+                         f"architectures: {', '.join(self.get_supported_archs())}.")
+
+
+ModelRegistry = _ModelRegistry()

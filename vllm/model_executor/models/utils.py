@@ -1,0 +1,77 @@
+"""Helpers shared by the decoder-only model files: PP layer split, config reading."""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from vllm.distributed import get_pp_group
+
+
+def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    """Copy a whole (unsharded) checkpoint tensor into `param`, casting its dtype."""
+    if param.shape != loaded_weight.shape:
+        raise ValueError(f"shape mismatch: checkpoint {tuple(loaded_weight.shape)}, parameter "
+                         f"{tuple(param.shape)}.")
+    param.data.copy_(loaded_weight)
+
+
+class PPMissingLayer(nn.Identity):
+    """Placeholder for a module that lives on another pipeline stage.
+
+    Keeping it in place keeps parameter names (and the layer indices in them)
+    global on every stage; it has no parameters, so nothing is loaded into it.
+    """
+
+
+def get_pp_indices(num_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:
+    """[start, end) of the decoder layers owned by stage `pp_rank`.
+
+    Layers are split evenly; the remainder goes one layer each to the stages just
+    before the last one (the first and last stages also hold the embedding and the
+    LM head), as vLLM does.
+    """
+    if pp_size > num_layers:
+        raise ValueError(f"pipeline_parallel_size ({pp_size}) must not exceed the number of "
+                         f"hidden layers ({num_layers}).")
+    sizes = [num_layers // pp_size] * pp_size
+    for i in range(2, num_layers % pp_size + 2):
+        sizes[-i] += 1
+    start = sum(sizes[:pp_rank])
+    return start, start + sizes[pp_rank]
+
+
+def make_layers(num_layers: int, layer_fn: Callable[[str], nn.Module],
+                prefix: str) -> tuple[int, int, nn.ModuleList]:
+    """Build this stage's layers as `layer_fn(f"{prefix}.{i}")` at global index i."""
+    pp = get_pp_group()
+    start, end = get_pp_indices(num_layers, pp.rank_in_group, pp.world_size)
+    layers = nn.ModuleList([layer_fn(f"{prefix}.{i}") if start <= i < end else PPMissingLayer()
+                            for i in range(num_layers)])
+    return start, end, layers
+
+
+def rope_config(config: Any) -> tuple[float, Optional[dict[str, Any]]]:
+    """(rope_theta, scaling dict or None) from a transformers 4 or 5 config.
+
+    transformers 5 puts everything in `rope_parameters`; 4.x had `rope_theta`
+    and `rope_scaling` side by side.
+    """
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    legacy = getattr(config, "rope_scaling", None)
+    if not params and legacy:
+        params = dict(legacy)
+    theta = params.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    return float(theta), (params if rope_type not in (None, "default") else None)
+
+
+def head_dim_of(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def partial_rotary_factor_of(config: Any) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    return float(params.get("partial_rotary_factor",
+                            getattr(config, "partial_rotary_factor", None) or 1.0))
