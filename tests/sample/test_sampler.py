@@ -238,3 +238,37 @@ def test_bfloat16_logits():
     out = run(rows, logits)
     assert torch.equal(out.sampled_token_ids, logits.float().argmax(-1))
     assert out.logprobs_tensors.logprobs.dtype == torch.float32
+
+
+def test_penalties_match_dense_reference():
+    g = torch.Generator().manual_seed(5)
+    vocab = 40
+    logits = torch.randn(5, vocab, generator=g) * 3
+    params = [SamplingParams(repetition_penalty=1.5, frequency_penalty=0.3, presence_penalty=0.2),
+              SamplingParams(),
+              SamplingParams(repetition_penalty=0.8),
+              SamplingParams(frequency_penalty=-0.4),
+              SamplingParams(presence_penalty=1.1, repetition_penalty=1.2)]
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (12, 5, 30, 7, 0)]
+    outputs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (20, 3, 9, 15, 25)]
+    rows = [SamplingRow(p, pr, o) for p, pr, o in zip(params, prompts, outputs)]
+    md = SamplingMetadata.build(rows, vocab, "cpu")
+    got = Sampler.apply_logit_processing(logits.clone(), md)
+    for i, (p, pr, o) in enumerate(zip(params, prompts, outputs)):
+        ref = logits[i].clone()
+        counts = torch.bincount(torch.tensor(o, dtype=torch.long), minlength=vocab).float()
+        seen = counts > 0
+        if pr:
+            seen |= torch.bincount(torch.tensor(pr), minlength=vocab) > 0
+        r = p.repetition_penalty
+        ref = torch.where(seen, torch.where(ref > 0, ref / r, ref * r), ref)
+        ref = ref - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).float()
+        assert torch.allclose(got[i], ref, atol=1e-6), i
+
+
+def test_seeded_row_without_generator_is_a_caller_error():
+    with pytest.raises(ValueError, match="make_generator"):
+        SamplingMetadata.build([SamplingRow(SamplingParams(seed=3), [], [])], 10, "cpu")
+    # Greedy rows need no generator even with a seed.
+    SamplingMetadata.build([SamplingRow(SamplingParams(seed=3, temperature=0.0), [], [])], 10,
+                           "cpu")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +54,13 @@ class IncrementalDetokenizer:
     to `output_text`; `flush()` releases held-back bytes at the end of the request.
     """
 
-    def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int],
+    def __init__(self, tokenizer: Any, prompt_token_ids: Optional[Sequence[int]],
                  skip_special_tokens: bool = True,
                  spaces_between_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self._decode = make_decode_fn(tokenizer, skip_special_tokens,
                                       spaces_between_special_tokens)
-        context = list(prompt_token_ids[-INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET:])
+        context = list(prompt_token_ids or [])[-INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET:]
         self._tokens: list[int] = context
         self._prefix_offset = 0
         self._read_offset = len(context)

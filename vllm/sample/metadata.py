@@ -2,8 +2,8 @@
 
 Everything optional is None when no row of the batch needs it, so the common cases
 (all greedy, plain temperature sampling) build and run almost nothing. Token-history
-tensors (penalties) are built with one flat tensor and a bincount/scatter, never a
-Python loop over tokens.
+tensors (penalties) are built from one flat tensor with `unique` / `index_add_`, never
+a Python loop over tokens.
 """
 from __future__ import annotations
 
@@ -43,18 +43,26 @@ def is_greedy(params: SamplingParams) -> bool:
 
 @dataclass
 class PenaltyInputs:
-    """Penalty tensors for the subset `rows` of the batch that uses any penalty."""
-    rows: torch.Tensor  # [M] int64 row indices
-    presence: torch.Tensor  # [M] float32
-    frequency: torch.Tensor  # [M] float32
-    repetition: torch.Tensor  # [M] float32
-    output_counts: torch.Tensor  # [M, V] float32: occurrences of each token in the output
-    seen_mask: Optional[torch.Tensor]  # [M, V] bool: in prompt or output; None if no
-    # row uses repetition_penalty
+    """Penalties as sparse (row, token) pairs: the tokens each penalized row has seen.
+
+    Only seen tokens are penalized, so touching just those pairs replaces dense
+    [rows, vocab] count tensors. Pairs are unique; per-pair values come from the row.
+    """
+    rows: torch.Tensor  # [P] int64 logits row
+    token_ids: torch.Tensor  # [P] int64
+    output_counts: torch.Tensor  # [P] float32: occurrences in the output (0: prompt only)
+    repetition: torch.Tensor  # [P] float32 (1.0 where the row has no repetition penalty)
+    frequency: torch.Tensor  # [P] float32
+    presence: torch.Tensor  # [P] float32
 
 
 @dataclass
 class SamplingMetadata:
+    """The batch's sampling inputs as tensors on the logits' device (see `build`).
+
+    all_greedy / all_random let the sampler skip the random path or the argmax; each
+    optional field is None when no row uses that feature.
+    """
     num_rows: int
     vocab_size: int
     all_greedy: bool
@@ -114,8 +122,16 @@ def _fill_random(md: SamplingMetadata, rows: Sequence[SamplingRow], greedy: list
         md.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
     if any(p.min_p > 0.0 for p in random_params):
         md.min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device)
-    md.generators = {i: r.generator for i, (r, g) in enumerate(zip(rows, greedy))
-                     if not g and r.generator is not None}
+    md.generators = {}
+    for i, (r, g) in enumerate(zip(rows, greedy)):
+        if g:
+            continue
+        if r.generator is not None:
+            md.generators[i] = r.generator
+        elif r.params.seed is not None:
+            raise ValueError(
+                f"row {i} has seed={r.params.seed} but no generator: create one per request "
+                "with make_generator(seed, device) and pass it in every step's SamplingRow")
 
 
 def _flat_tokens(seqs: Sequence[Sequence[int]], vocab_size: int,
@@ -128,46 +144,38 @@ def _flat_tokens(seqs: Sequence[Sequence[int]], vocab_size: int,
     return row_ids[keep].to(device), tokens[keep].to(device)
 
 
-def token_counts(seqs: Sequence[Sequence[int]], vocab_size: int,
-                 device: torch.device | str) -> torch.Tensor:
-    """[len(seqs), V] float32: how often each token occurs in each sequence."""
-    row_ids, tokens = _flat_tokens(seqs, vocab_size, device)
-    counts = torch.bincount(row_ids * vocab_size + tokens, minlength=len(seqs) * vocab_size)
-    return counts.view(len(seqs), vocab_size).to(torch.float32)
-
-
-def token_presence(seqs: Sequence[Sequence[int]], vocab_size: int,
-                   device: torch.device | str) -> torch.Tensor:
-    """[len(seqs), V] bool: whether each token occurs in each sequence."""
-    row_ids, tokens = _flat_tokens(seqs, vocab_size, device)
-    mask = torch.zeros(len(seqs), vocab_size, dtype=torch.bool, device=device)
-    mask[row_ids, tokens] = True
-    return mask
-
-
 def _build_penalties(rows: Sequence[SamplingRow], vocab_size: int,
                      device: torch.device | str) -> Optional[PenaltyInputs]:
+    """Unique (row, token) pairs of the output (and of the prompt for repetition)."""
     idx = [i for i, r in enumerate(rows)
            if r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0
            or r.params.repetition_penalty != 1.0]
     if not idx:
         return None
     sel = [rows[i] for i in idx]
-    output_counts = token_counts([r.output_token_ids for r in sel], vocab_size, device)
-    seen_mask = None
-    if any(r.params.repetition_penalty != 1.0 for r in sel):
-        in_prompt = token_presence([r.prompt_token_ids for r in sel], vocab_size, device)
-        seen_mask = in_prompt | (output_counts > 0)
+    out_rows, out_tokens = _flat_tokens([r.output_token_ids for r in sel], vocab_size, "cpu")
+    # The prompt matters only to the repetition penalty.
+    prompts = [r.prompt_token_ids if r.params.repetition_penalty != 1.0 else () for r in sel]
+    prompt_rows, prompt_tokens = _flat_tokens(prompts, vocab_size, "cpu")
+    keys = torch.cat([out_rows * vocab_size + out_tokens,
+                      prompt_rows * vocab_size + prompt_tokens])
+    pairs, inverse = torch.unique(keys, return_inverse=True)
+    from_output = torch.zeros(len(keys), dtype=torch.float32)
+    from_output[:len(out_rows)] = 1.0
+    output_counts = torch.zeros(len(pairs), dtype=torch.float32).index_add_(0, inverse,
+                                                                           from_output)
+    local_rows = pairs // vocab_size
 
-    def column(name: str) -> torch.Tensor:
-        return torch.tensor([getattr(r.params, name) for r in sel], dtype=torch.float32,
-                            device=device)
+    def per_pair(name: str) -> torch.Tensor:
+        values = torch.tensor([getattr(r.params, name) for r in sel], dtype=torch.float32)
+        return values[local_rows].to(device)
 
-    return PenaltyInputs(rows=torch.tensor(idx, dtype=torch.int64, device=device),
-                         presence=column("presence_penalty"),
-                         frequency=column("frequency_penalty"),
-                         repetition=column("repetition_penalty"),
-                         output_counts=output_counts, seen_mask=seen_mask)
+    return PenaltyInputs(rows=torch.tensor(idx, dtype=torch.int64)[local_rows].to(device),
+                         token_ids=(pairs % vocab_size).to(device),
+                         output_counts=output_counts.to(device),
+                         repetition=per_pair("repetition_penalty"),
+                         frequency=per_pair("frequency_penalty"),
+                         presence=per_pair("presence_penalty"))
 
 
 def _build_allowed_mask(params: Sequence[SamplingParams], vocab_size: int,

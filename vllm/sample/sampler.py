@@ -61,9 +61,8 @@ class Sampler(nn.Module):
             logits = apply_logit_bias(logits, *md.logit_bias)
         if md.penalties is not None:
             pen = md.penalties
-            logits[pen.rows] = apply_penalties(logits[pen.rows], pen.output_counts,
-                                               pen.seen_mask, pen.presence, pen.frequency,
-                                               pen.repetition)
+            logits = apply_penalties(logits, pen.rows, pen.token_ids, pen.output_counts,
+                                     pen.repetition, pen.frequency, pen.presence)
         return logits
 
     @staticmethod
@@ -86,15 +85,16 @@ class Sampler(nn.Module):
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """Sample one token per row as argmax(probs / q), q ~ Exp(1) (no host sync needed).
 
-    P(argmax = i) = p_i / sum(p), the same law as torch.multinomial. Seeded rows draw
-    q from their own generator, so their samples do not depend on their batch mates;
-    the other rows share one draw from the global generator.
+    P(argmax = i) = p_i / sum(p), the same law as torch.multinomial. q is drawn as
+    -log(u), u ~ U[0, 1), which is several times cheaper than `exponential_` on CPU;
+    argmax(p / -log u) = argmin(p / log u). Seeded rows draw u from their own
+    generator, so their samples do not depend on their batch mates; the other rows
+    share one draw from the global generator.
     """
-    q = torch.empty_like(probs)
+    u = torch.empty_like(probs)
     if len(generators) < probs.shape[0]:
-        q.exponential_()
+        u.uniform_()
     for row, gen in generators.items():
-        q[row].exponential_(generator=gen)
-    # An exact 0 from exponential_ would make p/q inf or nan; keep q positive.
-    q.clamp_min_(torch.finfo(q.dtype).tiny)
-    return probs.div_(q).argmax(dim=-1)
+        u[row].uniform_(generator=gen)
+    # log u < 0 (u < 1); u = 0 gives -inf and a ratio of -0: that token is not picked.
+    return probs.div_(u.log_()).argmin(dim=-1)

@@ -1,27 +1,23 @@
 """Repetition, frequency and presence penalties (vLLM / OpenAI / HF semantics)."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 
-def apply_penalties(logits: torch.Tensor, output_counts: torch.Tensor,
-                    seen_mask: Optional[torch.Tensor], presence: torch.Tensor,
-                    frequency: torch.Tensor, repetition: torch.Tensor) -> torch.Tensor:
-    """Penalize tokens already seen; all tensors cover the same M rows.
+def apply_penalties(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor,
+                    output_counts: torch.Tensor, repetition: torch.Tensor,
+                    frequency: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+    """Penalize the seen (row, token) pairs of `logits` in place; pairs must be unique.
 
-    - repetition (HF): a token in the prompt or the output has its logit divided by
-      the penalty when positive and multiplied by it when negative (so >1 always makes
-      it less likely); needs `seen_mask`, skipped when it is None.
-    - frequency (OpenAI): subtract penalty * count of the token in the output.
+    Each pair is a token of the row's prompt or output; `output_counts` says how often
+    it occurs in the output (0 for prompt-only tokens).
+    - repetition (HF): divide a positive logit by the penalty, multiply a negative one
+      (so a penalty > 1 always makes the token less likely);
+    - frequency (OpenAI): subtract penalty * count in the output;
     - presence (OpenAI): subtract penalty once if the token is in the output.
-    Returns a new [M, V] tensor.
     """
-    if seen_mask is not None:
-        rep = repetition.unsqueeze(1)
-        penalized = torch.where(logits > 0, logits / rep, logits * rep)
-        logits = torch.where(seen_mask, penalized, logits)
-    logits = logits - frequency.unsqueeze(1) * output_counts
-    logits = logits - presence.unsqueeze(1) * (output_counts > 0).to(logits.dtype)
+    values = logits[rows, token_ids]
+    values = torch.where(values > 0, values / repetition, values * repetition)
+    values = values - frequency * output_counts - presence * (output_counts > 0).float()
+    logits[rows, token_ids] = values
     return logits

@@ -1,13 +1,21 @@
 """Truncation of the distribution: min-p, top-k and top-p (nucleus).
 
-Each sets the logits of the dropped tokens to -inf, in place, and never drops the most
-likely token. Rows whose knob is off (top_k 0, top_p 1, min_p 0) are left untouched.
+Each sets the logits of dropped tokens to -inf, in place, and never drops the most
+likely token; rows whose knob is off (top_k 0, top_p 1, min_p 0) are left untouched.
+Tokens tied with the last kept one are kept too.
+
+A full sort of the vocabulary for top-p costs far more than the rest of the sampler
+on CPU, yet nuclei are usually small: top-p first looks at the top `TOP_P_WINDOW`
+logits of each row and sorts the whole row only when its nucleus reaches past them.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
+
+TOP_P_WINDOW = 256
+"""Logits per row examined before falling back to a full sort for top-p."""
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -21,28 +29,64 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],
                       top_p: Optional[torch.Tensor]) -> torch.Tensor:
     """Keep the top_k most likely tokens, then the smallest set reaching mass top_p.
 
-    top_p is measured on the distribution left after top_k, as in vLLM. Ties at the
-    k-th logit are all kept.
+    top_p is measured on the distribution left after top_k, as in vLLM: a token is
+    kept while the mass of the tokens more likely than it is below top_p.
     """
     if top_p is None:
         return logits if top_k is None else _apply_top_k_only(logits, top_k)
     vocab_size = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=False)
-    if top_k is not None:
+    if top_k is None:
+        k = torch.full_like(top_p, vocab_size, dtype=torch.int64)
+    else:
         k = torch.where((top_k <= 0) | (top_k >= vocab_size),
                         torch.full_like(top_k, vocab_size), top_k)
-        kth = sorted_logits.gather(1, (vocab_size - k).unsqueeze(1))
-        sorted_logits.masked_fill_(sorted_logits < kth, float("-inf"))
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    # A token goes when it and everything less likely hold at most 1 - top_p of the mass.
-    drop = cumulative <= (1.0 - top_p).unsqueeze(1)
-    drop[:, -1] = False
-    sorted_logits.masked_fill_(drop, float("-inf"))
-    return logits.scatter_(1, order, sorted_logits)
+    window = min(TOP_P_WINDOW, vocab_size)
+    top_values = logits.topk(window, dim=-1).values
+    # The whole row's normalizer matters only where top-k is off.
+    if bool((k >= vocab_size).any()):
+        full_lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    else:
+        full_lse = torch.zeros_like(top_values[:, :1])
+    threshold, resolved = _threshold(top_values, k, top_p, full_lse, vocab_size)
+    if window < vocab_size and not bool(resolved.all()):
+        rows = (~resolved).nonzero().squeeze(1)
+        sorted_values = logits[rows].sort(dim=-1, descending=True).values
+        threshold[rows] = _threshold(sorted_values, k[rows], top_p[rows], full_lse[rows],
+                                     vocab_size)[0]
+    return logits.masked_fill_(logits < threshold, float("-inf"))
+
+
+def _threshold(values: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
+               full_lse: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Smallest kept logit per row, from each row's top-W logits in descending order.
+
+    `k` is vocab_size where top-k is off. Returns (threshold [M, 1], resolved [M]); a
+    row is resolved when its top W logits decide the cut: top_k <= W, or top-k off and
+    either top_p = 1 (nothing to cut) or the top W hold at least top_p of the mass.
+    """
+    width = values.shape[1]
+    in_k = torch.arange(width, device=values.device) < k.unsqueeze(1)
+    k_in_window = k <= width
+    values_k = values.masked_fill(~in_k, float("-inf"))
+    # Normalize over the top-k when they all lie in the window, else the whole row.
+    lse = torch.where(k_in_window.unsqueeze(1),
+                      torch.logsumexp(values_k, dim=-1, keepdim=True), full_lse)
+    probs = (values_k - lse).exp()
+    cumulative = probs.cumsum(dim=-1)
+    mass_before = cumulative - probs
+    no_top_p = top_p >= 1.0
+    keep = in_k & ((mass_before < top_p.unsqueeze(1)) | no_top_p.unsqueeze(1))
+    num_kept = keep.sum(dim=-1).clamp_min(1)  # a prefix: mass_before never decreases
+    threshold = values.gather(1, (num_kept - 1).unsqueeze(1))
+    uncut = no_top_p & ~k_in_window  # neither knob cuts inside this row
+    threshold = threshold.masked_fill(uncut.unsqueeze(1), float("-inf"))
+    k_off = k >= vocab_size
+    resolved = k_in_window | (k_off & (no_top_p | (cumulative[:, -1] >= top_p)))
+    return threshold, resolved
 
 
 def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
-    """top-k without a full sort: threshold each row at its k-th largest logit."""
+    """top-k without a sort: threshold each row at its k-th largest logit."""
     vocab_size = logits.shape[-1]
     off = (top_k <= 0) | (top_k >= vocab_size)
     k = top_k.masked_fill(off, 1)
