@@ -172,9 +172,10 @@ def test_repetition_penalty_hf_semantics():
 
 def test_frequency_and_presence_penalties_count_output_only():
     logits = torch.zeros(1, 5)
-    out = processed([SamplingParams(frequency_penalty=0.5)], logits, prompt=[4], output=[1, 1, 1, 2])
+    history = dict(prompt=[4], output=[1, 1, 1, 2])
+    out = processed([SamplingParams(frequency_penalty=0.5)], logits, **history)
     assert torch.allclose(out, torch.tensor([[0.0, -1.5, -0.5, 0.0, 0.0]]))
-    out = processed([SamplingParams(presence_penalty=0.7)], logits, prompt=[4], output=[1, 1, 1, 2])
+    out = processed([SamplingParams(presence_penalty=0.7)], logits, **history)
     assert torch.allclose(out, torch.tensor([[0.0, -0.7, -0.7, 0.0, 0.0]]))
     out = processed([SamplingParams(presence_penalty=-1.0, frequency_penalty=1.0)], logits,
                     output=[3, 3])
