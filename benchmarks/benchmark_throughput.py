@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.datasets import (SampleRequest, add_dataset_args, get_requests,
+from benchmarks.datasets import (SampleRequest, add_dataset_args, get_requests, get_tokenizer,
                                  resolve_dataset_name)
 
 logger = logging.getLogger("vllm.benchmarks.throughput")
@@ -209,14 +209,12 @@ def validate_args(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> ThroughputResult:
-    from transformers import AutoTokenizer
-
     from vllm.config import ModelConfig
 
     validate_args(args)
     model_config = ModelConfig(model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
                                max_model_len=args.max_model_len)
-    tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer_path)
+    tokenizer = get_tokenizer(model_config.tokenizer_path)
     requests = get_requests(args, tokenizer, model_config.max_model_len)
     if args.backend == "vllm":
         result = run_vllm(requests, args)

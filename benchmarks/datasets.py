@@ -69,12 +69,11 @@ def get_tokenizer(name_or_path: str) -> Any:
     """Load a tokenizer from a model name, HF directory or .gguf file.
 
     Goes through `vllm.config.resolve_model_path`, so the default model name and GGUF
-    files map to the same converted directory the engine loads.
+    files map to the same converted directory, and the engine's loader, as the engine.
     """
-    from transformers import AutoTokenizer
-
     from vllm.config import resolve_model_path
-    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    from vllm.transformers_utils.tokenizer import get_tokenizer as load_tokenizer
+    return load_tokenizer(resolve_model_path(name_or_path))
 
 
 def _encode(tokenizer: Any, text: str, add_special_tokens: bool = True) -> list[int]:
