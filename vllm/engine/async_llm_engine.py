@@ -79,33 +79,40 @@ class RequestStream:
             while not self._items:
                 self._ready.clear()
                 await self._ready.wait()
-            items, self._items = self._items, []
-            result = self._absorb(items)
+            result = self._absorb()
             if result is not None:
                 return result
 
-    def _absorb(self, items: list[Any]) -> Any:
-        for item in items:
-            if isinstance(item, BaseException):
+    def _absorb(self) -> Any:
+        """Merge queued deltas; an error or end marker waits until pending news is out."""
+        fresh = False
+        while self._items:
+            item = self._items[0]
+            if isinstance(item, BaseException) or item is _END:
+                if fresh and self._kind != "FINAL_ONLY":
+                    return self._hand_out()
+                self._items.clear()
                 self.finished = True
+                if item is _END:
+                    return self._aborted_output()
                 raise item
-            if item is _END:
-                self.finished = True
-                return self._aborted_output()
+            self._items.pop(0)
             self._last = item
             self._acc = item if self._acc is None else merge_delta(self._acc, item)
+            fresh = True
             if item.finished:
                 self.finished = True
+                self._items.clear()
                 break
-        acc = self._acc
-        if acc is None:
+        if not fresh or (self._kind == "FINAL_ONLY" and not self._acc.finished):
             return None
-        if self._kind == "FINAL_ONLY" and not acc.finished:
-            return None
+        return self._hand_out()
+
+    def _hand_out(self) -> Any:
         if self._kind == "CUMULATIVE":
-            return snapshot(acc)
-        self._acc = None
-        return acc
+            return snapshot(self._acc)
+        out, self._acc = self._acc, None
+        return out
 
     def _aborted_output(self) -> Any:
         """The last output of an aborted request: finish_reason "abort" on unfinished

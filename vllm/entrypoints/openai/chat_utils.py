@@ -49,8 +49,12 @@ def conversation_from_messages(messages: list[ChatMessage]) -> list[dict[str, An
     return conversation
 
 
-def _content_text(content: Any, index: int) -> Optional[str]:
-    if content is None or isinstance(content, str):
+def _content_text(content: Any, index: int) -> str:
+    """A message's text; null content (e.g. an assistant turn) is the empty string, which
+    every text template can render."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
         return content
     texts = []
     for j, part in enumerate(content):

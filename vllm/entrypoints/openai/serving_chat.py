@@ -56,9 +56,10 @@ class OpenAIServingChat(OpenAIServing):
                                   self.max_model_len)
         if truncated is not prompt.token_ids:
             prompt = PromptInput(truncated, None)
-        max_tokens = self.resolve_max_tokens(len(prompt.token_ids),
-                                             request.requested_max_tokens, "messages",
-                                             "messages")
+        max_tokens = self.resolve_max_tokens(
+            len(prompt.token_ids), request.requested_max_tokens, "messages", "messages",
+            "max_completion_tokens" if request.max_completion_tokens is not None
+            else "max_tokens")
         top = request.top_logprobs or 0
         params = self.sampling_params(request, max_tokens=max_tokens,
                                       logprobs=top if request.logprobs else None,

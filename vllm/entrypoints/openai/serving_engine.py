@@ -55,6 +55,7 @@ class OpenAIServing:
         # One worker: the tokenizer is not meant for concurrent mutation, and one long
         # prompt should not starve the event loop (encoding runs outside it).
         self._executor = _shared_executor()
+        self._generation_defaults: Optional[dict[str, Any]] = None
 
     # --------------------------------------------------------------- checks
     def check_model(self, model: Optional[str]) -> str:
@@ -107,7 +108,7 @@ class OpenAIServing:
         return token_ids[-keep:] if keep > 0 else token_ids
 
     def resolve_max_tokens(self, prompt_len: int, requested: Optional[int], what: str,
-                           param: str) -> int:
+                           param: str, max_tokens_param: str = "max_tokens") -> int:
         """Check prompt + max_tokens against max_model_len; None means "fill the context"."""
         if prompt_len >= self.max_model_len:
             raise BadRequestError(
@@ -117,14 +118,14 @@ class OpenAIServing:
         if requested is None:
             return self.max_model_len - prompt_len
         if requested < 1:
-            raise BadRequestError(f"max_tokens must be at least 1, got {requested}.",
-                                  param="max_tokens")
+            raise BadRequestError(f"{max_tokens_param} must be at least 1, got {requested}.",
+                                  param=max_tokens_param)
         if prompt_len + requested > self.max_model_len:
             raise BadRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. "
                 f"However, you requested {prompt_len + requested} tokens ({prompt_len} in the "
                 f"{what}, {requested} in the completion). Please reduce the length of the "
-                f"{what} or completion.", param="max_tokens")
+                f"{what} or completion.", param=max_tokens_param)
         return requested
 
     # ------------------------------------------------------------- sampling
@@ -168,14 +169,11 @@ class OpenAIServing:
             raise BadRequestError(str(e), param=guess_param(str(e), request)) from e
 
     def _model_sampling_defaults(self) -> dict[str, Any]:
-        getter = getattr(self.model_config, "get_diff_sampling_param", None)
-        if getter is None:
-            return {}
-        try:
-            return dict(getter() or {})
-        except Exception:  # noqa: BLE001 - defaults are a nicety; fall back to vLLM's
-            logger.debug("Could not read the model's sampling defaults.", exc_info=True)
-            return {}
+        """Sampling fields the model's generation_config.json sets (generation_config=auto),
+        used for fields a request leaves unset, as vLLM's server does."""
+        if self._generation_defaults is None:
+            self._generation_defaults = model_sampling_defaults(self.model_config)
+        return self._generation_defaults
 
     @staticmethod
     def _logit_bias(bias: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
@@ -263,6 +261,28 @@ class OpenAIServing:
 
 
 # -------------------------------------------------------------------- helpers
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def model_sampling_defaults(model_config: Any) -> dict[str, Any]:
+    if getattr(model_config, "generation_config", "auto") != "auto":
+        return {}
+    path = getattr(model_config, "model_path", None)
+    if not path:
+        return {}
+    from vllm.engine.processor import load_generation_config
+    try:
+        config = load_generation_config(path)
+    except (OSError, ValueError):
+        logger.warning("Could not read generation_config.json in %s.", path)
+        return {}
+    defaults = {k: config[k] for k in _SAMPLING_KEYS if config.get(k) is not None}
+    if defaults:
+        logger.info("Default sampling parameters have been overridden by the model's "
+                    "generation config: %s", defaults)
+    return defaults
+
+
 _EXECUTOR: Optional[ThreadPoolExecutor] = None
 
 
