@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from vllm.core.scheduler import EngineCoreOutput
-from vllm.engine.detokenizer import IncrementalDetokenizer
+from vllm.engine.detokenizer import IncrementalDetokenizer, decode_token_text
+from vllm.engine.logprobs_utils import make_logprob_dict
 from vllm.engine.stop_checker import check_stop_strings
 from vllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
@@ -60,7 +61,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
         self.parents: dict[str, ParentRequest] = {}
-        self._token_text: dict[int, str] = {}
+        self._decode = lambda token_id: decode_token_text(tokenizer, token_id)
 
     # ---------------------------------------------------------- bookkeeping
     def add_request(self, parent: ParentRequest, child_ids: list[str],
@@ -113,7 +114,7 @@ class OutputProcessor:
             self._update_metrics(parent, out, now)
             if out.new_prompt_logprobs is not None and parent.prompt_logprobs is not None:
                 parent.prompt_logprobs.extend(self._prompt_logprob_dicts(
-                    out.new_prompt_logprobs, parent, len(parent.prompt_logprobs)))
+                    out.new_prompt_logprobs))
             if out.new_token_ids and self._process_tokens(state, out):
                 stopped.append(state.request_id)
             touched[parent.request_id] = parent
@@ -153,38 +154,25 @@ class OutputProcessor:
         if params.detokenize:
             delta = state.detokenizer.update(text_ids) if text_ids else ""
             if out.finish_reason is not None:
-                delta += state.detokenizer.flush() if hasattr(state.detokenizer, "flush") else ""
+                delta += state.detokenizer.flush()
             state.text += delta
         if out.finish_reason is not None:
             state.finish_reason, state.stop_reason = out.finish_reason, out.stop_reason
             return False
-        if params.stop and params.detokenize:
+        if params.stop and params.detokenize and len(state.token_ids) > params.min_tokens:
             hit = check_stop_strings(state.text, len(delta), params.stop,
                                      params.include_stop_str_in_output)
             if hit is not None:
                 stop_str, truncate_to = hit
-                if truncate_to != -1:
-                    state.text = state.text[:truncate_to]
+                state.text = state.text[:truncate_to]
                 state.finish_reason, state.stop_reason = "stop", stop_str
                 return True
         return False
 
-    def _token_str(self, token_id: int) -> str:
-        text = self._token_text.get(token_id)
-        if text is None:
-            text = self.tokenizer.decode([token_id])
-            self._token_text[token_id] = text
-        return text
-
     def _logprob_dict(self, ids: list[int], lps: list[float], rank: int) -> dict[int, Logprob]:
-        result = {ids[0]: Logprob(lps[0], rank, self._token_str(ids[0]))}
-        for j, (tid, lp) in enumerate(zip(ids[1:], lps[1:]), start=1):
-            if tid not in result:
-                result[tid] = Logprob(lp, j, self._token_str(tid))
-        return result
+        return make_logprob_dict(ids, lps, rank, len(ids) - 1, self._decode)
 
-    def _prompt_logprob_dicts(self, chunk, parent: ParentRequest, start: int
-                              ) -> list[dict[int, Logprob]]:
+    def _prompt_logprob_dicts(self, chunk) -> list[dict[int, Logprob]]:
         ids_rows, lp_rows, ranks = chunk
         return [self._logprob_dict(ids, lps, rank)
                 for ids, lps, rank in zip(ids_rows, lp_rows, ranks)]
