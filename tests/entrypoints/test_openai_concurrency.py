@@ -1,4 +1,5 @@
-"""64 concurrent streams, a quarter abandoned mid-stream: the rest finish, KV is freed."""
+"""64 concurrent streams, a quarter abandoned mid-stream (plus two non-streaming requests
+whose clients time out): the rest finish, and every abandoned request frees its KV blocks."""
 from __future__ import annotations
 
 import asyncio
@@ -46,6 +47,17 @@ async def one_stream(client, model: str, i: int, close_early: bool) -> dict:
     return {"closed": False, "text": text, "finish": finish, "usage": usage}
 
 
+async def impatient(server, route: str, body: dict) -> str:
+    """A non-streaming request whose client gives up long before it could finish."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=1.5,
+                                 headers={"Authorization": f"Bearer {API_KEY}"}) as c:
+        try:
+            await c.post(route, json={**body, "max_tokens": 4000, "ignore_eos": True})
+        except httpx.TimeoutException:
+            return "gave up"
+    return "finished"
+
+
 def test_concurrent_streams_with_disconnects(server, model_name):
     import openai
 
@@ -53,9 +65,15 @@ def test_concurrent_streams_with_disconnects(server, model_name):
         client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY,
                                     max_retries=0, timeout=300)
         try:
-            return await asyncio.gather(*[
+            gave_up = asyncio.gather(
+                impatient(server, "/v1/completions", {"prompt": "Tell me a story."}),
+                impatient(server, "/v1/chat/completions",
+                          {"messages": [{"role": "user", "content": "A long story?"}]}))
+            streams = await asyncio.gather(*[
                 one_stream(client, model_name, i, close_early=(i % 4 == 0))
                 for i in range(MAX_NUM_SEQS)])
+            assert await gave_up == ["gave up", "gave up"]
+            return streams
         finally:
             await client.close()
 

@@ -271,6 +271,7 @@ class AsyncLLMEngine:
         """Abort requests: their streams end (with finish_reason "abort" when they produced
         output) and their KV blocks are freed. Unknown ids are ignored."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        self._pending_ids.difference_update(ids)
         self._post_quietly(_Abort(ids, notify=True))
 
     # ------------------------------------------------------------ shutdown

@@ -9,7 +9,7 @@ import logging
 import sys
 from typing import Optional
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("vllm.entrypoints.cli.main")  # not __main__ under -m
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -19,9 +19,13 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_serve(args: argparse.Namespace) -> None:
+def resolve_model_tag(args: argparse.Namespace) -> argparse.Namespace:
     """The positional MODEL wins over --model, as in vLLM."""
-    from vllm.entrypoints.openai.api_server import run_server
-    if args.model_tag is not None:
+    if getattr(args, "model_tag", None) is not None:
         args.model = args.model_tag
-    run_server(args)
+    return args
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from vllm.entrypoints.openai.api_server import run_server
+    run_server(resolve_model_tag(args))

@@ -143,6 +143,8 @@ class SamplingFields(OpenAIBaseModel):
                     "supported.")
         if self.priority != 0:
             return ("priority", "Only priority 0 is supported (FCFS scheduling).")
+        if self.stream_options is not None and not self.stream:
+            return ("stream_options", "Stream options can only be defined when `stream=True`.")
         for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
                      "structured_outputs"):
             if getattr(self, name) is not None:

@@ -30,24 +30,27 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = request.logprobs
-        streams = []
-        try:
-            for i, prompt in enumerate(prompts):
-                max_tokens = self.resolve_max_tokens(len(prompt.token_ids), request.max_tokens,
-                                                     "prompt", "prompt")
-                params = self.sampling_params(request, max_tokens=max_tokens,
-                                              logprobs=request.logprobs,
-                                              prompt_logprobs=prompt_logprobs,
-                                              stream=bool(request.stream))
-                request_id = base_id if len(prompts) == 1 else f"{base_id}-{i}"
-                try:
-                    streams.append(await self.engine.add_request(
-                        request_id, prompt.engine_prompt(), params))
-                except ValueError as e:
-                    raise BadRequestError(str(e)) from e
-        except BaseException:
+        jobs = []  # everything is validated before anything reaches the engine
+        for i, prompt in enumerate(prompts):
+            max_tokens = self.resolve_max_tokens(len(prompt.token_ids), request.max_tokens,
+                                                 "prompt", "prompt")
+            params = self.sampling_params(request, max_tokens=max_tokens,
+                                          logprobs=request.logprobs,
+                                          prompt_logprobs=prompt_logprobs,
+                                          stream=bool(request.stream))
+            request_id = base_id if len(prompts) == 1 else f"{base_id}-{i}"
+            jobs.append((request_id, prompt.engine_prompt(), params))
+        # Submit every prompt at once: acceptance happens between engine steps, so
+        # awaiting them one by one would cost one step per prompt.
+        results = await asyncio.gather(*(self.engine.add_request(*job) for job in jobs),
+                                       return_exceptions=True)
+        streams = [r for r in results if not isinstance(r, BaseException)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
             await self.engine.abort([s.request_id for s in streams])
-            raise
+            if isinstance(errors[0], ValueError):
+                raise BadRequestError(str(errors[0])) from errors[0]
+            raise errors[0]
         iterators = [self.engine.iterate(s) for s in streams]
         created = int(time.time())
         if request.stream:

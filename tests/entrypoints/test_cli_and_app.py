@@ -1,0 +1,128 @@
+"""`vllm serve` argument parsing, and app wiring (auth from env, CORS) over a fake engine."""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.entrypoints.fake_engine import FakeLLMEngine
+from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+
+def parse_serve(argv: list[str]):
+    from vllm.entrypoints.cli.main import make_parser
+    from vllm.entrypoints.cli.serve import resolve_model_tag
+    return resolve_model_tag(make_parser().parse_args(["serve", *argv]))
+
+
+def test_serve_flags():
+    args = parse_serve(["/models/x", "--model", "ignored", "--port", "9001", "--host",
+                        "127.0.0.1", "--max-num-seqs", "3", "--served-model-name", "a", "b",
+                        "--api-key", "k", "--response-role", "bot", "--max-log-len", "7",
+                        "--allowed-origins", '["http://a"]', "--no-enable-prefix-caching",
+                        "--disable-log-requests", "--disable-log-stats"])
+    assert args.model == "/models/x" and args.port == 9001 and args.host == "127.0.0.1"
+    assert args.max_num_seqs == 3 and args.served_model_name == ["a", "b"]
+    assert args.api_key == "k" and args.response_role == "bot" and args.max_log_len == 7
+    assert args.allowed_origins == ["http://a"] and args.enable_prefix_caching is False
+    assert args.disable_log_requests and args.disable_log_stats
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    assert engine_args.model == "/models/x" and engine_args.disable_log_requests
+    defaults = parse_serve([])
+    assert defaults.port == 8000 and defaults.response_role == "assistant"
+    assert defaults.api_key is None and defaults.allowed_origins == ["*"]
+    with pytest.raises(SystemExit):
+        parse_serve(["--port", "70000"])
+
+
+def test_help_lists_vllm_flags():
+    out = subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for flag in ("--model", "--served-model-name", "--tensor-parallel-size",
+                 "--max-model-len", "--gpu-memory-utilization", "--enable-prefix-caching",
+                 "--max-num-seqs", "--host", "--port", "--api-key", "--chat-template",
+                 "--response-role", "--allowed-origins", "--root-path", "--ssl-keyfile",
+                 "--uvicorn-log-level", "--disable-log-requests", "--max-log-len"):
+        assert flag in out.stdout, flag
+
+
+def test_chat_template_flag(tmp_path):
+    from vllm.entrypoints.openai.chat_utils import load_chat_template
+    inline = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert load_chat_template(inline) == inline
+    path = tmp_path / "t.jinja"
+    path.write_text(inline)
+    assert load_chat_template(str(path)) == inline
+    with pytest.raises(ValueError, match="chat-template"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.transformers_utils.tokenizer import get_tokenizer
+    return get_tokenizer(resolve_model_path(DEFAULT_MODEL))
+
+
+def run_app(tokenizer, argv: list[str], requests):
+    """Build the app from CLI flags over a fake engine and run `requests(client)`."""
+    from vllm.entrypoints.openai.api_server import build_app
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    engine = AsyncLLMEngine(FakeLLMEngine(tokenizer), log_requests=False, log_stats=False)
+    app = build_app(make_arg_parser().parse_args(argv), engine)
+
+    async def main():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await requests(client)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        engine.shutdown()
+
+
+def test_api_key_from_env_and_open_routes(tokenizer, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "env-key")
+
+    async def requests(client):
+        denied = await client.get("/v1/models")
+        allowed = await client.get("/v1/models", headers={"Authorization": "Bearer env-key"})
+        health = await client.get("/health")
+        tokenize = await client.post("/tokenize", json={"prompt": "hi"})
+        return denied, allowed, health, tokenize
+
+    denied, allowed, health, tokenize = run_app(tokenizer, [], requests)
+    assert denied.status_code == 401 and denied.json() == {"error": "Unauthorized"}
+    assert allowed.status_code == 200 and allowed.json()["data"][0]["id"] == "fake-model"
+    assert health.status_code == 200 and tokenize.status_code == 200
+
+
+def test_no_key_cors_and_chat_template_flag(tokenizer, monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+
+    async def requests(client):
+        preflight = await client.options("/v1/completions", headers={
+            "Origin": "http://ui.example", "Access-Control-Request-Method": "POST"})
+        chat = await client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3})
+        tok = await client.post("/tokenize", json={
+            "messages": [{"role": "user", "content": "hello"}]})
+        return preflight, chat, tok
+
+    preflight, chat, tok = run_app(
+        tokenizer, ["--allowed-origins", '["http://ui.example"]', "--chat-template", template,
+                    "--response-role", "bot"], requests)
+    assert preflight.headers["access-control-allow-origin"] == "http://ui.example"
+    body = chat.json()
+    assert chat.status_code == 200 and body["choices"][0]["message"]["role"] == "bot"
+    assert body["usage"]["completion_tokens"] == 3
+    expected = tokenizer("[user] hello\n", add_special_tokens=False).input_ids
+    assert tok.json()["tokens"] == expected
+    assert body["usage"]["prompt_tokens"] == len(expected)
