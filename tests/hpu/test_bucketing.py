@@ -54,7 +54,11 @@ def test_prompt_filter_and_decode_filters():
     ctx = _ctx(num_kv_blocks=300)
     assert ctx.prompt_buckets
     for b in ctx.prompt_buckets:
-        assert b.batch_size * (b.query_len + b.num_blocks * 128) <= 8192
+        assert b.batch_size * b.query_len <= 8192
+        if b.batch_size > 1 and b.num_blocks:
+            assert b.batch_size * (b.query_len + b.num_blocks * 128) <= 8192
+    # A lone late chunk of a long prompt: query within budget, context up to the model.
+    assert Bucket(1, 128, 64) in ctx.prompt_buckets
     # A bucket that would break the budget is absent even though its values exist.
     assert Bucket(64, 256, 0) not in ctx.prompt_buckets and Bucket(64, 128, 0) in ctx.prompt_buckets
     for b in ctx.decode_buckets:
@@ -145,3 +149,38 @@ def test_log_lines(caplog):
     assert f"Generated {ctx.num_prompt_buckets} prompt buckets [bs, query, num_blocks]:" in text
     assert "Decode bucket config (min, step, max_warmup) bs:[1, 2, 256]" in text
     assert f"Generated {ctx.num_decode_buckets} decode buckets [bs, query, num_blocks]:" in text
+
+
+@pytest.mark.parametrize("budget,max_len,exponential", [
+    (256, 1024, True), (256, 1024, False), (512, 512, True), (384, 2048, True),
+    (8192, 2048, False)])
+def test_every_reachable_lone_chunk_has_a_bucket(budget, max_len, exponential):
+    """Any chunk (query <= budget) after any context that fits max_model_len is warmed.
+
+    This is what chunked prefill produces: later chunks have a small query and a
+    large context, which a filter on bs * (query + context) would have dropped.
+    """
+    ctx = _ctx(max_num_seqs=16, max_num_batched_tokens=budget, max_model_len=max_len,
+               exponential=exponential)
+    for context in range(0, max_len, 37):
+        for query in range(1, min(budget, max_len - context) + 1, 29):
+            blocks = -(-context // 128)
+            assert ctx.covering_prompt_bucket(1, query, blocks) is not None, (query, context)
+    assert not ctx.fallback_buckets
+
+
+def test_covering_bucket_has_no_side_effects():
+    ctx = _ctx(max_num_seqs=16, max_num_batched_tokens=512, max_model_len=1024)
+    before = list(ctx.prompt_buckets)
+    assert ctx.covering_prompt_bucket(2, 300) is None  # 2 * 384 > 512
+    assert ctx.covering_prompt_bucket(2, 200) == Bucket(2, 256, 0)
+    assert ctx.prompt_buckets == before and not ctx.fallback_buckets
+
+
+def test_contiguous_pa_decode_blocks_reach_the_cache_size():
+    plain = _ctx(max_num_seqs=4, max_model_len=512, num_kv_blocks=1000)
+    contiguous = _ctx(max_num_seqs=4, max_model_len=512, num_kv_blocks=1000,
+                      contiguous_pa=True)
+    assert max(b.num_blocks for b in plain.decode_buckets) == 128
+    assert max(b.num_blocks for b in contiguous.decode_buckets) == 1000
+    assert contiguous.find_decode_bucket(1, 999).num_blocks == 1000

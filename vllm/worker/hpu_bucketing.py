@@ -11,8 +11,8 @@ of shapes ("buckets"), all compiled during warmup. A bucket is
 Each dimension takes its values from a range `(min, step, max)`, either linear
 (ramp-up by doubling below `step`, then multiples of `step`) or exponential
 (`VLLM_EXPONENTIAL_BUCKETING`, the default). Prompt buckets are the grid of
-bs x query x ctx values that fits the token budget; decode buckets the grid of
-bs x blocks with at least one block per sequence.
+bs x query x ctx values that some real batch can need (see `_prompt_fits`); decode
+buckets the grid of bs x blocks with at least one block per sequence.
 """
 from __future__ import annotations
 
@@ -132,6 +132,11 @@ def read_bucket_range(phase: str, dim: str, bmin: int, bstep: int, bmax: int,
     return BucketRange(prefix, parts["MIN"], parts["STEP"], parts["MAX"], num)
 
 
+def _with_previous(values: list[int]) -> list[tuple[int, int]]:
+    """(previous value or 0, value) for each value of an ascending range."""
+    return list(zip([0] + values[:-1], values))
+
+
 def _covering(buckets: list[Bucket], want: Bucket) -> list[Bucket]:
     return [b for b in buckets if b.batch_size >= want.batch_size
             and b.query_len >= want.query_len and b.num_blocks >= want.num_blocks]
@@ -158,12 +163,14 @@ class HPUBucketingContext:
         use_prompt_context: False when neither prefix caching nor chunked prefill can
             give a prompt a context, so prompt buckets all have 0 context blocks.
         exponential: exponential ranges (None: VLLM_EXPONENTIAL_BUCKETING).
+        contiguous_pa: decode `num_blocks` is the highest physical block id + 1, which
+            can be anything up to the cache size, so decode block buckets reach it.
     """
 
     def __init__(self, max_num_seqs: int, max_num_prefill_seqs: Optional[int],
                  block_size: int, max_num_batched_tokens: int, max_model_len: int,
                  num_kv_blocks: Optional[int] = None, use_prompt_context: bool = True,
-                 exponential: Optional[bool] = None) -> None:
+                 exponential: Optional[bool] = None, contiguous_pa: bool = False) -> None:
         for name, value in (("max_num_seqs", max_num_seqs), ("block_size", block_size),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)):
@@ -180,6 +187,7 @@ class HPUBucketingContext:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.use_prompt_context = use_prompt_context
+        self.contiguous_pa = contiguous_pa
         self.exponential = envs.VLLM_EXPONENTIAL_BUCKETING if exponential is None else exponential
         self.num_kv_blocks: Optional[int] = None
         self.prompt_buckets: list[Bucket] = []
@@ -230,6 +238,8 @@ class HPUBucketingContext:
     def _decode_ranges(self, num_kv_blocks: int) -> tuple[BucketRange, BucketRange]:
         bsz, mns = self.block_size, self.max_num_seqs
         max_blocks = max(128, mns * -(-self.max_model_len // bsz))
+        if self.contiguous_pa:
+            max_blocks = max(max_blocks, num_kv_blocks)
         if self.exponential:
             bs = read_bucket_range("DECODE", "BS", 1, 2, mns, lambda m: _log2_ceil(m) + 1, 1)
             blocks = read_bucket_range("DECODE", "BLOCK", 1, bsz, min(max_blocks, num_kv_blocks),
@@ -242,11 +252,15 @@ class HPUBucketingContext:
     # ---- generation ----
 
     def generate_prompt_buckets(self) -> list[Bucket]:
-        """bs x query x ctx grid minus buckets over the token budget."""
+        """bs x query x ctx grid, keeping the buckets a real batch can need."""
         bs_r, seq_r, ctx_r = self.prompt_bs_range, self.prompt_seq_range, self.prompt_ctx_range
+        seq_values = seq_r.values()
         ctx_values = ctx_r.values() if self.use_prompt_context else [0]
-        buckets = [Bucket(b, q, c) for b in bs_r.values() for q in seq_r.values()
-                   for c in ctx_values if self._prompt_fits(Bucket(b, q, c))]
+        query_cap = self._query_cap(seq_values)
+        buckets = [Bucket(b, q, c) for b in bs_r.values()
+                   for q_prev, q in _with_previous(seq_values)
+                   for c_prev, c in _with_previous(ctx_values)
+                   if self._prompt_fits(Bucket(b, q, c), q_prev, c_prev, query_cap)]
         self.prompt_buckets = sorted(buckets)
         self._lookup_cache.clear()
         logger.info("Prompt bucket config (min, step, max_warmup) bs:%s, seq:%s, blocks:%s",
@@ -256,9 +270,37 @@ class HPUBucketingContext:
                     len(self.prompt_buckets), [tuple(b) for b in self.prompt_buckets])
         return self.prompt_buckets
 
-    def _prompt_fits(self, b: Bucket) -> bool:
-        tokens = b.batch_size * (b.query_len + b.num_blocks * self.block_size)
-        return tokens <= self.max_num_batched_tokens
+    def _query_cap(self, seq_values: list[int]) -> int:
+        """The query bucket of the longest possible prompt chunk."""
+        longest = min(self.max_num_batched_tokens, self.max_model_len)
+        return next((v for v in seq_values if v >= longest), seq_values[-1])
+
+    def _prompt_fits(self, b: Bucket, q_prev: int, c_prev: int, query_cap: int) -> bool:
+        """Keep a bucket when a batch within the engine's limits can need it.
+
+        - query: `bs * query <= max_num_batched_tokens`; a lone sequence may use the
+          query bucket its longest possible chunk rounds up to.
+        - context, lone sequence: the smallest sequence landing in this bucket (one
+          token past the previous query value, after one token past the previous
+          context value) fits `max_model_len`. Budget and context are separate
+          limits: with chunked prefill a late chunk has a query within the budget
+          and a context up to the model length.
+        - context, several sequences: all their tokens, context included, fit
+          max(max_num_batched_tokens, max_model_len). This keeps the grid (and the
+          warmup) small; the runner splits a prompt batch whose padded shape has no
+          bucket into several batches that do.
+        """
+        bsz = self.block_size
+        if b.query_len > query_cap:
+            return False
+        if b.batch_size > 1 and b.batch_size * b.query_len > self.max_num_batched_tokens:
+            return False
+        if b.num_blocks == 0:
+            return True
+        if (q_prev + 1) + (c_prev * bsz + 1) > self.max_model_len:
+            return False
+        limit = max(self.max_num_batched_tokens, self.max_model_len)
+        return b.batch_size == 1 or b.batch_size * (b.query_len + b.num_blocks * bsz) <= limit
 
     def generate_decode_buckets(self, num_kv_blocks: int) -> list[Bucket]:
         """bs x blocks grid, blocks clamped to the KV cache, at least a block per sequence."""
@@ -282,6 +324,17 @@ class HPUBucketingContext:
     def find_prompt_bucket(self, batch_size: int, query_len: int, ctx_blocks: int = 0) -> Bucket:
         """Smallest prompt bucket >= (batch_size, query_len, ctx_blocks) in every dim."""
         return self._find(True, Bucket(batch_size, query_len, ctx_blocks))
+
+    def covering_prompt_bucket(self, batch_size: int, query_len: int,
+                               ctx_blocks: int = 0) -> Optional[Bucket]:
+        """Like `find_prompt_bucket`, but None (no fallback, no warning) when none fits.
+
+        The runner asks this while grouping prompts, to grow a batch only as far as
+        an existing bucket covers it.
+        """
+        want = Bucket(batch_size, query_len, ctx_blocks)
+        candidates = _covering(self.prompt_buckets, want)
+        return min(candidates, key=lambda b: self._cost(True, b)) if candidates else None
 
     def find_decode_bucket(self, batch_size: int, num_blocks: int) -> Bucket:
         """Smallest decode bucket >= (batch_size, 1, num_blocks) in every dim."""

@@ -1,0 +1,90 @@
+"""The HPU attention backend: static-shape paged attention for padded buckets.
+
+The HPU runner never mixes phases in one forward pass: a pass is either a prompt
+batch `[B, T]` (B sequences right-padded to T new tokens, flattened to B*T rows)
+or a decode batch of B sequences with one token each. The metadata carries only
+tensors whose shapes come from the bucket, plus constants of the engine
+(`is_prompt`, `block_size`), so an HPU graph keyed on it is reused for every batch
+padded to the same bucket.
+
+- prompt, no context: causal FusedSDPA over the new tokens with per-row valid
+  lengths (`prompt_attention`);
+- prompt with context (prefix-cache hit, later chunk of a chunked prefill): the
+  cached K/V of the context blocks in front of the new tokens, explicit mask
+  (`prompt_attention_with_context`);
+- decode: flat paged attention over the batch's blocks (`flat_paged_attention`).
+
+K/V of every row are written to the cache first; padding rows write into the pad
+block (the extra last block of each cache), so they never touch real data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from vllm.attention.ops.hpu_paged_attn import (FlatPAMetadata, flat_paged_attention,
+                                               prompt_attention, prompt_attention_with_context,
+                                               write_to_kv_cache)
+
+
+@dataclass
+class HPUAttentionMetadata:
+    """Per-pass attention inputs; every size is a tensor shape (see module doc)."""
+    is_prompt: bool
+    block_size: int
+    slot_mapping: torch.Tensor
+    """[num_rows] int64 cache slot of each row's K/V (pad-block slots for padding)."""
+    query_lens: Optional[torch.Tensor] = None
+    """Prompt: [B] valid new tokens per row (1 for dummy rows, so no row is empty)."""
+    context_block_list: Optional[torch.Tensor] = None
+    """Prompt with context: [B, C] physical context blocks (pad block beyond a row's)."""
+    context_lens: Optional[torch.Tensor] = None
+    """Prompt with context: [B] tokens already in the cache before this pass."""
+    flat_pa: Optional[FlatPAMetadata] = None
+    """Decode: flat paged attention metadata for the (B, N) bucket."""
+
+
+class HPUAttentionImpl:
+    """forward(layer, q, k, v, kv_cache, metadata), as `vllm.attention.Attention` calls it.
+
+    `kv_cache` is the layer's `[2, (num_blocks + 1) * block_size, kv_heads, head_size]`
+    tensor, or None/empty during the profile run (prompt passes only).
+    """
+
+    def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: Optional[torch.Tensor], md: HPUAttentionMetadata) -> torch.Tensor:
+        rows = query.shape[0]
+        hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+        q = query.view(rows, hq, d)
+        k = key.view(rows, hkv, d)
+        v = value.view(rows, hkv, d)
+        has_cache = kv_cache is not None and kv_cache.numel() > 0
+        if has_cache:
+            write_to_kv_cache(k, v, kv_cache[0], kv_cache[1], md.slot_mapping)
+        if md.is_prompt:
+            out = self._prompt(q, k, v, kv_cache if has_cache else None, md, layer.scale)
+        else:
+            if not has_cache:
+                raise ValueError("HPU decode attention needs the KV cache.")
+            out = flat_paged_attention(q, kv_cache[0], kv_cache[1], md.flat_pa, layer.scale)
+        return out.reshape(rows, hq * d)
+
+    @staticmethod
+    def _prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: Optional[torch.Tensor], md: HPUAttentionMetadata,
+                scale: float) -> torch.Tensor:
+        """[B*T, H, D] rows -> [B, T, H, D] batch (the shapes give B and T)."""
+        batch = md.query_lens.shape[0]
+        seq = q.shape[0] // batch
+        qb = q.view(batch, seq, q.shape[1], q.shape[2])
+        kb = k.view(batch, seq, k.shape[1], k.shape[2])
+        vb = v.view(batch, seq, v.shape[1], v.shape[2])
+        if md.context_block_list is None:
+            return prompt_attention(qb, kb, vb, md.query_lens, scale)
+        if kv_cache is None:
+            raise ValueError("HPU prompt attention with a context needs the KV cache.")
+        return prompt_attention_with_context(qb, kb, vb, kv_cache[0], kv_cache[1],
+                                             md.context_block_list, md.context_lens,
+                                             md.block_size, scale)

@@ -1,0 +1,103 @@
+"""Counts graph compilations per forward pass, before and after warmup.
+
+On Gaudi every new input signature of a forward pass is a graph compile (seconds
+to minutes, in the middle of a request). Warmup compiles every bucket up front;
+after it, a healthy server compiles nothing. This tracker measures each pass with
+`metric_localcontext("graph_compilation")` (Gaudi's own counter on hardware; on
+the fake HPU it counts new signatures recorded with `record_compile`, which the
+fake HPU graphs do per capture and this tracker does for passes run without a
+graph), splits the total into warmup and serving, and implements the per-step
+logs of VLLM_HPU_LOG_STEP_GRAPH_COMPILATION[_ALL] and
+VLLM_HPU_LOG_STEP_CPU_FALLBACKS[_ALL].
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterator, Optional
+
+from vllm import envs, hpu
+
+logger = logging.getLogger(__name__)
+
+_tracker_ids = itertools.count()
+
+
+def _metric_value(metric: Any, key: str) -> Any:
+    return dict(metric.stats()).get(key, 0)
+
+
+@dataclass
+class PassRecord:
+    label: str
+    compiles: int
+    cpu_fallbacks: int
+    fallback_ops: dict = field(default_factory=dict)
+
+
+class CompileTracker:
+    """Graph compilations of one runner; `num_compiles_after_warmup` is the export."""
+
+    def __init__(self) -> None:
+        self._uid = next(_tracker_ids)  # keeps runners in one process apart
+        self.warmup_done = False
+        self.num_compiles_warmup = 0
+        self.num_compiles_after_warmup = 0
+        self.num_cpu_fallbacks = 0
+        self.num_steps = 0
+        self._step: list[PassRecord] = []
+
+    @contextlib.contextmanager
+    def track_pass(self, label: str, signature: Optional[Hashable]) -> Iterator[None]:
+        """Measure one forward pass.
+
+        `signature` is the pass's input signature when it runs without an HPU graph
+        (eager, lazy, torch.compile, or a bucket whose graph was not captured); a
+        replayed or newly captured graph passes None and is counted by the graph.
+        """
+        with hpu.metric_localcontext("graph_compilation") as compiles, \
+                hpu.metric_localcontext("cpu_fallback") as fallbacks:
+            if signature is not None:
+                hpu.record_compile(("hpu_runner", self._uid, signature))
+            yield
+        record = PassRecord(label, int(_metric_value(compiles, "TotalNumber")),
+                            int(_metric_value(fallbacks, "TotalNumber")),
+                            dict(_metric_value(fallbacks, "FallbackOps") or {}))
+        if self.warmup_done:
+            self.num_compiles_after_warmup += record.compiles
+        else:
+            self.num_compiles_warmup += record.compiles
+        self.num_cpu_fallbacks += record.cpu_fallbacks
+        self._step.append(record)
+
+    def finish_warmup(self) -> None:
+        self.warmup_done = True
+        self._step.clear()
+
+    def end_step(self) -> None:
+        """Close a serving step: log it as the VLLM_HPU_LOG_STEP_* knobs ask."""
+        self.num_steps += 1
+        records, self._step = self._step, []
+        compiles = sum(r.compiles for r in records)
+        if envs.VLLM_HPU_LOG_STEP_GRAPH_COMPILATION_ALL or (
+                envs.VLLM_HPU_LOG_STEP_GRAPH_COMPILATION and compiles):
+            detail = ", ".join(f"{r.label}: {r.compiles}" for r in records)
+            log = logger.warning if compiles else logger.info
+            log("Step %d: %d graph compilation(s) [%s]; %d since warmup.", self.num_steps,
+                compiles, detail, self.num_compiles_after_warmup)
+        fallbacks = sum(r.cpu_fallbacks for r in records)
+        if envs.VLLM_HPU_LOG_STEP_CPU_FALLBACKS_ALL or (
+                envs.VLLM_HPU_LOG_STEP_CPU_FALLBACKS and fallbacks):
+            ops: dict = {}
+            for r in records:
+                ops.update(r.fallback_ops)
+            log = logger.warning if fallbacks else logger.info
+            log("Step %d: %d CPU fallback(s) %s", self.num_steps, fallbacks, ops or "")
+
+    def stats(self) -> dict[str, int]:
+        return {"num_compiles_warmup": self.num_compiles_warmup,
+                "num_compiles_after_warmup": self.num_compiles_after_warmup,
+                "num_cpu_fallbacks": self.num_cpu_fallbacks,
+                "num_steps": self.num_steps}

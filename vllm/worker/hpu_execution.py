@@ -1,0 +1,128 @@
+"""How the HPU runner executes the model: HPU graphs, lazy, torch.compile or eager.
+
+| PT_HPU_LAZY_MODE | enforce_eager | mode |
+|---|---|---|
+| 1 | False | HPU graphs: lazy mode, one graph captured per warmed bucket |
+| 1 | True  | lazy: ops accumulate into a lazy graph cut by `mark_step()` |
+| 0 | False | torch.compile (backend `hpu_backend` on Gaudi) |
+| 0 | True  | eager |
+
+torch.compile is regional: every submodule that contains no attention layer
+(embedding, norms, projections, MLPs, rotary) is compiled with `dynamic=False`,
+while attention and the glue between layers run eagerly. Attention reads the
+per-pass metadata from the forward context, a global that changes every step;
+tracing it would recompile every step. Identical layers share their compiled
+code, so a bucket costs one compile per region type. On the fake HPU the backend
+is dynamo's "eager" (it traces and guards exactly like a real backend, but
+inductor's C++ code generation would take minutes per bucket on a CPU).
+"""
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm import hpu
+from vllm.attention import Attention
+from vllm.forward_context import set_forward_context
+
+logger = logging.getLogger(__name__)
+
+
+class ExecutionMode(enum.Enum):
+    HPU_GRAPHS = "HPU graphs"
+    LAZY = "lazy"
+    TORCH_COMPILE = "torch.compile"
+    EAGER = "eager"
+
+    @classmethod
+    def select(cls, lazy: bool, enforce_eager: bool) -> "ExecutionMode":
+        if lazy:
+            return cls.LAZY if enforce_eager else cls.HPU_GRAPHS
+        return cls.EAGER if enforce_eager else cls.TORCH_COMPILE
+
+    @property
+    def is_lazy(self) -> bool:
+        return self in (ExecutionMode.HPU_GRAPHS, ExecutionMode.LAZY)
+
+
+def compile_backend() -> str:
+    """Gaudi's dynamo backend on hardware; dynamo's 'eager' backend on the fake HPU."""
+    return "eager" if hpu.is_fake_hpu() else "hpu_backend"
+
+
+class HPUModelAdapter(nn.Module):
+    """The unit an HPU graph records: one model call inside its forward context.
+
+    Everything that varies per pass is an argument (token ids, positions, the
+    attention metadata, the KV caches), so the graph's key is their signature.
+    Returns the hidden states `[rows, hidden]`.
+    """
+
+    def __init__(self, model: nn.Module, attn_impl: Any) -> None:
+        super().__init__()
+        self.model = model
+        self.attn_impl = attn_impl
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
+                kv_caches: list[torch.Tensor]) -> torch.Tensor:
+        with set_forward_context(attn_metadata, kv_caches, self.attn_impl):
+            return self.model(input_ids, positions)
+
+
+def _contains_attention(module: nn.Module) -> bool:
+    return any(isinstance(m, Attention) for m in module.modules())
+
+
+def _raise_recompile_limits(limit: int) -> None:
+    """Dynamo falls back to eager after a few shapes; every bucket is one shape."""
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), limit))
+
+
+def compile_regions(module: nn.Module, backend: str, max_shapes: int = 1024) -> int:
+    """Compile (in place) the largest submodules without attention; returns how many."""
+    _raise_recompile_limits(max_shapes)
+    count = 0
+    for child in module.children():
+        if _contains_attention(child):
+            count += compile_regions(child, backend, max_shapes)
+        elif any(True for _ in child.parameters()) or any(True for _ in child.buffers()):
+            child.compile(backend=backend, dynamic=False)
+            count += 1
+    return count
+
+
+def prepare_forward_module(model: nn.Module, attn_impl: Any, mode: ExecutionMode) -> nn.Module:
+    """The adapter, wrapped for the mode (called as in `run_forward`)."""
+    adapter = HPUModelAdapter(model, attn_impl)
+    if mode is ExecutionMode.HPU_GRAPHS:
+        return hpu.wrap_in_hpu_graph(adapter, disable_tensor_cache=True)
+    if mode is ExecutionMode.TORCH_COMPILE:
+        backend = compile_backend()
+        regions = compile_regions(model, backend)
+        logger.info("torch.compile (backend %r, dynamic=False): %d regions compiled per "
+                    "bucket shape; attention runs eagerly.", backend, regions)
+    return adapter
+
+
+def run_forward(module: nn.Module, mode: ExecutionMode, use_graph: bool,
+                input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
+                kv_caches: list[torch.Tensor]) -> torch.Tensor:
+    """One forward pass; in lazy modes the graph is cut before and after it."""
+    if mode.is_lazy:
+        hpu.mark_step()
+    if mode is ExecutionMode.HPU_GRAPHS:
+        hidden = module(input_ids, positions, attn_metadata, kv_caches,
+                        bypass_hpu_graphs=not use_graph)
+    else:
+        hidden = module(input_ids, positions, attn_metadata, kv_caches)
+    if mode.is_lazy:
+        hpu.mark_step()
+    return hidden

@@ -1,0 +1,380 @@
+"""Runs one scheduled step on the HPU: bucketed prompt and decode passes, then sampling.
+
+Per step the scheduled requests are split by phase: a request still in its prompt
+(a whole prompt, a chunk, or the tail after a prefix-cache hit) joins the prompt
+passes, a request past its prompt with one new token joins the decode pass.
+Prompts are grouped into batches that each fit a warmed bucket; every pass is
+padded to its bucket (see hpu_input_prep.py) and executed in the runner's
+execution mode (see hpu_execution.py). Logits are computed at one row per batch
+entry (a fixed [B] shape per bucket); only the real sequences that reached the
+end of their known tokens are sampled. The output follows the CPU runner's
+contract (same ModelRunnerOutput, same RequestStates).
+
+Block ids from the scheduler are logical; with contiguous paged attention the
+defragmenter maps them to physical ids, which is what every tensor here holds.
+The KV cache has one extra block at the end, the pad block, which padded rows
+write into.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from vllm import envs, hpu
+from vllm.config import VllmConfig
+from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from vllm.hpu.fake_graphs import input_signature
+from vllm.sample.logprobs import compute_prompt_logprobs
+from vllm.sample.metadata import SamplingMetadata
+from vllm.sample.sampler import Sampler
+from vllm.worker.cpu_model_runner import CPUModelRunner
+from vllm.worker.hpu_bucketing import Bucket, HPUBucketingContext
+from vllm.worker.hpu_compile_tracker import CompileTracker
+from vllm.worker.hpu_defragmenter import HPUDefragmenter
+from vllm.worker.hpu_execution import ExecutionMode, prepare_forward_module, run_forward
+from vllm.worker.hpu_input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_decode_batch,
+                                        build_prompt_batch, decode_blocks_needed,
+                                        group_prompts, pad_slots)
+from vllm.worker.hpu_profiler import HPUProfiler
+from vllm.worker.hpu_warmup import HPUWarmup, format_bytes
+from vllm.worker.request_state import CachedRequestState, RequestStates
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_contiguous_pa(enable_prefix_caching: bool) -> bool:
+    """VLLM_CONTIGUOUS_PA, which only works without prefix caching.
+
+    Contiguous PA gives each physical block one owner row; a prefix-cached block
+    shared by two sequences of a batch would need two.
+    """
+    if not envs.VLLM_CONTIGUOUS_PA:
+        return False
+    if enable_prefix_caching:
+        if "VLLM_CONTIGUOUS_PA" in os.environ:
+            logger.warning("VLLM_CONTIGUOUS_PA is ignored with prefix caching enabled "
+                           "(shared blocks cannot be indexed by physical id); disable "
+                           "prefix caching to use it.")
+        return False
+    return True
+
+
+class HPUModelRunner:
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device | str = "cpu") -> None:
+        mc, cc = vllm_config.model_config, vllm_config.cache_config
+        sc, pc = vllm_config.scheduler_config, vllm_config.parallel_config
+        if pc.pipeline_parallel_size > 1:
+            raise ValueError("pipeline_parallel_size > 1 is not supported by the HPU runner "
+                             f"(got {pc.pipeline_parallel_size}); use tensor parallelism.")
+        self.vllm_config = vllm_config
+        self.model_config = mc
+        self.block_size = cc.block_size
+        self.max_model_len = mc.max_model_len
+        self.device = torch.device(device)
+        self.dtype = mc.torch_dtype
+        self.requests = RequestStates(self.device)
+        self.sampler = Sampler()
+        from vllm.platforms import current_platform
+        from vllm.worker.cpu_model_runner import _load_attn_impl
+        self.attn_impl = _load_attn_impl(current_platform.get_attn_backend_cls())
+        self.mode = ExecutionMode.select(hpu.is_lazy(), mc.enforce_eager)
+        self.contiguous_pa = resolve_contiguous_pa(cc.enable_prefix_caching)
+        chunked = sc.enable_chunked_prefill and sc.max_num_batched_tokens < mc.max_model_len
+        self.bucketing = HPUBucketingContext(
+            max_num_seqs=sc.max_num_seqs, max_num_prefill_seqs=None, block_size=self.block_size,
+            max_num_batched_tokens=sc.max_num_batched_tokens, max_model_len=mc.max_model_len,
+            use_prompt_context=cc.enable_prefix_caching or chunked,
+            contiguous_pa=self.contiguous_pa)
+        self.tracker = CompileTracker()
+        self.profiler = HPUProfiler()
+        self.graphed_buckets: set[tuple[bool, Bucket]] = set()
+        self.model: Optional[torch.nn.Module] = None
+        self.forward_module: Optional[torch.nn.Module] = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.num_kv_blocks = 0
+        self.pad_block_id = -1
+        self.defragmenter: Optional[HPUDefragmenter] = None
+        self.mem_margin = 0
+        """Bytes kept free for gpu_memory_utilization < 1 (set by the worker)."""
+        self.warmup_seconds: Optional[float] = None
+        logger.info("HPU execution mode: %s (PT_HPU_LAZY_MODE=%d, enforce_eager=%s); "
+                    "contiguous PA: %s.", self.mode.value, envs.PT_HPU_LAZY_MODE,
+                    mc.enforce_eager, self.contiguous_pa)
+
+    # ------------------------------------------------------------------ setup
+    @property
+    def uses_hpu_graphs(self) -> bool:
+        return self.mode is ExecutionMode.HPU_GRAPHS
+
+    @property
+    def num_compiles_after_warmup(self) -> int:
+        """Graph compilations since warmup ended: 0 on a well-configured server."""
+        return self.tracker.num_compiles_after_warmup
+
+    def load_model(self) -> None:
+        from vllm.model_executor.model_loader import get_model
+        start = time.perf_counter()
+        self.model = get_model(self.vllm_config, device=self.device)
+        tensors = list(self.model.parameters()) + list(self.model.buffers())
+        weight_bytes = sum(hpu.track_alloc(t) for t in tensors)
+        self.forward_module = prepare_forward_module(self.model, self.attn_impl, self.mode)
+        logger.info("Loading model weights took %s of device memory (%.2f s).",
+                    format_bytes(weight_bytes), time.perf_counter() - start)
+
+    def _kv_heads_per_rank(self) -> int:
+        tp = self.vllm_config.parallel_config.tensor_parallel_size
+        return max(1, self.model_config.get_num_kv_heads() // tp)
+
+    def get_kv_cache_block_bytes(self) -> int:
+        """Bytes of one KV block across all layers."""
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return (2 * self.model_config.get_num_layers() * self.block_size *
+                self._kv_heads_per_rank() * self.model_config.get_head_size() * elem)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Per layer [2, (num_blocks + 1) * block_size, kv_heads, head_size], zeroed.
+
+        The extra last block is the pad block. Zeroed so that padding rows, which
+        read blocks nobody wrote, never meet NaN garbage.
+        """
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}.")
+        shape = (2, (num_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
+                 self.model_config.get_head_size())
+        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                          for _ in range(self.model_config.get_num_layers())]
+        for cache in self.kv_caches:
+            hpu.track_alloc(cache)
+        self.num_kv_blocks = num_blocks
+        self.pad_block_id = num_blocks
+        self.bucketing.generate_decode_buckets(num_blocks)
+        if self.contiguous_pa:
+            self.defragmenter = HPUDefragmenter(num_blocks, self.block_size,
+                                                pad_block_id=self.pad_block_id)
+
+    # ----------------------------------------------------------- dummy passes
+    def _dummy_prompt_batch(self, bucket: Bucket) -> HPUBatch:
+        """B full rows of token 0 writing into the pad block; C pad context blocks."""
+        b, t, c = bucket
+        bs = self.block_size
+        ctx_len = max(0, min(c * bs, self.max_model_len - t))
+        positions = np.minimum(ctx_len + np.arange(t), self.max_model_len - 1)
+        seq = PromptSeq(None, np.zeros(t, dtype=np.int64), positions,
+                        pad_slots(self.pad_block_id, bs, t), ctx_len, [self.pad_block_id] * c)
+        return build_prompt_batch([seq] * b, bucket, bs, self.pad_block_id, self.device)
+
+    def _dummy_decode_batch(self, bucket: Bucket) -> HPUBatch:
+        """min(B, N) sequences sharing the bucket's N blocks (ids 0..N-1, left untouched:
+        the new tokens are written into the pad block)."""
+        b, _, n = bucket
+        bs = self.block_size
+        num_seqs = min(b, n)
+        counts = [n // num_seqs + (1 if i < n % num_seqs else 0) for i in range(num_seqs)]
+        seqs, first = [], 0
+        for i, count in enumerate(counts):
+            seq_len = count * bs
+            seqs.append(DecodeSeq(None, 0, min(seq_len, self.max_model_len) - 1,
+                                  self.pad_block_id * bs + i % bs, seq_len,
+                                  list(range(first, first + count))))
+            first += count
+        return build_decode_batch(seqs, bucket, bs, self.pad_block_id, self.contiguous_pa,
+                                  self.dtype, self.device)
+
+    def dummy_batch(self, is_prompt: bool, bucket: Bucket) -> HPUBatch:
+        return self._dummy_prompt_batch(bucket) if is_prompt else self._dummy_decode_batch(bucket)
+
+    @torch.inference_mode()
+    def run_dummy_batch(self, is_prompt: bool, bucket: Bucket, use_graph: bool) -> None:
+        """One warmup pass (forward and logits) in the exact shape serving uses."""
+        batch = self.dummy_batch(is_prompt, bucket)
+        self._run_batch(batch, use_graph=use_graph)
+
+    def capture_graph(self, is_prompt: bool, bucket: Bucket) -> None:
+        """Record the HPU graph of a bucket; later passes in it replay the graph."""
+        self.graphed_buckets.add((is_prompt, bucket))
+        self.run_dummy_batch(is_prompt, bucket, use_graph=True)
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """The largest prompt pass without a KV cache: peak activation memory."""
+        candidates = [b for b in self.bucketing.prompt_buckets if b.num_blocks == 0]
+        bucket = max(candidates, key=lambda b: (b.batch_size * b.query_len, b))
+        batch = self._dummy_prompt_batch(bucket)
+        with self.profiler.record("profile_run", bucket=tuple(bucket)):
+            self._run_batch(batch, use_graph=False, kv_caches=[])
+        hpu.synchronize()
+        logger.info("Profile run at prompt bucket %s done.", tuple(bucket))
+
+    def warmup_model(self) -> None:
+        """Compile every bucket (and capture HPU graphs) before serving."""
+        with self.profiler.record("warmup"):
+            HPUWarmup(self).run()
+
+    def skip_warmup(self) -> None:
+        logger.warning("VLLM_SKIP_WARMUP is set: buckets compile on first use while "
+                       "serving (expect slow first requests).")
+        self.tracker.finish_warmup()
+
+    # ---------------------------------------------------------------- execute
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self.requests.update(so)
+        if so.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        self._defragment()
+        req_ids = list(so.num_scheduled_tokens)
+        prompts, decodes = self._describe(so, req_ids)
+        logits_rows: dict[str, torch.Tensor] = {}
+        prompt_lps: dict = {}
+        for batch in self._make_batches(prompts, decodes):
+            hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch))
+            for i, seq in enumerate(batch.seqs):
+                if seq.sample:
+                    logits_rows[seq.req_id] = logits[i]
+            if batch.is_prompt:
+                prompt_lps.update(self._prompt_logprobs(batch, hidden, so))
+        self.tracker.end_step()
+        return self._sample(req_ids, logits_rows, prompt_lps)
+
+    def _defragment(self) -> None:
+        if self.defragmenter is None:
+            return
+        used = {b for st in self.requests.values() for b in st.block_ids}
+        caches = [half for cache in self.kv_caches for half in (cache[0], cache[1])]
+        self.defragmenter.defragment(used, caches)
+
+    def _physical(self, block_ids: list[int]) -> list[int]:
+        if self.defragmenter is None:
+            return block_ids
+        return self.defragmenter.resolve_table(block_ids)
+
+    def _describe(self, so: SchedulerOutput, req_ids: list[str]
+                  ) -> tuple[list[PromptSeq], list[DecodeSeq]]:
+        """One PromptSeq / DecodeSeq per scheduled request, in physical block ids."""
+        bs = self.block_size
+        prompts: list[PromptSeq] = []
+        decodes: list[DecodeSeq] = []
+        for req_id in req_ids:
+            st = self.requests[req_id]
+            n = so.num_scheduled_tokens[req_id]
+            start = st.num_computed_tokens
+            table = self._physical(st.block_ids)
+            sample = start + n == st.num_tokens
+            if n == 1 and start >= len(st.prompt_token_ids):
+                decodes.append(DecodeSeq(req_id, st.token_ids[start], start,
+                                         table[start // bs] * bs + start % bs, start + 1,
+                                         table[:start // bs + 1], sample))
+                continue
+            pos = np.arange(start, start + n, dtype=np.int64)
+            slots = np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs
+            prompts.append(PromptSeq(req_id, np.asarray(st.token_ids[start:start + n],
+                                                        dtype=np.int64),
+                                     pos, slots, start, table[:-(-start // bs)], sample))
+        return prompts, decodes
+
+    def _make_batches(self, prompts: list[PromptSeq], decodes: list[DecodeSeq]
+                      ) -> list[HPUBatch]:
+        bs = self.block_size
+        batches = []
+        for group in group_prompts(prompts, self.bucketing.covering_prompt_bucket):
+            bucket = self.bucketing.find_prompt_bucket(
+                len(group), max(s.query_len for s in group),
+                max(s.num_context_blocks for s in group))
+            batches.append(build_prompt_batch(group, bucket, bs, self.pad_block_id,
+                                              self.device))
+        if decodes:
+            blocks = decode_blocks_needed(decodes, bs, self.contiguous_pa)
+            bucket = self.bucketing.find_decode_bucket(len(decodes), blocks)
+            batches.append(build_decode_batch(decodes, bucket, bs, self.pad_block_id,
+                                              self.contiguous_pa, self.dtype, self.device))
+        return batches
+
+    def _graphed(self, batch: HPUBatch) -> bool:
+        return self.uses_hpu_graphs and (batch.is_prompt, batch.bucket) in self.graphed_buckets
+
+    def _run_batch(self, batch: HPUBatch, use_graph: bool,
+                   kv_caches: Optional[list[torch.Tensor]] = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward pass plus logits at the batch's [B] logits rows."""
+        kv = self.kv_caches if kv_caches is None else kv_caches
+        phase = "prompt" if batch.is_prompt else "decode"
+        label = f"{phase} {tuple(batch.bucket)}"
+        signature = None if use_graph else (
+            self.mode.value, bool(kv),
+            input_signature((batch.input_ids, batch.positions, batch.attn_metadata)))
+        with self.profiler.record(phase, bucket=tuple(batch.bucket), real=batch.num_real,
+                                  graph=use_graph), \
+                self.tracker.track_pass(label, signature):
+            hidden = run_forward(self.forward_module, self.mode, use_graph, batch.input_ids,
+                                 batch.positions, batch.attn_metadata, kv)
+            logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        return hidden, logits
+
+    # --------------------------------------------------------------- sampling
+    def _prompt_logprobs(self, batch: HPUBatch, hidden: torch.Tensor,
+                         so: SchedulerOutput) -> dict:
+        result = {}
+        for i, seq in enumerate(batch.seqs):
+            st = self.requests[seq.req_id]
+            if not st.wants_prompt_logprobs:
+                continue
+            rows, targets, done = CPUModelRunner._prompt_logprob_rows(
+                st, seq.context_len, seq.query_len, i * batch.row_stride)
+            if rows:
+                logits = self.model.compute_logits(
+                    hidden.index_select(0, torch.tensor(rows, device=hidden.device)))
+                t = compute_prompt_logprobs(logits, torch.tensor(targets, device=self.device),
+                                            st.sampling_params.prompt_logprobs)
+                result[seq.req_id] = (t.logprob_token_ids.tolist(), t.logprobs.tolist(),
+                                      t.selected_token_ranks.tolist())
+            else:
+                result[seq.req_id] = ([], [], [])
+            if done:
+                st.wants_prompt_logprobs = False
+        return result
+
+    def _sample(self, req_ids: list[str], logits_rows: dict[str, torch.Tensor],
+                prompt_lps: dict) -> ModelRunnerOutput:
+        sampled: dict[str, list[int]] = {r: [] for r in req_ids}
+        logprobs_out: dict[str, tuple[list[int], list[float], int]] = {}
+        order = [r for r in req_ids if r in logits_rows]
+        if order:
+            logits = torch.stack([logits_rows[r] for r in order])
+            states: list[CachedRequestState] = [self.requests[r] for r in order]
+            md = SamplingMetadata.build([CPUModelRunner._sampling_row(st) for st in states],
+                                        logits.shape[-1], self.device)
+            with self.profiler.record("sample", rows=len(order)):
+                out = self.sampler(logits, md)
+            token_ids = out.sampled_token_ids.tolist()
+            lp = out.logprobs_tensors
+            lp_lists = None if lp is None else (
+                lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
+                lp.selected_token_ranks.tolist())
+            for i, (req_id, st) in enumerate(zip(order, states)):
+                st.append_token(token_ids[i])
+                sampled[req_id] = [token_ids[i]]
+                k = st.sampling_params.logprobs
+                if lp_lists is not None and k is not None:
+                    logprobs_out[req_id] = (lp_lists[0][i][:k + 1], lp_lists[1][i][:k + 1],
+                                            lp_lists[2][i])
+        return ModelRunnerOutput(
+            req_ids=req_ids, sampled_token_ids=[sampled[r] for r in req_ids],
+            logprobs=[logprobs_out.get(r) for r in req_ids] if logprobs_out else None,
+            prompt_logprobs=prompt_lps)
+
+    # ------------------------------------------------------------------ stats
+    def get_compile_stats(self) -> dict:
+        stats = dict(self.tracker.stats())
+        stats.update(execution_mode=self.mode.value, warmup_done=self.tracker.warmup_done,
+                     warmup_seconds=self.warmup_seconds,
+                     num_prompt_buckets=self.bucketing.num_prompt_buckets,
+                     num_decode_buckets=self.bucketing.num_decode_buckets,
+                     num_fallback_buckets=len(self.bucketing.fallback_buckets),
+                     num_graphed_buckets=len(self.graphed_buckets))
+        return stats

@@ -1,0 +1,188 @@
+"""Warmup: compile every bucket, then capture HPU graphs within the memory reserved.
+
+Phase 1 runs one dummy batch per bucket, largest first (so an out-of-memory shows
+up at once), prompt buckets then decode buckets: each run is the compile that
+serving would otherwise pay for. Phase 2 (HPU graph mode only) captures graphs.
+The memory left for graphs (free memory minus the margin kept by
+gpu_memory_utilization) is split by VLLM_GRAPH_PROMPT_RATIO; prompt buckets are
+captured in VLLM_GRAPH_PROMPT_STRATEGY order and decode buckets in
+VLLM_GRAPH_DECODE_STRATEGY order. A bucket whose estimated memory (tokens times
+the bytes per token measured so far in its phase) does not fit is skipped and
+keeps running without a graph; memory one phase leaves over goes to the other.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from tqdm import tqdm
+
+from vllm import envs, hpu
+from vllm.worker.hpu_bucketing import Bucket
+
+if TYPE_CHECKING:
+    from vllm.worker.hpu_model_runner import HPUModelRunner
+
+logger = logging.getLogger(__name__)
+
+PROMPT_STRATEGIES = ("min_tokens", "max_bs")
+DECODE_STRATEGIES = ("max_bs", "min_tokens")
+
+
+def format_bytes(num: float) -> str:
+    """1536 -> '1.5 KiB'; 3 * 2**30 -> '3 GiB'."""
+    value = float(num)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.4g} {unit}"
+        value /= 1024
+    return f"{value:.4g} TiB"
+
+
+def bucket_tokens(is_prompt: bool, bucket: Bucket) -> int:
+    """What a bucket's graph memory grows with: padded tokens (prompt), rows (decode)."""
+    return bucket.batch_size * bucket.query_len if is_prompt else bucket.batch_size
+
+
+def order_for_capture(buckets: list[Bucket], is_prompt: bool, strategy: str) -> list[Bucket]:
+    """min_tokens: fewest tokens first (many small graphs); max_bs: largest batch first."""
+    allowed = PROMPT_STRATEGIES if is_prompt else DECODE_STRATEGIES
+    name = "VLLM_GRAPH_PROMPT_STRATEGY" if is_prompt else "VLLM_GRAPH_DECODE_STRATEGY"
+    if strategy not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {strategy!r}.")
+    if strategy == "min_tokens":
+        return sorted(buckets, key=lambda b: (bucket_tokens(is_prompt, b), b.num_blocks, b))
+    return sorted(buckets, key=lambda b: (-b.batch_size, b.query_len, b.num_blocks))
+
+
+@dataclass
+class CaptureResult:
+    captured: list[Bucket] = field(default_factory=list)
+    skipped: list[Bucket] = field(default_factory=list)
+    used_bytes: int = 0
+    left_bytes: int = 0
+
+
+def capture_within_budget(buckets: list[Bucket], budget: int, tokens_of: Callable[[Bucket], int],
+                          capture: Callable[[Bucket], int]) -> CaptureResult:
+    """Capture buckets in order while their estimated memory fits `budget`.
+
+    `capture(bucket)` records the graph and returns the bytes it took. Before the
+    first capture nothing is known, so it is tried whenever some budget is left.
+    """
+    result = CaptureResult()
+    tokens_done = 0
+    for bucket in buckets:
+        left = budget - result.used_bytes
+        tokens = tokens_of(bucket)
+        estimate = tokens * result.used_bytes / tokens_done if tokens_done else 0
+        if left <= 0 or estimate > left:
+            result.skipped.append(bucket)
+            continue
+        result.used_bytes += max(0, capture(bucket))
+        tokens_done += tokens
+        result.captured.append(bucket)
+    result.left_bytes = max(0, budget - result.used_bytes)
+    return result
+
+
+def _check_ratio(name: str, value: float, upper_inclusive: bool) -> float:
+    if not (0.0 <= value <= 1.0) or (not upper_inclusive and value == 1.0):
+        bound = "1]" if upper_inclusive else "1)"
+        raise ValueError(f"{name} must be in [0, {bound}, got {value}.")
+    return value
+
+
+def graph_reserved_fraction() -> float:
+    return _check_ratio("VLLM_GRAPH_RESERVED_MEM", envs.VLLM_GRAPH_RESERVED_MEM, False)
+
+
+class HPUWarmup:
+    """Runs the warmup of one runner (see the module doc)."""
+
+    def __init__(self, runner: "HPUModelRunner") -> None:
+        self.runner = runner
+
+    @staticmethod
+    def _free() -> int:
+        return hpu.mem_get_info()[0]
+
+    def run(self) -> None:
+        runner = self.runner
+        start, free_start = time.perf_counter(), self._free()
+        prompt = sorted(runner.bucketing.prompt_buckets, reverse=True,
+                        key=lambda b: (b.batch_size * (b.query_len + b.num_blocks *
+                                                       runner.block_size), b))
+        decode = sorted(runner.bucketing.decode_buckets, reverse=True,
+                        key=lambda b: (b.batch_size * b.num_blocks, b))
+        self._compile_phase("Prompt", True, prompt)
+        self._compile_phase("Decode", False, decode)
+        if runner.uses_hpu_graphs:
+            self._capture_graphs(prompt, decode)
+        hpu.synchronize()
+        runner.tracker.finish_warmup()
+        elapsed = time.perf_counter() - start
+        runner.warmup_seconds = elapsed
+        logger.info("Warmup finished in %.0f secs, allocated %s of device memory "
+                    "(%d graph compilations).", elapsed,
+                    format_bytes(max(0, free_start - self._free())),
+                    runner.tracker.num_compiles_warmup)
+
+    def _log(self, phase: str, index: int, total: int, bucket: Bucket) -> None:
+        logger.info("[Warmup][%s][%d/%d] batch_size:%d query_len:%d num_blocks:%d free_mem:%s",
+                    phase, index, total, bucket.batch_size, bucket.query_len,
+                    bucket.num_blocks, format_bytes(self._free()))
+
+    def _compile_phase(self, phase: str, is_prompt: bool, buckets: list[Bucket]) -> None:
+        for i, bucket in enumerate(tqdm(buckets, desc=f"Warmup {phase.lower()} buckets",
+                                        disable=None, leave=False), start=1):
+            self._log(phase, i, len(buckets), bucket)
+            self.runner.run_dummy_batch(is_prompt, bucket, use_graph=False)
+
+    def _capture_graphs(self, prompt: list[Bucket], decode: list[Bucket]) -> None:
+        runner = self.runner
+        ratio = _check_ratio("VLLM_GRAPH_PROMPT_RATIO", envs.VLLM_GRAPH_PROMPT_RATIO, True)
+        graph_mem = max(0, self._free() - runner.mem_margin)
+        prompt_budget = int(graph_mem * ratio)
+        decode_budget = graph_mem - prompt_budget
+        prompt_order = order_for_capture(prompt, True, envs.VLLM_GRAPH_PROMPT_STRATEGY)
+        decode_order = order_for_capture(decode, False, envs.VLLM_GRAPH_DECODE_STRATEGY)
+        logger.info("Memory for HPU graphs: %s (prompt %s with VLLM_GRAPH_PROMPT_RATIO=%s, "
+                    "decode %s).", format_bytes(graph_mem), format_bytes(prompt_budget), ratio,
+                    format_bytes(decode_budget))
+        p = self._capture_phase("Prompt", True, prompt_order, prompt_budget)
+        d = self._capture_phase("Decode", False, decode_order, decode_budget + p.left_bytes)
+        if p.skipped and d.left_bytes > 0:
+            again = self._capture_phase("Prompt", True, p.skipped, d.left_bytes)
+            p.captured += again.captured
+            p.skipped = again.skipped
+            p.used_bytes += again.used_bytes
+        for phase, res, total in (("Prompt", p, len(prompt)), ("Decode", d, len(decode))):
+            logger.info("Graph/%s captured:%d (%.1f%%) used_mem:%s buckets:%s", phase,
+                        len(res.captured), 100.0 * len(res.captured) / max(1, total),
+                        format_bytes(res.used_bytes), sorted(tuple(b) for b in res.captured))
+            if res.skipped:
+                logger.info("Graph/%s not captured (no graph memory left; they run without "
+                            "a graph): %s", phase, sorted(tuple(b) for b in res.skipped))
+
+    def _capture_phase(self, phase: str, is_prompt: bool, buckets: list[Bucket],
+                       budget: int) -> CaptureResult:
+        progress = tqdm(total=len(buckets), desc=f"Capturing {phase.lower()} graphs",
+                        disable=None, leave=False)
+        counter = iter(range(1, len(buckets) + 1))
+
+        def capture(bucket: Bucket) -> int:
+            self._log(f"Graph/{phase}", next(counter), len(buckets), bucket)
+            before = self._free()
+            self.runner.capture_graph(is_prompt, bucket)
+            hpu.synchronize()
+            progress.update(1)
+            return before - self._free()
+
+        try:
+            return capture_within_budget(buckets, budget,
+                                         lambda b: bucket_tokens(is_prompt, b), capture)
+        finally:
+            progress.close()

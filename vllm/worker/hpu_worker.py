@@ -1,0 +1,128 @@
+"""The HPU worker: device setup, the memory budget, KV cache, warmup, compile stats.
+
+Memory, after the weights are loaded and a profile run at the largest prompt
+bucket has touched its peak activations:
+
+    usable    = free * gpu_memory_utilization
+    KV cache  = usable * (1 - VLLM_GRAPH_RESERVED_MEM)
+    graphs    = usable * VLLM_GRAPH_RESERVED_MEM   (0 unless HPU graphs are used)
+
+`num_gpu_blocks_override` or `kv_cache_memory_bytes` replace the automatic KV size.
+One block of the cache is the pad block, so the cache holds num_blocks + 1 blocks.
+On the fake HPU the automatic size is also capped at what `max_num_seqs`
+sequences of `max_model_len` tokens can use: the fake device's memory is the
+host's, and VLLM_FAKE_HPU_MEMORY_GB defaults to 16 GiB.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from vllm import envs, hpu
+from vllm.worker.hpu_model_runner import HPUModelRunner
+from vllm.worker.hpu_warmup import format_bytes, graph_reserved_fraction
+from vllm.worker.worker_base import WorkerBase
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HPUMemoryBudget:
+    free: int
+    usable: int
+    graph_reserved: int
+    kv_cache: int
+    margin: int
+    """free - usable: what gpu_memory_utilization keeps untouched."""
+
+    @classmethod
+    def plan(cls, free: int, gpu_memory_utilization: float,
+             graph_reserved_mem: float) -> "HPUMemoryBudget":
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1], got "
+                             f"{gpu_memory_utilization}.")
+        if not 0 <= graph_reserved_mem < 1:
+            raise ValueError(f"VLLM_GRAPH_RESERVED_MEM must be in [0, 1), got "
+                             f"{graph_reserved_mem}.")
+        usable = int(free * gpu_memory_utilization)
+        kv_cache = int(usable * (1 - graph_reserved_mem))
+        return cls(free=free, usable=usable, graph_reserved=usable - kv_cache,
+                   kv_cache=kv_cache, margin=free - usable)
+
+
+class HPUWorker(WorkerBase):
+
+    def init_device(self) -> None:
+        if not hpu.is_fake_hpu():
+            hpu.set_device(self.local_rank)
+        self.init_distributed("gloo" if hpu.is_fake_hpu() else "hccl")
+        from vllm.platforms import current_platform
+        current_platform.seed_everything(self.vllm_config.model_config.seed)
+        self.model_runner = HPUModelRunner(self.vllm_config,
+                                           device=torch.device(hpu.torch_device_type()))
+        self.memory_budget: Optional[HPUMemoryBudget] = None
+
+    def determine_num_available_blocks(self) -> int:
+        """KV blocks (pad block excluded) from the memory budget (see module doc)."""
+        runner: HPUModelRunner = self.model_runner
+        cc = self.vllm_config.cache_config
+        runner.profile_run()
+        free, _ = hpu.mem_get_info()
+        reserved = graph_reserved_fraction() if runner.uses_hpu_graphs else 0.0
+        budget = HPUMemoryBudget.plan(free, cc.gpu_memory_utilization, reserved)
+        self.memory_budget = budget
+        runner.mem_margin = budget.margin
+        logger.info("Free device memory: %s, %s usable (gpu_memory_utilization=%s), %s "
+                    "reserved for HPUGraphs (VLLM_GRAPH_RESERVED_MEM=%s), %s reserved for "
+                    "KV cache", format_bytes(budget.free), format_bytes(budget.usable),
+                    cc.gpu_memory_utilization, format_bytes(budget.graph_reserved), reserved,
+                    format_bytes(budget.kv_cache))
+        block_bytes = runner.get_kv_cache_block_bytes()
+        if cc.num_gpu_blocks_override is not None:
+            num_blocks = cc.num_gpu_blocks_override
+            source = "num_gpu_blocks_override"
+        elif cc.kv_cache_memory_bytes is not None:
+            num_blocks = cc.kv_cache_memory_bytes // block_bytes - 1
+            source = "kv_cache_memory_bytes"
+        else:
+            num_blocks = budget.kv_cache // block_bytes - 1
+            source = "memory budget"
+            num_blocks = self._fake_cap(num_blocks)
+        num_blocks = max(1, num_blocks)
+        logger.info("KV cache: %d blocks of %s (+1 pad block) from %s.", num_blocks,
+                    format_bytes(block_bytes), source)
+        return num_blocks
+
+    def _fake_cap(self, num_blocks: int) -> int:
+        if not hpu.is_fake_hpu():
+            return num_blocks
+        sc = self.vllm_config.scheduler_config
+        bs = self.vllm_config.cache_config.block_size
+        cap = sc.max_num_seqs * -(-self.vllm_config.model_config.max_model_len // bs)
+        if num_blocks > cap:
+            logger.info("Fake HPU: KV cache capped at %d blocks (max_num_seqs=%d sequences of "
+                        "max_model_len tokens); set kv_cache_memory_bytes or "
+                        "num_gpu_blocks_override to choose.", cap, sc.max_num_seqs)
+            return cap
+        return num_blocks
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        runner: HPUModelRunner = self.model_runner
+        runner.initialize_kv_cache(num_blocks)
+        if envs.VLLM_SKIP_WARMUP:
+            runner.skip_warmup()
+        else:
+            runner.warmup_model()
+
+    def get_compile_stats(self) -> dict:
+        """Compile accounting for metrics (see HPUModelRunner.get_compile_stats)."""
+        return self.model_runner.get_compile_stats()
+
+    def shutdown(self) -> None:
+        if self.model_runner is not None:
+            path = self.model_runner.profiler.flush()
+            if path:
+                logger.info("HPU trace written to %s", path)
