@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import hmac
 import logging
 import os
 import signal
@@ -16,7 +17,6 @@ import socket
 import sys
 import time
 from contextlib import asynccontextmanager
-from http import HTTPStatus
 from typing import Any, Awaitable, Callable, Optional
 
 from fastapi import FastAPI, Request
@@ -80,13 +80,19 @@ class APIKeyMiddleware:
     def __init__(self, app: Any, api_key: str, root_path: str = "") -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
-        self.prefix = f"{root_path or ''}/v1"
+        self.root_path = (root_path or "").rstrip("/")
+
+    def _protected(self, path: str) -> bool:
+        # Behind a proxy the path may or may not still carry the --root-path prefix.
+        if self.root_path and path.startswith(self.root_path + "/"):
+            path = path[len(self.root_path):]
+        return path == "/v1" or path.startswith("/v1/")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if (scope["type"] == "http" and scope.get("method") != "OPTIONS"
-                and scope.get("path", "").startswith(self.prefix)):
+                and self._protected(scope.get("path", ""))):
             headers = dict(scope.get("headers") or [])
-            if headers.get(b"authorization") != self.expected:
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
                 response = JSONResponse({"error": "Unauthorized"}, status_code=401)
                 await response(scope, receive, send)
                 return
