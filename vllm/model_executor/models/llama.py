@@ -135,6 +135,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size,
                                                     prefix=f"{prefix}.embed_tokens")
                              if self.is_first_stage else PPMissingLayer())
+        _warn_if_sliding_window(config)
         head_dim = head_dim_of(config)
         theta, scaling = rope_config(config)
         # One rotary module per model, shared by all its layers (one cos/sin cache).
@@ -166,6 +167,16 @@ class LlamaModel(nn.Module):
             return IntermediateTensors({"hidden_states": hidden, "residual": residual})
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+
+def _warn_if_sliding_window(config: Any) -> None:
+    """Attention here is always full; say so when the config asks for a window."""
+    window = getattr(config, "sliding_window", None)
+    if (window and getattr(config, "use_sliding_window", True)
+            and config.max_position_embeddings > window):
+        logger.warning("The model config asks for sliding-window attention (%d tokens); this "
+                       "engine attends to the full context, so outputs of sequences longer "
+                       "than the window differ from the reference model.", window)
 
 
 class LlamaForCausalLM(nn.Module):
