@@ -57,8 +57,9 @@ def test_tp2_and_pp2_match_single_process(tiny_model_factory, tmp_path):
     cases = [
         # name, model, tp, pp
         ("tp2-gqa", tiny_model_factory("qwen2"), 2, 1),  # 2 kv heads: one per rank
-        # 1 kv head replicated on both ranks; odd vocab padded to a multiple of 2.
-        ("tp2-mqa", tiny_model_factory("qwen2", num_key_value_heads=1, vocab_size=49153), 2, 1),
+        # 1 kv head replicated on both ranks; odd vocab padded to a multiple of 2; tied head.
+        ("tp2-mqa", tiny_model_factory("qwen2", num_key_value_heads=1, vocab_size=49153,
+                                       tie_word_embeddings=True), 2, 1),
         # 3 layers split 2 + 1; tied embeddings loaded into the last stage's LM head.
         ("pp2-tied", tiny_model_factory("llama", num_hidden_layers=3,
                                         tie_word_embeddings=True), 1, 2),

@@ -216,6 +216,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab_size], the full vocabulary on every TP rank."""
+        if not self.model.is_last_stage:
+            raise RuntimeError("compute_logits runs on the last pipeline stage only.")
         return self.logits_processor(self.lm_head, hidden_states)
 
     def make_empty_intermediate_tensors(self, batch_size: int, dtype: torch.dtype,
