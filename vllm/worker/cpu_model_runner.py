@@ -8,6 +8,8 @@ whose logprobs were asked for.
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -96,7 +98,7 @@ class CPUModelRunner:
         owned = set(self._owned_layer_ids())
         empty = torch.empty(0, dtype=self.dtype, device=self.device)
         self.kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) if i in owned else empty
+            zeroed_tensor(shape, self.dtype, self.device) if i in owned else empty
             for i in range(self.model_config.get_num_layers())]
 
     # ------------------------------------------------------------ execute
@@ -218,6 +220,22 @@ class CPUModelRunner:
     def _sampling_row(st: CachedRequestState) -> SamplingRow:
         return SamplingRow(params=st.sampling_params, prompt_token_ids=st.prompt_token_ids,
                            output_token_ids=st.output_token_ids, generator=st.generator)
+
+
+def zeroed_tensor(shape: tuple[int, ...], dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """A zero-filled tensor; on CPU backed by anonymous mmap.
+
+    The OS hands out anonymous mappings as zero pages and commits them on first
+    write, so a multi-GiB KV cache costs nothing at startup (torch.zeros would
+    touch every page: seconds per GiB).
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    nbytes = numel * torch.tensor([], dtype=dtype).element_size()
+    buf = mmap.mmap(-1, max(nbytes, 1))
+    return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)
 
 
 def _load_attn_impl(qualname: str):
