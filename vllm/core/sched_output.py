@@ -25,6 +25,11 @@ class CachedRequestData:
     req_id: str
     new_block_ids: list[int]
     num_computed_tokens: int
+    new_token_ids: list[int] = field(default_factory=list)
+    """The last sampled token: ranks that did not sample it (other TP ranks, earlier
+    pipeline stages) append it from here."""
+    num_tokens: int = 0
+    """Total tokens (prompt + output) the request has before this step."""
 
 
 @dataclass

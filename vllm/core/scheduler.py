@@ -151,9 +151,12 @@ class Scheduler:
         logger.debug("Preempted request %s (recompute)", request.request_id)
 
     def _record_running(self, request, new_blocks, new_reqs, cached_reqs) -> None:
+        # A running request samples at most one token per step, so the last output token
+        # is all a rank that did not sample can be missing.
         cached_reqs.append(CachedRequestData(
             req_id=request.request_id, new_block_ids=[b.block_id for b in new_blocks],
-            num_computed_tokens=request.num_computed_tokens))
+            num_computed_tokens=request.num_computed_tokens,
+            new_token_ids=request.output_token_ids[-1:], num_tokens=request.num_tokens))
 
     def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int],
                           new_reqs: list[NewRequestData]) -> int:

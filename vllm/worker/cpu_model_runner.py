@@ -20,10 +20,12 @@ import torch
 from vllm.attention.backends.torch_sdpa import PrefillSeq, build_metadata
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.forward_context import set_forward_context
 from vllm.sample.logprobs import compute_prompt_logprobs
 from vllm.sample.metadata import SamplingMetadata, SamplingRow
 from vllm.sample.sampler import Sampler
+from vllm.sequence import IntermediateTensors
 from vllm.worker.request_state import CachedRequestState, RequestStates
 
 logger = logging.getLogger(__name__)
@@ -103,14 +105,27 @@ class CPUModelRunner:
 
     # ------------------------------------------------------------ execute
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput) -> Optional[ModelRunnerOutput]:
+        """One step. Only the driver (TP rank 0 of the last PP stage) returns an output."""
         self.requests.update(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         inputs = self._prepare_inputs(so)
+        pp = get_pp_group()
+        intermediate = None
+        if not pp.is_first_rank:
+            intermediate = IntermediateTensors(pp.recv_tensor_dict(device=self.device))
         with set_forward_context(inputs.attn_metadata, self.kv_caches, self.attn_impl):
-            hidden = self.model(inputs.input_ids, inputs.positions)
+            hidden = self.model(inputs.input_ids, inputs.positions, intermediate)
+        if not pp.is_last_rank:
+            pp.send_tensor_dict(hidden.tensors)
+            return None
         return self._sample_and_collect(inputs, hidden)
+
+    @property
+    def is_driver(self) -> bool:
+        """The rank that samples; the others learn the tokens from the next SchedulerOutput."""
+        return get_tp_group().is_first_rank and get_pp_group().is_last_rank
 
     def _order_batch(self, so: SchedulerOutput) -> list[str]:
         """Decodes (one new token) first, then prefills, in scheduling order."""
@@ -171,12 +186,16 @@ class CPUModelRunner:
         return rows, targets, start + n >= num_prompt
 
     def _sample_and_collect(self, inputs: StepInputs, hidden: torch.Tensor
-                            ) -> ModelRunnerOutput:
+                            ) -> Optional[ModelRunnerOutput]:
         sampled: dict[str, list[int]] = {r: [] for r in inputs.req_ids}
         logprobs_out: dict[str, tuple[list[int], list[float], int]] = {}
         if inputs.logits_indices:
             idx = torch.tensor(inputs.logits_indices, device=self.device)
             logits = self.model.compute_logits(hidden[idx])
+        prompt_lps = self._prompt_logprobs(inputs, hidden)
+        if not self.is_driver:
+            return None
+        if inputs.logits_indices:
             rows = [self._sampling_row(self.requests[r]) for r in inputs.sampling_req_ids]
             md = SamplingMetadata.build(rows, logits.shape[-1], self.device)
             out = self.sampler(logits, md)
@@ -194,7 +213,6 @@ class CPUModelRunner:
                 if lp_lists is not None and k is not None:
                     logprobs_out[req_id] = (lp_lists[0][i][:k + 1], lp_lists[1][i][:k + 1],
                                             lp_lists[2][i])
-        prompt_lps = self._prompt_logprobs(inputs, hidden)
         return ModelRunnerOutput(
             req_ids=inputs.req_ids, sampled_token_ids=[sampled[r] for r in inputs.req_ids],
             logprobs=[logprobs_out.get(r) for r in inputs.req_ids] if logprobs_out else None,

@@ -72,3 +72,7 @@ class RequestStates(dict):
             state = self[cached.req_id]
             state.block_ids.extend(cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
+            missing = cached.num_tokens - state.num_tokens
+            if missing > 0:  # this rank did not sample them itself
+                for token_id in cached.new_token_ids[-missing:]:
+                    state.append_token(token_id)
