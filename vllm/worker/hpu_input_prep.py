@@ -185,3 +185,36 @@ def group_prompts(seqs: list[PromptSeq],
     if current:
         groups.append(current)
     return groups
+
+
+def dependency_levels(seqs: list[PromptSeq], block_size: int) -> list[list[PromptSeq]]:
+    """Order prompts so that no pass reads a context block a later pass writes.
+
+    The scheduler caches a block's hash when it allocates it, so a prompt admitted
+    later in the same step can hit blocks another prompt of this step is still
+    computing. Within one pass that is fine (every layer writes the pass's K/V
+    before attending); across passes the writer must run first. Level 0 reads
+    nothing written this step; level k reads blocks written at level k - 1 or
+    below. (Decodes never read blocks written by this step's prompts, so the
+    decode pass can run first.)
+    """
+    writer: dict[int, int] = {}
+    for i, seq in enumerate(seqs):
+        for block in set((seq.slots // block_size).tolist()):
+            writer[block] = i
+    deps = [{writer[b] for b in seq.context_blocks if writer.get(b, i) != i}
+            for i, seq in enumerate(seqs)]
+    levels = [0] * len(seqs)
+    for _ in range(len(seqs) + 1):
+        changed = False
+        for i, needs in enumerate(deps):
+            level = max((levels[j] + 1 for j in needs), default=0)
+            if level != levels[i]:
+                levels[i], changed = level, True
+        if not changed:
+            break
+    else:
+        raise ValueError("prompt sequences read each other's blocks in a cycle.")
+    return [[s for s, lv in zip(seqs, levels) if lv == level]
+            for level in range(max(levels, default=-1) + 1)]
+

@@ -39,7 +39,7 @@ from vllm.worker.hpu_defragmenter import HPUDefragmenter
 from vllm.worker.hpu_execution import ExecutionMode, prepare_forward_module, run_forward
 from vllm.worker.hpu_input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_decode_batch,
                                         build_prompt_batch, decode_blocks_needed,
-                                        group_prompts, pad_slots)
+                                        dependency_levels, group_prompts, pad_slots)
 from vllm.worker.hpu_profiler import HPUProfiler
 from vllm.worker.hpu_warmup import HPUWarmup, format_bytes
 from vllm.worker.request_state import CachedRequestState, RequestStates
@@ -280,19 +280,21 @@ class HPUModelRunner:
 
     def _make_batches(self, prompts: list[PromptSeq], decodes: list[DecodeSeq]
                       ) -> list[HPUBatch]:
+        """The decode pass, then the prompt passes, writers before readers."""
         bs = self.block_size
         batches = []
-        for group in group_prompts(prompts, self.bucketing.covering_prompt_bucket):
-            bucket = self.bucketing.find_prompt_bucket(
-                len(group), max(s.query_len for s in group),
-                max(s.num_context_blocks for s in group))
-            batches.append(build_prompt_batch(group, bucket, bs, self.pad_block_id,
-                                              self.device))
         if decodes:
             blocks = decode_blocks_needed(decodes, bs, self.contiguous_pa)
             bucket = self.bucketing.find_decode_bucket(len(decodes), blocks)
             batches.append(build_decode_batch(decodes, bucket, bs, self.pad_block_id,
                                               self.contiguous_pa, self.dtype, self.device))
+        for level in dependency_levels(prompts, bs):
+            for group in group_prompts(level, self.bucketing.covering_prompt_bucket):
+                bucket = self.bucketing.find_prompt_bucket(
+                    len(group), max(s.query_len for s in group),
+                    max(s.num_context_blocks for s in group))
+                batches.append(build_prompt_batch(group, bucket, bs, self.pad_block_id,
+                                                  self.device))
         return batches
 
     def _graphed(self, batch: HPUBatch) -> bool:
