@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from tqdm import tqdm
 
@@ -63,27 +63,32 @@ class CaptureResult:
     skipped: list[Bucket] = field(default_factory=list)
     used_bytes: int = 0
     left_bytes: int = 0
+    bytes_per_token: Optional[float] = None
+    """Measured graph memory per token (None until something was captured)."""
 
 
 def capture_within_budget(buckets: list[Bucket], budget: int, tokens_of: Callable[[Bucket], int],
-                          capture: Callable[[Bucket], int]) -> CaptureResult:
+                          capture: Callable[[Bucket], int],
+                          bytes_per_token: Optional[float] = None) -> CaptureResult:
     """Capture buckets in order while their estimated memory fits `budget`.
 
-    `capture(bucket)` records the graph and returns the bytes it took. Before the
-    first capture nothing is known, so it is tried whenever some budget is left.
+    `capture(bucket)` records the graph and returns the bytes it took. The estimate
+    is tokens times the bytes per token measured so far (`bytes_per_token` seeds
+    it); with nothing measured yet a bucket is tried whenever some budget is left.
     """
-    result = CaptureResult()
+    result = CaptureResult(bytes_per_token=bytes_per_token)
     tokens_done = 0
     for bucket in buckets:
         left = budget - result.used_bytes
         tokens = tokens_of(bucket)
-        estimate = tokens * result.used_bytes / tokens_done if tokens_done else 0
+        estimate = tokens * (result.bytes_per_token or 0.0)
         if left <= 0 or estimate > left:
             result.skipped.append(bucket)
             continue
         result.used_bytes += max(0, capture(bucket))
         tokens_done += tokens
         result.captured.append(bucket)
+        result.bytes_per_token = result.used_bytes / tokens_done
     result.left_bytes = max(0, budget - result.used_bytes)
     return result
 
@@ -155,7 +160,8 @@ class HPUWarmup:
         p = self._capture_phase("Prompt", True, prompt_order, prompt_budget)
         d = self._capture_phase("Decode", False, decode_order, decode_budget + p.left_bytes)
         if p.skipped and d.left_bytes > 0:
-            again = self._capture_phase("Prompt", True, p.skipped, d.left_bytes)
+            again = self._capture_phase("Prompt", True, p.skipped, d.left_bytes,
+                                        p.bytes_per_token)
             p.captured += again.captured
             p.skipped = again.skipped
             p.used_bytes += again.used_bytes
@@ -168,7 +174,7 @@ class HPUWarmup:
                             "a graph): %s", phase, sorted(tuple(b) for b in res.skipped))
 
     def _capture_phase(self, phase: str, is_prompt: bool, buckets: list[Bucket],
-                       budget: int) -> CaptureResult:
+                       budget: int, bytes_per_token: Optional[float] = None) -> CaptureResult:
         progress = tqdm(total=len(buckets), desc=f"Capturing {phase.lower()} graphs",
                         disable=None, leave=False)
         counter = iter(range(1, len(buckets) + 1))
@@ -183,6 +189,7 @@ class HPUWarmup:
 
         try:
             return capture_within_budget(buckets, budget,
-                                         lambda b: bucket_tokens(is_prompt, b), capture)
+                                         lambda b: bucket_tokens(is_prompt, b), capture,
+                                         bytes_per_token)
         finally:
             progress.close()

@@ -1,0 +1,81 @@
+"""Execution modes and the HPU graph memory budget, on a tiny random Llama."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tests.hpu.conftest import SMALL_BUCKETS, make_llm, platform_env, release, runner_of
+from vllm import SamplingParams, hpu
+from vllm.worker.hpu_bucketing import Bucket
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, " * 12,
+           "Water boils at", "List three colors:"]
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+TINY = dict(max_num_seqs=4, kv_cache_memory_bytes=4 << 20)
+
+
+def _generate(llm, prompts):
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_factory):
+    path = tiny_model_factory("llama")
+    with platform_env("cpu"):
+        llm = make_llm(model=path, **TINY)
+        expected = _generate(llm, PROMPTS)
+        release(llm)
+    return path, expected
+
+
+@pytest.mark.parametrize("lazy,eager,mode", [
+    ("1", False, "HPU graphs"), ("1", True, "lazy"), ("0", False, "torch.compile"),
+    ("0", True, "eager")])
+def test_execution_modes_match_cpu_and_compile_nothing_after_warmup(tiny, lazy, eager, mode):
+    path, expected = tiny
+    import torch._dynamo.utils as dynamo_utils
+    with platform_env("hpu", PT_HPU_LAZY_MODE=lazy, **SMALL_BUCKETS):
+        llm = make_llm(model=path, enforce_eager=eager, **TINY)
+        runner = runner_of(llm)
+        assert runner.mode.value == mode
+        dynamo_graphs = dynamo_utils.counters["stats"]["unique_graphs"]
+        assert _generate(llm, PROMPTS) == expected
+        assert runner.num_compiles_after_warmup == 0
+        assert runner.bucketing.fallback_buckets == []
+        if mode == "torch.compile":
+            assert dynamo_graphs > 0  # regions were compiled during warmup ...
+            # ... and serving inside the warmed buckets traced nothing new.
+            assert dynamo_utils.counters["stats"]["unique_graphs"] == dynamo_graphs
+        if mode == "HPU graphs":
+            assert len(runner.graphed_buckets) == (runner.bucketing.num_prompt_buckets +
+                                                   runner.bucketing.num_decode_buckets)
+        release(llm)
+
+
+def test_graphs_that_do_not_fit_run_without_a_graph(tiny, caplog):
+    """Capture within a small graph budget: what does not fit is skipped (and runs
+    eagerly, with the same output); memory left by decode goes back to prompts."""
+    path, expected = tiny
+    env = dict(SMALL_BUCKETS, PT_HPU_LAZY_MODE="1", VLLM_SKIP_WARMUP="1",
+               VLLM_GRAPH_PROMPT_RATIO="0.5")
+    with platform_env("hpu", **env), caplog.at_level(logging.INFO, logger="vllm"):
+        llm = make_llm(model=path, enable_prefix_caching=False, **TINY)
+        runner = runner_of(llm)
+        assert runner.graphed_buckets == set()
+        # hidden size 64, fp32: a graph keeps 256 bytes of output per token, so
+        # prompt (1, 128) takes 32 KiB and (2, 128) 64 KiB; decode graphs take < 2 KiB.
+        graph_budget = 80 << 10
+        runner.mem_margin = hpu.mem_get_info()[0] - graph_budget
+        runner.warmup_model()
+        prompt_graphs = {b for p, b in runner.graphed_buckets if p}
+        decode_graphs = {b for p, b in runner.graphed_buckets if not p}
+        assert prompt_graphs == {Bucket(1, 128, 0)}
+        assert decode_graphs == set(runner.bucketing.decode_buckets)
+        assert "Graph/Prompt not captured (no graph memory left; they run without a graph): " \
+               "[(2, 128, 0)]" in caplog.text
+        stats = hpu.graph_stats(runner.forward_module)
+        bypassed = stats.bypassed
+        assert _generate(llm, PROMPTS) == expected  # pairs of prompts use (2, 128, 0)
+        assert stats.bypassed > bypassed
+        release(llm)
