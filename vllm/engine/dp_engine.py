@@ -1,0 +1,236 @@
+"""Data parallel serving: N engine replicas behind one OpenAI server.
+
+`--data-parallel-size N` builds N independent AsyncLLMEngines (each with its own
+scheduler, KV cache and workers; each may itself be tensor/pipeline parallel) and
+`DPAsyncLLMEngine` presents them to the server as one engine:
+
+- routing: a new request goes to the replica with the least outstanding work,
+  counted as the requests this frontend routed to it that have not finished yet
+  (ties rotate, so an idle server spreads a burst evenly);
+- metrics: /metrics exposes every replica's series with an `engine` label ("0",
+  "1", ...), as vLLM does; sum over the label for totals;
+- health: the server is unhealthy (503) as soon as any replica is dead.
+
+Why replicas run their model in worker processes (the executor defaults to `mp`
+even for one rank): the replicas' engine loops are threads of the server process,
+and only processes run torch work side by side without sharing one interpreter.
+The CPU worker divides the cores by world size x data_parallel_size.
+
+Offline `LLM(data_parallel_size=N)` is not supported (vLLM's offline data parallel
+is a different, multi-launch mechanism); the server is the way to use it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncGenerator, Iterable, Optional, Union
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError, RequestStream
+
+logger = logging.getLogger(__name__)
+
+
+def build_async_engine(engine_args: AsyncEngineArgs, start_engine_loop: bool = True,
+                       max_log_len: Optional[int] = None
+                       ) -> Union[AsyncLLMEngine, "DPAsyncLLMEngine"]:
+    """The server's engine: one AsyncLLMEngine, or a DPAsyncLLMEngine for data parallel."""
+    if engine_args.data_parallel_size > 1:
+        return DPAsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
+    return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
+
+
+class DPAsyncLLMEngine:
+    """Several AsyncLLMEngine replicas with the AsyncLLMEngine interface the server uses."""
+
+    def __init__(self, replicas: list[AsyncLLMEngine]) -> None:
+        if not replicas:
+            raise ValueError("data_parallel_size must be >= 1 (no replicas given).")
+        self.replicas = replicas
+        self.model_config = replicas[0].model_config
+        self.vllm_config = replicas[0].vllm_config
+        self.engine = replicas[0].engine
+        """Replica 0's LLMEngine: where the server takes the tokenizer from."""
+        self.stats = DPStats(replicas)
+        self._owner: dict[str, int] = {}
+        self._outstanding = [0] * len(replicas)
+        self._next = 0
+        self._shutdown_done = False
+
+    @classmethod
+    def from_engine_args(cls, engine_args: AsyncEngineArgs, start_engine_loop: bool = True,
+                         max_log_len: Optional[int] = None) -> "DPAsyncLLMEngine":
+        """Build the replicas side by side (their workers load the model in parallel)."""
+        dp = engine_args.data_parallel_size
+        if engine_args.distributed_executor_backend is None:
+            engine_args = dataclasses.replace(engine_args, distributed_executor_backend="mp")
+        engine_args.create_engine_config()  # bad flags fail here, before any replica starts
+        logger.info("Starting %d data parallel engine replicas.", dp)
+
+        def build(_: int) -> AsyncLLMEngine:
+            return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
+
+        with ThreadPoolExecutor(max_workers=dp, thread_name_prefix="vllm-dp-init") as pool:
+            futures = [pool.submit(build, i) for i in range(dp)]
+        replicas, errors = [], []
+        for f in futures:
+            try:
+                replicas.append(f.result())
+            except BaseException as exc:  # noqa: BLE001 - re-raised below after cleanup
+                errors.append(exc)
+        if errors:
+            for r in replicas:
+                r.shutdown()
+            raise errors[0]
+        return cls(replicas)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return len(self.replicas)
+
+    # --------------------------------------------------------------- state
+    @property
+    def is_running(self) -> bool:
+        return all(r.is_running for r in self.replicas)
+
+    @property
+    def errored(self) -> bool:
+        return any(r.errored for r in self.replicas)
+
+    @property
+    def is_stopped(self) -> bool:
+        return any(r.is_stopped for r in self.replicas)
+
+    @property
+    def dead_error(self) -> Optional[EngineDeadError]:
+        for i, r in enumerate(self.replicas):
+            if r.dead_error is not None:
+                return EngineDeadError(f"Data parallel replica {i}: {r.dead_error}")
+        return None
+
+    async def check_health(self) -> None:
+        """Raise EngineDeadError when any replica is dead."""
+        for i, r in enumerate(self.replicas):
+            try:
+                await r.check_health()
+            except EngineDeadError as e:
+                raise EngineDeadError(f"Data parallel replica {i}: {e}") from e
+
+    async def get_tokenizer(self) -> Any:
+        return await self.replicas[0].get_tokenizer()
+
+    async def get_model_config(self) -> Any:
+        return self.model_config
+
+    async def get_vllm_config(self) -> Any:
+        return self.vllm_config
+
+    async def is_tracing_enabled(self) -> bool:
+        return False
+
+    def start_background_loop(self) -> None:
+        for r in self.replicas:
+            r.start_background_loop()
+
+    # ------------------------------------------------------------ requests
+    def pick_replica(self) -> int:
+        """Index of the replica with the fewest outstanding requests (ties rotate)."""
+        n = len(self.replicas)
+        order = [(self._next + k) % n for k in range(n)]
+        best = min(order, key=lambda i: self._outstanding[i])
+        self._next = (best + 1) % n
+        return best
+
+    async def add_request(self, request_id: str, prompt: Any, params: Any,
+                          arrival_time: Optional[float] = None) -> RequestStream:
+        if request_id in self._owner:
+            raise ValueError(f"request_id {request_id!r} is already in use by a running "
+                             "request.")
+        index = self.pick_replica()
+        self._owner[request_id] = index
+        self._outstanding[index] += 1
+        try:
+            return await self.replicas[index].add_request(request_id, prompt, params,
+                                                          arrival_time)
+        except BaseException:
+            self._release(request_id)
+            raise
+
+    async def iterate(self, stream: RequestStream) -> AsyncGenerator[Any, None]:
+        index = self._owner.get(stream.request_id, 0)
+        try:
+            async for output in self.replicas[index].iterate(stream):
+                yield output
+        finally:
+            self._release(stream.request_id)
+
+    async def generate(self, prompt: Any, sampling_params: Any, request_id: str,
+                       *, priority: int = 0, arrival_time: Optional[float] = None,
+                       ) -> AsyncGenerator[Any, None]:
+        if priority != 0:
+            raise ValueError("priority: only 0 is supported (FCFS scheduling).")
+        stream = await self.add_request(request_id, prompt, sampling_params, arrival_time)
+        async for output in self.iterate(stream):
+            yield output
+
+    async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        by_replica: dict[int, list[str]] = {}
+        for rid in ids:
+            if rid in self._owner:
+                by_replica.setdefault(self._owner[rid], []).append(rid)
+        for index, rids in by_replica.items():
+            await self.replicas[index].abort(rids)
+            for rid in rids:
+                self._release(rid)
+
+    def _release(self, request_id: str) -> None:
+        index = self._owner.pop(request_id, None)
+        if index is not None:
+            self._outstanding[index] -= 1
+
+    # ------------------------------------------------------------ shutdown
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Shut every replica down at once (each waits for its loop and its workers)."""
+        if self._shutdown_done:
+            return
+        self._shutdown_done = True
+        with ThreadPoolExecutor(max_workers=len(self.replicas),
+                                thread_name_prefix="vllm-dp-shutdown") as pool:
+            list(pool.map(lambda r: r.shutdown(timeout), self.replicas))
+
+
+class DPStats:
+    """What the server reads from `engine.stats`: one registry over every replica."""
+
+    def __init__(self, replicas: list[AsyncLLMEngine]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineLabelCollector([r.stats.registry for r in replicas]))
+
+
+class EngineLabelCollector:
+    """Merges per-replica registries into one exposition, adding `engine="<index>"`.
+
+    Each metric family appears once, with every replica's samples in it, so the
+    output stays valid Prometheus text (a family may not be repeated).
+    """
+
+    def __init__(self, registries: list[CollectorRegistry]) -> None:
+        self.registries = registries
+
+    def collect(self) -> Iterable[Metric]:
+        merged: dict[str, Metric] = {}
+        for index, registry in enumerate(self.registries):
+            for family in registry.collect():
+                out = merged.get(family.name)
+                if out is None:
+                    out = Metric(family.name, family.documentation, family.type, family.unit)
+                    merged[family.name] = out
+                for s in family.samples:
+                    out.add_sample(s.name, {**s.labels, "engine": str(index)}, s.value,
+                                   s.timestamp, s.exemplar)
+        return list(merged.values())

@@ -1,0 +1,225 @@
+"""MultiprocExecutor: one spawned process per rank on this node (tensor/pipeline parallel).
+
+Every rank, rank 0 included, runs in its own worker process; the engine process
+only schedules and waits on pipes. Keeping the driver out of the engine process
+means the engine never blocks inside a collective: whatever a worker does (fails,
+hangs past VLLM_ENGINE_ITERATION_TIMEOUT_S, gets killed), the engine learns it from
+a pipe or a process sentinel and raises a RuntimeError instead of hanging.
+
+Lifetime: a monitor thread watches the process sentinels; the first unexpected
+death marks the executor failed and stops the remaining workers (their process
+group is useless without the dead rank). `shutdown()`, garbage collection of the
+executor and interpreter exit all run the same cleanup (weakref.finalize): ask each
+worker to shut down, then SIGTERM, then SIGKILL.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from multiprocessing import connection as mp_connection
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, Optional, Sequence
+
+from vllm.executor.distributed_executor import DistributedExecutorBase
+from vllm.executor.multiproc_utils import (SHUTDOWN_METHOD, RpcReply, RpcRequest,
+                                          describe_exit, distributed_init_method,
+                                          get_loopback_ip, get_mp_context, get_open_port,
+                                          stop_processes, worker_main)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerHandle:
+    """The engine's end of one worker process."""
+    rank: int
+    proc: BaseProcess
+    conn: Connection
+    death_writer: Connection
+
+
+class WorkerGroup:
+    """The worker processes and their failure state, shared with the monitor thread.
+
+    Kept apart from the executor so the monitor thread and the finalizer hold no
+    reference to the executor, which can then be garbage collected (and cleaned up).
+    """
+
+    def __init__(self, handles: list[WorkerHandle]) -> None:
+        self.handles = handles
+        self.failure: Optional[str] = None
+        self.closing = False
+        self._lock = threading.Lock()  # one thread at a time reaps the processes
+        self._wake_r, self._wake_w = os.pipe()
+        self._monitor = threading.Thread(target=self._watch, name="vllm-worker-monitor",
+                                         daemon=True)
+        self._monitor.start()
+
+    # --------------------------------------------------------------- failure
+    def fail(self, message: str) -> RuntimeError:
+        """Record the first failure, stop every worker, return the error to raise."""
+        with self._lock:
+            if self.failure is None:
+                self.failure = message
+                logger.error("%s", message)
+            stop_processes([h.proc for h in self.handles], grace_s=0.0)
+        return RuntimeError(self.failure)
+
+    def raise_if_failed(self) -> None:
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
+
+    def death_message(self, handle: WorkerHandle) -> str:
+        handle.proc.join(1.0)  # the pipe may close a moment before the exit status is known
+        return (f"Worker process rank {handle.rank} (pid {handle.proc.pid}) died unexpectedly "
+                f"({describe_exit(handle.proc)}); the engine cannot continue and must be "
+                "restarted.")
+
+    def _watch(self) -> None:
+        sentinels = {h.proc.sentinel: h for h in self.handles}
+        while not self.closing:
+            ready = mp_connection.wait([*sentinels, self._wake_r])
+            if self.closing or self._wake_r in ready:
+                return
+            dead = sentinels[next(s for s in ready if s in sentinels)]
+            self.fail(self.death_message(dead))
+            return
+
+    # ------------------------------------------------------------------- rpc
+    def broadcast(self, request: RpcRequest) -> None:
+        self.raise_if_failed()
+        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+        for h in self.handles:
+            try:
+                h.conn.send_bytes(data)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                raise self.fail(self.death_message(h)) from None
+
+    def collect(self, method: str, ranks: Sequence[int],
+                timeout: Optional[float]) -> list[Any]:
+        """Wait for the replies of `ranks`, watching every pipe and every sentinel."""
+        results: dict[int, Any] = {}
+        pending = set(ranks)
+        by_conn = {h.conn: h for h in self.handles}
+        by_sentinel = {h.proc.sentinel: h for h in self.handles}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            self.raise_if_failed()
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise self.fail(
+                    f"Worker rank(s) {sorted(pending)} did not finish {method} within "
+                    f"{timeout:.0f} s (VLLM_ENGINE_ITERATION_TIMEOUT_S); the engine cannot "
+                    "continue and must be restarted.")
+            ready_list = mp_connection.wait([*by_conn, *by_sentinel], remaining)
+            for ready in ready_list:
+                if ready in by_sentinel:
+                    raise self.fail(self.death_message(by_sentinel[ready]))
+            for ready in ready_list:
+                handle = by_conn[ready]
+                try:
+                    reply: RpcReply = ready.recv()
+                except (EOFError, OSError):
+                    raise self.fail(self.death_message(handle)) from None
+                if reply.failure is not None:
+                    raise self._fail_with(reply)
+                if reply.rank in pending:
+                    results[reply.rank] = reply.result
+                    pending.discard(reply.rank)
+        return [results[r] for r in ranks]
+
+    def _fail_with(self, reply: RpcReply) -> BaseException:
+        failure = reply.failure
+        dead = [h for h in self.handles if h.proc.exitcode is not None]
+        if dead:
+            # A peer's death makes the survivors' collectives fail: report the cause.
+            return self.fail(self.death_message(dead[0]))
+        error = self.fail(failure.describe())
+        if isinstance(failure.exception, ValueError) and failure.method == "init":
+            return failure.exception  # bad configuration: keep it a ValueError
+        if failure.exception is not None:
+            error.__cause__ = failure.exception
+        return error
+
+    # -------------------------------------------------------------- shutdown
+    def close(self) -> None:
+        """Ask every worker to exit, then terminate and kill the stragglers."""
+        if self.closing:
+            return
+        self.closing = True
+        os.write(self._wake_w, b"x")
+        if self.failure is None:
+            data = pickle.dumps(RpcRequest(SHUTDOWN_METHOD, ()))
+            for h in self.handles:
+                try:
+                    h.conn.send_bytes(data)
+                except (BrokenPipeError, ConnectionResetError, OSError):
+                    pass
+        with self._lock:
+            stop_processes([h.proc for h in self.handles], grace_s=5.0)
+        for h in self.handles:
+            h.conn.close()
+            h.death_writer.close()
+        self._monitor.join(1.0)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+class MultiprocExecutor(DistributedExecutorBase):
+    """Tensor/pipeline parallel over worker processes on one node (--distributed-executor-backend mp)."""
+
+    def _init_executor(self) -> None:
+        pc = self.vllm_config.parallel_config
+        init_method = distributed_init_method(get_loopback_ip(), get_open_port())
+        start = time.perf_counter()
+        handles = [self._spawn(rank, init_method) for rank in range(self.world_size)]
+        self.group = WorkerGroup(handles)
+        self._finalizer = weakref.finalize(self, self.group.close)
+        try:
+            pids = self.group.collect("init", range(self.world_size), timeout=None)
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("Started %d worker processes (tp=%d, pp=%d, pids %s) in %.2f s.",
+                    self.world_size, pc.tensor_parallel_size, pc.pipeline_parallel_size,
+                    pids, time.perf_counter() - start)
+
+    def _spawn(self, rank: int, init_method: str) -> WorkerHandle:
+        ctx = get_mp_context()
+        conn, child_conn = ctx.Pipe(duplex=True)
+        death_reader, death_writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=worker_main, name=f"VllmWorker-{rank}", daemon=True,
+                           kwargs=dict(vllm_config=self.vllm_config, rank=rank,
+                                       local_rank=rank, init_method=init_method,
+                                       conn=child_conn, death_reader=death_reader))
+        proc.start()
+        # Only the child may hold these ends, so that its death reads as EOF here (and ours
+        # as EOF there).
+        child_conn.close()
+        death_reader.close()
+        return WorkerHandle(rank, proc, conn, death_writer)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [h.proc.pid for h in self.group.handles]
+
+    def collective_rpc(self, method: str, args: Sequence[Any] = (),
+                       unique_reply_rank: Optional[int] = None,
+                       timeout: Optional[float] = None) -> list[Any]:
+        self.group.broadcast(RpcRequest(method, tuple(args), unique_reply_rank))
+        ranks = (range(self.world_size) if unique_reply_rank is None else
+                 [unique_reply_rank])
+        return self.group.collect(method, ranks, timeout)
+
+    def check_health(self) -> None:
+        """Raise RuntimeError when a worker died or failed (no round trip: safe anytime)."""
+        self.group.raise_if_failed()
+
+    def shutdown(self) -> None:
+        self._finalizer()

@@ -1,0 +1,244 @@
+"""Worker processes of the multiprocess executor: the process side and its plumbing.
+
+Each rank runs `worker_main` in a spawned process (spawn, not fork: the engine
+process may already hold threads and an initialized torch, which fork would copy
+half-way). The engine talks to a worker over one duplex pipe:
+
+- engine -> worker: a pickled `RpcRequest`, pickled once per call and written to
+  every worker's pipe (the cheapest broadcast measured for SchedulerOutputs of a few
+  hundred requests: tens of microseconds per step, ~50x less than a gloo
+  `broadcast_object_list`);
+- worker -> engine: an `RpcReply` when the request names this rank as the replier
+  (or names none), and always when the call failed.
+
+A second, one-way "death pipe" is held open by the engine only: when the engine
+process dies, however abruptly, the worker reads EOF on it and exits, so no worker
+outlives its engine.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_METHOD = "shutdown"
+"""The RPC after which a worker leaves its loop and its process exits."""
+
+
+@dataclass
+class RpcRequest:
+    method: str
+    args: tuple
+    unique_reply_rank: Optional[int] = None
+    """Only this rank answers a successful call; None: every rank answers."""
+
+
+@dataclass
+class WorkerFailure:
+    """Why a call failed on one rank, in a form that always pickles."""
+    rank: int
+    method: str
+    exc_type: str
+    message: str
+    traceback: str
+    exception: Optional[BaseException] = None
+    """The exception itself when it could be pickled (lets a ValueError stay one)."""
+
+    def describe(self) -> str:
+        return (f"Worker rank {self.rank} failed in {self.method}: {self.exc_type}: "
+                f"{self.message}\n--- worker traceback ---\n{self.traceback}")
+
+
+@dataclass
+class RpcReply:
+    rank: int
+    result: Any = None
+    failure: Optional[WorkerFailure] = None
+
+
+# ------------------------------------------------------------ engine side
+def get_mp_context() -> Any:
+    return multiprocessing.get_context("spawn")
+
+
+def get_loopback_ip() -> str:
+    """Address the ranks of one node rendezvous on (VLLM_HOST_IP, else loopback)."""
+    from vllm import envs
+    return envs.VLLM_HOST_IP or "127.0.0.1"
+
+
+def get_open_port() -> int:
+    """A free TCP port: from VLLM_PORT upwards when set, else one the OS picks."""
+    from vllm import envs
+    base = envs.VLLM_PORT
+    if base is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+    for port in range(base, min(base + 1000, 65536)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"No free port in [{base}, {base + 1000}) (VLLM_PORT={base}).")
+
+
+def distributed_init_method(ip: str, port: int) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"tcp://{host}:{port}"
+
+
+def stop_processes(procs: Sequence[BaseProcess], grace_s: float = 5.0) -> None:
+    """Wait up to `grace_s` for processes to exit, then SIGTERM, then SIGKILL."""
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + 2.0
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            logger.warning("Worker process %s (pid %s) ignored SIGTERM; killing it.", p.name,
+                           p.pid)
+            p.kill()
+            p.join(2.0)
+
+
+def describe_exit(proc: BaseProcess) -> str:
+    """'exit code 3' / 'killed by SIGKILL' / 'still running' for a worker process."""
+    code = proc.exitcode
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+# ------------------------------------------------------------ worker side
+def worker_main(vllm_config: Any, rank: int, local_rank: int, init_method: str,
+                conn: Connection, death_reader: Connection) -> None:
+    """Entry point of a worker process: build the worker, then serve RPCs until shutdown."""
+    # Ctrl-C reaches the whole process group; the engine decides when workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_when_parent_dies(death_reader)
+    prefix_log_lines(rank)
+    try:
+        worker = create_worker(vllm_config, rank, local_rank, init_method)
+    except BaseException as exc:  # noqa: BLE001 - reported to the engine, which raises
+        _send(conn, RpcReply(rank, failure=make_failure(rank, "init", exc)))
+        return
+    _send(conn, RpcReply(rank, result=os.getpid()))
+    try:
+        run_rpc_loop(worker, rank, conn)
+    finally:
+        leave_process_groups()
+
+
+def create_worker(vllm_config: Any, rank: int, local_rank: int, init_method: str) -> Any:
+    """The platform's worker for one rank, with its device, process groups and model ready."""
+    from vllm.executor.executor_base import resolve_worker_cls
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+    worker = resolve_worker_cls()(vllm_config, local_rank=local_rank, rank=rank,
+                                  distributed_init_method=init_method)
+    worker.init_device()
+    worker.load_model()
+    return worker
+
+
+def run_rpc_loop(worker: Any, rank: int, conn: Connection) -> None:
+    """Serve `RpcRequest`s on `conn` until the shutdown RPC or until the engine is gone."""
+    while True:
+        try:
+            request: RpcRequest = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return  # the engine closed the pipe: nothing more will come
+        try:
+            result = getattr(worker, request.method)(*request.args)
+            reply = None
+            if request.unique_reply_rank is None or request.unique_reply_rank == rank:
+                reply = RpcReply(rank, result=result)
+        except BaseException as exc:  # noqa: BLE001 - the engine decides what a failure means
+            reply = RpcReply(rank, failure=make_failure(rank, request.method, exc))
+        if reply is not None and not _send(conn, reply):
+            return
+        if request.method == SHUTDOWN_METHOD:
+            return
+
+
+def make_failure(rank: int, method: str, exc: BaseException) -> WorkerFailure:
+    try:
+        pickle.dumps(exc)
+        kept: Optional[BaseException] = exc
+    except Exception:  # noqa: BLE001 - an unpicklable exception travels as text only
+        kept = None
+    return WorkerFailure(rank=rank, method=method, exc_type=type(exc).__name__,
+                         message=str(exc), traceback=traceback.format_exc(), exception=kept)
+
+
+def _send(conn: Connection, reply: RpcReply) -> bool:
+    """Send a reply; False when the engine is gone (then the worker just exits)."""
+    try:
+        conn.send(reply)
+        return True
+    except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+        return False
+    except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable result: say so instead
+        failure = make_failure(reply.rank, "reply", exc)
+        try:
+            conn.send(RpcReply(reply.rank, failure=failure))
+        except Exception:  # noqa: BLE001 - nothing else can be done from here
+            return False
+        return True
+
+
+def _exit_when_parent_dies(death_reader: Connection) -> None:
+    def watch() -> None:
+        try:
+            death_reader.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        # The engine is gone (or asked for an immediate exit): nobody will send work again,
+        # and peers may be blocked in collectives with us, so do not wait for cleanups.
+        os._exit(1)
+
+    threading.Thread(target=watch, name="vllm-parent-watch", daemon=True).start()
+
+
+def prefix_log_lines(rank: int, kind: str = "VllmWorker") -> None:
+    """Prefix this process's vllm log lines with its rank, as vLLM's workers do."""
+    prefix = f"({kind} rank={rank} pid={os.getpid()}) "
+    for handler in logging.getLogger("vllm").handlers:
+        old = handler.formatter
+        fmt = getattr(old, "_fmt", None) or "%(message)s"
+        handler.setFormatter(logging.Formatter(prefix + fmt,
+                                               datefmt=getattr(old, "datefmt", None)))
+
+
+def leave_process_groups() -> None:
+    """Destroy this process's TP/PP groups before exiting (quiet, and frees the ports)."""
+    try:
+        from vllm.distributed import destroy_distributed_environment
+        destroy_distributed_environment()
+    except Exception:  # noqa: BLE001 - exiting anyway; peers may already be gone
+        logger.debug("Leaving the process groups failed.", exc_info=True)

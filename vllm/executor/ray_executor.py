@@ -1,0 +1,186 @@
+"""RayDistributedExecutor: tensor/pipeline parallel ranks as Ray actors, across nodes.
+
+`--distributed-executor-backend ray` joins the cluster at RAY_ADDRESS, or starts a
+single-node cluster on loopback. One placement-group bundle per rank (a CPU, GPU or
+HPU) keeps the ranks reserved; actors on the engine's node take the lowest ranks,
+and each node's actors get consecutive ranks, so tensor-parallel groups (consecutive
+ranks) stay within a node where possible. torch.distributed meets at a TCP store
+hosted by rank 0 (the engine's node when it has a rank; loopback on one machine).
+
+Per step the SchedulerOutput is put in the object store once and every actor reads
+it; only the driver rank's ModelRunnerOutput is fetched. A dead actor or a failed
+call raises RuntimeError and stops the other actors (their process group is lost).
+Unlike the multiprocess executor, a death while idle is noticed at the next call.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from typing import Any, Optional, Sequence
+
+from vllm.executor.distributed_executor import DistributedExecutorBase
+from vllm.executor.multiproc_utils import distributed_init_method
+from vllm.executor.ray_utils import (RayWorkerWrapper, create_placement_group, get_driver_ip,
+                                     import_ray, initialize_ray_cluster, ray_device_key,
+                                     vllm_env_vars)
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 5.0
+
+
+class RayDistributedExecutor(DistributedExecutorBase):
+
+    def _init_executor(self) -> None:
+        self.ray = import_ray()
+        self._failure: Optional[str] = None
+        start = time.perf_counter()
+        owns_connection = initialize_ray_cluster(self.world_size)
+        device_key = ray_device_key(self.vllm_config.device_config.device)
+        self.placement_group = None
+        self.workers: list[Any] = []
+        pg_box: list[Any] = [None]
+        # The finalizer shares these containers, so it sees what is created below.
+        self._finalizer = weakref.finalize(self, _shutdown_ray_workers, self.workers, pg_box,
+                                           owns_connection)
+        try:
+            self.placement_group = pg_box[0] = create_placement_group(self.world_size,
+                                                                      device_key)
+            self._start_actors(device_key)
+            self._init_workers()
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("Started %d Ray workers in %.2f s.", self.world_size,
+                    time.perf_counter() - start)
+
+    def _start_actors(self, device_key: str) -> None:
+        ray = self.ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        resources: dict[str, Any] = {"num_cpus": 1} if device_key == "CPU" else (
+            {"num_cpus": 0, "num_gpus": 1} if device_key == "GPU" else
+            {"num_cpus": 0, "resources": {device_key: 1}})
+        env = vllm_env_vars()
+        options: dict[str, Any] = dict(resources)
+        if env:
+            options["runtime_env"] = {"env_vars": env}
+        actor_cls = ray.remote(RayWorkerWrapper)
+        actors = [actor_cls.options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=self.placement_group, placement_group_bundle_index=i,
+                placement_group_capture_child_tasks=True),
+            **options).remote() for i in range(self.world_size)]
+        self.workers.extend(actors)
+        ips = ray.get([a.get_node_ip.remote() for a in actors])
+        driver_ip = get_driver_ip()
+        order = sorted(range(len(actors)), key=lambda i: (ips[i] != driver_ip, ips[i]))
+        self.workers[:] = [actors[i] for i in order]
+        self.worker_ips = [ips[i] for i in order]
+
+    def _init_workers(self) -> None:
+        ray = self.ray
+        ips = self.worker_ips
+        local_ranks = [ips[:rank].count(ip) for rank, ip in enumerate(ips)]
+        port = ray.get(self.workers[0].get_free_port.remote())
+        init_method = distributed_init_method(ips[0], port)
+        logger.info("Ray workers on %s; torch.distributed rendezvous at %s.",
+                    sorted(set(ips)), init_method)
+        refs = [w.init_worker.remote(self.vllm_config, rank, local_ranks[rank], init_method)
+                for rank, w in enumerate(self.workers)]
+        self.worker_pids = self._wait(refs, "init", timeout=None)
+
+    # ------------------------------------------------------------------ rpc
+    def collective_rpc(self, method: str, args: Sequence[Any] = (),
+                       unique_reply_rank: Optional[int] = None,
+                       timeout: Optional[float] = None) -> list[Any]:
+        self.check_health()
+        args_ref = self.ray.put(tuple(args))  # serialized once, read by every actor
+        refs = [w.execute_method.remote(method, args_ref) for w in self.workers]
+        results = self._wait(refs, method, timeout)
+        return results if unique_reply_rank is None else [results[unique_reply_rank]]
+
+    def _wait(self, refs: list[Any], method: str, timeout: Optional[float]) -> list[Any]:
+        """All results in rank order; the first failure (not the last) raises."""
+        ray = self.ray
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
+            if not ready:
+                raise self._fail(f"Ray worker rank(s) {sorted(rank_of[r] for r in pending)} "
+                                 f"did not finish {method} within {timeout:.0f} s "
+                                 "(VLLM_ENGINE_ITERATION_TIMEOUT_S); the engine cannot "
+                                 "continue and must be restarted.")
+            for ref in ready:
+                self._get_one(ref, rank_of[ref], method)
+        return ray.get(refs)
+
+    def _get_one(self, ref: Any, rank: int, method: str) -> Any:
+        from ray.exceptions import RayActorError, RayTaskError
+        try:
+            return self.ray.get(ref)
+        except RayActorError as e:
+            raise self._fail(f"Ray worker rank {rank} died unexpectedly during {method} "
+                             f"({type(e).__name__}); the engine cannot continue and must be "
+                             "restarted.") from e
+        except RayTaskError as e:
+            error = self._fail(f"Ray worker rank {rank} failed in {method}: {e}")
+            if method == "init" and isinstance(e, ValueError):
+                raise  # a configuration problem stays a ValueError
+            raise error from e
+
+    def _fail(self, message: str) -> RuntimeError:
+        """Record the first failure and stop every actor; returns the error to raise."""
+        if self._failure is None:
+            self._failure = message
+            logger.error("%s", message)
+            for w in self.workers:
+                _kill_quietly(self.ray, w)
+        return RuntimeError(self._failure)
+
+    def check_health(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError(self._failure)
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+
+def _shutdown_ray_workers(workers: list[Any], pg_box: list[Any], owns_connection: bool) -> None:
+    """Stop the actors (gracefully, then by force), free the bundles, disconnect.
+
+    A module function holding no reference to the executor, so that it can run from
+    weakref.finalize when the executor is collected or at interpreter exit.
+    """
+    try:
+        import ray
+        if not ray.is_initialized():
+            return
+        refs = []
+        for w in workers:
+            try:
+                refs.append(w.shutdown.remote())
+            except Exception:  # noqa: BLE001 - actor already gone
+                pass
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=SHUTDOWN_GRACE_S)
+        for w in workers:
+            _kill_quietly(ray, w)
+        workers.clear()
+        if pg_box and pg_box[0] is not None:
+            from ray.util.placement_group import remove_placement_group
+            remove_placement_group(pg_box[0])
+        if owns_connection:
+            ray.shutdown()
+    except Exception:  # noqa: BLE001 - best effort while shutting down
+        logger.debug("Ray executor shutdown failed.", exc_info=True)
+
+
+def _kill_quietly(ray: Any, actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already dead or disconnected
+        pass

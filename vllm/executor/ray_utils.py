@@ -1,0 +1,150 @@
+"""Ray plumbing of the Ray executor: the cluster, the placement group, the worker actor.
+
+Ray is optional (`pip install ray`); it is imported only when the ray backend is
+chosen, and a missing install is a ValueError naming the flag.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any, Iterator, Optional
+
+logger = logging.getLogger(__name__)
+
+PLACEMENT_GROUP_TIMEOUT_S = 120.0
+"""How long to wait for the cluster to grant one bundle per rank."""
+LOCAL_OBJECT_STORE_BYTES = 256 << 20
+"""Object store of a cluster started here: only SchedulerOutputs travel through it."""
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise ValueError("distributed_executor_backend='ray' needs Ray: `pip install ray` "
+                         f"(import failed: {e}).") from e
+    return ray
+
+
+def ray_device_key(device_type: str) -> str:
+    """The Ray resource one rank reserves: a GPU, an HPU, or a CPU."""
+    return {"cuda": "GPU", "hpu": "HPU"}.get(device_type, "CPU")
+
+
+def initialize_ray_cluster(world_size: int) -> bool:
+    """Connect to the cluster at RAY_ADDRESS, or start a single-node one on loopback.
+
+    Returns True when this call connected (then the executor disconnects at shutdown,
+    which also stops a cluster it started); False when Ray was already initialized
+    by the application.
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        logger.info("Connecting to the Ray cluster at %s.", address)
+        ray.init(address=address, configure_logging=False)
+        return True
+    num_cpus = max(world_size, os.cpu_count() or 1)
+    logger.info("Starting a local Ray cluster (%d CPUs, loopback only).", num_cpus)
+    with _loopback_only(ray):
+        ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
+                 object_store_memory=LOCAL_OBJECT_STORE_BYTES, configure_logging=False)
+    return True
+
+
+@contextlib.contextmanager
+def _loopback_only(ray: Any) -> Iterator[None]:
+    """Make a local cluster bind to 127.0.0.1 instead of the machine's network address.
+
+    Ray resolves "127.0.0.1" to the routable address on Linux unless multi-node
+    clusters are switched off; that switch is an environment variable the Ray
+    processes started here inherit (and a module constant for this process).
+    """
+    var = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    old_env = os.environ.get(var)
+    os.environ[var] = "0"
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    old_const = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    if constants is not None and old_const is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if old_env is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = old_env
+        if constants is not None and old_const is not None:
+            constants.ENABLE_RAY_CLUSTER = old_const
+
+
+def create_placement_group(world_size: int, device_key: str) -> Any:
+    """One bundle per rank, packed onto as few nodes as possible; waits until granted."""
+    ray = import_ray()
+    from ray.util.placement_group import placement_group
+    bundles = [{device_key: 1.0} for _ in range(world_size)]
+    pg = placement_group(bundles, strategy="PACK")
+    ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_GROUP_TIMEOUT_S)
+    if not ready:
+        from ray.util.placement_group import remove_placement_group
+        remove_placement_group(pg)
+        raise ValueError(
+            f"The Ray cluster cannot place {world_size} workers (one {device_key} each) "
+            f"within {PLACEMENT_GROUP_TIMEOUT_S:.0f} s; available resources: "
+            f"{ray.available_resources()}. Lower tensor_parallel_size x "
+            "pipeline_parallel_size or add nodes.")
+    return pg
+
+
+def vllm_env_vars() -> dict[str, str]:
+    """VLLM_* variables of the engine process, for workers on other nodes."""
+    return {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+
+
+def get_driver_ip() -> str:
+    ray = import_ray()
+    return ray.util.get_node_ip_address()
+
+
+class RayWorkerWrapper:
+    """The body of one Ray actor: hosts the platform's worker for one rank.
+
+    Created empty (Ray places it first); the executor then learns where it landed,
+    assigns ranks, and calls `init_worker`. Every later call goes through
+    `execute_method`, which mirrors the multiprocess executor's RPCs.
+    """
+
+    def __init__(self) -> None:
+        self.worker: Optional[Any] = None
+        self.rank: Optional[int] = None
+
+    def get_node_ip(self) -> str:
+        import ray
+        return ray.util.get_node_ip_address()
+
+    def get_free_port(self) -> int:
+        from vllm.executor.multiproc_utils import get_open_port
+        return get_open_port()
+
+    def get_pid(self) -> int:
+        return os.getpid()
+
+    def init_worker(self, vllm_config: Any, rank: int, local_rank: int,
+                    init_method: str) -> int:
+        from vllm.executor.multiproc_utils import create_worker, prefix_log_lines
+        self.rank = rank
+        prefix_log_lines(rank, kind="RayWorker")
+        self.worker = create_worker(vllm_config, rank, local_rank, init_method)
+        return os.getpid()
+
+    def execute_method(self, method: str, args: tuple = ()) -> Any:
+        return getattr(self.worker, method)(*args)
+
+    def shutdown(self) -> None:
+        from vllm.executor.multiproc_utils import leave_process_groups
+        if self.worker is not None:
+            self.worker.shutdown()
+        leave_process_groups()
