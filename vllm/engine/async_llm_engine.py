@@ -177,9 +177,30 @@ class AsyncLLMEngine:
         return self._dead
 
     async def check_health(self) -> None:
-        """Raise EngineDeadError when the engine loop is no longer serving."""
+        """Raise EngineDeadError when the engine loop is no longer serving.
+
+        Also asks the engine itself (a flag read: a worker process that died while the
+        server was idle makes the engine dead now, not at the next request).
+        """
+        if self._dead is None:
+            engine_check = getattr(self.engine, "check_health", None)
+            try:
+                if engine_check is not None:
+                    engine_check()
+            except Exception as exc:  # noqa: BLE001 - any failure means the engine is gone
+                self._mark_dead(exc)
         if self._dead is not None:
             raise self._dead
+
+    def _mark_dead(self, exc: BaseException) -> None:
+        dead = EngineDeadError(f"The engine failed: {exc} It cannot serve more requests; "
+                               "restart the server.")
+        dead.__cause__ = exc
+        with self._lock:
+            if self._dead is None:
+                self._dead = dead
+        logger.error("%s", dead)
+        self._wake.set()
 
     async def get_tokenizer(self) -> Any:
         return self.engine.get_tokenizer()

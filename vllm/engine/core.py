@@ -76,5 +76,9 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()
 
+    def check_health(self) -> None:
+        """Raise when the executor lost a worker (RuntimeError); cheap, callable anytime."""
+        self.executor.check_health()
+
     def shutdown(self) -> None:
         self.executor.shutdown()

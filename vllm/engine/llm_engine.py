@@ -117,5 +117,9 @@ class LLMEngine:
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
 
+    def check_health(self) -> None:
+        """Raise RuntimeError when a worker of the engine died or failed."""
+        self.engine_core.check_health()
+
     def shutdown(self) -> None:
         self.engine_core.shutdown()

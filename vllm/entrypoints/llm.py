@@ -34,6 +34,11 @@ class LLM:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"Unknown LLM argument(s): {', '.join(unknown)}")
+        if kwargs.get("data_parallel_size", 1) != 1:
+            raise ValueError(
+                f"data_parallel_size={kwargs['data_parallel_size']}: the offline LLM runs one "
+                "engine (allowed: 1); serve with `vllm serve --data-parallel-size N` for "
+                "replicas behind one server.")
         kwargs.setdefault("disable_log_stats", True)
         engine_args = EngineArgs(model=model, tokenizer=tokenizer, dtype=dtype, seed=seed,
                                  max_model_len=max_model_len,

@@ -26,8 +26,12 @@ class CPUWorker(WorkerBase):
         self.model_runner = CPUModelRunner(self.vllm_config, device="cpu")
 
     def _set_threads(self) -> None:
-        """Split the cores between the ranks on this machine (all of them for one rank)."""
-        world = self.vllm_config.parallel_config.world_size
+        """Split the cores between the ranks on this machine (all of them for one rank).
+
+        Data-parallel replicas run on the same machine too, so they share the cores.
+        """
+        pc = self.vllm_config.parallel_config
+        world = pc.world_size * pc.data_parallel_size
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
         torch.set_num_threads(max(1, cores // world))
@@ -55,6 +59,7 @@ class CPUWorker(WorkerBase):
         available, _ = current_platform.mem_get_info()
         sc = self.vllm_config.scheduler_config
         bs = cc.block_size
-        world = self.vllm_config.parallel_config.world_size
+        pc = self.vllm_config.parallel_config
+        world = pc.world_size * pc.data_parallel_size
         needed = sc.max_num_seqs * -(-sc.max_model_len // bs) * block_bytes
         return int(min(_DEFAULT_KV_SPACE_GiB * _GiB, needed, available / 2 / world))

@@ -298,6 +298,7 @@ async def serve_http(app: FastAPI, sock: socket.socket, args: argparse.Namespace
 def run_server(args: argparse.Namespace) -> None:
     """Load the engine, then serve until SIGINT/SIGTERM."""
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.engine.dp_engine import build_async_engine
     args._process_start = _process_start_time()
     validate_parsed_serve_args(args)
     logger.info("vLLM API server version %s", __version__)
@@ -305,8 +306,8 @@ def run_server(args: argparse.Namespace) -> None:
     # Until uvicorn installs its own handlers, SIGTERM unwinds model loading cleanly.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs.from_cli_args(args),
-                                                 max_log_len=args.max_log_len)
+        engine = build_async_engine(AsyncEngineArgs.from_cli_args(args),
+                                    max_log_len=args.max_log_len)
         try:
             _log_startup(engine)
             app = build_app(args, engine)
