@@ -3,9 +3,11 @@
 Per step the scheduled requests are split by phase: a request still in its prompt
 (a whole prompt, a chunk, or the tail after a prefix-cache hit) joins the prompt
 passes, a request past its prompt with one new token joins the decode pass.
-Prompts are grouped into batches that each fit a warmed bucket; every pass is
-padded to its bucket (see hpu_input_prep.py) and executed in the runner's
-execution mode (see hpu_execution.py). Logits are computed at one row per batch
+The decode pass runs first; prompts are grouped into batches that each fit a
+warmed bucket, ordered so that a prompt reading blocks another prompt writes in
+this step runs after it. Every pass is padded to its bucket (see
+hpu_input_prep.py) and executed in the runner's execution mode (see
+hpu_execution.py). Logits are computed at one row per batch
 entry (a fixed [B] shape per bucket); only the real sequences that reached the
 end of their known tokens are sampled. The output follows the CPU runner's
 contract (same ModelRunnerOutput, same RequestStates).
