@@ -79,3 +79,36 @@ def test_graphs_that_do_not_fit_run_without_a_graph(tiny, caplog):
         assert _generate(llm, PROMPTS) == expected  # pairs of prompts use (2, 128, 0)
         assert stats.bypassed > bypassed
         release(llm)
+
+
+def test_logprobs_prompt_logprobs_and_seeded_sampling_match_cpu(tiny_model_factory):
+    """The runner's other outputs follow the CPU runner's contract and values."""
+    path = tiny_model_factory("llama")
+    params = [SamplingParams(temperature=0, max_tokens=4, logprobs=3, prompt_logprobs=2),
+              SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=6),
+              SamplingParams(temperature=0, max_tokens=3, logprobs=1)]
+    prompts = PROMPTS[:3]
+
+    def run():
+        llm = make_llm(model=path, **TINY)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        release(llm)
+        return outs
+
+    with platform_env("cpu"):
+        cpu = run()
+    with platform_env("hpu", PT_HPU_LAZY_MODE="1", **SMALL_BUCKETS):
+        fake_hpu = run()
+    for a, b in zip(cpu, fake_hpu):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        if a.outputs[0].logprobs is not None:
+            for step_a, step_b in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+                assert step_a.keys() == step_b.keys()
+                for tok in step_a:
+                    assert step_a[tok].logprob == pytest.approx(step_b[tok].logprob, abs=1e-4)
+    pa, pb = cpu[0].prompt_logprobs, fake_hpu[0].prompt_logprobs
+    assert pa is not None and len(pa) == len(pb) == len(cpu[0].prompt_token_ids)
+    for step_a, step_b in zip(pa[1:], pb[1:]):
+        assert step_a.keys() == step_b.keys()
+        for tok in step_a:
+            assert step_a[tok].logprob == pytest.approx(step_b[tok].logprob, abs=1e-4)

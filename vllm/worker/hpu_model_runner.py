@@ -205,8 +205,8 @@ class HPUModelRunner:
     @torch.inference_mode()
     def profile_run(self) -> None:
         """The largest prompt pass without a KV cache: peak activation memory."""
-        candidates = [b for b in self.bucketing.prompt_buckets if b.num_blocks == 0]
-        bucket = max(candidates, key=lambda b: (b.batch_size * b.query_len, b))
+        largest = max(self.bucketing.prompt_buckets, key=lambda b: (b.batch_size * b.query_len, b))
+        bucket = Bucket(largest.batch_size, largest.query_len, 0)  # no cache to read yet
         batch = self._dummy_prompt_batch(bucket)
         with self.profiler.record("profile_run", bucket=tuple(bucket)):
             self._run_batch(batch, use_graph=False, kv_caches=[])

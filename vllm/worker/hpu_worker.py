@@ -15,6 +15,7 @@ host's, and VLLM_FAKE_HPU_MEMORY_GB defaults to 16 GiB.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -58,6 +59,8 @@ class HPUWorker(WorkerBase):
     def init_device(self) -> None:
         if not hpu.is_fake_hpu():
             hpu.set_device(self.local_rank)
+            if self.vllm_config.parallel_config.world_size > 1:
+                importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers hccl
         self.init_distributed("gloo" if hpu.is_fake_hpu() else "hccl")
         from vllm.platforms import current_platform
         current_platform.seed_everything(self.vllm_config.model_config.seed)
