@@ -118,8 +118,8 @@ def build_prompt_batch(seqs: list[PromptSeq], bucket: Bucket, block_size: int,
         for i, s in enumerate(seqs):
             ctx_blocks[i, :s.num_context_blocks] = s.context_blocks
             ctx_lens[i] = s.context_len
-        md.context_block_list = _tensor(ctx_blocks, device)
-        md.context_lens = _tensor(ctx_lens, device)
+        md = md._replace(context_block_list=_tensor(ctx_blocks, device),
+                         context_lens=_tensor(ctx_lens, device))
     return HPUBatch(is_prompt=True, bucket=bucket, input_ids=_tensor(ids.reshape(-1), device),
                     positions=_tensor(pos.reshape(-1), device), attn_metadata=md,
                     logits_indices=_tensor(logits_rows, device), seqs=list(seqs), row_stride=t)

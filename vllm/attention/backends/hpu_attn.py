@@ -19,8 +19,7 @@ block (the extra last block of each cache), so they never touch real data.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -29,9 +28,12 @@ from vllm.attention.ops.hpu_paged_attn import (FlatPAMetadata, flat_paged_attent
                                                write_to_kv_cache)
 
 
-@dataclass
-class HPUAttentionMetadata:
-    """Per-pass attention inputs; every size is a tensor shape (see module doc)."""
+class HPUAttentionMetadata(NamedTuple):
+    """Per-pass attention inputs; every size is a tensor shape (see module doc).
+
+    A NamedTuple (like FlatPAMetadata): Gaudi's HPU graph cache keys its graphs on
+    the inputs' hash, taken element by element through tuples, by shape for tensors.
+    """
     is_prompt: bool
     block_size: int
     slot_mapping: torch.Tensor

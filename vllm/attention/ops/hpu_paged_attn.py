@@ -13,8 +13,7 @@ never written, and 0 * NaN garbage would poison the matmuls.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
@@ -35,12 +34,13 @@ def write_to_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 # Decode: flat paged attention
 # ---------------------------------------------------------------------------
 
-@dataclass
-class FlatPAMetadata:
+class FlatPAMetadata(NamedTuple):
     """Static-shape decode metadata for B padded sequences over N padded blocks.
 
     No Python scalars live here (they would key a new HPU graph per value); the
-    sizes B, N and block_size are the tensors' shapes.
+    sizes B, N and block_size are the tensors' shapes. A NamedTuple, because Gaudi's
+    HPU graph cache hashes tuples element by element (tensors by shape) while a
+    dataclass is unhashable to it.
     """
     block_list: Optional[torch.Tensor]
     """[N] physical block ids (pad block for padding); None with contiguous PA, where
