@@ -106,7 +106,7 @@ class HPUModelRunner:
         """Bytes kept free for gpu_memory_utilization < 1 (set by the worker)."""
         self.warmup_seconds: Optional[float] = None
         logger.info("HPU execution mode: %s (PT_HPU_LAZY_MODE=%d, enforce_eager=%s); "
-                    "contiguous PA: %s.", self.mode.value, envs.PT_HPU_LAZY_MODE,
+                    "contiguous PA: %s.", self.mode.value, int(self.mode.is_lazy),
                     mc.enforce_eager, self.contiguous_pa)
 
     # ------------------------------------------------------------------ setup
