@@ -1,6 +1,7 @@
 """Shared fixtures: the embedded default model and tiny random-weight models."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -60,7 +61,7 @@ def tiny_model_factory(tmp_path_factory):
     cache: dict = {}
 
     def factory(arch: str, **overrides) -> str:
-        key = (arch, tuple(sorted(overrides.items())))
+        key = (arch, json.dumps(overrides, sort_keys=True, default=str))
         if key not in cache:
             directory = str(tmp_path_factory.mktemp(f"tiny-{arch}"))
             cache[key] = make_tiny_model(directory, arch, **overrides)
