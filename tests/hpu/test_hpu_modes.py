@@ -112,3 +112,16 @@ def test_logprobs_prompt_logprobs_and_seeded_sampling_match_cpu(tiny_model_facto
         assert step_a.keys() == step_b.keys()
         for tok in step_a:
             assert step_a[tok].logprob == pytest.approx(step_b[tok].logprob, abs=1e-4)
+
+
+def test_tensor_parallel_with_hpu_graphs(tiny):
+    """Two spawned TP ranks (gloo on the fake HPU) warm up, capture and serve in step."""
+    path, expected = tiny
+    with platform_env("hpu", PT_HPU_LAZY_MODE="1", **SMALL_BUCKETS):
+        llm = make_llm(model=path, tensor_parallel_size=2, distributed_executor_backend="mp",
+                       **TINY)
+        assert _generate(llm, PROMPTS) == expected
+        stats = llm.llm_engine.engine_core.executor.collective_rpc("get_compile_stats")
+        assert [s["num_compiles_after_warmup"] for s in stats] == [0, 0]
+        assert all(s["num_graphed_buckets"] > 0 for s in stats)
+        release(llm)

@@ -30,11 +30,12 @@ import torch
 from vllm import envs, hpu
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from vllm.distributed.parallel_state import get_tp_group
 from vllm.hpu.fake_graphs import input_signature
 from vllm.sample.logprobs import compute_prompt_logprobs
 from vllm.sample.metadata import SamplingMetadata
 from vllm.sample.sampler import Sampler
-from vllm.worker.cpu_model_runner import CPUModelRunner
+from vllm.worker.cpu_model_runner import CPUModelRunner, zeroed_tensor
 from vllm.worker.hpu_bucketing import Bucket, HPUBucketingContext
 from vllm.worker.hpu_compile_tracker import CompileTracker
 from vllm.worker.hpu_defragmenter import HPUDefragmenter
@@ -149,7 +150,7 @@ class HPUModelRunner:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}.")
         shape = (2, (num_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
                  self.model_config.get_head_size())
-        self.kv_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_caches = [zeroed_tensor(shape, self.dtype, self.device)
                           for _ in range(self.model_config.get_num_layers())]
         for cache in self.kv_caches:
             hpu.track_alloc(cache)
@@ -225,7 +226,8 @@ class HPUModelRunner:
 
     # ---------------------------------------------------------------- execute
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput) -> Optional[ModelRunnerOutput]:
+        """One step; every TP rank runs the passes, only the driver returns an output."""
         self.requests.update(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
@@ -242,7 +244,14 @@ class HPUModelRunner:
             if batch.is_prompt:
                 prompt_lps.update(self._prompt_logprobs(batch, hidden, so))
         self.tracker.end_step()
+        if not self.is_driver:
+            return None  # the driver samples; this rank learns the tokens next step
         return self._sample(req_ids, logits_rows, prompt_lps)
+
+    @property
+    def is_driver(self) -> bool:
+        """TP rank 0 samples and replies (the HPU runner has one pipeline stage)."""
+        return get_tp_group().is_first_rank
 
     def _defragment(self) -> None:
         if self.defragmenter is None:
