@@ -23,6 +23,7 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -152,6 +153,14 @@ def worker_main(vllm_config: Any, rank: int, local_rank: int, init_method: str,
         run_rpc_loop(worker, rank, conn)
     finally:
         leave_process_groups()
+    # Skip interpreter teardown (seconds with torch loaded): nothing is left to clean up,
+    # and the engine waits for this exit during its shutdown.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - closed or broken stream: nothing to flush
+            pass
+    os._exit(0)
 
 
 def create_worker(vllm_config: Any, rank: int, local_rank: int, init_method: str) -> Any:
