@@ -115,22 +115,46 @@ class RayDistributedExecutor(DistributedExecutorBase):
                                  "(VLLM_ENGINE_ITERATION_TIMEOUT_S); the engine cannot "
                                  "continue and must be restarted.")
             for ref in ready:
-                self._get_one(ref, rank_of[ref], method)
+                self._get_one(ref, rank_of, pending, method)
         return ray.get(refs)
 
-    def _get_one(self, ref: Any, rank: int, method: str) -> Any:
+    def _get_one(self, ref: Any, rank_of: dict[Any, int], pending: list[Any],
+                 method: str) -> Any:
         from ray.exceptions import RayActorError, RayTaskError
         try:
             return self.ray.get(ref)
         except RayActorError as e:
-            raise self._fail(f"Ray worker rank {rank} died unexpectedly during {method} "
-                             f"({type(e).__name__}); the engine cannot continue and must be "
-                             "restarted.") from e
+            raise self._fail(self._death_message(rank_of[ref], method, e)) from e
         except RayTaskError as e:
-            error = self._fail(f"Ray worker rank {rank} failed in {method}: {e}")
+            # A peer's death makes the survivors' collectives fail: report the cause.
+            dead = self._dead_peer(pending, rank_of, method)
+            if dead is not None:
+                raise self._fail(dead) from e
+            error = self._fail(f"Ray worker rank {rank_of[ref]} failed in {method}: {e}")
             if method == "init" and isinstance(e, ValueError):
                 raise  # a configuration problem stays a ValueError
             raise error from e
+
+    def _dead_peer(self, pending: list[Any], rank_of: dict[Any, int], method: str,
+                   grace_s: float = 2.0) -> Optional[str]:
+        """The death message of a rank whose call ended in RayActorError, if any."""
+        from ray.exceptions import RayActorError
+        if not pending:
+            return None
+        ready, _ = self.ray.wait(pending, num_returns=len(pending), timeout=grace_s)
+        for ref in ready:
+            try:
+                self.ray.get(ref)
+            except RayActorError as e:
+                return self._death_message(rank_of[ref], method, e)
+            except Exception:  # noqa: BLE001 - another survivor's error: not the cause
+                pass
+        return None
+
+    @staticmethod
+    def _death_message(rank: int, method: str, error: BaseException) -> str:
+        return (f"Ray worker rank {rank} died unexpectedly during {method} "
+                f"({type(error).__name__}); the engine cannot continue and must be restarted.")
 
     def _fail(self, message: str) -> RuntimeError:
         """Record the first failure and stop every actor; returns the error to raise."""

@@ -1,0 +1,44 @@
+"""The Ray executor on a local single-node Ray cluster: the one-process outputs (as mp)."""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+
+import pytest
+
+from _dist_helpers import ENGINE_KWARGS, greedy_token_ids
+
+try:
+    import ray
+except ImportError:  # pragma: no cover - depends on the environment
+    ray = None
+
+pytestmark = pytest.mark.skipif(ray is None, reason="ray is not installed (pip install ray)")
+
+
+@pytest.mark.timeout(240)
+def test_ray_tp2_matches_one_process_then_killed_actor_raises(tiny_qwen2, tiny_reference, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if ray.is_initialized():
+        ray.shutdown()
+    from vllm import LLM
+    llm = LLM(tiny_qwen2, tensor_parallel_size=2, distributed_executor_backend="ray",
+              **ENGINE_KWARGS)
+    executor = llm.llm_engine.engine_core.executor
+    assert type(executor).__name__ == "RayDistributedExecutor"
+    # Started here, so bound to loopback: the TCP store and the Ray node are local only.
+    assert executor.worker_ips == ["127.0.0.1", "127.0.0.1"]
+    assert len(set(executor.worker_pids)) == 2 and os.getpid() not in executor.worker_pids
+    assert greedy_token_ids(llm) == tiny_reference
+
+    os.kill(executor.worker_pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="Ray worker rank 1 died unexpectedly"):
+        greedy_token_ids(llm)
+    assert time.monotonic() - start < 15.0
+    del llm, executor
+    gc.collect()
+    # The cluster this engine started is gone with it (the fixture checks the processes).
+    assert not ray.is_initialized()
