@@ -1,7 +1,6 @@
 """Tensor and pipeline parallel over worker processes: same greedy tokens as one process."""
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import time
@@ -21,9 +20,45 @@ def test_default_model_tp3_and_pp2_match_one_process(default_model_path):
 
 
 @pytest.mark.timeout(120)
-def test_tp2_gqa_model_matches_one_process(tiny_qwen2, tiny_reference):
-    """Two KV heads split one per rank (Qwen2 layout, with QKV biases)."""
-    assert run_greedy(tiny_qwen2, tensor_parallel_size=2) == tiny_reference
+def test_tp2_gqa_model_matches_one_process_also_after_ctrl_c(tiny_qwen2, tiny_reference):
+    """Two KV heads split one per rank (Qwen2 layout, with QKV biases). A Ctrl-C in the
+    middle of generate() leaves the engine usable: the late reply of the interrupted
+    step is dropped, and the aborted requests are released on every rank."""
+    from vllm import LLM, SamplingParams
+    llm = LLM(tiny_qwen2, tensor_parallel_size=2, **ENGINE_KWARGS)
+    assert greedy_token_ids(llm) == tiny_reference
+
+    executor = llm.llm_engine.engine_core.executor
+    real_execute = executor.execute_model
+    steps = {"n": 0}
+
+    def execute_then_interrupt(scheduler_output):
+        steps["n"] += 1
+        if steps["n"] == 5:
+            # As if Ctrl-C arrived while the engine waited for the workers' reply.
+            executor.collective_rpc = _interrupt_after_send(executor.collective_rpc)
+        return real_execute(scheduler_output)
+
+    executor.execute_model = execute_then_interrupt
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(["Hello"] * 4, SamplingParams(max_tokens=100, ignore_eos=True),
+                     use_tqdm=False)
+    del executor.execute_model, executor.collective_rpc
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert greedy_token_ids(llm) == tiny_reference
+    llm.llm_engine.shutdown()
+
+
+def _interrupt_after_send(collective_rpc):
+    """collective_rpc that sends the call, then raises KeyboardInterrupt instead of waiting."""
+    executor = collective_rpc.__self__
+
+    def rpc(method, args=(), unique_reply_rank=None, timeout=None):
+        from vllm.executor.multiproc_utils import RpcRequest
+        executor.group.broadcast(RpcRequest(method, tuple(args), unique_reply_rank))
+        raise KeyboardInterrupt
+
+    return rpc
 
 
 @pytest.mark.timeout(180)
@@ -55,8 +90,7 @@ def test_tp2_pp2_matches_then_killed_worker_raises(tiny_qwen2, tiny_reference):
     assert time.monotonic() - steps["killed_at"] < 10.0
     with pytest.raises(RuntimeError, match="died unexpectedly"):
         llm.llm_engine.check_health()
-    del llm, executor  # the patched method forms a cycle: gc collects it
-    gc.collect()
+    llm.llm_engine.shutdown()
 
 
 def test_sizes_that_do_not_split_the_model_fail_early(default_model_path, tiny_qwen2):

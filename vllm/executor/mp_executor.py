@@ -56,6 +56,7 @@ class WorkerGroup:
         self.failure: Optional[str] = None
         self.closing = False
         self._lock = threading.Lock()  # one thread at a time reaps the processes
+        self._seq = 0
         self._wake_r, self._wake_w = os.pipe()
         self._monitor = threading.Thread(target=self._watch, name="vllm-worker-monitor",
                                          daemon=True)
@@ -92,18 +93,31 @@ class WorkerGroup:
             return
 
     # ------------------------------------------------------------------- rpc
-    def broadcast(self, request: RpcRequest) -> None:
+    def broadcast(self, request: RpcRequest) -> int:
+        """Send one call to every worker; returns its sequence number."""
         self.raise_if_failed()
+        self._seq += 1
+        request.seq = self._seq
         data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
-        for h in self.handles:
-            try:
-                h.conn.send_bytes(data)
-            except (BrokenPipeError, ConnectionResetError, OSError):
-                raise self.fail(self.death_message(h)) from None
+        sent = 0
+        try:
+            for h in self.handles:
+                try:
+                    h.conn.send_bytes(data)
+                except (BrokenPipeError, ConnectionResetError, OSError):
+                    raise self.fail(self.death_message(h)) from None
+                sent += 1
+        except BaseException:
+            if 0 < sent < len(self.handles):
+                # Some ranks got the call and will wait in collectives for the others.
+                self.fail(f"Interrupted while sending {request.method} to the workers; "
+                          "their state is inconsistent, restart the engine.")
+            raise
+        return self._seq
 
-    def collect(self, method: str, ranks: Sequence[int],
-                timeout: Optional[float]) -> list[Any]:
-        """Wait for the replies of `ranks`, watching every pipe and every sentinel."""
+    def collect(self, method: str, ranks: Sequence[int], timeout: Optional[float],
+                seq: int) -> list[Any]:
+        """Wait for the replies of `ranks` to call `seq`, watching every pipe and sentinel."""
         results: dict[int, Any] = {}
         pending = set(ranks)
         by_conn = {h.conn: h for h in self.handles}
@@ -129,6 +143,8 @@ class WorkerGroup:
                     raise self.fail(self.death_message(handle)) from None
                 if reply.failure is not None:
                     raise self._fail_with(reply)
+                if reply.seq != seq:
+                    continue  # the answer to a call whose wait was interrupted
                 if reply.rank in pending:
                     results[reply.rank] = reply.result
                     pending.discard(reply.rank)
@@ -182,7 +198,7 @@ class MultiprocExecutor(DistributedExecutorBase):
         self.group = WorkerGroup(handles)
         self._finalizer = weakref.finalize(self, self.group.close)
         try:
-            pids = self.group.collect("init", range(self.world_size), timeout=None)
+            pids = self.group.collect("init", range(self.world_size), timeout=None, seq=0)
         except BaseException:
             self.shutdown()
             raise
@@ -212,10 +228,10 @@ class MultiprocExecutor(DistributedExecutorBase):
     def collective_rpc(self, method: str, args: Sequence[Any] = (),
                        unique_reply_rank: Optional[int] = None,
                        timeout: Optional[float] = None) -> list[Any]:
-        self.group.broadcast(RpcRequest(method, tuple(args), unique_reply_rank))
+        seq = self.group.broadcast(RpcRequest(method, tuple(args), unique_reply_rank))
         ranks = (range(self.world_size) if unique_reply_rank is None else
                  [unique_reply_rank])
-        return self.group.collect(method, ranks, timeout)
+        return self.group.collect(method, ranks, timeout, seq)
 
     def check_health(self) -> None:
         """Raise RuntimeError when a worker died or failed (no round trip: safe anytime)."""

@@ -44,6 +44,9 @@ class RpcRequest:
     args: tuple
     unique_reply_rank: Optional[int] = None
     """Only this rank answers a successful call; None: every rank answers."""
+    seq: int = 0
+    """Call number, echoed in the reply: a reply to a call the engine stopped waiting for
+    (interrupted by Ctrl-C) is recognized and dropped instead of answering the next call."""
 
 
 @dataclass
@@ -67,6 +70,7 @@ class RpcReply:
     rank: int
     result: Any = None
     failure: Optional[WorkerFailure] = None
+    seq: int = 0
 
 
 # ------------------------------------------------------------ engine side
@@ -186,9 +190,10 @@ def run_rpc_loop(worker: Any, rank: int, conn: Connection) -> None:
             result = getattr(worker, request.method)(*request.args)
             reply = None
             if request.unique_reply_rank is None or request.unique_reply_rank == rank:
-                reply = RpcReply(rank, result=result)
+                reply = RpcReply(rank, result=result, seq=request.seq)
         except BaseException as exc:  # noqa: BLE001 - the engine decides what a failure means
-            reply = RpcReply(rank, failure=make_failure(rank, request.method, exc))
+            reply = RpcReply(rank, failure=make_failure(rank, request.method, exc),
+                             seq=request.seq)
         if reply is not None and not _send(conn, reply):
             return
         if request.method == SHUTDOWN_METHOD:
@@ -215,7 +220,7 @@ def _send(conn: Connection, reply: RpcReply) -> bool:
     except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable result: say so instead
         failure = make_failure(reply.rank, "reply", exc)
         try:
-            conn.send(RpcReply(reply.rank, failure=failure))
+            conn.send(RpcReply(reply.rank, failure=failure, seq=reply.seq))
         except Exception:  # noqa: BLE001 - nothing else can be done from here
             return False
         return True
