@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -24,8 +25,16 @@ def test_ray_tp2_matches_one_process_then_killed_actor_raises(tiny_qwen2, tiny_r
     if ray.is_initialized():
         ray.shutdown()
     from vllm import LLM
-    llm = LLM(tiny_qwen2, tensor_parallel_size=2, distributed_executor_backend="ray",
-              **ENGINE_KWARGS)
+
+    # Built in a thread that then ends, as data-parallel replicas are: Ray ties a cluster's
+    # processes to the thread that started it, so the executor must keep that thread.
+    built: list = []
+    builder = threading.Thread(target=lambda: built.append(LLM(
+        tiny_qwen2, tensor_parallel_size=2, distributed_executor_backend="ray",
+        **ENGINE_KWARGS)))
+    builder.start()
+    builder.join()
+    llm = built.pop()
     executor = llm.llm_engine.engine_core.executor
     assert type(executor).__name__ == "RayDistributedExecutor"
     # Started here, so bound to loopback: the TCP store and the Ray node are local only.

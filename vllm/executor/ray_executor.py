@@ -21,9 +21,9 @@ from typing import Any, Optional, Sequence
 
 from vllm.executor.distributed_executor import DistributedExecutorBase
 from vllm.executor.multiproc_utils import distributed_init_method
-from vllm.executor.ray_utils import (RayWorkerWrapper, create_placement_group, get_driver_ip,
-                                     import_ray, initialize_ray_cluster, ray_device_key,
-                                     vllm_env_vars)
+from vllm.executor.ray_utils import (RayWorkerWrapper, acquire_ray_cluster,
+                                     create_placement_group, get_driver_ip, import_ray,
+                                     ray_device_key, release_ray_cluster, vllm_env_vars)
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +36,14 @@ class RayDistributedExecutor(DistributedExecutorBase):
         self.ray = import_ray()
         self._failure: Optional[str] = None
         start = time.perf_counter()
-        owns_connection = initialize_ray_cluster(self.world_size)
+        pc = self.vllm_config.parallel_config
+        acquire_ray_cluster(self.world_size * pc.data_parallel_size)
         device_key = ray_device_key(self.vllm_config.device_config.device)
         self.placement_group = None
         self.workers: list[Any] = []
         pg_box: list[Any] = [None]
         # The finalizer shares these containers, so it sees what is created below.
-        self._finalizer = weakref.finalize(self, _shutdown_ray_workers, self.workers, pg_box,
-                                           owns_connection)
+        self._finalizer = weakref.finalize(self, _shutdown_ray_workers, self.workers, pg_box)
         try:
             self.placement_group = pg_box[0] = create_placement_group(self.world_size,
                                                                       device_key)
@@ -173,12 +173,19 @@ class RayDistributedExecutor(DistributedExecutorBase):
         self._finalizer()
 
 
-def _shutdown_ray_workers(workers: list[Any], pg_box: list[Any], owns_connection: bool) -> None:
+def _shutdown_ray_workers(workers: list[Any], pg_box: list[Any]) -> None:
     """Stop the actors (gracefully, then by force), free the bundles, disconnect.
 
     A module function holding no reference to the executor, so that it can run from
     weakref.finalize when the executor is collected or at interpreter exit.
     """
+    try:
+        _stop_actors(workers, pg_box)
+    finally:
+        release_ray_cluster()
+
+
+def _stop_actors(workers: list[Any], pg_box: list[Any]) -> None:
     try:
         import ray
         if not ray.is_initialized():
@@ -197,8 +204,6 @@ def _shutdown_ray_workers(workers: list[Any], pg_box: list[Any], owns_connection
         if pg_box and pg_box[0] is not None:
             from ray.util.placement_group import remove_placement_group
             remove_placement_group(pg_box[0])
-        if owns_connection:
-            ray.shutdown()
     except Exception:  # noqa: BLE001 - best effort while shutting down
         logger.debug("Ray executor shutdown failed.", exc_info=True)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from typing import Any, Iterator, Optional
 
 logger = logging.getLogger(__name__)
@@ -32,27 +33,85 @@ def ray_device_key(device_type: str) -> str:
     return {"cuda": "GPU", "hpu": "HPU"}.get(device_type, "CPU")
 
 
-def initialize_ray_cluster(world_size: int) -> bool:
+class _RayConnection:
+    """Who uses the Ray connection this process opened (data-parallel replicas share it)."""
+    lock = threading.Lock()
+    users = 0
+    owned = False
+    keeper_release: Optional[threading.Event] = None
+
+
+def acquire_ray_cluster(num_ranks: int) -> None:
     """Connect to the cluster at RAY_ADDRESS, or start a single-node one on loopback.
 
-    Returns True when this call connected (then the executor disconnects at shutdown,
-    which also stops a cluster it started); False when Ray was already initialized
-    by the application.
+    `num_ranks` (all ranks of all replicas on this machine) sizes a local cluster's
+    CPUs. A connection opened here is closed by the last `release_ray_cluster()`,
+    which also stops a cluster started here; one the application opened is left alone.
     """
     ray = import_ray()
-    if ray.is_initialized():
-        return False
+    with _RayConnection.lock:
+        if not ray.is_initialized():
+            _RayConnection.keeper_release = _connect_from_long_lived_thread(ray, num_ranks)
+            _RayConnection.owned = True
+        _RayConnection.users += 1
+
+
+def release_ray_cluster() -> None:
+    ray = import_ray()
+    with _RayConnection.lock:
+        _RayConnection.users = max(0, _RayConnection.users - 1)
+        if _RayConnection.users == 0 and _RayConnection.owned:
+            _RayConnection.owned = False
+            if ray.is_initialized():
+                ray.shutdown()
+            if _RayConnection.keeper_release is not None:
+                _RayConnection.keeper_release.set()
+                _RayConnection.keeper_release = None
+
+
+def _connect_from_long_lived_thread(ray: Any, num_ranks: int) -> Optional[threading.Event]:
+    """Connect from the main thread, or from a thread that lives until release.
+
+    Ray ties the processes of a cluster it starts (GCS, raylet) to the *thread* that
+    started them (PR_SET_PDEATHSIG): started from a short-lived thread, e.g. one
+    building a data-parallel replica, the cluster would die with that thread.
+    Returns the event that lets the keeper thread end (None on the main thread).
+    """
+    if threading.current_thread() is threading.main_thread():
+        _connect(ray, num_ranks)
+        return None
+    connected = threading.Event()
+    release = threading.Event()
+    errors: list[BaseException] = []
+
+    def keep() -> None:
+        try:
+            _connect(ray, num_ranks)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            errors.append(exc)
+            return
+        finally:
+            connected.set()
+        release.wait()
+
+    threading.Thread(target=keep, name="vllm-ray-keeper", daemon=True).start()
+    connected.wait()
+    if errors:
+        raise errors[0]
+    return release
+
+
+def _connect(ray: Any, num_ranks: int) -> None:
     address = os.environ.get("RAY_ADDRESS")
     if address:
         logger.info("Connecting to the Ray cluster at %s.", address)
         ray.init(address=address, configure_logging=False)
-        return True
-    num_cpus = max(world_size, os.cpu_count() or 1)
+        return
+    num_cpus = max(num_ranks, os.cpu_count() or 1)
     logger.info("Starting a local Ray cluster (%d CPUs, loopback only).", num_cpus)
     with _loopback_only(ray):
         ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
                  object_store_memory=LOCAL_OBJECT_STORE_BYTES, configure_logging=False)
-    return True
 
 
 @contextlib.contextmanager
