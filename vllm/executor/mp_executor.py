@@ -55,7 +55,7 @@ class WorkerGroup:
         self.handles = handles
         self.failure: Optional[str] = None
         self.closing = False
-        self._lock = threading.Lock()  # one thread at a time reaps the processes
+        self._lock = threading.RLock()  # one thread at a time reaps the processes
         self._seq = 0
         self._wake_r, self._wake_w = os.pipe()
         self._monitor = threading.Thread(target=self._watch, name="vllm-worker-monitor",
@@ -77,10 +77,17 @@ class WorkerGroup:
             raise RuntimeError(self.failure)
 
     def death_message(self, handle: WorkerHandle) -> str:
-        handle.proc.join(1.0)  # the pipe may close a moment before the exit status is known
+        with self._lock:  # two threads reaping one process race (one sees no status)
+            handle.proc.join(5.0)  # its pipe closes a moment before its exit status is known
+            how = describe_exit(handle.proc)
         return (f"Worker process rank {handle.rank} (pid {handle.proc.pid}) died unexpectedly "
-                f"({describe_exit(handle.proc)}); the engine cannot continue and must be "
-                "restarted.")
+                f"({how}); the engine cannot continue and must be restarted.")
+
+    def _wait_for_death(self, grace_s: float) -> Optional[WorkerHandle]:
+        """A worker that exits within `grace_s`, if any."""
+        by_sentinel = {h.proc.sentinel: h for h in self.handles}
+        ready = mp_connection.wait(list(by_sentinel), timeout=grace_s)
+        return by_sentinel[ready[0]] if ready else None
 
     def _watch(self) -> None:
         sentinels = {h.proc.sentinel: h for h in self.handles}
@@ -152,10 +159,11 @@ class WorkerGroup:
 
     def _fail_with(self, reply: RpcReply) -> BaseException:
         failure = reply.failure
-        dead = [h for h in self.handles if h.proc.exitcode is not None]
-        if dead:
-            # A peer's death makes the survivors' collectives fail: report the cause.
-            return self.fail(self.death_message(dead[0]))
+        dead = self._wait_for_death(grace_s=2.0)
+        if dead is not None:
+            # A peer's death makes the survivors' collectives fail: report the cause. (The
+            # survivors see its sockets close just before its exit becomes visible here.)
+            return self.fail(self.death_message(dead))
         error = self.fail(failure.describe())
         if isinstance(failure.exception, ValueError) and failure.method == "init":
             return failure.exception  # bad configuration: keep it a ValueError
