@@ -124,6 +124,11 @@ def test_dp2_server_balances_aggregates_metrics_and_reports_dead_replica(tiny_qw
 
 
 # ------------------------------------------------------------ no engine needed
+class _StubStream:
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+
+
 class _StubReplica:
     """What DPAsyncLLMEngine reads from a replica, without a model."""
 
@@ -141,7 +146,7 @@ class _StubReplica:
 
     async def add_request(self, request_id, prompt, params, arrival_time=None):
         self.added.append(request_id)
-        return SimpleNamespace(request_id=request_id)
+        return _StubStream(request_id)
 
     async def iterate(self, stream):
         yield stream.request_id

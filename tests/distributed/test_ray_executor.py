@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(ray is None, reason="ray is not installed (pip i
 
 
 @pytest.mark.timeout(240)
-def test_ray_tp2_matches_one_process_then_killed_actor_raises(tiny_qwen2, tiny_reference, monkeypatch):
+def test_ray_tp2_matches_one_process_then_killed_actor_raises(tiny_qwen2, tiny_reference,
+                                                             monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     if ray.is_initialized():
         ray.shutdown()

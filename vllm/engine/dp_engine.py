@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncGenerator, Iterable, Optional, Union
 
@@ -57,6 +58,10 @@ class DPAsyncLLMEngine:
         """Replica 0's LLMEngine: where the server takes the tokenizer from."""
         self.stats = DPStats(replicas)
         self._owner: dict[str, int] = {}
+        """Replica of each outstanding request id."""
+        self._stream_replica: "weakref.WeakKeyDictionary[RequestStream, int]" = (
+            weakref.WeakKeyDictionary())
+        """Replica of each stream, for iterate() even after its id was released."""
         self._outstanding = [0] * len(replicas)
         self._next = 0
         self._shutdown_done = False
@@ -154,14 +159,16 @@ class DPAsyncLLMEngine:
         self._owner[request_id] = index
         self._outstanding[index] += 1
         try:
-            return await self.replicas[index].add_request(request_id, prompt, params,
-                                                          arrival_time)
+            stream = await self.replicas[index].add_request(request_id, prompt, params,
+                                                            arrival_time)
         except BaseException:
             self._release(request_id)
             raise
+        self._stream_replica[stream] = index
+        return stream
 
     async def iterate(self, stream: RequestStream) -> AsyncGenerator[Any, None]:
-        index = self._owner.get(stream.request_id, 0)
+        index = self._stream_replica[stream]
         try:
             async for output in self.replicas[index].iterate(stream):
                 yield output

@@ -102,6 +102,8 @@ class WorkerGroup:
     # ------------------------------------------------------------------- rpc
     def broadcast(self, request: RpcRequest) -> int:
         """Send one call to every worker; returns its sequence number."""
+        if self.closing:
+            raise RuntimeError("The executor is shut down; create a new engine.")
         self.raise_if_failed()
         self._seq += 1
         request.seq = self._seq
@@ -196,13 +198,19 @@ class WorkerGroup:
 
 
 class MultiprocExecutor(DistributedExecutorBase):
-    """Tensor/pipeline parallel over worker processes on one node (--distributed-executor-backend mp)."""
+    """Tensor/pipeline parallel over worker processes on this node (backend "mp")."""
 
     def _init_executor(self) -> None:
         pc = self.vllm_config.parallel_config
         init_method = distributed_init_method(get_loopback_ip(), get_open_port())
         start = time.perf_counter()
-        handles = [self._spawn(rank, init_method) for rank in range(self.world_size)]
+        handles: list[WorkerHandle] = []
+        try:
+            for rank in range(self.world_size):
+                handles.append(self._spawn(rank, init_method))
+        except BaseException:
+            stop_processes([h.proc for h in handles], grace_s=0.0)
+            raise
         self.group = WorkerGroup(handles)
         self._finalizer = weakref.finalize(self, self.group.close)
         try:

@@ -94,9 +94,19 @@ class RayDistributedExecutor(DistributedExecutorBase):
     def collective_rpc(self, method: str, args: Sequence[Any] = (),
                        unique_reply_rank: Optional[int] = None,
                        timeout: Optional[float] = None) -> list[Any]:
+        if not self._finalizer.alive:
+            raise RuntimeError("The executor is shut down; create a new engine.")
         self.check_health()
         args_ref = self.ray.put(tuple(args))  # serialized once, read by every actor
-        refs = [w.execute_method.remote(method, args_ref) for w in self.workers]
+        refs: list[Any] = []
+        try:
+            for w in self.workers:
+                refs.append(w.execute_method.remote(method, args_ref))
+        except BaseException:
+            # Some ranks got the call and will wait in collectives for the others.
+            self._fail(f"Sending {method} to the Ray workers was interrupted; their state "
+                       "is inconsistent, restart the engine.")
+            raise
         results = self._wait(refs, method, timeout)
         return results if unique_reply_rank is None else [results[unique_reply_rank]]
 
