@@ -82,6 +82,12 @@ def test_server_starts_on_fake_hpu_with_warmup_logs(tmp_path):
         assert resp.status_code == 200, resp.text
         body = resp.json()
         assert body["choices"][0]["text"] and body["usage"]["completion_tokens"] == 5
+        # Compile accounting is exported; a request within the warmed buckets compiles nothing.
+        metrics = httpx.get(f"{url}/metrics", timeout=30).text
+        found = re.search(r'^vllm:hpu_graph_compilations_total\{[^}]*\} (\S+)$', metrics,
+                          re.MULTILINE)
+        assert found, "vllm:hpu_graph_compilations_total missing from /metrics"
+        assert float(found.group(1)) == 0.0
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

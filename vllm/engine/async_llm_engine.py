@@ -422,10 +422,19 @@ class AsyncLLMEngine:
         if deliveries:
             self._deliver(deliveries)
 
+    _COMPILE_STATS_INTERVAL_S = 1.0
+
     def _publish_stats(self) -> None:
         get_stats = getattr(self.engine, "get_stats", None)
         if get_stats is not None:
             self.stats.on_scheduler_stats(get_stats())
+        # Compile counts may need a round trip to the workers: at most once a second.
+        get_compile_stats = getattr(self.engine, "get_compile_stats", None)
+        now = time.monotonic()
+        if get_compile_stats is not None and \
+                now - getattr(self, "_compile_stats_at", 0.0) >= self._COMPILE_STATS_INTERVAL_S:
+            self._compile_stats_at = now
+            self.stats.on_compile_stats(get_compile_stats())
 
     def _deliver(self, deliveries: list[tuple[Any, Any]]) -> None:
         loop = self._loop

@@ -76,6 +76,9 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()
 
+    def get_compile_stats(self) -> Optional[dict]:
+        return self.executor.get_compile_stats()
+
     def check_health(self) -> None:
         """Raise when the executor lost a worker (RuntimeError); cheap, callable anytime."""
         self.executor.check_health()

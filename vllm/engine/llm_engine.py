@@ -114,6 +114,10 @@ class LLMEngine:
     def get_stats(self) -> SchedulerStats:
         return self.engine_core.get_stats()
 
+    def get_compile_stats(self) -> Optional[dict]:
+        """HPU graph compilations (during and after warmup, buckets); None on CPU."""
+        return self.engine_core.get_compile_stats()
+
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
 

@@ -94,6 +94,9 @@ class PrometheusMetrics:
         self.request_queue_time = histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in the WAITING phase for a request.", LATENCY_BUCKETS)
+        self.hpu_graph_compilations = counter(
+            "vllm:hpu_graph_compilations",
+            "Graph compilations after warmup (HPU): new shapes compiled while serving.")
         token_buckets = build_1_2_5_buckets(max(1, max_model_len))
         self.request_prompt_tokens = histogram("vllm:request_prompt_tokens",
                                                "Number of prefill tokens processed.",
@@ -209,6 +212,14 @@ class StatsTracker:
                                                 self._last_preemptions)
         self._last_scheduler_stats = stats
         self.maybe_log()
+
+    def on_compile_stats(self, stats: Optional[dict]) -> None:
+        """Advance vllm:hpu_graph_compilations_total from the worker's compile accounting."""
+        if not stats:
+            return
+        self._last_compiles = _inc_by_growth(self.metrics.hpu_graph_compilations,
+                                             stats.get("num_compiles_after_warmup", 0),
+                                             getattr(self, "_last_compiles", 0))
 
     def maybe_log(self, force: bool = False) -> None:
         """Log throughput and cache usage every LOG_INTERVAL_S while there is activity."""

@@ -49,6 +49,9 @@ class DistributedExecutorBase(ExecutorBase):
         """
         raise NotImplementedError
 
+    def get_compile_stats(self) -> Optional[dict]:
+        return self.collective_rpc("get_compile_stats", unique_reply_rank=self.driver_rank)[0]
+
     def determine_num_available_blocks(self) -> int:
         blocks = self.collective_rpc("determine_num_available_blocks")
         logger.debug("KV blocks per rank: %s", blocks)

@@ -33,6 +33,10 @@ class ExecutorBase:
     def check_health(self) -> None:
         return None
 
+    def get_compile_stats(self) -> Optional[dict]:
+        """The driver worker's compile accounting (see WorkerBase.get_compile_stats)."""
+        return None
+
     def shutdown(self) -> None:
         return None
 

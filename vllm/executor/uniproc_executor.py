@@ -21,6 +21,9 @@ class UniProcExecutor(ExecutorBase):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)
 
+    def get_compile_stats(self):
+        return self.worker.get_compile_stats()
+
     def check_health(self) -> None:
         self.worker.check_health()
 

@@ -53,5 +53,9 @@ class WorkerBase:
     def check_health(self) -> None:
         return None
 
+    def get_compile_stats(self) -> Optional[dict]:
+        """Graph-compile accounting of platforms that compile per shape (HPU); else None."""
+        return None
+
     def shutdown(self) -> None:
         return None
