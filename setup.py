@@ -52,6 +52,6 @@ setup(
     packages=find_packages(include=["vllm", "vllm.*"]),
     package_data={"vllm": ["py.typed"]},
     install_requires=read_requirements(f"{TARGET}.txt"),
-    extras_require={"test": read_requirements("test.txt")},
+    extras_require={"test": read_requirements("test.txt"), "ray": ["ray>=2.10"]},
     entry_points={"console_scripts": ["vllm = vllm.entrypoints.cli.main:main"]},
 )

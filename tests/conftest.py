@@ -12,6 +12,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tests run several torch processes on few cores (servers, workers, references): OpenMP
+# threads that spin while waiting would slow everything down many times over.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")
