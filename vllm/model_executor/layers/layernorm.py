@@ -4,16 +4,22 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm computed in float32, as HF Llama/Qwen do.
+    """Root-mean-square layer norm, statistics in float32 as HF Llama/Qwen compute them.
 
     `forward(x)` returns the normalized `x`. `forward(x, residual)` first forms
     `x + residual` (in the model dtype), normalizes that sum and also returns it
     as the new residual: decoder layers chain these without keeping a separate
     add, which is the layout vLLM's fused kernels expect.
+
+    The norm is `F.rms_norm`: one call instead of eight elementwise ops (each a
+    dispatch and a temporary, which dominate at decode batch sizes). In float32 it
+    equals HF's formula exactly; in bf16 it rounds once at the end where HF rounds
+    before the weight multiply (closer to the float32 result, never further).
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6,
@@ -33,10 +39,7 @@ class RMSNorm(nn.Module):
         return out if residual is None else (out, residual)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * h.to(dtype)
+        return F.rms_norm(x, (self.hidden_size,), self.weight, self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"

@@ -18,13 +18,13 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm.distributed import (get_tensor_model_parallel_rank,
                               get_tensor_model_parallel_world_size,
                               tensor_model_parallel_all_gather,
                               tensor_model_parallel_all_reduce)
+from vllm.model_executor.layers.cpu_gemm import linear
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -49,6 +49,9 @@ def _copy_checked(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
 
 class LinearBase(nn.Module):
     """Holds the TP position and the parameter factory shared by all linear layers."""
+
+    packable_weight = True
+    """The runner may attach a oneDNN-packed copy of the weight (see cpu_gemm)."""
 
     def __init__(self, input_size: int, output_size: int,
                  params_dtype: Optional[torch.dtype] = None, prefix: str = "") -> None:
@@ -90,7 +93,7 @@ class ReplicatedLinear(LinearBase):
         _copy_checked(param.data, loaded_weight, self.prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(self, x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -110,7 +113,7 @@ class ColumnParallelLinear(LinearBase):
         _copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * n, n), self.prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight, self.bias)
+        out = linear(self, x, self.weight, self.bias)
         if self.gather_output and self.tp_size > 1:
             out = tensor_model_parallel_all_gather(out, dim=-1)
         return out
@@ -227,11 +230,11 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
+            return linear(self, x, self.weight, self.bias)
         if not self.input_is_parallel:
             n = self.input_size_per_partition
             x = x.narrow(-1, self.tp_rank * n, n)
-        out = F.linear(x, self.weight)
+        out = linear(self, x, self.weight)
         if self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)
         if self.bias is not None:

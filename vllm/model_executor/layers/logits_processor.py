@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm.distributed import tensor_model_parallel_all_gather
+from vllm.model_executor.layers.cpu_gemm import linear
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 
@@ -28,7 +28,8 @@ class LogitsProcessor(nn.Module):
 
     def forward(self, lm_head: VocabParallelEmbedding,
                 hidden_states: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden_states, lm_head.weight, getattr(lm_head, "bias", None))
+        logits = linear(lm_head, hidden_states, lm_head.weight,
+                        getattr(lm_head, "bias", None))
         if lm_head.tp_size > 1:
             logits = tensor_model_parallel_all_gather(logits, dim=-1)
         if logits.shape[-1] != self.vocab_size:

@@ -36,6 +36,7 @@ class RotaryEmbedding(nn.Module):
         self.is_neox_style = is_neox_style
         cache = self._compute_cos_sin_cache().to(dtype or torch.get_default_dtype())
         self.register_buffer("cos_sin_cache", cache, persistent=False)
+        self._last_tables: Optional[tuple] = None
 
     def _compute_inv_freq(self) -> torch.Tensor:
         exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.int64).float()
@@ -51,25 +52,51 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, query: torch.Tensor,
                 key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate `query` [T, heads*head_size] and `key` [T, kv_heads*head_size]."""
-        cos, sin = self.cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
-        if cos.dtype != query.dtype:
-            cos, sin = cos.to(query.dtype), sin.to(query.dtype)
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+        t = query.shape[0]
+        q = self.rotate(positions, query.reshape(t, -1, self.head_size))
+        k = self.rotate(positions, key.reshape(t, -1, self.head_size))
+        return q.view(query.shape), k.view(key.shape)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.view(shape[0], -1, self.head_size)
-        rot = x[..., :self.rotary_dim]
+    def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Rotate every head of `x` [T, heads, head_size]; returns a new tensor.
+
+        Computed as HF does, `x * cos + rotate_half(x) * sin`, with the sign of
+        rotate_half folded into the sin table (see `_tables`).
+        """
+        cos, sin = self._tables(positions, x.dtype)
+        rd = self.rotary_dim
+        rot = x[..., :rd] if rd < self.head_size else x
         if self.is_neox_style:
-            x1, x2 = rot.chunk(2, dim=-1)
-            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+            half = rd // 2
+            swapped = torch.cat((rot[..., half:], rot[..., :half]), dim=-1)
         else:
-            x1, x2 = rot[..., 0::2], rot[..., 1::2]
-            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-        if self.rotary_dim < self.head_size:
-            out = torch.cat((out, x[..., self.rotary_dim:]), dim=-1)
-        return out.view(shape)
+            swapped = rot.unflatten(-1, (rd // 2, 2)).flip(-1).flatten(-2)
+        out = torch.addcmul(rot * cos, swapped, sin)
+        if rd < self.head_size:
+            out = torch.cat((out, x[..., rd:]), dim=-1)
+        return out
+
+    def _tables(self, positions: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin), each [T, 1, rotary_dim], for these positions.
+
+        Built once per forward pass: every layer shares this module and receives the
+        same `positions` tensor, so the tables of the last call are reused while the
+        tensor object (and dtype) is the same. Layout per head: neox `[c, c]` and
+        `[-s, s]` (halves), GPT-J `[c0, c0, c1, c1, ...]` and `[-s0, s0, -s1, s1, ...]`.
+        """
+        cached = self._last_tables
+        if cached is not None and cached[0] is positions and cached[1] == dtype:
+            return cached[2]
+        cos, sin = self.cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
+        if self.is_neox_style:
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+        else:
+            cos = cos.repeat_interleave(2, dim=-1)
+            sin = torch.stack((-sin, sin), dim=-1).flatten(-2)
+        tables = (cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1))
+        self._last_tables = (positions, dtype, tables)
+        return tables
 
     def extra_repr(self) -> str:
         return (f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "

@@ -71,6 +71,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     parameter (on a pipeline stage that holds both).
     """
 
+    packable_weight = True
+    """The runner may attach a oneDNN-packed copy of the weight (see cpu_gemm)."""
+
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False,
                  params_dtype: Optional[torch.dtype] = None, prefix: str = "") -> None:
         super().__init__(num_embeddings, embedding_dim, params_dtype, prefix)

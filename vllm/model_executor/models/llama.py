@@ -23,6 +23,7 @@ from torch import nn
 from vllm.attention import Attention
 from vllm.distributed import get_pp_group
 from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.cpu_gemm import drop_packed_weights
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                                RowParallelLinear)
@@ -83,14 +84,22 @@ class LlamaAttention(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         return bias, bias
 
-    def rotate_qk(self, positions: torch.Tensor, q: torch.Tensor,
-                  k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rotary_emb(positions, q, k)
+    def rotate_qk(self, positions: torch.Tensor, qkv: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Split the fused projection into q, k, v and rotate q and k.
+
+        q and k sit side by side in `qkv`, so their heads are rotated in one pass
+        (half the elementwise ops of rotating each); the results are views.
+        """
+        t = qkv.shape[0]
+        qk_size = self.q_size + self.kv_size
+        heads = qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
+        heads = self.rotary_emb.rotate(positions, heads)
+        return (heads[:, :self.num_heads].reshape(t, self.q_size),
+                heads[:, self.num_heads:].reshape(t, self.kv_size), qkv[:, qk_size:])
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden_states)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotate_qk(positions, q, k)
+        q, k, v = self.rotate_qk(positions, self.qkv_proj(hidden_states))
         return self.o_proj(self.attn(q, k, v))
 
 
@@ -236,6 +245,7 @@ class LlamaForCausalLM(nn.Module):
         stage that has no embedding). Tensors of other pipeline stages are skipped.
         Raises ValueError if a parameter of this rank received nothing.
         """
+        drop_packed_weights(self)  # packs are copies of the old values
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         ignored: list[str] = []

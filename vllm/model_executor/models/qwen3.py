@@ -19,12 +19,14 @@ class Qwen3Attention(LlamaAttention):
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
-    def rotate_qk(self, positions: torch.Tensor, q: torch.Tensor,
-                  k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        t = q.shape[0]
-        q = self.q_norm(q.view(t, self.num_heads, self.head_dim)).view(t, self.q_size)
-        k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)).view(t, self.kv_size)
-        return self.rotary_emb(positions, q, k)
+    def rotate_qk(self, positions: torch.Tensor, qkv: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        t = qkv.shape[0]
+        q = self.q_norm(q.reshape(t, self.num_heads, self.head_dim))
+        k = self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim))
+        q, k = self.rotary_emb.rotate(positions, q), self.rotary_emb.rotate(positions, k)
+        return q.view(t, self.q_size), k.view(t, self.kv_size), v
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):
