@@ -41,6 +41,29 @@ def is_greedy(params: SamplingParams) -> bool:
     return params.temperature < _SAMPLING_EPS or params.top_k == 1
 
 
+def needs_only_argmax(params: SamplingParams, num_output_tokens: int) -> bool:
+    """True when the row's token is the plain argmax of the raw logits.
+
+    Greedy, no logprobs, and nothing that edits the logits (penalties, bias,
+    allowed ids, or a min_tokens still in force). A batch of such rows skips
+    `SamplingMetadata.build` and the sampler entirely (see `greedy_sample`).
+    """
+    return (is_greedy(params) and params.logprobs is None and not params.logit_bias
+            and params.allowed_token_ids is None and params.presence_penalty == 0.0
+            and params.frequency_penalty == 0.0 and params.repetition_penalty == 1.0
+            and num_output_tokens >= params.min_tokens)
+
+
+def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+    """Row-wise argmax (the first index among ties, as `argmax`).
+
+    `max(dim).indices` instead of `argmax`: on CPU, argmax over bf16 logits runs a
+    scalar loop about 4x slower than the max reduction; both return the first
+    maximal index.
+    """
+    return logits.max(dim=-1).indices
+
+
 @dataclass
 class PenaltyInputs:
     """Penalties as sparse (row, token) pairs: the tokens each penalized row has seen.

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from vllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
-from vllm.sample.metadata import SamplingMetadata
+from vllm.sample.metadata import SamplingMetadata, greedy_sample
 from vllm.sample.ops.logit_masks import (apply_allowed_token_mask, apply_logit_bias,
                                          apply_min_tokens)
 from vllm.sample.ops.penalties import apply_penalties
@@ -67,7 +67,7 @@ class Sampler(nn.Module):
 
     @staticmethod
     def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        greedy = None if md.all_random else logits.argmax(dim=-1)
+        greedy = None if md.all_random else greedy_sample(logits)
         if md.all_greedy:
             return greedy
         logits = logits.div_(md.temperature.unsqueeze(1))

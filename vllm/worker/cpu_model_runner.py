@@ -23,7 +23,8 @@ from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.forward_context import set_forward_context
 from vllm.sample.logprobs import compute_prompt_logprobs
-from vllm.sample.metadata import SamplingMetadata, SamplingRow
+from vllm.sample.metadata import (SamplingMetadata, SamplingRow, greedy_sample,
+                                  needs_only_argmax)
 from vllm.sample.sampler import Sampler
 from vllm.sequence import IntermediateTensors
 from vllm.worker.request_state import CachedRequestState, RequestStates
@@ -58,12 +59,17 @@ class CPUModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         from vllm.platforms import current_platform
         self.attn_impl = _load_attn_impl(current_platform.get_attn_backend_cls())
+        if self.device.type == "cpu":
+            keep_freed_memory_mapped()
 
     # -------------------------------------------------------------- setup
     def load_model(self) -> None:
         from vllm.model_executor.model_loader import get_model
         start = time.perf_counter()
         self.model = get_model(self.vllm_config, device=self.device)
+        if self.device.type == "cpu":
+            from vllm.model_executor.layers.cpu_gemm import pack_linear_weights
+            pack_linear_weights(self.model)
         logger.info("Loading model weights took %.2f s", time.perf_counter() - start)
 
     def get_kv_cache_block_bytes(self) -> int:
@@ -90,12 +96,13 @@ class CPUModelRunner:
         return list(range(start, end))
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """One [2, num_blocks * block_size, kv_heads, head_size] tensor per owned layer.
+        """One [2, kv_heads, num_blocks * block_size, head_size] tensor per owned layer
+        (head-major: see vllm/attention/backends/torch_sdpa.py).
 
         The list is indexed by global layer index; layers of other PP stages get an
         empty placeholder. Zero-filled so masked-out slots never hold NaNs.
         """
-        shape = (2, num_blocks * self.block_size, self._kv_heads_per_rank(),
+        shape = (2, self._kv_heads_per_rank(), num_blocks * self.block_size,
                  self.model_config.get_head_size())
         owned = set(self._owned_layer_ids())
         empty = torch.empty(0, dtype=self.dtype, device=self.device)
@@ -136,28 +143,36 @@ class CPUModelRunner:
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         bs = self.block_size
         req_ids = self._order_batch(so)
-        tokens: list[np.ndarray] = []
-        positions: list[np.ndarray] = []
-        slots: list[np.ndarray] = []
-        decode_tables, decode_lens = [], []
+        num_sched = so.num_scheduled_tokens
+        num_decodes = sum(1 for r in req_ids if num_sched[r] == 1)
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        decode_lens = np.empty(num_decodes, dtype=np.int64)
+        decode_tables: list[list[int]] = []
         prefills: list[PrefillSeq] = []
         prefill_blocks: list[list[int]] = []
         logits_indices, sampling_ids = [], []
         prompt_lp_rows: dict[str, tuple[list[int], list[int], bool]] = {}
         offset = 0
-        for req_id in req_ids:
+        for i, req_id in enumerate(req_ids):
             st = self.requests[req_id]
-            n = so.num_scheduled_tokens[req_id]
+            n = num_sched[req_id]
             start = st.num_computed_tokens
-            pos = np.arange(start, start + n)
-            block_ids = np.asarray(st.block_ids)
-            tokens.append(np.asarray(st.token_ids[start:start + n]))
-            positions.append(pos)
-            slots.append(block_ids[pos // bs] * bs + pos % bs)
-            if n == 1:
-                decode_tables.append(st.block_ids[:(start + n - 1) // bs + 1])
-                decode_lens.append(start + n)
+            if i < num_decodes:
+                # One token: plain ints are cheaper than numpy for a single element.
+                tokens.append(st.token_ids[start])
+                positions.append(start)
+                slots.append(st.block_ids[start // bs] * bs + start % bs)
+                decode_lens[i] = start + 1
+                decode_tables.append(st.block_ids)
             else:
+                pos = range(start, start + n)
+                tokens.extend(st.token_ids[start:start + n])
+                positions.extend(pos)
+                block_ids = np.asarray(st.block_ids, dtype=np.int64)
+                p = np.arange(start, start + n)
+                slots.extend((block_ids[p // bs] * bs + p % bs).tolist())
                 prefills.append(PrefillSeq(query_start=offset, query_len=n, context_len=start))
                 prefill_blocks.append(st.block_ids)
             if start + n == st.num_tokens:
@@ -166,12 +181,13 @@ class CPUModelRunner:
             if st.wants_prompt_logprobs:
                 prompt_lp_rows[req_id] = self._prompt_logprob_rows(st, start, n, offset)
             offset += n
-        slot_mapping = torch.from_numpy(np.concatenate(slots)).to(self.device)
-        md = build_metadata(slot_mapping, decode_tables, decode_lens, prefills, prefill_blocks,
-                            bs, self.device)
+        decode_table = _pad_block_table(decode_tables, decode_lens, bs) if num_decodes else None
+        md = build_metadata(torch.tensor(slots, dtype=torch.long, device=self.device),
+                            decode_table, decode_lens if num_decodes else None, prefills,
+                            prefill_blocks, bs, self.device)
         return StepInputs(
-            input_ids=torch.from_numpy(np.concatenate(tokens)).to(self.device),
-            positions=torch.from_numpy(np.concatenate(positions)).to(self.device),
+            input_ids=torch.tensor(tokens, dtype=torch.long, device=self.device),
+            positions=torch.tensor(positions, dtype=torch.long, device=self.device),
             attn_metadata=md, req_ids=req_ids, logits_indices=logits_indices,
             sampling_req_ids=sampling_ids, prompt_lp_rows=prompt_lp_rows)
 
@@ -190,23 +206,26 @@ class CPUModelRunner:
         sampled: dict[str, list[int]] = {r: [] for r in inputs.req_ids}
         logprobs_out: dict[str, tuple[list[int], list[float], int]] = {}
         if inputs.logits_indices:
-            idx = torch.tensor(inputs.logits_indices, device=self.device)
-            logits = self.model.compute_logits(hidden[idx])
+            logits = self.model.compute_logits(self._rows(hidden, inputs.logits_indices))
         prompt_lps = self._prompt_logprobs(inputs, hidden)
         if not self.is_driver:
             return None
         if inputs.logits_indices:
-            rows = [self._sampling_row(self.requests[r]) for r in inputs.sampling_req_ids]
-            md = SamplingMetadata.build(rows, logits.shape[-1], self.device)
-            out = self.sampler(logits, md)
-            token_ids = out.sampled_token_ids.tolist()
-            lp = out.logprobs_tensors
+            states = [self.requests[r] for r in inputs.sampling_req_ids]
             lp_lists = None
-            if lp is not None:
-                lp_lists = (lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
-                            lp.selected_token_ranks.tolist())
-            for i, req_id in enumerate(inputs.sampling_req_ids):
-                st = self.requests[req_id]
+            if all(needs_only_argmax(st.sampling_params, len(st.output_token_ids))
+                   for st in states):
+                token_ids = greedy_sample(logits).tolist()
+            else:
+                rows = [self._sampling_row(st) for st in states]
+                out = self.sampler(logits, SamplingMetadata.build(rows, logits.shape[-1],
+                                                                  self.device))
+                token_ids = out.sampled_token_ids.tolist()
+                lp = out.logprobs_tensors
+                if lp is not None:
+                    lp_lists = (lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
+                                lp.selected_token_ranks.tolist())
+            for i, (req_id, st) in enumerate(zip(inputs.sampling_req_ids, states)):
                 st.append_token(token_ids[i])
                 sampled[req_id] = [token_ids[i]]
                 k = st.sampling_params.logprobs
@@ -217,6 +236,12 @@ class CPUModelRunner:
             req_ids=inputs.req_ids, sampled_token_ids=[sampled[r] for r in inputs.req_ids],
             logprobs=[logprobs_out.get(r) for r in inputs.req_ids] if logprobs_out else None,
             prompt_logprobs=prompt_lps)
+
+    def _rows(self, hidden: torch.Tensor, indices: list[int]) -> torch.Tensor:
+        """hidden[indices]; no copy when they are all rows in order (a decode-only step)."""
+        if len(indices) == hidden.shape[0] and indices[-1] == len(indices) - 1:
+            return hidden
+        return hidden[torch.tensor(indices, device=self.device)]
 
     def _prompt_logprobs(self, inputs: StepInputs, hidden: torch.Tensor) -> dict:
         result = {}
@@ -240,6 +265,16 @@ class CPUModelRunner:
                            output_token_ids=st.output_token_ids, generator=st.generator)
 
 
+def _pad_block_table(tables: list[list[int]], seq_lens: np.ndarray,
+                     block_size: int) -> np.ndarray:
+    """[rows, max_blocks] int64 block ids covering each row's seq_len (zero padded)."""
+    needed = (seq_lens + block_size - 1) // block_size
+    table = np.zeros((len(tables), int(needed.max())), dtype=np.int64)
+    for i, blocks in enumerate(tables):
+        table[i, :needed[i]] = blocks[:needed[i]]
+    return table
+
+
 def zeroed_tensor(shape: tuple[int, ...], dtype: torch.dtype,
                   device: torch.device) -> torch.Tensor:
     """A zero-filled tensor; on CPU backed by anonymous mmap.
@@ -254,6 +289,32 @@ def zeroed_tensor(shape: tuple[int, ...], dtype: torch.dtype,
     nbytes = numel * torch.tensor([], dtype=dtype).element_size()
     buf = mmap.mmap(-1, max(nbytes, 1))
     return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)
+
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def keep_freed_memory_mapped() -> bool:
+    """Stop glibc from returning each freed activation buffer to the OS.
+
+    By default every allocation above 128 KiB is its own mmap, unmapped on free, so
+    every prefill-sized intermediate tensor is page-faulted in again, zeroed by the
+    kernel, on each use: 5-7x the cost of the op itself for a [512, 576] bf16 tensor.
+    Serving from the heap and never trimming it (what tcmalloc, recommended for
+    vLLM on CPU, does anyway) keeps those pages. A no-op where glibc is absent.
+    """
+    import ctypes
+    import ctypes.util
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) or libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        return bool(ok) and bool(libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1))
+    except (OSError, AttributeError):
+        return False
 
 
 def _load_attn_impl(qualname: str):

@@ -1,16 +1,30 @@
 """Paged attention from plain torch ops: the CPU (and fallback CUDA) backend.
 
+KV cache layout per layer: `[2, num_kv_heads, num_slots, head_size]` (K then V),
+head-major so that gathering a set of slots gives each head's keys as one
+contiguous `[tokens, head_size]` matrix: the batched matmuls below then read the
+gathered block directly (a token-major cache would need a transposing copy of
+every gathered K and V, in every layer, on every step).
+
 The runner orders the batch decode-first: rows with one new token ("decodes") come
-first and are handled together by gathering each sequence's blocks; the remaining
-sequences ("prefills", a whole prompt or a chunk of one) are handled one by one,
-with a plain causal SDPA when nothing precedes them in the cache, and an explicit
-mask over the gathered context otherwise. Masks and gather indices are built once
-per step (in the metadata) and shared by every layer.
+first and are computed together. Their context slots (padded to the longest, with a
+0/-inf bias when lengths differ) are built once per step. Keys are gathered with one
+`index_select` and scored with one batched matmul; the values are never gathered:
+`embedding_bag` with the attention probabilities as per-sample weights sums the
+weighted V rows straight out of the cache (the gather of V plus its matmul cost 3x
+more, mostly the extra pass over memory the cache does not hold).
+
+The remaining sequences ("prefills": a whole prompt or a chunk of one) go one by one
+through `scaled_dot_product_attention`: causal when nothing precedes them in the
+cache, with an explicit mask over the gathered context otherwise. Slots, biases,
+masks and the value index are built once per step and shared by every layer.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -21,9 +35,10 @@ class PrefillSeq:
     query_len: int
     context_len: int
     """Tokens of this sequence already in the cache before this step."""
-    block_ids: torch.Tensor | None = None
-    """Block ids covering context + query (only when context_len > 0)."""
-    mask: torch.Tensor | None = None
+    slots: Optional[torch.Tensor] = None
+    """[context_len + query_len] cache slots of the whole sequence (only when
+    context_len > 0)."""
+    mask: Optional[torch.Tensor] = None
     """[query_len, context_len + query_len] bool, True = may attend."""
 
 
@@ -33,36 +48,94 @@ class TorchSDPAMetadata:
     """[num_tokens] cache slot each new token's K/V is written to."""
     num_decodes: int
     block_size: int
-    decode_block_tables: torch.Tensor | None = None
-    """[num_decodes, max_blocks] block ids (padded with 0, masked out)."""
-    decode_bias: torch.Tensor | None = None
-    """[num_decodes, 1, 1, max_blocks * block_size] 0 or -inf."""
+    decode_max_len: int = 0
+    decode_slots: Optional[torch.Tensor] = None
+    """[num_decodes * decode_max_len] context slots of each decode, row-major, padded
+    with slot 0 (masked out by the bias)."""
+    decode_bias: Optional[torch.Tensor] = None
+    """[num_decodes, decode_max_len] float32: 0 for context, -inf for padding; None
+    when all decodes have the same length (nothing to mask)."""
     prefills: list[PrefillSeq] = field(default_factory=list)
+    _per_layout: dict = field(default_factory=dict, repr=False)
+    """Tensors derived from the above for one cache layout, built by the first layer."""
+
+    def decode_bias_for(self, num_kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
+        """The bias laid out as the decode scores, `[kv_heads * decodes, 1, max_len]`;
+        a broadcastable zero when there is no padding."""
+        key = ("bias", num_kv_heads, dtype)
+        bias = self._per_layout.get(key)
+        if bias is None:
+            if self.decode_bias is None:
+                bias = torch.zeros(1, 1, 1, dtype=dtype, device=self.slot_mapping.device)
+            else:
+                n, length = self.decode_bias.shape
+                bias = (self.decode_bias.to(dtype).unsqueeze(0).expand(num_kv_heads, n, length)
+                        .reshape(num_kv_heads * n, 1, length))
+            self._per_layout[key] = bias
+        return bias
+
+    def decode_value_bags(self, num_kv_heads: int, groups: int,
+                          num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index, offsets) for `embedding_bag` over V viewed as [kv_heads * slots, d].
+
+        One bag per (kv head, decode, query head of the group), in that order (the
+        order of the probabilities), holding the rows `head * num_slots + slot` of the
+        decode's padded context.
+        """
+        key = ("bags", num_kv_heads, groups, num_slots)
+        bags = self._per_layout.get(key)
+        if bags is None:
+            n, length = self.num_decodes, self.decode_max_len
+            device = self.decode_slots.device
+            heads = torch.arange(num_kv_heads, device=device) * num_slots
+            index = (heads.view(-1, 1, 1, 1) + self.decode_slots.view(1, n, 1, length))
+            index = index.expand(num_kv_heads, n, groups, length).reshape(-1)
+            offsets = torch.arange(0, index.numel(), length, device=device)
+            bags = (index, offsets)
+            self._per_layout[key] = bags
+        return bags
 
 
-def build_metadata(slot_mapping: torch.Tensor, decode_block_tables: list[list[int]],
-                   decode_seq_lens: list[int], prefills: list[PrefillSeq],
-                   prefill_block_ids: list[list[int]], block_size: int,
+def context_slots(block_table: np.ndarray, seq_lens: np.ndarray,
+                  block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slots of positions [0, len) of each row, padded to the longest with slot 0.
+
+    block_table: [rows, max_blocks] int64 (entries past a row's blocks unused);
+    returns (slots [rows, max_len], valid [rows, max_len] bool).
+    """
+    max_len = int(seq_lens.max())
+    pos = np.arange(max_len)
+    slots = block_table[:, pos // block_size] * block_size + pos % block_size
+    valid = pos[None, :] < seq_lens[:, None]
+    return np.where(valid, slots, 0), valid
+
+
+def build_metadata(slot_mapping: torch.Tensor, decode_block_table: Optional[np.ndarray],
+                   decode_seq_lens: Optional[np.ndarray], prefills: list[PrefillSeq],
+                   prefill_block_ids: Sequence[Sequence[int]], block_size: int,
                    device: torch.device | str) -> TorchSDPAMetadata:
-    md = TorchSDPAMetadata(slot_mapping=slot_mapping, num_decodes=len(decode_seq_lens),
+    """Per-step metadata: decode slots and bias, and each chunked prefill's context.
+
+    decode_block_table: [num_decodes, max_blocks] int64 block ids (padding ignored);
+    decode_seq_lens: [num_decodes] tokens each decode attends to (including its new one).
+    """
+    num_decodes = 0 if decode_seq_lens is None else len(decode_seq_lens)
+    md = TorchSDPAMetadata(slot_mapping=slot_mapping, num_decodes=num_decodes,
                            block_size=block_size, prefills=prefills)
-    if decode_seq_lens:
-        max_blocks = max(len(b) for b in decode_block_tables)
-        table = torch.zeros(len(decode_block_tables), max_blocks, dtype=torch.long)
-        for i, blocks in enumerate(decode_block_tables):
-            table[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.long)
-        lens = torch.tensor(decode_seq_lens, dtype=torch.long)
-        pos = torch.arange(max_blocks * block_size)
-        bias = torch.zeros(len(decode_seq_lens), max_blocks * block_size)
-        bias.masked_fill_(pos[None, :] >= lens[:, None], float("-inf"))
-        md.decode_block_tables = table.to(device)
-        md.decode_bias = bias.view(len(decode_seq_lens), 1, 1, -1).to(device)
+    if num_decodes:
+        slots, valid = context_slots(decode_block_table, decode_seq_lens, block_size)
+        md.decode_max_len = slots.shape[1]
+        md.decode_slots = torch.from_numpy(slots.reshape(-1)).to(device)
+        if not valid.all():
+            bias = np.where(valid, np.float32(0.0), np.float32(-np.inf))
+            md.decode_bias = torch.from_numpy(bias).to(device)
     for seq, blocks in zip(prefills, prefill_block_ids):
         if seq.context_len == 0:
             continue
         total = seq.context_len + seq.query_len
-        seq.block_ids = torch.tensor(blocks[:-(-total // block_size)], dtype=torch.long,
-                                     device=device)
+        table = np.asarray(blocks[:-(-total // block_size)], dtype=np.int64)[None, :]
+        slots, _ = context_slots(table, np.array([total]), block_size)
+        seq.slots = torch.from_numpy(slots[0]).to(device)
         q_pos = torch.arange(seq.query_len, device=device)[:, None] + seq.context_len
         k_pos = torch.arange(total, device=device)[None, :]
         seq.mask = k_pos <= q_pos
@@ -80,51 +153,54 @@ class TorchSDPABackendImpl:
         k = key.view(num_tokens, hkv, d)
         v = value.view(num_tokens, hkv, d)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        k_cache.index_copy_(0, md.slot_mapping, k)
-        v_cache.index_copy_(0, md.slot_mapping, v)
-        out = torch.empty_like(q)
+        k_cache.index_copy_(1, md.slot_mapping, k.transpose(0, 1))
+        v_cache.index_copy_(1, md.slot_mapping, v.transpose(0, 1))
         nd = md.num_decodes
+        if nd == num_tokens:  # decode-only step: no output buffer to fill
+            return self._decode(q, k_cache, v_cache, md, layer)
+        out = torch.empty(num_tokens, hq * d, dtype=query.dtype, device=query.device)
         if nd:
             out[:nd] = self._decode(q[:nd], k_cache, v_cache, md, layer)
         for seq in md.prefills:
             s, e = seq.query_start, seq.query_start + seq.query_len
             if seq.context_len == 0:
-                out[s:e] = _sdpa(q[s:e], k[s:e], v[s:e], None, layer.scale, causal=True)
+                out[s:e] = _sdpa(q[s:e], k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
+                                 None, layer.scale, causal=True)
             else:
-                total = seq.context_len + seq.query_len
-                kk = _gather_seq(k_cache, seq.block_ids, md.block_size)[:total]
-                vv = _gather_seq(v_cache, seq.block_ids, md.block_size)[:total]
+                kk = k_cache.index_select(1, seq.slots)
+                vv = v_cache.index_select(1, seq.slots)
                 out[s:e] = _sdpa(q[s:e], kk, vv, seq.mask, layer.scale, causal=False)
-        return out.view(num_tokens, hq * d)
+        return out
 
     @staticmethod
     def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 md: TorchSDPAMetadata, layer) -> torch.Tensor:
-        """One query per sequence against its gathered blocks; GQA without repeating K/V."""
-        b = q.shape[0]
+        """One query per sequence against its context; [nd, hq, d] -> [nd, hq*d].
+
+        Batches are (kv head, sequence) pairs; the `groups` query heads sharing a KV
+        head are the rows of one small matmul, so GQA never repeats K or V.
+        """
+        nd = q.shape[0]
         hkv, d = layer.num_kv_heads, layer.head_size
         groups = layer.num_heads // hkv
-        table = md.decode_block_tables
-        bs = md.block_size
-        kk = k_cache.view(-1, bs, hkv, d)[table].view(b, -1, hkv, d).permute(0, 2, 3, 1)
-        vv = v_cache.view(-1, bs, hkv, d)[table].view(b, -1, hkv, d).transpose(1, 2)
-        qq = q.view(b, hkv, groups, d)
-        scores = torch.matmul(qq, kk).float() * layer.scale  # [b, hkv, groups, L]
-        scores = scores + md.decode_bias.view(b, 1, 1, -1)
-        probs = torch.softmax(scores, dim=-1).to(vv.dtype)
-        return torch.matmul(probs, vv).reshape(b, hkv * groups, d)
+        length = md.decode_max_len
+        kk = k_cache.index_select(1, md.decode_slots).view(hkv * nd, length, d)
+        qq = q.view(nd, hkv, groups, d).transpose(0, 1).reshape(hkv * nd, groups, d)
+        bias = md.decode_bias_for(hkv, q.dtype)
+        scores = torch.baddbmm(bias, qq, kk.transpose(1, 2), alpha=layer.scale,
+                               beta=0.0 if md.decode_bias is None else 1.0)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v_cache.dtype)
+        num_slots = v_cache.shape[1]
+        index, offsets = md.decode_value_bags(hkv, groups, num_slots)
+        out = F.embedding_bag(index, v_cache.view(hkv * num_slots, d), offsets, mode="sum",
+                              per_sample_weights=probs.view(-1))  # [hkv * nd * groups, d]
+        return out.view(hkv, nd, groups * d).transpose(0, 1).reshape(nd, hkv * groups * d)
 
 
-def _gather_seq(cache: torch.Tensor, block_ids: torch.Tensor, block_size: int) -> torch.Tensor:
-    h, d = cache.shape[1], cache.shape[2]
-    return cache.view(-1, block_size, h, d)[block_ids].reshape(-1, h, d)
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
           scale: float, causal: bool) -> torch.Tensor:
-    """[T, H, D] inputs -> [T, Hq, D]; GQA handled by SDPA's enable_gqa."""
+    """q [T, Hq, D], k/v [Hkv, S, D] -> [T, Hq * D]; GQA handled by SDPA's enable_gqa."""
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-        v.transpose(0, 1).unsqueeze(0), attn_mask=mask, is_causal=causal, scale=scale,
-        enable_gqa=q.shape[1] != k.shape[1])
-    return out.squeeze(0).transpose(0, 1)
+        q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask,
+        is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[0])
+    return out.squeeze(0).transpose(0, 1).reshape(q.shape[0], -1)
