@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from vllm.attention.backends import torch_sdpa
 from vllm.attention.backends.torch_sdpa import (PrefillSeq, TorchSDPABackendImpl,
-                                                build_metadata, context_slots)
+                                                build_metadata, context_slots,
+                                                group_decodes)
 
 HQ, HKV, D, BS = 6, 2, 16, 4
 
@@ -35,6 +37,9 @@ def test_context_slots_follow_the_block_table():
     slots, valid = context_slots(table, np.array([6, 3]), BS)
     assert slots.tolist() == [[20, 21, 22, 23, 8, 9], [28, 29, 30, 0, 0, 0]]
     assert valid.sum(1).tolist() == [6, 3]
+    slots, valid = context_slots(table, np.array([6, 3]), BS, align=8)
+    assert slots.shape == (2, 8) and slots[0, :6].tolist() == [20, 21, 22, 23, 8, 9]
+    assert not slots[:, 6:].any() and valid.sum(1).tolist() == [6, 3]
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
@@ -84,8 +89,10 @@ def test_mixed_step_matches_dense_attention(dtype, tol):
         offset += new
 
 
-@pytest.mark.parametrize("lens", [[6, 2, 8], [7, 7, 7]], ids=["padded", "equal-lengths"])
-def test_decode_only_step_returns_every_row(lens):
+@pytest.mark.parametrize("lens,align", [([6, 2, 8], 32), ([7, 7, 7], 32), ([7, 7, 7], 1)],
+                         ids=["padded", "aligned", "no-padding"])
+def test_decode_only_step_returns_every_row(lens, align, monkeypatch):
+    monkeypatch.setattr(torch_sdpa, "DECODE_LEN_ALIGN", align)
     torch.manual_seed(1)
     cache = torch.randn(2, HKV, 8 * BS, D)
     table = np.array([[3, 1], [0, 5], [6, 2]], dtype=np.int64)
@@ -93,7 +100,9 @@ def test_decode_only_step_returns_every_row(lens):
     slot_map = torch.tensor([table[i, (n - 1) // BS] * BS + (n - 1) % BS
                              for i, n in enumerate(lens)])
     md = build_metadata(slot_map, table, lens, [], [], BS, "cpu")
-    assert (md.decode_bias is None) == (len(set(lens.tolist())) == 1)
+    assert len(md.decode_groups) == 1
+    assert md.decode_groups[0].max_len == -(-max(lens) // align) * align
+    assert (md.decode_groups[0].bias is None) == (align == 1)
     q, k, v = torch.randn(3, HQ * D), torch.randn(3, HKV * D), torch.randn(3, HKV * D)
     out = TorchSDPABackendImpl().forward(_Layer(), q, k, v, cache, md)
     assert out.shape == (3, HQ * D)
@@ -106,3 +115,41 @@ def test_decode_only_step_returns_every_row(lens):
         full_q[-1] = qq[0]
         ref = _dense(full_q, kk, vv)[-1]
         torch.testing.assert_close(out[i], ref, atol=1e-5, rtol=1e-5)
+
+
+def test_decodes_of_very_different_lengths_get_their_own_groups():
+    lens = np.array([3, 5, 40, 300, 310, 320, 900])
+    assert group_decodes(lens, align=32, min_saving=0) == [(0, 2), (2, 3), (3, 6), (6, 7)]
+    # Splitting must pay for itself: a few short rows stay with the long ones.
+    assert group_decodes(np.array([5, 300, 310]), align=32, min_saving=512) == [(0, 3)]
+    assert group_decodes(np.array([7, 7, 7]), align=32) == [(0, 3)]
+    assert group_decodes(np.array([1]), align=1) == [(0, 1)]
+
+
+def test_grouped_decodes_match_dense_attention(monkeypatch):
+    """Many groups in one step (tiny split threshold), each row checked densely."""
+    monkeypatch.setattr(torch_sdpa, "DECODE_GROUP_MIN_SAVING", 0)
+    monkeypatch.setattr(torch_sdpa, "DECODE_LEN_ALIGN", 4)
+    torch.manual_seed(2)
+    lens = np.array([2, 3, 9, 10, 30])
+    num_blocks = 32
+    cache = torch.randn(2, HKV, num_blocks * BS, D)
+    rng = np.random.default_rng(2)
+    perm = rng.permutation(num_blocks).tolist()
+    table = np.zeros((len(lens), 8), dtype=np.int64)
+    for i, n in enumerate(lens):
+        nb = -(-n // BS)
+        table[i, :nb] = perm[:nb]
+        perm = perm[nb:]
+    slot_map = torch.tensor([table[i, (n - 1) // BS] * BS + (n - 1) % BS
+                             for i, n in enumerate(lens)])
+    md = build_metadata(slot_map, table, lens, [], [], BS, "cpu")
+    assert len(md.decode_groups) >= 3
+    q, k, v = (torch.randn(len(lens), h * D) for h in (HQ, HKV, HKV))
+    out = TorchSDPABackendImpl().forward(_Layer(), q, k, v, cache, md)
+    for i, n in enumerate(lens):
+        slots = [table[i, p // BS] * BS + p % BS for p in range(n)]
+        kk, vv = cache[0][:, slots].transpose(0, 1), cache[1][:, slots].transpose(0, 1)
+        full_q = torch.zeros(n, HQ, D)
+        full_q[-1] = q[i].view(HQ, D)
+        torch.testing.assert_close(out[i], _dense(full_q, kk, vv)[-1], atol=1e-5, rtol=1e-5)

@@ -135,10 +135,12 @@ class CPUModelRunner:
         return get_tp_group().is_first_rank and get_pp_group().is_last_rank
 
     def _order_batch(self, so: SchedulerOutput) -> list[str]:
-        """Decodes (one new token) first, then prefills, in scheduling order."""
+        """Decodes (one new token) first, shortest context first (the attention backend
+        groups decodes of similar length), then prefills in scheduling order."""
         ids = list(so.num_scheduled_tokens)
-        return ([r for r in ids if so.num_scheduled_tokens[r] == 1]
-                + [r for r in ids if so.num_scheduled_tokens[r] != 1])
+        decodes = [r for r in ids if so.num_scheduled_tokens[r] == 1]
+        decodes.sort(key=lambda r: self.requests[r].num_computed_tokens)
+        return decodes + [r for r in ids if so.num_scheduled_tokens[r] != 1]
 
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         bs = self.block_size

@@ -7,8 +7,9 @@ gathered block directly (a token-major cache would need a transposing copy of
 every gathered K and V, in every layer, on every step).
 
 The runner orders the batch decode-first: rows with one new token ("decodes") come
-first and are computed together. Their context slots (padded to the longest, with a
-0/-inf bias when lengths differ) are built once per step. Keys are gathered with one
+first, sorted by context length, and are computed in a few groups of similar length
+(`group_decodes`). A group's context slots (padded to its longest, with a 0/-inf
+bias where lengths differ) are built once per step. Keys are gathered with one
 `index_select` and scored with one batched matmul; the values are never gathered:
 `embedding_bag` with the attention probabilities as per-sample weights sums the
 weighted V rows straight out of the cache (the gather of V plus its matmul cost 3x
@@ -43,39 +44,40 @@ class PrefillSeq:
 
 
 @dataclass
-class TorchSDPAMetadata:
-    slot_mapping: torch.Tensor
-    """[num_tokens] cache slot each new token's K/V is written to."""
-    num_decodes: int
-    block_size: int
-    decode_max_len: int = 0
-    decode_slots: Optional[torch.Tensor] = None
-    """[num_decodes * decode_max_len] context slots of each decode, row-major, padded
-    with slot 0 (masked out by the bias)."""
-    decode_bias: Optional[torch.Tensor] = None
-    """[num_decodes, decode_max_len] float32: 0 for context, -inf for padding; None
-    when all decodes have the same length (nothing to mask)."""
-    prefills: list[PrefillSeq] = field(default_factory=list)
-    _per_layout: dict = field(default_factory=dict, repr=False)
-    """Tensors derived from the above for one cache layout, built by the first layer."""
+class DecodeGroup:
+    """Decodes [start, end) of the batch, their contexts padded to one length.
 
-    def decode_bias_for(self, num_kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
-        """The bias laid out as the decode scores, `[kv_heads * decodes, 1, max_len]`;
-        a broadcastable zero when there is no padding."""
+    The runner sorts decodes by context length, so each group holds similar lengths
+    and pads little (see `group_decodes`).
+    """
+    start: int
+    end: int
+    max_len: int
+    slots: torch.Tensor
+    """[(end - start) * max_len] context slots, row-major, padding -> slot 0."""
+    bias: Optional[torch.Tensor] = None
+    """[end - start, max_len] float32: 0 for context, -inf for padding; None when no
+    row is padded."""
+    _derived: dict = field(default_factory=dict, repr=False)
+    """Tensors derived for one cache layout, built by the first layer, reused by all."""
+
+    def bias_for(self, num_kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
+        """The bias laid out as the scores, `[kv_heads * rows, 1, max_len]`; a
+        broadcastable zero when nothing is padded."""
         key = ("bias", num_kv_heads, dtype)
-        bias = self._per_layout.get(key)
+        bias = self._derived.get(key)
         if bias is None:
-            if self.decode_bias is None:
-                bias = torch.zeros(1, 1, 1, dtype=dtype, device=self.slot_mapping.device)
+            if self.bias is None:
+                bias = torch.zeros(1, 1, 1, dtype=dtype, device=self.slots.device)
             else:
-                n, length = self.decode_bias.shape
-                bias = (self.decode_bias.to(dtype).unsqueeze(0).expand(num_kv_heads, n, length)
+                n, length = self.bias.shape
+                bias = (self.bias.to(dtype).unsqueeze(0).expand(num_kv_heads, n, length)
                         .reshape(num_kv_heads * n, 1, length))
-            self._per_layout[key] = bias
+            self._derived[key] = bias
         return bias
 
-    def decode_value_bags(self, num_kv_heads: int, groups: int,
-                          num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def value_bags(self, num_kv_heads: int, groups: int,
+                   num_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(index, offsets) for `embedding_bag` over V viewed as [kv_heads * slots, d].
 
         One bag per (kv head, decode, query head of the group), in that order (the
@@ -83,29 +85,80 @@ class TorchSDPAMetadata:
         decode's padded context.
         """
         key = ("bags", num_kv_heads, groups, num_slots)
-        bags = self._per_layout.get(key)
+        bags = self._derived.get(key)
         if bags is None:
-            n, length = self.num_decodes, self.decode_max_len
-            device = self.decode_slots.device
+            n, length = self.end - self.start, self.max_len
+            device = self.slots.device
             heads = torch.arange(num_kv_heads, device=device) * num_slots
-            index = (heads.view(-1, 1, 1, 1) + self.decode_slots.view(1, n, 1, length))
+            index = heads.view(-1, 1, 1, 1) + self.slots.view(1, n, 1, length)
             index = index.expand(num_kv_heads, n, groups, length).reshape(-1)
             offsets = torch.arange(0, index.numel(), length, device=device)
             bags = (index, offsets)
-            self._per_layout[key] = bags
+            self._derived[key] = bags
         return bags
 
 
-def context_slots(block_table: np.ndarray, seq_lens: np.ndarray,
-                  block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Slots of positions [0, len) of each row, padded to the longest with slot 0.
+@dataclass
+class TorchSDPAMetadata:
+    slot_mapping: torch.Tensor
+    """[num_tokens] cache slot each new token's K/V is written to."""
+    num_decodes: int
+    block_size: int
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+    prefills: list[PrefillSeq] = field(default_factory=list)
+
+
+DECODE_LEN_ALIGN = 32
+"""Decode contexts are padded to a multiple of this many tokens.
+
+oneDNN compiles a kernel for every new shape of a bf16 batched matmul, about 0.7 ms
+each; a context length that grows by one token per step would pay that on every
+step. Padding makes the shape change once every 32 steps, for at most 31 masked
+columns per row."""
+
+DECODE_GROUP_MIN_SAVING = 512
+"""Split off shorter decodes into their own group only when that avoids at least this
+many padded context rows (a group costs ~8 more ops per layer, about as much as
+gathering and scoring this many rows)."""
+
+
+def group_decodes(seq_lens: np.ndarray, align: Optional[int] = None,
+                  min_saving: Optional[int] = None) -> list[tuple[int, int]]:
+    """Contiguous [start, end) ranges of decodes to pad to a common length.
+
+    Expects lengths sorted ascending (the runner's order). From the longest down, a
+    group takes every decode longer than half of its longest; the shorter rest
+    becomes further groups only if keeping them in this one would pad at least
+    `min_saving` rows. Defaults: DECODE_LEN_ALIGN, DECODE_GROUP_MIN_SAVING.
+    """
+    align = DECODE_LEN_ALIGN if align is None else align
+    min_saving = DECODE_GROUP_MIN_SAVING if min_saving is None else min_saving
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    ranges: list[tuple[int, int]] = []
+    end = len(lens)
+    while end > 0:
+        longest = int(lens[end - 1])
+        top = -(-longest // align) * align
+        start = int(np.searchsorted(lens[:end], longest // 2, side="right"))
+        if start > 0 and start * top - int(lens[:start].sum()) < min_saving:
+            start = 0
+        ranges.append((start, end))
+        end = start
+    return ranges[::-1]
+
+
+def context_slots(block_table: np.ndarray, seq_lens: np.ndarray, block_size: int,
+                  align: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Slots of positions [0, len) of each row, padded with slot 0 to the longest row
+    rounded up to a multiple of `align`.
 
     block_table: [rows, max_blocks] int64 (entries past a row's blocks unused);
-    returns (slots [rows, max_len], valid [rows, max_len] bool).
+    returns (slots [rows, padded_len], valid [rows, padded_len] bool).
     """
-    max_len = int(seq_lens.max())
+    max_len = -(-int(seq_lens.max()) // align) * align
     pos = np.arange(max_len)
-    slots = block_table[:, pos // block_size] * block_size + pos % block_size
+    blocks = np.minimum(pos // block_size, block_table.shape[1] - 1)
+    slots = block_table[:, blocks] * block_size + pos % block_size
     valid = pos[None, :] < seq_lens[:, None]
     return np.where(valid, slots, 0), valid
 
@@ -114,21 +167,25 @@ def build_metadata(slot_mapping: torch.Tensor, decode_block_table: Optional[np.n
                    decode_seq_lens: Optional[np.ndarray], prefills: list[PrefillSeq],
                    prefill_block_ids: Sequence[Sequence[int]], block_size: int,
                    device: torch.device | str) -> TorchSDPAMetadata:
-    """Per-step metadata: decode slots and bias, and each chunked prefill's context.
+    """Per-step metadata: decode groups (slots, bias), each chunked prefill's context.
 
     decode_block_table: [num_decodes, max_blocks] int64 block ids (padding ignored);
-    decode_seq_lens: [num_decodes] tokens each decode attends to (including its new one).
+    decode_seq_lens: [num_decodes] tokens each decode attends to (including its new
+    one), best sorted ascending.
     """
     num_decodes = 0 if decode_seq_lens is None else len(decode_seq_lens)
     md = TorchSDPAMetadata(slot_mapping=slot_mapping, num_decodes=num_decodes,
                            block_size=block_size, prefills=prefills)
-    if num_decodes:
-        slots, valid = context_slots(decode_block_table, decode_seq_lens, block_size)
-        md.decode_max_len = slots.shape[1]
-        md.decode_slots = torch.from_numpy(slots.reshape(-1)).to(device)
+    for start, end in (group_decodes(decode_seq_lens) if num_decodes else []):
+        slots, valid = context_slots(decode_block_table[start:end],
+                                     decode_seq_lens[start:end], block_size,
+                                     DECODE_LEN_ALIGN)
+        group = DecodeGroup(start=start, end=end, max_len=slots.shape[1],
+                            slots=torch.from_numpy(slots.reshape(-1)).to(device))
         if not valid.all():
             bias = np.where(valid, np.float32(0.0), np.float32(-np.inf))
-            md.decode_bias = torch.from_numpy(bias).to(device)
+            group.bias = torch.from_numpy(bias).to(device)
+        md.decode_groups.append(group)
     for seq, blocks in zip(prefills, prefill_block_ids):
         if seq.context_len == 0:
             continue
@@ -155,12 +212,13 @@ class TorchSDPABackendImpl:
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         k_cache.index_copy_(1, md.slot_mapping, k.transpose(0, 1))
         v_cache.index_copy_(1, md.slot_mapping, v.transpose(0, 1))
-        nd = md.num_decodes
-        if nd == num_tokens:  # decode-only step: no output buffer to fill
-            return self._decode(q, k_cache, v_cache, md, layer)
+        groups = md.decode_groups
+        if md.num_decodes == num_tokens and len(groups) == 1:  # no buffer to fill
+            return self._decode(q, k_cache, v_cache, groups[0], layer)
         out = torch.empty(num_tokens, hq * d, dtype=query.dtype, device=query.device)
-        if nd:
-            out[:nd] = self._decode(q[:nd], k_cache, v_cache, md, layer)
+        for group in groups:
+            out[group.start:group.end] = self._decode(q[group.start:group.end], k_cache,
+                                                      v_cache, group, layer)
         for seq in md.prefills:
             s, e = seq.query_start, seq.query_start + seq.query_len
             if seq.context_len == 0:
@@ -174,8 +232,8 @@ class TorchSDPABackendImpl:
 
     @staticmethod
     def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                md: TorchSDPAMetadata, layer) -> torch.Tensor:
-        """One query per sequence against its context; [nd, hq, d] -> [nd, hq*d].
+                group: DecodeGroup, layer) -> torch.Tensor:
+        """One query per sequence against its context; [n, hq, d] -> [n, hq*d].
 
         Batches are (kv head, sequence) pairs; the `groups` query heads sharing a KV
         head are the rows of one small matmul, so GQA never repeats K or V.
@@ -183,15 +241,14 @@ class TorchSDPABackendImpl:
         nd = q.shape[0]
         hkv, d = layer.num_kv_heads, layer.head_size
         groups = layer.num_heads // hkv
-        length = md.decode_max_len
-        kk = k_cache.index_select(1, md.decode_slots).view(hkv * nd, length, d)
+        length = group.max_len
+        kk = k_cache.index_select(1, group.slots).view(hkv * nd, length, d)
         qq = q.view(nd, hkv, groups, d).transpose(0, 1).reshape(hkv * nd, groups, d)
-        bias = md.decode_bias_for(hkv, q.dtype)
-        scores = torch.baddbmm(bias, qq, kk.transpose(1, 2), alpha=layer.scale,
-                               beta=0.0 if md.decode_bias is None else 1.0)
+        scores = torch.baddbmm(group.bias_for(hkv, q.dtype), qq, kk.transpose(1, 2),
+                               alpha=layer.scale, beta=0.0 if group.bias is None else 1.0)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v_cache.dtype)
         num_slots = v_cache.shape[1]
-        index, offsets = md.decode_value_bags(hkv, groups, num_slots)
+        index, offsets = group.value_bags(hkv, groups, num_slots)
         out = F.embedding_bag(index, v_cache.view(hkv * num_slots, d), offsets, mode="sum",
                               per_sample_weights=probs.view(-1))  # [hkv * nd * groups, d]
         return out.view(hkv, nd, groups * d).transpose(0, 1).reshape(nd, hkv * groups * d)
