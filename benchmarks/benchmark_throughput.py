@@ -3,7 +3,8 @@
 Same flags and output lines as vLLM's script. With ``--backend vllm`` every request goes
 to one `LLM.generate` call; ``--backend hf`` runs transformers' `generate` on the same
 weights and dtype, batched with left padding, for comparison. Requests always produce
-exactly their output length (``ignore_eos``), sampled at temperature 1.0, top_p 1.0.
+exactly their output length (``ignore_eos``), sampled at temperature 1.0, top_p 1.0
+(``--temperature`` changes the temperature of both backends; 0 is greedy).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from benchmarks.datasets import (SampleRequest, add_dataset_args, get_requests, get_tokenizer,
                                  resolve_dataset_name)
@@ -66,13 +67,23 @@ class ThroughputResult:
 # --------------------------------------------------------------------------- vllm
 def run_vllm(requests: list[SampleRequest], args: argparse.Namespace) -> ThroughputResult:
     """All requests in one `LLM.generate` call; timing excludes engine start-up."""
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
 
     llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
+    return time_vllm(llm, requests, args)
+
+
+def time_vllm(llm: Any, requests: list[SampleRequest],
+              args: argparse.Namespace) -> ThroughputResult:
+    """One timed `llm.generate` over all requests (uses args.n, args.temperature,
+    args.disable_detokenize, args.disable_tqdm)."""
+    from vllm import SamplingParams
+
     extra = {"detokenize": False} if args.disable_detokenize else {}
-    params = [SamplingParams(n=args.n, temperature=1.0, top_p=1.0, ignore_eos=True,
-                             max_tokens=r.expected_output_len, **extra) for r in requests]
+    params = [SamplingParams(n=args.n, temperature=args.temperature, top_p=1.0,
+                             ignore_eos=True, max_tokens=r.expected_output_len, **extra)
+              for r in requests]
     prompts = [r.engine_prompt() for r in requests]
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=not args.disable_tqdm)
@@ -129,37 +140,57 @@ def _hf_device(name: str) -> Any:
     return torch.device(name)
 
 
-def run_hf(requests: list[SampleRequest], args: argparse.Namespace,
-           model_config: Any) -> ThroughputResult:
-    """transformers `generate` on the engine's weights (`model_config.model_path`) and dtype.
-
-    Every row of a batch generates exactly the batch's longest output length
-    (min_new_tokens = max_new_tokens, so EOS cannot end it early); like vLLM's script,
-    the reported output tokens are the ones the requests asked for.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+def load_hf(model_config: Any, device_name: Optional[str] = None) -> Any:
+    """transformers' model on the engine's weights (`model_config.model_path`) and dtype."""
+    from transformers import AutoModelForCausalLM
 
     from vllm.platforms import current_platform
 
-    device = _hf_device(args.hf_device or current_platform.device_type)
+    device = _hf_device(device_name or current_platform.device_type)
     model = AutoModelForCausalLM.from_pretrained(model_config.model_path,
                                                  dtype=model_config.torch_dtype).to(device)
-    model.eval()
+    return model.eval()
+
+
+def run_hf(requests: list[SampleRequest], args: argparse.Namespace,
+           model_config: Any) -> ThroughputResult:
+    """transformers `generate` on the engine's weights and dtype (see `time_hf`)."""
+    import torch
+
+    model = load_hf(model_config, args.hf_device)
+    torch.manual_seed(args.seed)
+    return time_hf(model, requests, args, model_config)
+
+
+def time_hf(model: Any, requests: list[SampleRequest], args: argparse.Namespace,
+            model_config: Any) -> ThroughputResult:
+    """Timed `generate` calls over `hf_batches` of the requests, left-padded.
+
+    Every row of a batch generates exactly the batch's longest output length
+    (min_new_tokens = max_new_tokens, so EOS cannot end it early); like vLLM's script,
+    the reported output tokens are the ones the requests asked for. Temperature 0 is
+    greedy search; otherwise sampling at that temperature, top_p 1.0, top_k off.
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    device = model.device
     cfg = model_config.hf_config
     pad_id = next((t for t in (getattr(cfg, "pad_token_id", None),
                                getattr(cfg, "eos_token_id", None), 0)
                    if isinstance(t, int)), 0)
-    torch.manual_seed(args.seed)
     batches = hf_batches(requests, args.hf_max_batch_size, model_config.max_model_len)
+    if args.temperature > 0:
+        sampling = dict(do_sample=True, temperature=args.temperature, top_p=1.0, top_k=0)
+    else:
+        sampling = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
     start = time.perf_counter()
     for batch in batches:
         ids, mask = _left_pad(batch, pad_id)
         new_tokens = max(r.expected_output_len for r in batch)
-        gen = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                               max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        gen = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                num_return_sequences=args.n, pad_token_id=pad_id,
-                               eos_token_id=getattr(cfg, "eos_token_id", None))
+                               eos_token_id=getattr(cfg, "eos_token_id", None), **sampling)
         with torch.inference_mode():
             model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                            generation_config=gen)
@@ -177,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataset_args(parser)
     parser.add_argument("--n", type=int, default=1,
                         help="Sequences generated per prompt.")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="Sampling temperature of every request, both backends "
+                             "(vLLM's script always uses 1.0; 0 = greedy).")
     parser.add_argument("--num-prompts", type=int, default=1000,
                         help="Number of requests to process.")
     parser.add_argument("--hf-max-batch-size", type=int, default=None,
@@ -199,6 +233,8 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"n must be >= 1, got {args.n}.")
     if args.num_prompts < 1:
         raise ValueError(f"num_prompts must be >= 1, got {args.num_prompts}.")
+    if args.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {args.temperature}.")
     if args.backend == "hf":
         if args.hf_max_batch_size is None:
             args.hf_max_batch_size = DEFAULT_HF_MAX_BATCH_SIZE
