@@ -50,7 +50,7 @@ setup(
     description="A vLLM-compatible LLM inference and serving engine with an Intel Gaudi backend",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm", "vllm.*"]),
-    package_data={"vllm": ["py.typed"]},
+    package_data={"vllm": ["py.typed", "native/*.cpp"]},
     install_requires=read_requirements(f"{TARGET}.txt"),
     extras_require={"test": read_requirements("test.txt"), "ray": ["ray>=2.10"]},
     entry_points={"console_scripts": ["vllm = vllm.entrypoints.cli.main:main"]},

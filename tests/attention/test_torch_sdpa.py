@@ -14,6 +14,7 @@ from vllm.attention.backends import torch_sdpa
 from vllm.attention.backends.torch_sdpa import (PrefillSeq, TorchSDPABackendImpl,
                                                 build_metadata, context_slots,
                                                 group_decodes)
+from vllm.native import cpu_ops
 
 HQ, HKV, D, BS = 6, 2, 16, 4
 
@@ -42,8 +43,12 @@ def test_context_slots_follow_the_block_table():
     assert not slots[:, 6:].any() and valid.sum(1).tolist() == [6, 3]
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-def test_mixed_step_matches_dense_attention(dtype, tol):
+def test_mixed_step_matches_dense_attention(dtype, tol, native):
+    """Decodes through the padded groups (torch) or the native kernel (vllm/native)."""
+    if native and not cpu_ops.usable(torch.empty(0)):
+        pytest.skip("native CPU kernels unavailable")
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     num_blocks = 64
@@ -78,7 +83,9 @@ def test_mixed_step_matches_dense_attention(dtype, tol):
     for i in range(3):
         decode_table[i, :len(tables[i])] = tables[i]
     md = build_metadata(torch.tensor(slot_map), decode_table,
-                        np.array([s[0] for s in seqs[:3]]), prefills, prefill_blocks, BS, "cpu")
+                        np.array([s[0] for s in seqs[:3]]), prefills, prefill_blocks, BS, "cpu",
+                        native=native)
+    assert (md.decode_block_table is not None) == native
     q, k, v = (torch.cat(x) for x in (q_rows, k_rows, v_rows))
     out = TorchSDPABackendImpl().forward(_Layer(), q.reshape(len(q), -1), k.reshape(len(k), -1),
                                          v.reshape(len(v), -1), cache, md)

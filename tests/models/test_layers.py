@@ -7,6 +7,7 @@ import torch
 from vllm.model_executor.layers import linear as linear_mod
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.native import cpu_ops
 
 
 def _hf_rotary(config, positions, q, k, head_dim):
@@ -57,13 +58,19 @@ def test_unsupported_rope_type_is_rejected():
         get_rope(64, 64, 128, 10000.0, {"rope_type": "llama3", "factor": 2.0})
 
 
-def test_rmsnorm_fused_residual_equals_add_then_norm():
+@pytest.mark.parametrize("native", [True, False])
+def test_rmsnorm_fused_residual_equals_add_then_norm(monkeypatch, native):
+    """Both paths: the native kernel (in place, like vLLM's fused_add_rms_norm) and torch."""
+    if not native:
+        monkeypatch.setattr(cpu_ops, "usable", lambda t: False)
+    elif not cpu_ops.usable(torch.empty(0)):
+        pytest.skip("native CPU kernels unavailable")
     norm = RMSNorm(32, eps=1e-5)
     norm.weight.data.uniform_(0.5, 1.5)
     x, res = torch.randn(5, 32), torch.randn(5, 32)
-    out, new_res = norm(x, res)
+    out, new_res = norm(x.clone(), res.clone())
     torch.testing.assert_close(new_res, x + res)
-    torch.testing.assert_close(out, norm(x + res))
+    torch.testing.assert_close(out, norm((x + res).clone()))
     expected = (x + res) / torch.sqrt(((x + res) ** 2).mean(-1, keepdim=True) + 1e-5)
     torch.testing.assert_close(out, expected * norm.weight)
 

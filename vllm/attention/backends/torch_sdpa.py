@@ -15,6 +15,11 @@ bias where lengths differ) are built once per step. Keys are gathered with one
 weighted V rows straight out of the cache (the gather of V plus its matmul cost 3x
 more, mostly the extra pass over memory the cache does not hold).
 
+Where the native CPU kernels run (vllm/native: a CPU float32/bf16 cache), decodes
+skip all of the above: one kernel call per layer walks each sequence's block table
+directly (no padding, no grouping, no gathered copies), and K/V are written to the
+cache by another. The runner then builds only the int32 block table and lengths.
+
 The remaining sequences ("prefills": a whole prompt or a chunk of one) go one by one
 through `scaled_dot_product_attention`: causal when nothing precedes them in the
 cache, with an explicit mask over the gathered context otherwise. Slots, biases,
@@ -28,6 +33,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from vllm.native import cpu_ops
 
 
 @dataclass
@@ -106,6 +113,11 @@ class TorchSDPAMetadata:
     block_size: int
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillSeq] = field(default_factory=list)
+    decode_block_table: Optional[torch.Tensor] = None
+    """[num_decodes, max_blocks] int32, set instead of decode_groups for the native
+    decode kernel."""
+    decode_seq_lens: Optional[torch.Tensor] = None
+    """[num_decodes] int32 context lengths (new token included), native path only."""
 
 
 DECODE_LEN_ALIGN = 32
@@ -166,17 +178,22 @@ def context_slots(block_table: np.ndarray, seq_lens: np.ndarray, block_size: int
 def build_metadata(slot_mapping: torch.Tensor, decode_block_table: Optional[np.ndarray],
                    decode_seq_lens: Optional[np.ndarray], prefills: list[PrefillSeq],
                    prefill_block_ids: Sequence[Sequence[int]], block_size: int,
-                   device: torch.device | str) -> TorchSDPAMetadata:
+                   device: torch.device | str, native: bool = False) -> TorchSDPAMetadata:
     """Per-step metadata: decode groups (slots, bias), each chunked prefill's context.
 
     decode_block_table: [num_decodes, max_blocks] int64 block ids (padding ignored);
     decode_seq_lens: [num_decodes] tokens each decode attends to (including its new
-    one), best sorted ascending.
+    one), best sorted ascending. native: decodes go to the native kernel (block table
+    and lengths as int32 tensors instead of padded groups).
     """
     num_decodes = 0 if decode_seq_lens is None else len(decode_seq_lens)
     md = TorchSDPAMetadata(slot_mapping=slot_mapping, num_decodes=num_decodes,
                            block_size=block_size, prefills=prefills)
-    for start, end in (group_decodes(decode_seq_lens) if num_decodes else []):
+    if native and num_decodes:
+        md.decode_block_table = torch.from_numpy(decode_block_table.astype(np.int32))
+        md.decode_seq_lens = torch.from_numpy(np.asarray(decode_seq_lens, dtype=np.int32))
+    for start, end in (group_decodes(decode_seq_lens)
+                       if num_decodes and md.decode_block_table is None else []):
         slots, valid = context_slots(decode_block_table[start:end],
                                      decode_seq_lens[start:end], block_size,
                                      DECODE_LEN_ALIGN)
@@ -210,12 +227,20 @@ class TorchSDPABackendImpl:
         k = key.view(num_tokens, hkv, d)
         v = value.view(num_tokens, hkv, d)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        k_cache.index_copy_(1, md.slot_mapping, k.transpose(0, 1))
-        v_cache.index_copy_(1, md.slot_mapping, v.transpose(0, 1))
+        if self._native_write(key, value, kv_cache):
+            cpu_ops.write_kv(key, value, kv_cache, md.slot_mapping)
+        else:
+            k_cache.index_copy_(1, md.slot_mapping, k.transpose(0, 1))
+            v_cache.index_copy_(1, md.slot_mapping, v.transpose(0, 1))
         groups = md.decode_groups
         if md.num_decodes == num_tokens and len(groups) == 1:  # no buffer to fill
             return self._decode(q, k_cache, v_cache, groups[0], layer)
         out = torch.empty(num_tokens, hq * d, dtype=query.dtype, device=query.device)
+        if md.decode_block_table is not None:
+            nd = md.num_decodes
+            cpu_ops.decode_attention(query[:nd], kv_cache, md.decode_block_table,
+                                     md.decode_seq_lens, hq, md.block_size, layer.scale,
+                                     out[:nd])
         for group in groups:
             out[group.start:group.end] = self._decode(q[group.start:group.end], k_cache,
                                                       v_cache, group, layer)
@@ -229,6 +254,14 @@ class TorchSDPABackendImpl:
                 vv = v_cache.index_select(1, seq.slots)
                 out[s:e] = _sdpa(q[s:e], kk, vv, seq.mask, layer.scale, causal=False)
         return out
+
+    @staticmethod
+    def _native_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+        """Whether `cpu_ops.write_kv` can store these K/V rows (views of one fused
+        projection, or two tensors of equal row stride, on CPU)."""
+        return (key.stride(-1) == 1 and value.stride(-1) == 1
+                and key.stride(0) == value.stride(0) and key.dtype == kv_cache.dtype
+                and kv_cache.is_contiguous() and cpu_ops.usable(kv_cache))
 
     @staticmethod
     def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm.native import cpu_ops
+
 logger = logging.getLogger(__name__)
 
 PACKED_ATTR = "packed_weight"
@@ -62,8 +64,20 @@ def drop_packed_weights(model: nn.Module) -> None:
 
 def linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, through the module's packed weight when it has one."""
+    """`F.linear(x, weight, bias)`, through the module's packed weight when it has one.
+
+    With 1-3 rows (decode of a small batch) and a packed (so bf16, CPU) weight, the
+    native GEMV (vllm/native) reads the plain weight instead: the product is bound by
+    reading the weight once, and its single sequential stream per thread reads it
+    1.5-2x faster than oneDNN does (measured on 2 AVX512-BF16 cores, 30 Llama layers
+    of SmolLM2-135M: 9.6 vs 16 ms at 1 row, ~equal at 4, oneDNN ahead from 8).
+    """
     packed = module.__dict__.get(PACKED_ATTR)
     if packed is not None and x.dtype == torch.bfloat16 and x.device.type == "cpu":
+        if (x.dim() == 2 and x.shape[0] <= cpu_ops.GEMV_MAX_ROWS and x.stride(-1) == 1
+                and cpu_ops.gemv_supported()):
+            out = cpu_ops.gemv_bf16(x, weight, bias)
+            if out is not None:
+                return out
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return F.linear(x, weight, bias)

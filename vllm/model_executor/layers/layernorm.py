@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm.native import cpu_ops
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm, statistics in float32 as HF Llama/Qwen compute them.
@@ -16,10 +18,12 @@ class RMSNorm(nn.Module):
     as the new residual: decoder layers chain these without keeping a separate
     add, which is the layout vLLM's fused kernels expect.
 
-    The norm is `F.rms_norm`: one call instead of eight elementwise ops (each a
-    dispatch and a temporary, which dominate at decode batch sizes). In float32 it
-    equals HF's formula exactly; in bf16 it rounds once at the end where HF rounds
-    before the weight multiply (closer to the float32 result, never further).
+    On CPU in float32/bf16 both forms run as one native kernel (vllm/native) that
+    computes HF's formula with HF's roundings; the residual form then works in place
+    as vLLM's `fused_add_rms_norm` does: `residual` becomes the sum and `x` its norm
+    (callers pass tensors they own). Elsewhere the norm is `F.rms_norm`: one call
+    instead of eight elementwise ops; in bf16 it rounds once at the end where HF
+    rounds before the weight multiply.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6,
@@ -32,6 +36,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
                 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        if x.dim() == 2 and x.stride(-1) == 1 and cpu_ops.usable(x) and not x.requires_grad:
+            if residual is None:
+                return cpu_ops.rms_norm(x, self.weight, self.variance_epsilon)
+            if residual.stride(-1) == 1 and residual.dtype == x.dtype:
+                cpu_ops.rms_norm(x, self.weight, self.variance_epsilon, residual=residual, out=x)
+                return x, residual
         if residual is not None:
             x = x + residual
             residual = x

@@ -13,6 +13,8 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from vllm.native import cpu_ops
+
 
 class RotaryEmbedding(nn.Module):
     """Plain RoPE ("default"): inv_freq[i] = base ** (-2i / rotary_dim).
@@ -75,6 +77,16 @@ class RotaryEmbedding(nn.Module):
         if rd < self.head_size:
             out = torch.cat((out, x[..., rd:]), dim=-1)
         return out
+
+    def rotate_heads_(self, positions: torch.Tensor, x: torch.Tensor, num_heads: int) -> bool:
+        """Rotate heads [0, num_heads) of `x` [T, >= num_heads * head_size] in place with
+        the native kernel; False (x untouched) where it cannot run, e.g. off CPU."""
+        if (x.dim() != 2 or x.stride(-1) != 1 or x.dtype != self.cos_sin_cache.dtype
+                or x.requires_grad or not cpu_ops.usable(x)):
+            return False
+        cpu_ops.rotary_(x, positions, self.cos_sin_cache, num_heads, self.head_size,
+                        self.rotary_dim, self.is_neox_style)
+        return True
 
     def _tables(self, positions: torch.Tensor,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

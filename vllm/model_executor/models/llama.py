@@ -89,10 +89,12 @@ class LlamaAttention(nn.Module):
         """Split the fused projection into q, k, v and rotate q and k.
 
         q and k sit side by side in `qkv`, so their heads are rotated in one pass
-        (half the elementwise ops of rotating each); the results are views.
+        (in place by the native kernel where it runs); the results are views.
         """
         t = qkv.shape[0]
         qk_size = self.q_size + self.kv_size
+        if self.rotary_emb.rotate_heads_(positions, qkv, self.num_heads + self.num_kv_heads):
+            return qkv[:, :self.q_size], qkv[:, self.q_size:qk_size], qkv[:, qk_size:]
         heads = qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
         heads = self.rotary_emb.rotate(positions, heads)
         return (heads[:, :self.num_heads].reshape(t, self.q_size),

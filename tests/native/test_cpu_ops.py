@@ -1,0 +1,213 @@
+"""The native CPU kernels against references written with plain torch / float64.
+
+Each kernel replaces a chain of torch ops on the decode hot path; these tests pin
+its numbers to the Hugging Face formula (RMSNorm, rotary, SwiGLU), to a naive float64
+attention over random ragged paged contexts, and to a float32 matmul (GEMV). The
+loader tests cover the fallbacks: disabled by the environment, or no working compiler.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vllm.native import cpu_ops, loader
+
+pytestmark = pytest.mark.skipif(not cpu_ops.usable(torch.empty(0)),
+                                reason="native CPU kernels unavailable (no C++ compiler?)")
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _hf_rms(h: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm.forward, verbatim in its roundings."""
+    hf = h.float()
+    hf = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * hf.to(h.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_matches_hf_and_fuses_the_residual_in_place(dtype):
+    torch.manual_seed(0)
+    x, res, w = torch.randn(7, 96, dtype=dtype), torch.randn(7, 96, dtype=dtype), \
+        torch.rand(96, dtype=dtype) + 0.5
+    out = cpu_ops.rms_norm(x, w, 1e-5)
+    torch.testing.assert_close(out, _hf_rms(x, w, 1e-5), atol=1e-6, rtol=1e-6)
+    xx, rr = x.clone(), res.clone()
+    got = cpu_ops.rms_norm(xx, w, 1e-5, residual=rr, out=xx)
+    assert got.data_ptr() == xx.data_ptr()
+    assert torch.equal(rr, x + res)
+    torch.testing.assert_close(xx, _hf_rms(x + res, w, 1e-5), atol=1e-6, rtol=1e-6)
+
+
+def test_rms_norm_takes_strided_rows():
+    torch.manual_seed(1)
+    base = torch.randn(5, 200)
+    x, w = base[:, 8:72], torch.rand(64) + 0.5
+    torch.testing.assert_close(cpu_ops.rms_norm(x, w, 1e-6), _hf_rms(x, w, 1e-6))
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        cpu_ops.rms_norm(base.t(), w, 1e-6)
+
+
+def _hf_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool):
+    """q * cos + rotate_half(q) * sin (neox) or the interleaved-pair form, per head."""
+    if neox:
+        half = x.shape[-1] // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * torch.cat((cos, cos), -1) + rot * torch.cat((sin, sin), -1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.flatten(-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("neox,rot_dim", [(True, 32), (False, 32), (True, 16)])
+def test_rotary_rotates_the_leading_heads_in_place(dtype, neox, rot_dim):
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+    torch.manual_seed(2)
+    head, heads, total = 32, 5, 7  # rotate 5 of 7 heads (q and k; v stays)
+    rope = RotaryEmbedding(head, rot_dim, 512, 10000.0, neox, dtype=dtype)
+    x = torch.randn(6, total * head, dtype=dtype)
+    pos = torch.tensor([0, 3, 77, 200, 511, 5])
+    got = x.clone()
+    cpu_ops.rotary_(got, pos, rope.cos_sin_cache, heads, head, rot_dim, neox)
+    cos, sin = rope.cos_sin_cache[pos].chunk(2, dim=-1)
+    h = x.view(6, total, head)[:, :heads]
+    ref = _hf_rotate(h[..., :rot_dim], cos[:, None], sin[:, None], neox)
+    g = got.view(6, total, head)
+    torch.testing.assert_close(g[:, :heads, :rot_dim], ref, atol=1e-6, rtol=1e-6)
+    assert torch.equal(g[:, :heads, rot_dim:], h[..., rot_dim:])
+    assert torch.equal(g[:, heads:], x.view(6, total, head)[:, heads:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_matches_torch(dtype):
+    torch.manual_seed(3)
+    x = torch.randn(9, 2 * 100, dtype=dtype) * 4
+    ref = F.silu(x[:, :100]) * x[:, 100:]
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(cpu_ops.silu_and_mul(x), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_stores_rows_at_their_slots(dtype):
+    torch.manual_seed(4)
+    hkv, d, slots = 3, 16, 40
+    cache = torch.zeros(2, hkv, slots, d, dtype=dtype)
+    qkv = torch.randn(5, (6 + 2 * hkv) * d, dtype=dtype)
+    k, v = qkv[:, 6 * d:(6 + hkv) * d], qkv[:, (6 + hkv) * d:]
+    slot_mapping = torch.tensor([7, 0, 39, 12, 13])
+    cpu_ops.write_kv(k, v, cache, slot_mapping)
+    ref = torch.zeros_like(cache)
+    ref[0].index_copy_(1, slot_mapping, k.reshape(5, hkv, d).transpose(0, 1))
+    ref[1].index_copy_(1, slot_mapping, v.reshape(5, hkv, d).transpose(0, 1))
+    assert torch.equal(cache, ref)
+
+
+def _naive_decode(q, cache, table, lens, hq, bs, scale):
+    """float64, one sequence and head at a time, straight from the definition."""
+    hkv, d = cache.shape[1], cache.shape[3]
+    out = torch.zeros(q.shape[0], hq * d, dtype=torch.float64)
+    for i, n in enumerate(lens.tolist()):
+        slots = [int(table[i, p // bs]) * bs + p % bs for p in range(n)]
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            k = cache[0, kh, slots].double()
+            v = cache[1, kh, slots].double()
+            qh = q[i, h * d:(h + 1) * d].double()
+            p = torch.softmax(k @ qh * scale, dim=0)
+            out[i, h * d:(h + 1) * d] = p @ v
+    return out
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("hq,hkv,d,bs", [(9, 3, 64, 16), (4, 4, 40, 8), (8, 2, 128, 16),
+                                         (6, 1, 32, 4)])
+def test_decode_attention_matches_float64_on_ragged_paged_contexts(dtype, tol, hq, hkv, d, bs):
+    torch.manual_seed(5)
+    rng = np.random.default_rng(5)
+    num_blocks, n = 96, 6
+    cache = torch.randn(2, hkv, num_blocks * bs, d, dtype=dtype)
+    lens = torch.tensor([1, 2, bs, bs + 1, 5 * bs - 3, 130][:n], dtype=torch.int32)
+    max_blocks = -(-int(lens.max()) // bs)
+    table = torch.tensor(np.stack([rng.permutation(num_blocks)[:max_blocks] for _ in range(n)]),
+                         dtype=torch.int32)
+    q = torch.randn(n, (hq + 2 * hkv) * d, dtype=dtype)[:, :hq * d]  # strided rows
+    out = torch.full((n, hq * d), float("nan"), dtype=dtype)
+    cpu_ops.decode_attention(q, cache, table, lens, hq, bs, d ** -0.5, out)
+    ref = _naive_decode(q, cache, table, lens, hq, bs, d ** -0.5)
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+
+
+def test_decode_attention_refuses_int64_tables():
+    cache = torch.zeros(2, 1, 16, 8)
+    with pytest.raises(ValueError, match="int32"):
+        cpu_ops.decode_attention(torch.zeros(1, 8), cache, torch.zeros(1, 1, dtype=torch.long),
+                                 torch.ones(1, dtype=torch.int32), 1, 16, 1.0,
+                                 torch.zeros(1, 8))
+
+
+@pytest.mark.skipif(not cpu_ops.gemv_supported(), reason="no AVX512-BF16 GEMV on this CPU")
+@pytest.mark.parametrize("m", [1, 2, 3, 5])
+@pytest.mark.parametrize("n,k", [(96, 576), (33, 40), (7, 100)])
+def test_gemv_bf16_matches_a_float32_matmul(m, n, k):
+    torch.manual_seed(6)
+    x = torch.randn(m, k + 8).bfloat16()[:, 8:]  # strided rows
+    w, b = torch.randn(n, k).bfloat16(), torch.randn(n).bfloat16()
+    for bias in (None, b):
+        got = cpu_ops.gemv_bf16(x, w, bias)
+        ref = F.linear(x.float(), w.float(), None if bias is None else bias.float())
+        torch.testing.assert_close(got.float(), ref, atol=2e-2 * ref.abs().max().item(),
+                                   rtol=1e-2)
+
+
+def test_linear_takes_the_gemv_for_few_rows_only(monkeypatch):
+    """cpu_gemm.linear sends 1-3 bf16 rows to the GEMV and more rows to oneDNN."""
+    from torch import nn
+    from vllm.model_executor.layers import cpu_gemm
+    if not cpu_ops.gemv_supported():
+        pytest.skip("no AVX512-BF16 GEMV on this CPU")
+    layer = nn.Linear(64, 32, bias=False).bfloat16().requires_grad_(False)
+    layer.packable_weight = True
+    assert cpu_gemm.pack_linear_weights(layer) == 1
+    calls = []
+    real = cpu_ops.gemv_bf16
+    monkeypatch.setattr(cpu_ops, "gemv_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    for rows in (1, 3, 4, 16):
+        x = torch.randn(rows, 64).bfloat16()
+        torch.testing.assert_close(cpu_gemm.linear(layer, x, layer.weight).float(),
+                                   F.linear(x.float(), layer.weight.float()), atol=5e-2,
+                                   rtol=2e-2)
+    assert calls == [1, 3]
+
+
+def _fresh_loader(monkeypatch, tmp_path, **env):
+    monkeypatch.setattr(loader, "_state", {})
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_loader_builds_once_and_caches(monkeypatch, tmp_path):
+    _fresh_loader(monkeypatch, tmp_path)
+    lib = loader.get_native_lib()
+    assert lib is not None and lib.vllm_cpu_ops_version() == 1
+    built = list((tmp_path / "native").glob("cpu_ops-*.so"))
+    assert len(built) == 1
+    mtime = built[0].stat().st_mtime_ns
+    assert loader.build_library() == built[0] and built[0].stat().st_mtime_ns == mtime
+
+
+def test_loader_disabled_by_environment(monkeypatch, tmp_path):
+    _fresh_loader(monkeypatch, tmp_path, VLLM_CPU_NATIVE_OPS="0")
+    assert loader.get_native_lib() is None
+    assert not cpu_ops.usable(torch.empty(0))
+
+
+def test_a_broken_compiler_falls_back_to_torch(monkeypatch, tmp_path, caplog):
+    _fresh_loader(monkeypatch, tmp_path, CXX="false")
+    with caplog.at_level("WARNING", logger="vllm.native.loader"):
+        assert loader.get_native_lib() is None
+    assert "using torch ops instead" in caplog.text
+    assert not list((tmp_path / "native").glob("*.tmp")), "the temporary output is removed"

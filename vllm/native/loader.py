@@ -1,0 +1,140 @@
+"""Builds `cpu_ops.cpp` once with the system C++ compiler and loads it with ctypes.
+
+Why at first use instead of at install time: the kernels are compiled with
+`-march=native` for the machine that runs them (AVX-512 and its bf16 dot products
+where present), and a plain C ABI library needs no torch headers, so the build takes
+a few seconds. The result is cached under `$VLLM_CACHE_ROOT/native/`, keyed by the
+source, the compiler and the CPU's feature flags; later starts only load it.
+
+Nothing here is required: without a compiler, with `VLLM_CPU_NATIVE_OPS=0`, or if the
+build fails, `get_native_lib()` returns None and every caller keeps its torch path
+(logged once, with the reason).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import Optional
+
+from vllm import envs
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+CXX_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+BUILD_TIMEOUT_S = 120
+
+_i64, _i32, _f32, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+# name -> argument types (see the extern "C" block of cpu_ops.cpp).
+SIGNATURES: dict[str, tuple] = {
+    "vllm_cpu_ops_version": (),
+    "vllm_has_bf16_gemv": (),
+    "vllm_rms_norm": (_i32, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _f32, _i32),
+    "vllm_rotary": (_i32, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i32, _i32),
+    "vllm_silu_and_mul": (_i32, _ptr, _i64, _ptr, _i64, _i64, _i64, _i32),
+    "vllm_write_kv": (_i32, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64),
+    "vllm_decode_attention": (_i32, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64, _i64,
+                              _i64, _i64, _i64, _f32, _ptr, _i64, _i32),
+    "vllm_gemv_bf16": (_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32),
+}
+RETURNS_INT = ("vllm_cpu_ops_version", "vllm_has_bf16_gemv", "vllm_gemv_bf16")
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def get_native_lib() -> Optional[ctypes.CDLL]:
+    """The loaded kernel library, or None when it is disabled or cannot be built."""
+    if "lib" in _state:
+        return _state["lib"]  # type: ignore[return-value]
+    with _lock:
+        if "lib" not in _state:
+            _state["lib"] = _load()
+    return _state["lib"]  # type: ignore[return-value]
+
+
+def _load() -> Optional[ctypes.CDLL]:
+    if not envs.VLLM_CPU_NATIVE_OPS:
+        logger.info("Native CPU kernels disabled (VLLM_CPU_NATIVE_OPS=0).")
+        return None
+    try:
+        path = build_library()
+        lib = ctypes.CDLL(str(path))
+        _declare(lib)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        logger.warning("Native CPU kernels unavailable, using torch ops instead: %s", e)
+        return None
+    logger.debug("Loaded native CPU kernels from %s", path)
+    return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    for name, argtypes in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = list(argtypes)
+        fn.restype = ctypes.c_int if name in RETURNS_INT else None
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or "g++"
+    path = shutil.which(cxx)
+    if path is None:
+        raise RuntimeError(f"no C++ compiler found ({cxx!r}; set CXX to choose one)")
+    return path
+
+
+def _cpu_flags() -> str:
+    """The CPU feature list, part of the cache key (the build is -march=native)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _cache_key(cxx: str) -> str:
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), version.encode(), " ".join(CXX_FLAGS).encode(),
+                 _cpu_flags().encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def build_library() -> Path:
+    """Path of the built library, compiling it first if this key has no build yet.
+
+    The compiler writes to a temporary file that is renamed into place, so processes
+    starting together (TP workers) never load a half-written library.
+    """
+    cxx = _compiler()
+    out_dir = Path(envs.VLLM_CACHE_ROOT) / "native"
+    target = out_dir / f"cpu_ops-{_cache_key(cxx)}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        logger.info("Building native CPU kernels (once; cached in %s)", out_dir)
+        proc = subprocess.run([cxx, *CXX_FLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
+                              text=True, timeout=BUILD_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cxx} failed: {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
