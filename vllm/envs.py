@@ -32,8 +32,8 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_CPU_OMP_THREADS_BIND": (str, "auto", "Cores the CPU worker binds to ('auto' or 'all')."),
     "VLLM_CPU_NATIVE_OPS": (_bool, True, "Use the native CPU kernels (vllm/native, built once "
                             "with the system C++ compiler); 0 keeps every op in torch."),
-    "VLLM_CPU_NATIVE_GEMV": (_bool, True, "Use the native bf16 GEMV for decode batches of 1-4 "
-                             "rows (needs AVX512-BF16); 0 keeps oneDNN."),
+    "VLLM_CPU_NATIVE_GEMM": (_bool, True, "bf16 linear layers through the native AVX512-BF16 "
+                             "GEMM (weights repacked once); 0 uses oneDNN instead."),
     # ---- server ----
     "VLLM_API_KEY": (str, "", "API key the OpenAI server requires under /v1 when set."),
     "VLLM_HOST_IP": (str, "", "IP address of this node for distributed setups."),

@@ -148,38 +148,42 @@ def test_decode_attention_refuses_int64_tables():
                                  torch.zeros(1, 8))
 
 
-@pytest.mark.skipif(not cpu_ops.gemv_supported(), reason="no AVX512-BF16 GEMV on this CPU")
-@pytest.mark.parametrize("m", [1, 2, 3, 5])
-@pytest.mark.parametrize("n,k", [(96, 576), (33, 40), (7, 100)])
-def test_gemv_bf16_matches_a_float32_matmul(m, n, k):
+@pytest.mark.skipif(not cpu_ops.gemm_supported(), reason="no AVX512-BF16 on this CPU")
+@pytest.mark.parametrize("m", [1, 3, 12, 13, 40])
+@pytest.mark.parametrize("n,k", [(96, 576), (33, 40), (7, 100), (50, 2)])
+def test_packed_gemm_matches_a_float32_matmul(m, n, k):
+    """Row counts around the 12-row tile, feature counts off the 32-feature tile."""
     torch.manual_seed(6)
     x = torch.randn(m, k + 8).bfloat16()[:, 8:]  # strided rows
     w, b = torch.randn(n, k).bfloat16(), torch.randn(n).bfloat16()
+    packed = cpu_ops.pack_bf16(w)
+    assert packed.numel() == -(-n // 32) * 32 * k
     for bias in (None, b):
-        got = cpu_ops.gemv_bf16(x, w, bias)
+        got = cpu_ops.gemm_bf16_packed(x, packed, n, bias)
         ref = F.linear(x.float(), w.float(), None if bias is None else bias.float())
-        torch.testing.assert_close(got.float(), ref, atol=2e-2 * ref.abs().max().item(),
+        torch.testing.assert_close(got.float(), ref, atol=1e-2 * ref.abs().max().item(),
                                    rtol=1e-2)
 
 
-def test_linear_takes_the_gemv_for_few_rows_only(monkeypatch):
-    """cpu_gemm.linear sends 1-3 bf16 rows to the GEMV and more rows to oneDNN."""
+@pytest.mark.parametrize("native", [True, False])
+def test_linear_layers_use_their_packed_weight(monkeypatch, native):
+    """cpu_gemm.linear through the native pack, or oneDNN's when the native GEMM is off."""
     from torch import nn
     from vllm.model_executor.layers import cpu_gemm
-    if not cpu_ops.gemv_supported():
-        pytest.skip("no AVX512-BF16 GEMV on this CPU")
-    layer = nn.Linear(64, 32, bias=False).bfloat16().requires_grad_(False)
+    if native and not cpu_ops.gemm_supported():
+        pytest.skip("no AVX512-BF16 on this CPU")
+    monkeypatch.setattr(cpu_ops, "_GEMM", {"ok": native})
+    layer = nn.Linear(64, 40, bias=True).bfloat16().requires_grad_(False)
     layer.packable_weight = True
     assert cpu_gemm.pack_linear_weights(layer) == 1
-    calls = []
-    real = cpu_ops.gemv_bf16
-    monkeypatch.setattr(cpu_ops, "gemv_bf16", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    for rows in (1, 3, 4, 16):
+    assert layer.packed_kind == ("native" if native else "onednn")
+    for rows in (1, 5, 16):
         x = torch.randn(rows, 64).bfloat16()
-        torch.testing.assert_close(cpu_gemm.linear(layer, x, layer.weight).float(),
-                                   F.linear(x.float(), layer.weight.float()), atol=5e-2,
-                                   rtol=2e-2)
-    assert calls == [1, 3]
+        ref = F.linear(x.float(), layer.weight.float(), layer.bias.float())
+        torch.testing.assert_close(cpu_gemm.linear(layer, x, layer.weight, layer.bias).float(),
+                                   ref, atol=5e-2, rtol=2e-2)
+    cpu_gemm.drop_packed_weights(layer)
+    assert "packed_weight" not in layer.__dict__ and "packed_kind" not in layer.__dict__
 
 
 def _fresh_loader(monkeypatch, tmp_path, **env):

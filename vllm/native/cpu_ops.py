@@ -121,37 +121,41 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
         out.data_ptr(), out.stride(0), torch.get_num_threads())
 
 
-GEMV_MAX_ROWS = 3
-"""The linear layers use the native GEMV up to this many rows; from 4 rows on,
-oneDNN's blocked kernels (which reuse each weight block across rows) are as fast or
-faster."""
-
-
-def gemv_supported() -> bool:
-    """A loaded library built with AVX512-BF16, and VLLM_CPU_NATIVE_GEMV not off."""
-    cached = _GEMV.get("ok")
+def gemm_supported() -> bool:
+    """A loaded library built with AVX512-BF16, and VLLM_CPU_NATIVE_GEMM not off."""
+    cached = _GEMM.get("ok")
     if cached is None:
         lib = get_native_lib()
-        cached = bool(lib is not None and envs.VLLM_CPU_NATIVE_GEMV
-                      and lib.vllm_has_bf16_gemv())
-        _GEMV["ok"] = cached
+        cached = bool(lib is not None and envs.VLLM_CPU_NATIVE_GEMM
+                      and lib.vllm_has_bf16_gemm())
+        _GEMM["ok"] = cached
     return cached
 
 
-_GEMV: dict[str, bool] = {}
+_GEMM: dict[str, bool] = {}
 
 
-def gemv_bf16(x: torch.Tensor, weight: torch.Tensor,
-              bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-    """`F.linear(x, weight, bias)` for bf16 `x` [M, K] and contiguous `weight` [N, K];
-    None when the library has no bf16 GEMV (the caller then uses its own path)."""
+def pack_bf16(weight: torch.Tensor) -> Optional[torch.Tensor]:
+    """`weight` [N, K] (bf16, K even) in the layout of `gemm_bf16_packed`; None when the
+    library has no AVX512-BF16 kernels."""
+    n, k = weight.shape
+    if k % 2 or weight.dtype != torch.bfloat16 or not gemm_supported():
+        return None
+    weight = weight.contiguous()
+    lib = get_native_lib()
+    out = torch.empty(lib.vllm_packed_numel(n, k), dtype=torch.bfloat16)
+    lib.vllm_pack_bf16(weight.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def gemm_bf16_packed(x: torch.Tensor, packed: torch.Tensor, n: int,
+                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for bf16 `x` [M, K] with `packed = pack_bf16(weight)`."""
     _rows_ok(x, "x")
     m, k = x.shape
-    n = weight.shape[0]
-    if weight.shape[1] != k or not weight.is_contiguous():
-        raise ValueError(f"weight must be contiguous [N, {k}], got {tuple(weight.shape)}.")
     out = torch.empty(m, n, dtype=torch.bfloat16)
-    ok = get_native_lib().vllm_gemv_bf16(x.data_ptr(), x.stride(0), m, weight.data_ptr(), n, k,
-                                         0 if bias is None else bias.data_ptr(),
-                                         out.data_ptr(), out.stride(0), torch.get_num_threads())
-    return out if ok else None
+    get_native_lib().vllm_gemm_bf16_packed(x.data_ptr(), x.stride(0), m, packed.data_ptr(), n,
+                                           k, 0 if bias is None else bias.data_ptr(),
+                                           out.data_ptr(), out.stride(0),
+                                           torch.get_num_threads())
+    return out

@@ -35,16 +35,20 @@ _i64, _i32, _f32, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_
 # name -> argument types (see the extern "C" block of cpu_ops.cpp).
 SIGNATURES: dict[str, tuple] = {
     "vllm_cpu_ops_version": (),
-    "vllm_has_bf16_gemv": (),
+    "vllm_has_bf16_gemm": (),
     "vllm_rms_norm": (_i32, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _f32, _i32),
     "vllm_rotary": (_i32, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i32, _i32),
     "vllm_silu_and_mul": (_i32, _ptr, _i64, _ptr, _i64, _i64, _i64, _i32),
     "vllm_write_kv": (_i32, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64),
     "vllm_decode_attention": (_i32, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64, _i64,
                               _i64, _i64, _i64, _f32, _ptr, _i64, _i32),
-    "vllm_gemv_bf16": (_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32),
+    "vllm_packed_numel": (_i64, _i64),
+    "vllm_pack_bf16": (_ptr, _i64, _i64, _ptr, _i32),
+    "vllm_gemm_bf16_packed": (_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32),
 }
-RETURNS_INT = ("vllm_cpu_ops_version", "vllm_has_bf16_gemv", "vllm_gemv_bf16")
+RETURNS_INT = ("vllm_cpu_ops_version", "vllm_has_bf16_gemm", "vllm_pack_bf16",
+               "vllm_gemm_bf16_packed")
+RETURNS_INT64 = ("vllm_packed_numel",)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -79,7 +83,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = list(argtypes)
-        fn.restype = ctypes.c_int if name in RETURNS_INT else None
+        fn.restype = (ctypes.c_int if name in RETURNS_INT
+                      else ctypes.c_int64 if name in RETURNS_INT64 else None)
 
 
 def _compiler() -> str:

@@ -51,7 +51,7 @@ class LinearBase(nn.Module):
     """Holds the TP position and the parameter factory shared by all linear layers."""
 
     packable_weight = True
-    """The runner may attach a oneDNN-packed copy of the weight (see cpu_gemm)."""
+    """The runner may attach a packed copy of the weight (see cpu_gemm)."""
 
     def __init__(self, input_size: int, output_size: int,
                  params_dtype: Optional[torch.dtype] = None, prefix: str = "") -> None:

@@ -72,7 +72,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """
 
     packable_weight = True
-    """The runner may attach a oneDNN-packed copy of the weight (see cpu_gemm)."""
+    """The runner may attach a packed copy of the weight (see cpu_gemm)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False,
                  params_dtype: Optional[torch.dtype] = None, prefix: str = "") -> None:
