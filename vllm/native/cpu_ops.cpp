@@ -166,8 +166,9 @@ void silu_and_mul(const T* x, int64_t x_stride, T* out, int64_t out_stride, int6
 // k, v: [tokens, kv_heads * head_size] rows `row_stride` elements apart.
 void write_kv(const char* k, const char* v, int64_t row_stride, char* k_cache, char* v_cache,
               int64_t num_slots, const int64_t* slots, int64_t tokens, int64_t kv_heads,
-              int64_t head_size, int64_t elem) {
+              int64_t head_size, int64_t elem, int nthreads) {
   const int64_t bytes = head_size * elem;
+#pragma omp parallel for num_threads(nthreads) if (tokens >= 256) schedule(static)
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t slot = slots[t];
     for (int64_t h = 0; h < kv_heads; ++h) {
@@ -184,19 +185,25 @@ void write_kv(const char* k, const char* v, int64_t row_stride, char* k_cache, c
 // Work item = (sequence, kv head): the `groups` query heads sharing that KV head read
 // each K and V row once. Scores, softmax and the weighted V sum are float32.
 
-inline int64_t slot_of(const int32_t* table, int64_t t, int64_t block_size) {
-  return static_cast<int64_t>(table[t / block_size]) * block_size + t % block_size;
+// slots[t] = cache slot of context position t, from the block table (no divisions in
+// the token loops that follow).
+inline void context_slots(const int32_t* table, int64_t len, int64_t block_size,
+                          int64_t* slots) {
+  for (int64_t b = 0, t = 0; t < len; ++b) {
+    const int64_t base = static_cast<int64_t>(table[b]) * block_size;
+    for (int64_t o = 0; o < block_size && t < len; ++o, ++t) slots[t] = base + o;
+  }
 }
 
 // scores[g * len + t] = scale * q_g . k_t, portable version.
 template <typename T>
-void qk_scores(const T* q, int64_t groups, int64_t d, const T* kbase, const int32_t* table,
-               int64_t len, int64_t block_size, float scale, float* scores, float* qf,
+void qk_scores(const T* q, int64_t groups, int64_t d, const T* kbase, const int64_t* slots,
+               int64_t len, float scale, float* scores, float* qf,
                float* row) {
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t j = 0; j < d; ++j) qf[g * d + j] = to_f(q[g * d + j]) * scale;
   for (int64_t t = 0; t < len; ++t) {
-    const T* kr = kbase + slot_of(table, t, block_size) * d;
+    const T* kr = kbase + slots[t] * d;
 #pragma omp simd
     for (int64_t j = 0; j < d; ++j) row[j] = to_f(kr[j]);
     for (int64_t g = 0; g < groups; ++g) {
@@ -210,24 +217,62 @@ void qk_scores(const T* q, int64_t groups, int64_t d, const T* kbase, const int3
 }
 
 #if VLLM_HAVE_BF16_GEMM
-// bf16 with AVX512-BF16: exact bf16 products summed in float32, 32 features per step.
-// Used when head_size is a multiple of 32 and at most 256, groups at most 16.
+inline void prefetch_row(const void* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64)
+    _mm_prefetch(static_cast<const char*>(p) + off, _MM_HINT_T0);
+}
+
+// Horizontal sums of 16 vectors at once: lane i of the result = sum of the lanes of v[i].
+// A shuffle tree (45 instructions for 16 sums) instead of 16 separate reductions.
+inline __m512 sum16(const __m512* v) {
+  __m512 w[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512 a = v[4 * i], b = v[4 * i + 1], c = v[4 * i + 2], d = v[4 * i + 3];
+    // Per 128-bit chunk: [a0+a2, b0+b2, a1+a3, b1+b3], then the same for c, d.
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    // Per chunk: [sum a, sum b, sum c, sum d] over that chunk.
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+  }
+  // Chunk j of z01: w0's chunks 2j, 2j+1 summed (j < 2), then w1's; same for z23.
+  const __m512 z01 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
+                                   _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+  const __m512 z23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88),
+                                   _mm512_shuffle_f32x4(w[2], w[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, 0x88),
+                       _mm512_shuffle_f32x4(z01, z23, 0xDD));
+}
+
+// bf16 with AVX512-BF16: exact bf16 products summed in float32, 32 features per
+// instruction, 16 tokens at a time (one sum16 per head per 16 tokens). Used when
+// head_size is a multiple of 32 and at most 256, and groups at most 16.
 void qk_scores_bf16(const bf16* q, int64_t groups, int64_t d, const bf16* kbase,
-                    const int32_t* table, int64_t len, int64_t block_size, float scale,
+                    const int64_t* slots, int64_t len, float scale,
                     float* scores) {
   const int64_t chunks = d / 32;
   __m512bh qv[16][8];
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t c = 0; c < chunks; ++c)
       qv[g][c] = (__m512bh)_mm512_loadu_si512(q + g * d + 32 * c);
-  for (int64_t t = 0; t < len; ++t) {
-    const bf16* kr = kbase + slot_of(table, t, block_size) * d;
-    __m512bh kv[8];
-    for (int64_t c = 0; c < chunks; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(kr + 32 * c);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  const bf16* rows[16];
+  __m512 acc[16];
+  for (int64_t t0 = 0; t0 < len; t0 += 16) {
+    const int64_t count = len - t0 < 16 ? len - t0 : 16;
+    for (int64_t i = 0; i < 16; ++i)
+      rows[i] = kbase + slots[t0 + (i < count ? i : 0)] * d;
+    // The next 16 rows are scattered over the cache: start their loads now.
+    for (int64_t i = 0; i < 16 && t0 + 16 + i < len; ++i)
+      prefetch_row(kbase + slots[t0 + 16 + i] * d, d * 2);
     for (int64_t g = 0; g < groups; ++g) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c) acc = _mm512_dpbf16_ps(acc, qv[g][c], kv[c]);
-      scores[g * len + t] = _mm512_reduce_add_ps(acc) * scale;
+      for (int64_t i = 0; i < 16; ++i) {
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t c = 0; c < chunks; ++c)
+          a = _mm512_dpbf16_ps(a, qv[g][c], (__m512bh)_mm512_loadu_si512(rows[i] + 32 * c));
+        acc[i] = a;
+      }
+      const __mmask16 mask = count == 16 ? 0xffff : ((1u << count) - 1);
+      _mm512_mask_storeu_ps(scores + g * len + t0, mask, _mm512_mul_ps(sum16(acc), vscale));
     }
   }
 }
@@ -253,11 +298,17 @@ inline void softmax_rows(float* scores, int64_t groups, int64_t len) {
 
 // acc[g * d + j] = sum_t p[g * len + t] * v_t[j].
 template <typename T>
-void pv_sum(const float* p, int64_t groups, int64_t d, const T* vbase, const int32_t* table,
-            int64_t len, int64_t block_size, float* acc, float* row) {
+void pv_sum(const float* p, int64_t groups, int64_t d, const T* vbase, const int64_t* slots,
+            int64_t len, float* acc, float* row) {
   std::fill(acc, acc + groups * d, 0.0f);
+  constexpr int64_t kAhead = 8;
   for (int64_t t = 0; t < len; ++t) {
-    const T* vr = vbase + slot_of(table, t, block_size) * d;
+    const T* vr = vbase + slots[t] * d;
+    if (t + kAhead < len) {
+      const char* ahead = reinterpret_cast<const char*>(vbase + slots[t + kAhead] * d);
+      for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(T)); off += 64)
+        __builtin_prefetch(ahead + off);
+    }
 #pragma omp simd
     for (int64_t j = 0; j < d; ++j) row[j] = to_f(vr[j]);
     for (int64_t g = 0; g < groups; ++g) {
@@ -279,29 +330,31 @@ void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v
 #pragma omp parallel num_threads(nthreads) if (n * hkv > 1)
   {
     std::vector<float> qf(groups * d), acc(groups * d), row(d), scores;
+    std::vector<int64_t> slots;
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t kh = 0; kh < hkv; ++kh) {
         const int64_t len = seq_lens[i];
-        const int32_t* table = block_table + i * bt_stride;
+        slots.resize(len);
+        context_slots(block_table + i * bt_stride, len, block_size, slots.data());
         const T* qh = q + i * q_stride + kh * groups * d;
         scores.resize(groups * len);
         bool done = false;
 #if VLLM_HAVE_BF16_GEMM
         if constexpr (sizeof(T) == 2) {
           if (d % 32 == 0 && d <= 256 && groups <= 16) {
-            qk_scores_bf16(qh, groups, d, k_cache + kh * num_slots * d, table, len,
-                           block_size, scale, scores.data());
+            qk_scores_bf16(qh, groups, d, k_cache + kh * num_slots * d, slots.data(), len,
+                           scale, scores.data());
             done = true;
           }
         }
 #endif
         if (!done)
-          qk_scores<T>(qh, groups, d, k_cache + kh * num_slots * d, table, len, block_size,
-                       scale, scores.data(), qf.data(), row.data());
+          qk_scores<T>(qh, groups, d, k_cache + kh * num_slots * d, slots.data(), len, scale,
+                       scores.data(), qf.data(), row.data());
         softmax_rows(scores.data(), groups, len);
-        pv_sum<T>(scores.data(), groups, d, v_cache + kh * num_slots * d, table, len,
-                  block_size, acc.data(), row.data());
+        pv_sum<T>(scores.data(), groups, d, v_cache + kh * num_slots * d, slots.data(), len,
+                  acc.data(), row.data());
         for (int64_t g = 0; g < groups; ++g) {
           T* o = out + i * out_stride + (kh * groups + g) * d;
           for (int64_t j = 0; j < d; ++j) o[j] = from_f<T>(acc[g * d + j]);
@@ -463,10 +516,10 @@ void vllm_silu_and_mul(int dtype, const void* x, int64_t x_stride, void* out,
 
 void vllm_write_kv(int dtype, const void* k, const void* v, int64_t row_stride, void* k_cache,
                    void* v_cache, int64_t num_slots, const int64_t* slots, int64_t tokens,
-                   int64_t kv_heads, int64_t head_size) {
+                   int64_t kv_heads, int64_t head_size, int nthreads) {
   write_kv(static_cast<const char*>(k), static_cast<const char*>(v), row_stride,
            static_cast<char*>(k_cache), static_cast<char*>(v_cache), num_slots, slots, tokens,
-           kv_heads, head_size, dtype == 1 ? 2 : 4);
+           kv_heads, head_size, dtype == 1 ? 2 : 4, nthreads);
 }
 
 void vllm_decode_attention(int dtype, const void* q, int64_t q_stride, const void* k_cache,

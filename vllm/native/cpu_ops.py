@@ -96,7 +96,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
     get_native_lib().vllm_write_kv(DTYPE_CODES[key.dtype], key.data_ptr(), value.data_ptr(),
                                    key.stride(0), kv_cache[0].data_ptr(),
                                    kv_cache[1].data_ptr(), num_slots, slot_mapping.data_ptr(),
-                                   key.shape[0], kv_heads, head_size)
+                                   key.shape[0], kv_heads, head_size, torch.get_num_threads())
 
 
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
