@@ -2,7 +2,8 @@
 
 Both run the same requests on the same weights and dtype, greedy, EOS ignored, each
 request producing exactly `--output-len` tokens; repetitions alternate which backend
-goes first, so load that drifts during the run falls on both. Reports output tokens
+goes first, so load that drifts during the run falls on both, and each repetition
+draws new prompts (the engine's prefix cache never sees a prompt twice). Reports output tokens
 per second of each and their ratio per repetition, plus the engine's start-up time
 (constructor to ready; a `.gguf` model must already be converted, which the first
 run does once).
@@ -60,9 +61,14 @@ def workload_lengths(name: str, seed: int) -> list[int]:
     raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {name!r}.")
 
 
-def make_requests(name: str, output_len: int, seed: int) -> list[SampleRequest]:
-    """Random-token prompts of the workload's lengths (the same for both backends)."""
-    rng = np.random.default_rng(seed + 1)
+def make_requests(name: str, output_len: int, seed: int, rep: int = 0) -> list[SampleRequest]:
+    """Random-token prompts of the workload's lengths (the same for both backends).
+
+    Lengths depend on `seed` only; the token ids also on the workload and `rep`, so no
+    repetition or workload shares a prompt prefix with an earlier one and the engine's
+    prefix cache cannot skip prefills that transformers has to compute.
+    """
+    rng = np.random.default_rng([seed + 1, WORKLOADS.index(name), rep])
     requests = []
     for length in workload_lengths(name, seed):
         ids = rng.integers(0, VOCAB_LIMIT, size=length).tolist()
@@ -124,9 +130,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     print(f"Engine start-up: {startup:.2f} s")
     rows = []
     for name in args.workloads:
-        requests = make_requests(name, args.output_len, args.seed)
-        lens = [r.prompt_len for r in requests]
         for rep in range(args.reps):
+            requests = make_requests(name, args.output_len, args.seed, rep)
+            lens = [r.prompt_len for r in requests]
             order = ["vllm", "hf"] if rep % 2 == 0 else ["hf", "vllm"]
             result: dict[str, Any] = {"workload": name, "rep": rep,
                                       "num_prompts": len(requests),

@@ -24,6 +24,13 @@ def test_workloads_have_the_documented_shapes():
     reqs = make_requests("mixed64", 7, 0)
     assert [len(r.prompt_token_ids) for r in reqs] == mixed
     assert all(r.expected_output_len == 7 and r.use_token_ids for r in reqs)
+    # No prompt prefix repeats across repetitions or workloads (the prefix cache would
+    # skip prefills of the engine only).
+    firsts = {tuple(make_requests(w, 7, 0, rep)[0].prompt_token_ids[:16])
+              for w in ("batch16", "batch1", "mixed64") for rep in (0, 1)}
+    assert len(firsts) == 6
+    assert make_requests("batch16", 7, 0, 1)[3].prompt_token_ids == \
+        make_requests("batch16", 7, 0, 1)[3].prompt_token_ids
     with pytest.raises(ValueError, match="workload must be one of"):
         workload_lengths("huge", 0)
 
