@@ -21,8 +21,14 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#define VLLM_HAVE_AVX512 1
+#else
+#define VLLM_HAVE_AVX512 0
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <omp.h>
 #define VLLM_HAVE_BF16_GEMM 1
 #else
@@ -283,6 +289,7 @@ inline void softmax_rows(float* scores, int64_t groups, int64_t len) {
   for (int64_t g = 0; g < groups; ++g) {
     float* sg = scores + g * len;
     float mx = sg[0];
+#pragma omp simd reduction(max : mx)
     for (int64_t t = 1; t < len; ++t) mx = sg[t] > mx ? sg[t] : mx;
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -320,6 +327,79 @@ void pv_sum(const float* p, int64_t groups, int64_t d, const T* vbase, const int
   }
 }
 
+#if VLLM_HAVE_AVX512
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const bf16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// pv_sum for GB heads and head_size 16 * CH with the accumulators in registers:
+// per token one conversion of the V row, then GB * CH fused multiply-adds.
+template <typename T, int GB, int CH>
+void pv_regs(const float* p, int64_t len, const T* vbase, const int64_t* slots, float* acc) {
+  constexpr int64_t d = 16 * CH;
+  __m512 a[GB][CH];
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < CH; ++c) a[g][c] = _mm512_setzero_ps();
+  constexpr int64_t kAhead = 8;
+  for (int64_t t = 0; t < len; ++t) {
+    const T* vr = vbase + slots[t] * d;
+    if (t + kAhead < len) {
+      const char* ahead = reinterpret_cast<const char*>(vbase + slots[t + kAhead] * d);
+      for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(T)); off += 64)
+        _mm_prefetch(ahead + off, _MM_HINT_T0);
+    }
+    __m512 v[CH];
+    for (int c = 0; c < CH; ++c) v[c] = load16(vr + 16 * c);
+    for (int g = 0; g < GB; ++g) {
+      const __m512 pg = _mm512_set1_ps(p[g * len + t]);
+      for (int c = 0; c < CH; ++c) a[g][c] = _mm512_fmadd_ps(pg, v[c], a[g][c]);
+    }
+  }
+  for (int g = 0; g < GB; ++g)
+    for (int c = 0; c < CH; ++c) _mm512_storeu_ps(acc + g * d + 16 * c, a[g][c]);
+}
+
+// All `groups` heads, at most 24 accumulators per pass (the rest of the 32 registers
+// hold the V row and the broadcast probability).
+template <typename T, int CH>
+void pv_regs_all(const float* p, int64_t groups, int64_t len, const T* vbase,
+                 const int64_t* slots, float* acc) {
+  constexpr int GB = 24 / CH;
+  constexpr int64_t d = 16 * CH;
+  int64_t g = 0;
+  for (; g + GB <= groups; g += GB)
+    pv_regs<T, GB, CH>(p + g * len, len, vbase, slots, acc + g * d);
+  const float* pg = p + g * len;
+  float* ag = acc + g * d;
+  switch (groups - g) {
+#define VLLM_PV_TAIL(R) \
+    case R: pv_regs<T, (R < GB ? R : 1), CH>(pg, len, vbase, slots, ag); break;
+    VLLM_PV_TAIL(1) VLLM_PV_TAIL(2) VLLM_PV_TAIL(3) VLLM_PV_TAIL(4) VLLM_PV_TAIL(5)
+    VLLM_PV_TAIL(6) VLLM_PV_TAIL(7) VLLM_PV_TAIL(8) VLLM_PV_TAIL(9) VLLM_PV_TAIL(10)
+    VLLM_PV_TAIL(11)
+#undef VLLM_PV_TAIL
+    default: break;
+  }
+}
+#endif
+
+// acc = P V for every head of the group, the register version where it applies.
+template <typename T>
+void pv_dispatch(const float* p, int64_t groups, int64_t d, const T* vbase,
+                 const int64_t* slots, int64_t len, float* acc, float* row) {
+#if VLLM_HAVE_AVX512
+  switch (d) {
+    case 32: pv_regs_all<T, 2>(p, groups, len, vbase, slots, acc); return;
+    case 64: pv_regs_all<T, 4>(p, groups, len, vbase, slots, acc); return;
+    case 128: pv_regs_all<T, 8>(p, groups, len, vbase, slots, acc); return;
+    default: break;
+  }
+#endif
+  pv_sum<T>(p, groups, d, vbase, slots, len, acc, row);
+}
+
 template <typename T>
 void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
                       int64_t num_slots, const int32_t* block_table, int64_t bt_stride,
@@ -353,8 +433,8 @@ void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v
           qk_scores<T>(qh, groups, d, k_cache + kh * num_slots * d, slots.data(), len, scale,
                        scores.data(), qf.data(), row.data());
         softmax_rows(scores.data(), groups, len);
-        pv_sum<T>(scores.data(), groups, d, v_cache + kh * num_slots * d, slots.data(), len,
-                  acc.data(), row.data());
+        pv_dispatch<T>(scores.data(), groups, d, v_cache + kh * num_slots * d, slots.data(),
+                       len, acc.data(), row.data());
         for (int64_t g = 0; g < groups; ++g) {
           T* o = out + i * out_stride + (kh * groups + g) * d;
           for (int64_t j = 0; j < d; ++j) o[j] = from_f<T>(acc[g * d + j]);
