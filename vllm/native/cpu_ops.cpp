@@ -550,6 +550,70 @@ void gemm_packed(const bf16* x, int64_t x_stride, int64_t M, const bf16* packed,
   }
 }
 
+
+// ------------------------------------------------------------------ fused decode layer
+// One Llama-style decoder layer for a step of decodes only, bf16, packed weights: the
+// same kernels as above, called from here instead of from Python, so a layer costs
+// one foreign call instead of a dozen module calls, wrappers and allocations.
+struct LayerWeights {
+  const bf16 *in_norm, *post_norm;
+  const bf16 *qkv, *qkv_bias, *o, *o_bias, *gate_up, *gate_up_bias, *down, *down_bias;
+};
+
+struct LayerShape {
+  int64_t hidden, heads, kv_heads, head_size, inter, rot_dim, neox;
+  float eps, scale;
+};
+
+struct DecodeBatch {
+  int64_t n;
+  const int64_t* positions;
+  const bf16* cos_sin;
+  bf16 *k_cache, *v_cache;
+  int64_t num_slots;
+  const int64_t* slot_mapping;
+  const int32_t* block_table;
+  int64_t bt_stride;
+  const int32_t* seq_lens;
+  int64_t block_size;
+};
+
+// hidden [n, H]: in = this layer's input (previous MLP output or embedding), out = its
+// MLP output. residual [n, H]: in = running residual (ignored when `first`), out = the
+// residual after this layer. ws: n * (qkv + q + 2 * inter + inter + H) elements.
+void llama_decode_layer(bf16* hidden, bf16* residual, int first, const LayerWeights& w,
+                        const LayerShape& s, const DecodeBatch& b, bf16* ws, int nthreads) {
+  const int64_t n = b.n, H = s.hidden, d = s.head_size;
+  const int64_t q_size = s.heads * d, kv_size = s.kv_heads * d;
+  const int64_t qkv_n = q_size + 2 * kv_size;
+  bf16* x = ws;                     // [n, H] normed input
+  bf16* qkv = x + n * H;            // [n, qkv_n]
+  bf16* attn = qkv + n * qkv_n;     // [n, q_size]
+  bf16* gate_up = attn + n * q_size;  // [n, 2 * inter]
+  bf16* act = gate_up + n * 2 * s.inter;  // [n, inter]
+  if (first) {
+    std::memcpy(residual, hidden, sizeof(bf16) * n * H);
+    rms_norm<bf16>(hidden, H, nullptr, 0, w.in_norm, x, H, n, H, s.eps, nthreads);
+  } else {
+    rms_norm<bf16>(hidden, H, residual, H, w.in_norm, x, H, n, H, s.eps, nthreads);
+  }
+  gemm_packed(x, H, n, w.qkv, qkv_n, H, w.qkv_bias, qkv, qkv_n, nthreads);
+  rotary<bf16>(qkv, n, qkv_n, s.heads + s.kv_heads, d, s.rot_dim, b.positions, b.cos_sin,
+               static_cast<int>(s.neox), nthreads);
+  write_kv(reinterpret_cast<const char*>(qkv + q_size),
+           reinterpret_cast<const char*>(qkv + q_size + kv_size), qkv_n,
+           reinterpret_cast<char*>(b.k_cache), reinterpret_cast<char*>(b.v_cache), b.num_slots,
+           b.slot_mapping, n, s.kv_heads, d, sizeof(bf16), nthreads);
+  decode_attention<bf16>(qkv, qkv_n, b.k_cache, b.v_cache, b.num_slots, b.block_table,
+                         b.bt_stride, b.seq_lens, n, s.heads, s.kv_heads, d, b.block_size,
+                         s.scale, attn, q_size, nthreads);
+  gemm_packed(attn, q_size, n, w.o, H, q_size, w.o_bias, hidden, H, nthreads);
+  rms_norm<bf16>(hidden, H, residual, H, w.post_norm, x, H, n, H, s.eps, nthreads);
+  gemm_packed(x, H, n, w.gate_up, 2 * s.inter, H, w.gate_up_bias, gate_up, 2 * s.inter,
+              nthreads);
+  silu_and_mul<bf16>(gate_up, 2 * s.inter, act, s.inter, n, s.inter, nthreads);
+  gemm_packed(act, s.inter, n, w.down, H, s.inter, w.down_bias, hidden, H, nthreads);
+}
 #endif  // VLLM_HAVE_BF16_GEMM
 
 }  // namespace
@@ -650,6 +714,32 @@ int vllm_gemm_bf16_packed(const void* x, int64_t x_stride, int64_t M, const void
 #else
   (void)x; (void)x_stride; (void)M; (void)packed; (void)N; (void)K; (void)bias; (void)y;
   (void)y_stride; (void)nthreads;
+  return 0;
+#endif
+}
+
+// Arrays of pointers / sizes keep the foreign signature short (see llama_fused.py for
+// their order). Returns 0 without AVX512-BF16.
+int vllm_llama_decode_layer(void* hidden, void* residual, int first, const void* const* wp,
+                            const int64_t* shape, const float* fshape, const void* const* bp,
+                            const int64_t* bshape, void* workspace, int nthreads) {
+#if VLLM_HAVE_BF16_GEMM
+  auto c = [](const void* p) { return static_cast<const bf16*>(p); };
+  const LayerWeights w{c(wp[0]), c(wp[1]), c(wp[2]), c(wp[3]), c(wp[4]),
+                       c(wp[5]), c(wp[6]), c(wp[7]), c(wp[8]), c(wp[9])};
+  const LayerShape s{shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], shape[6],
+                     fshape[0], fshape[1]};
+  const DecodeBatch b{bshape[0], static_cast<const int64_t*>(bp[0]), c(bp[1]),
+                      static_cast<bf16*>(const_cast<void*>(bp[2])),
+                      static_cast<bf16*>(const_cast<void*>(bp[3])), bshape[1],
+                      static_cast<const int64_t*>(bp[4]), static_cast<const int32_t*>(bp[5]),
+                      bshape[2], static_cast<const int32_t*>(bp[6]), bshape[3]};
+  llama_decode_layer(static_cast<bf16*>(hidden), static_cast<bf16*>(residual), first, w, s, b,
+                     static_cast<bf16*>(workspace), nthreads);
+  return 1;
+#else
+  (void)hidden; (void)residual; (void)first; (void)wp; (void)shape; (void)fshape; (void)bp;
+  (void)bshape; (void)workspace; (void)nthreads;
   return 0;
 #endif
 }

@@ -29,6 +29,7 @@ from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVPa
                                                RowParallelLinear)
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
+from vllm.model_executor.models.llama_fused import FusedDecode, packed_weight_of
 from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
                                                                  VocabParallelEmbedding)
 from vllm.model_executor.models.utils import (PPMissingLayer, default_weight_loader,
@@ -59,6 +60,9 @@ class LlamaMLP(nn.Module):
 
 class LlamaAttention(nn.Module):
     """qkv projection -> rotary -> paged attention -> output projection."""
+
+    fused_decode_ok = True
+    """Decode steps may run this layer natively (llama_fused.py): rotate_qk is plain."""
 
     def __init__(self, config: Any, rotary_emb: RotaryEmbedding, prefix: str = "") -> None:
         super().__init__()
@@ -157,6 +161,8 @@ class LlamaModel(nn.Module):
             lambda p: self.layer_cls(config, self.rotary_emb, prefix=p), f"{prefix}.layers")
         # A plain list (not registered) so the forward loop does no ModuleList slicing.
         self._own_layers = list(self.layers)[self.start_layer:self.end_layer]
+        self._fused: Optional[FusedDecode] = None
+        self._fused_key: Any = False  # the first layer's packed qkv weight when checked
         self.norm = (RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
                      if self.is_last_stage else PPMissingLayer())
 
@@ -172,12 +178,30 @@ class LlamaModel(nn.Module):
                 raise ValueError("a later pipeline stage needs intermediate_tensors.")
             hidden = intermediate_tensors["hidden_states"]
             residual = intermediate_tensors["residual"]
-        for layer in self._own_layers:
-            hidden, residual = layer(positions, hidden, residual)
+        done = None
+        fused = self._fused_decode()
+        if fused is not None:
+            done = fused.run(positions, hidden, residual)
+        if done is not None:
+            hidden, residual = done
+        else:
+            for layer in self._own_layers:
+                hidden, residual = layer(positions, hidden, residual)
         if not self.is_last_stage:
             return IntermediateTensors({"hidden_states": hidden, "residual": residual})
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+
+    def _fused_decode(self) -> Optional[FusedDecode]:
+        """The native decode-layer runner (None where it does not apply), rebuilt
+        whenever the weights were (re)packed since the last check."""
+        if not self._own_layers or torch.is_grad_enabled():
+            return None
+        key = packed_weight_of(self._own_layers[0])
+        if key is not self._fused_key:
+            self._fused, self._fused_key = FusedDecode.build(self._own_layers), key
+        return self._fused
 
 
 def _warn_if_sliding_window(config: Any) -> None:

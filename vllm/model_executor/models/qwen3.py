@@ -14,6 +14,8 @@ from vllm.model_executor.models.llama import (LlamaAttention, LlamaDecoderLayer,
 class Qwen3Attention(LlamaAttention):
     """head_dim comes from the config (it need not be hidden_size / num_heads)."""
 
+    fused_decode_ok = False  # per-head q/k norms before the rotary
+
     def __init__(self, config: Any, rotary_emb: RotaryEmbedding, prefix: str = "") -> None:
         super().__init__(config, rotary_emb, prefix)
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
