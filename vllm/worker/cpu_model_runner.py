@@ -18,8 +18,8 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
-from vllm.attention.backends.torch_sdpa import (PrefillSeq, TorchSDPABackendImpl,
-                                                build_metadata)
+from vllm.attention.backends.torch_sdpa import (NATIVE_PREFILL_MAX_LEN, PrefillSeq,
+                                                TorchSDPABackendImpl, build_metadata)
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
@@ -143,24 +143,36 @@ class CPUModelRunner:
         """The rank that samples; the others learn the tokens from the next SchedulerOutput."""
         return get_tp_group().is_first_rank and get_pp_group().is_last_rank
 
-    def _order_batch(self, so: SchedulerOutput) -> list[str]:
-        """Decodes (one new token) first, shortest context first (the attention backend
-        groups decodes of similar length), then prefills in scheduling order."""
+    def _is_row_wise(self, req_id: str, n: int) -> bool:
+        """Whether this request's n new tokens go through the paged single-query
+        kernel, one row per token: every decode, and with the native kernel also short
+        prefills (see NATIVE_PREFILL_MAX_LEN)."""
+        if n == 1:
+            return True
+        return (self.native_attention and
+                self.requests[req_id].num_computed_tokens + n <= NATIVE_PREFILL_MAX_LEN)
+
+    def _order_batch(self, so: SchedulerOutput) -> tuple[list[str], int]:
+        """(request order, how many of them are row-wise): decodes first, shortest
+        context first (the torch backend groups decodes of similar length), then
+        row-wise prefills, then the other prefills, each in scheduling order."""
         ids = list(so.num_scheduled_tokens)
-        decodes = [r for r in ids if so.num_scheduled_tokens[r] == 1]
+        num = so.num_scheduled_tokens
+        decodes = [r for r in ids if num[r] == 1]
         decodes.sort(key=lambda r: self.requests[r].num_computed_tokens)
-        return decodes + [r for r in ids if so.num_scheduled_tokens[r] != 1]
+        short = [r for r in ids if num[r] != 1 and self._is_row_wise(r, num[r])]
+        rest = [r for r in ids if num[r] != 1 and not self._is_row_wise(r, num[r])]
+        return decodes + short + rest, len(decodes) + len(short)
 
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         bs = self.block_size
-        req_ids = self._order_batch(so)
+        req_ids, num_row_wise = self._order_batch(so)
         num_sched = so.num_scheduled_tokens
-        num_decodes = sum(1 for r in req_ids if num_sched[r] == 1)
         tokens: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        decode_lens = np.empty(num_decodes, dtype=np.int64)
-        decode_tables: list[list[int]] = []
+        row_lens: list[int] = []
+        row_tables: list[tuple[list[int], int]] = []  # (block ids, rows) per request
         prefills: list[PrefillSeq] = []
         prefill_blocks: list[list[int]] = []
         logits_indices, sampling_ids = [], []
@@ -170,20 +182,22 @@ class CPUModelRunner:
             st = self.requests[req_id]
             n = num_sched[req_id]
             start = st.num_computed_tokens
-            if i < num_decodes:
+            if n == 1:
                 # One token: plain ints are cheaper than numpy for a single element.
                 tokens.append(st.token_ids[start])
                 positions.append(start)
                 slots.append(st.block_ids[start // bs] * bs + start % bs)
-                decode_lens[i] = start + 1
-                decode_tables.append(st.block_ids)
             else:
-                pos = range(start, start + n)
                 tokens.extend(st.token_ids[start:start + n])
-                positions.extend(pos)
+                positions.extend(range(start, start + n))
                 block_ids = np.asarray(st.block_ids, dtype=np.int64)
                 p = np.arange(start, start + n)
                 slots.extend((block_ids[p // bs] * bs + p % bs).tolist())
+            if i < num_row_wise:
+                # Row r of this request attends to positions [0, start + r].
+                row_lens.extend(range(start + 1, start + n + 1))
+                row_tables.append((st.block_ids, n))
+            else:
                 prefills.append(PrefillSeq(query_start=offset, query_len=n, context_len=start))
                 prefill_blocks.append(st.block_ids)
             if start + n == st.num_tokens:
@@ -192,9 +206,10 @@ class CPUModelRunner:
             if st.wants_prompt_logprobs:
                 prompt_lp_rows[req_id] = self._prompt_logprob_rows(st, start, n, offset)
             offset += n
-        decode_table = _pad_block_table(decode_tables, decode_lens, bs) if num_decodes else None
+        decode_lens = np.asarray(row_lens, dtype=np.int64) if row_lens else None
+        decode_table = _row_block_table(row_tables, decode_lens, bs) if row_lens else None
         md = build_metadata(torch.tensor(slots, dtype=torch.long, device=self.device),
-                            decode_table, decode_lens if num_decodes else None, prefills,
+                            decode_table, decode_lens, prefills,
                             prefill_blocks, bs, self.device, native=self.native_attention)
         return StepInputs(
             input_ids=torch.tensor(tokens, dtype=torch.long, device=self.device),
@@ -276,13 +291,17 @@ class CPUModelRunner:
                            output_token_ids=st.output_token_ids, generator=st.generator)
 
 
-def _pad_block_table(tables: list[list[int]], seq_lens: np.ndarray,
+def _row_block_table(tables: list[tuple[list[int], int]], seq_lens: np.ndarray,
                      block_size: int) -> np.ndarray:
-    """[rows, max_blocks] int64 block ids covering each row's seq_len (zero padded)."""
-    needed = (seq_lens + block_size - 1) // block_size
-    table = np.zeros((len(tables), int(needed.max())), dtype=np.int64)
-    for i, blocks in enumerate(tables):
-        table[i, :needed[i]] = blocks[:needed[i]]
+    """[rows, max_blocks] int64: each request's block ids (as many as its longest row
+    needs) repeated for each of its rows, zero padded."""
+    width = -(-int(seq_lens.max()) // block_size)
+    table = np.zeros((len(seq_lens), width), dtype=np.int64)
+    row = 0
+    for blocks, count in tables:
+        needed = -(-int(seq_lens[row + count - 1]) // block_size)
+        table[row:row + count, :needed] = blocks[:needed]
+        row += count
     return table
 
 
