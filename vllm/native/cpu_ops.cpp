@@ -191,6 +191,20 @@ void write_kv(const char* k, const char* v, int64_t row_stride, char* k_cache, c
 // Work item = (sequence, kv head): the `groups` query heads sharing that KV head read
 // each K and V row once. Scores, softmax and the weighted V sum are float32.
 
+// Starts loading `bytes` from p into the cache (the K/V rows a loop reaches soon).
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64)
+    __builtin_prefetch(static_cast<const char*>(p) + off);
+}
+
+// The V row that the P.V loops read kAhead tokens from now.
+constexpr int64_t kAhead = 8;
+template <typename T>
+inline void prefetch_v(const T* vbase, const int64_t* slots, int64_t t, int64_t len,
+                       int64_t d) {
+  if (t + kAhead < len) prefetch_bytes(vbase + slots[t + kAhead] * d, d * sizeof(T));
+}
+
 // slots[t] = cache slot of context position t, from the block table (no divisions in
 // the token loops that follow).
 inline void context_slots(const int32_t* table, int64_t len, int64_t block_size,
@@ -223,11 +237,6 @@ void qk_scores(const T* q, int64_t groups, int64_t d, const T* kbase, const int6
 }
 
 #if VLLM_HAVE_BF16_GEMM
-inline void prefetch_row(const void* p, int64_t bytes) {
-  for (int64_t off = 0; off < bytes; off += 64)
-    _mm_prefetch(static_cast<const char*>(p) + off, _MM_HINT_T0);
-}
-
 // Horizontal sums of 16 vectors at once: lane i of the result = sum of the lanes of v[i].
 // A shuffle tree (45 instructions for 16 sums) instead of 16 separate reductions.
 inline __m512 sum16(const __m512* v) {
@@ -269,7 +278,7 @@ void qk_scores_bf16(const bf16* q, int64_t groups, int64_t d, const bf16* kbase,
       rows[i] = kbase + slots[t0 + (i < count ? i : 0)] * d;
     // The next 16 rows are scattered over the cache: start their loads now.
     for (int64_t i = 0; i < 16 && t0 + 16 + i < len; ++i)
-      prefetch_row(kbase + slots[t0 + 16 + i] * d, d * 2);
+      prefetch_bytes(kbase + slots[t0 + 16 + i] * d, d * 2);
     for (int64_t g = 0; g < groups; ++g) {
       for (int64_t i = 0; i < 16; ++i) {
         __m512 a = _mm512_setzero_ps();
@@ -308,14 +317,9 @@ template <typename T>
 void pv_sum(const float* p, int64_t groups, int64_t d, const T* vbase, const int64_t* slots,
             int64_t len, float* acc, float* row) {
   std::fill(acc, acc + groups * d, 0.0f);
-  constexpr int64_t kAhead = 8;
   for (int64_t t = 0; t < len; ++t) {
     const T* vr = vbase + slots[t] * d;
-    if (t + kAhead < len) {
-      const char* ahead = reinterpret_cast<const char*>(vbase + slots[t + kAhead] * d);
-      for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(T)); off += 64)
-        __builtin_prefetch(ahead + off);
-    }
+    prefetch_v(vbase, slots, t, len, d);
 #pragma omp simd
     for (int64_t j = 0; j < d; ++j) row[j] = to_f(vr[j]);
     for (int64_t g = 0; g < groups; ++g) {
@@ -342,14 +346,9 @@ void pv_regs(const float* p, int64_t len, const T* vbase, const int64_t* slots, 
   __m512 a[GB][CH];
   for (int g = 0; g < GB; ++g)
     for (int c = 0; c < CH; ++c) a[g][c] = _mm512_setzero_ps();
-  constexpr int64_t kAhead = 8;
   for (int64_t t = 0; t < len; ++t) {
     const T* vr = vbase + slots[t] * d;
-    if (t + kAhead < len) {
-      const char* ahead = reinterpret_cast<const char*>(vbase + slots[t + kAhead] * d);
-      for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(T)); off += 64)
-        _mm_prefetch(ahead + off, _MM_HINT_T0);
-    }
+    prefetch_v(vbase, slots, t, len, d);
     __m512 v[CH];
     for (int c = 0; c < CH; ++c) v[c] = load16(vr + 16 * c);
     for (int g = 0; g < GB; ++g) {
