@@ -410,7 +410,7 @@ void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v
   {
     std::vector<float> qf(groups * d), acc(groups * d), row(d), scores;
     std::vector<int64_t> slots;
-#pragma omp for schedule(dynamic, 1) collapse(2)
+#pragma omp for schedule(guided) collapse(2)
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t kh = 0; kh < hkv; ++kh) {
         const int64_t len = seq_lens[i];
