@@ -117,12 +117,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
     rng = np.random.default_rng(args.seed)
 
-    def prompts(tag: int) -> list:  # fresh ids each call: no prefix-cache hits
+    def prompts() -> list:  # fresh ids each call: no prefix-cache hits
         return [{"prompt_token_ids": rng.integers(0, 10000, args.input_len).tolist()}
                 for _ in range(args.batch_size)]
 
     from vllm import SamplingParams
-    llm.generate(prompts(0), SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    llm.generate(prompts(), SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
 
     # 1. Module path with timed kernels; kernel times counted in decode steps only.
     real_build = llama_fused.FusedDecode.build
@@ -131,7 +131,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     timer = StepTimer()
     undo = [timer.wrap_kernel(cpu_ops, k) for k in KERNELS]
     undo.append(timer.wrap_kernel(F, "scaled_dot_product_attention"))
-    _run(llm, prompts(2), args.output_len, timer)
+    _run(llm, prompts(), args.output_len, timer)
     for u in undo:
         u()
     llama_fused.FusedDecode.build = real_build
@@ -140,7 +140,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
     # 2. Default path (fused decode layers).
     fused_timer = StepTimer()
-    _run(llm, prompts(3), args.output_len, fused_timer)
+    _run(llm, prompts(), args.output_len, fused_timer)
     fused = _summarize(fused_timer, kernel_share=False)
 
     result = {"batch_size": args.batch_size, "input_len": args.input_len,

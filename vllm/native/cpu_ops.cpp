@@ -523,8 +523,11 @@ void gemm_blocks(const bf16* x, int64_t x_stride, int64_t M, const bf16* p, int6
   const bf16* xm = x + m * x_stride;
   bf16* ym = y + m * y_stride;
   switch (M - m) {
-#define VLLM_TAIL(R) \
-    case R: gemm_tile<(R < MB ? R : 1), NB>(xm, x_stride, p, block, pairs, bias, ym, y_stride, n0, N); break;
+#define VLLM_TAIL(R)                                                                  \
+    case R:                                                                             \
+      gemm_tile<(R < MB ? R : 1), NB>(xm, x_stride, p, block, pairs, bias, ym, y_stride, \
+                                      n0, N);                                           \
+      break;
     VLLM_TAIL(1) VLLM_TAIL(2) VLLM_TAIL(3) VLLM_TAIL(4) VLLM_TAIL(5) VLLM_TAIL(6) VLLM_TAIL(7)
     VLLM_TAIL(8) VLLM_TAIL(9) VLLM_TAIL(10) VLLM_TAIL(11)
 #undef VLLM_TAIL

@@ -156,12 +156,10 @@ class CPUModelRunner:
         """(request order, how many of them are row-wise): decodes first, shortest
         context first (the torch backend groups decodes of similar length), then
         row-wise prefills, then the other prefills, each in scheduling order."""
-        ids = list(so.num_scheduled_tokens)
-        num = so.num_scheduled_tokens
-        decodes = [r for r in ids if num[r] == 1]
+        decodes, short, rest = [], [], []
+        for r, n in so.num_scheduled_tokens.items():
+            (decodes if n == 1 else short if self._is_row_wise(r, n) else rest).append(r)
         decodes.sort(key=lambda r: self.requests[r].num_computed_tokens)
-        short = [r for r in ids if num[r] != 1 and self._is_row_wise(r, num[r])]
-        rest = [r for r in ids if num[r] != 1 and not self._is_row_wise(r, num[r])]
         return decodes + short + rest, len(decodes) + len(short)
 
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:

@@ -29,9 +29,9 @@ from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVPa
                                                RowParallelLinear)
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
-from vllm.model_executor.models.llama_fused import FusedDecode, packed_weight_of
 from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
                                                                  VocabParallelEmbedding)
+from vllm.model_executor.models.llama_fused import FusedDecode, packed_weight_of
 from vllm.model_executor.models.utils import (PPMissingLayer, default_weight_loader,
                                               head_dim_of, make_layers,
                                               partial_rotary_factor_of, rope_config)
@@ -191,7 +191,6 @@ class LlamaModel(nn.Module):
             return IntermediateTensors({"hidden_states": hidden, "residual": residual})
         hidden, _ = self.norm(hidden, residual)
         return hidden
-
 
     def _fused_decode(self) -> Optional[FusedDecode]:
         """The native decode-layer runner (None where it does not apply), rebuilt
