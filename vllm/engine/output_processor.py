@@ -200,19 +200,34 @@ class OutputProcessor:
             num_cached_tokens=parent.num_cached_tokens)
 
     @staticmethod
-    def _completion(child: RequestState, delta: bool) -> Optional[CompletionOutput]:
+    def _visible_text_len(child: RequestState) -> int:
+        """How much of `child.text` may be shown to the user now.
+
+        While the request runs, the last `output_text_buffer_length` characters (the
+        longest stop string minus one) are held back: they may be the beginning of a
+        stop string that the next tokens complete, and once sent they cannot be taken
+        back. Both the offline and the served paths read text only through here.
+        """
+        if child.finish_reason is not None:
+            return len(child.text)
+        held = child.params.output_text_buffer_length
+        return max(child.sent_text_len, len(child.text) - held)
+
+    @classmethod
+    def _completion(cls, child: RequestState, delta: bool) -> Optional[CompletionOutput]:
         """Everything so far, or (delta mode) what is new since the last output."""
+        visible = cls._visible_text_len(child)
         if not delta:
-            text, ids, lps = child.text, list(child.token_ids), child.logprobs
+            text, ids, lps = child.text[:visible], list(child.token_ids), child.logprobs
         else:
             has_new = len(child.token_ids) > child.sent_tokens
             newly_finished = child.finish_reason is not None and not child.sent_finished
             if not (has_new or newly_finished):
                 return None
-            text = child.text[child.sent_text_len:]
+            text = child.text[child.sent_text_len:visible]
             ids = child.token_ids[child.sent_tokens:]
             lps = child.logprobs[child.sent_logprobs:] if child.logprobs is not None else None
-            child.sent_text_len = len(child.text)
+            child.sent_text_len = visible
             child.sent_tokens = len(child.token_ids)
             child.sent_logprobs = len(child.logprobs) if child.logprobs is not None else 0
             child.sent_finished = child.finish_reason is not None
