@@ -23,14 +23,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import vllm.envs as envs
 from vllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
 from vllm.entrypoints.openai.chat_utils import load_chat_template
 from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-from vllm.entrypoints.openai.errors import (OpenAIError, ServiceUnavailableError,
-                                            error_type_for, make_error, validation_error)
+from vllm.entrypoints.openai.errors import (BadRequestError, OpenAIError,
+                                            ServiceUnavailableError, error_type_for,
+                                            lone_surrogate_path, make_error, validation_error)
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                               DetokenizeRequest, TokenizeRequest,
                                               VersionResponse)
@@ -63,7 +65,9 @@ class ServerState:
                                                               False)))
         self.chat = OpenAIServingChat(
             engine, self.models, response_role=getattr(args, "response_role", "assistant"),
-            chat_template=load_chat_template(getattr(args, "chat_template", None)), **common)
+            chat_template=load_chat_template(getattr(args, "chat_template", None)),
+            trust_request_chat_template=bool(getattr(args, "trust_request_chat_template",
+                                                     False)), **common)
         self.completion = OpenAIServingCompletion(engine, self.models, **common)
         self.tokenization = OpenAIServingTokenization(engine, self.models, chat=self.chat,
                                                       **common)
@@ -97,6 +101,54 @@ class APIKeyMiddleware:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+# ------------------------------------------------------------- request bodies
+class JSONBodyRoute(APIRoute):
+    """A route whose POST body must be JSON text that is valid Unicode.
+
+    FastAPI hands a body with a non-JSON Content-Type (curl's form default, text/plain) to
+    validation as raw bytes, and keeps JSON strings holding lone surrogates ("\\ud800"),
+    which fail later in the tokenizer. Both are the client's mistake: 400 here, up front.
+    A body without Content-Type is read as JSON.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def checked(request: Request) -> Response:
+            if request.method == "POST":
+                request = await _checked_json_request(request)
+            return await handler(request)
+
+        return checked
+
+
+async def _checked_json_request(request: Request) -> Request:
+    content_type = request.headers.get("content-type")
+    if content_type is None:
+        scope = dict(request.scope)
+        scope["headers"] = [*scope.get("headers", []), (b"content-type", b"application/json")]
+        request = Request(scope, request.receive)
+    elif not _is_json_media_type(content_type):
+        raise BadRequestError(f"Unsupported Content-Type {content_type!r}: the request body "
+                              "must be JSON (Content-Type: application/json).")
+    try:
+        body = await request.json()  # cached on the request: FastAPI does not parse twice
+    except ValueError:
+        return request  # empty or invalid JSON: FastAPI's validation reports it
+    where = lone_surrogate_path(body)
+    if where is not None:
+        raise BadRequestError(f"{where}: the text is not valid Unicode (it holds a lone "
+                              "UTF-16 surrogate such as \\ud800).",
+                              param=None if where == "body" else where)
+    return request
+
+
+def _is_json_media_type(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/")
+                                            and media.endswith("+json"))
 
 
 # -------------------------------------------------------------------- errors
@@ -243,6 +295,7 @@ def build_app(args: argparse.Namespace, engine: AsyncLLMEngine) -> FastAPI:
     app = FastAPI(title="vLLM OpenAI-compatible API", version=__version__,
                   root_path=getattr(args, "root_path", None) or "", lifespan=lifespan)
     app.state.vllm = ServerState(engine, args)
+    app.router.route_class = JSONBodyRoute
     _install_error_handlers(app)
     _install_routes(app)
     app.add_middleware(CORSMiddleware,

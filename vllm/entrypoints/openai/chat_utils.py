@@ -34,6 +34,17 @@ def load_chat_template(value: Optional[str]) -> Optional[str]:
                      "template.")
 
 
+def check_request_chat_template(request: Any, trusted: bool) -> None:
+    """A request may bring its own template only when the server trusts request templates
+    (--trust-request-chat-template, as in vLLM): a template is code the server runs."""
+    kwargs = getattr(request, "chat_template_kwargs", None) or {}
+    if trusted or (request.chat_template is None and kwargs.get("chat_template") is None):
+        return
+    raise BadRequestError("The request passes its own chat_template, but the server was not "
+                          "started with --trust-request-chat-template: request-supplied chat "
+                          "templates are refused.", param="chat_template")
+
+
 def conversation_from_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Plain dicts for the template; list content is joined into one string."""
     if not messages:

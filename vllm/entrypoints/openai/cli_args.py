@@ -64,6 +64,10 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     server.add_argument("--chat-template", type=str, default=None,
                         help="Chat template: a file path or the Jinja template itself. "
                              "Defaults to the tokenizer's.")
+    server.add_argument("--trust-request-chat-template", action="store_true",
+                        help="Accept a chat_template passed in a request (rendered in a "
+                             "sandbox with a time limit). Without it such requests are "
+                             "refused.")
     server.add_argument("--response-role", type=str, default="assistant",
                         help="Role of generated chat messages when add_generation_prompt "
                              "is true.")

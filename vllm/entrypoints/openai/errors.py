@@ -88,6 +88,40 @@ def validation_error(errors: list[dict[str, Any]]) -> OpenAIError:
     return BadRequestError(f"{count} {noun}: " + "; ".join(lines), param=param or None)
 
 
+def lone_surrogate_path(value: Any) -> Optional[str]:
+    """The dotted path of the first string (or key) of a parsed JSON body that is not valid
+    Unicode, else None.
+
+    JSON escapes can spell a lone UTF-16 surrogate ("\\ud800"); Python keeps it in the str,
+    and the tokenizer (or the JSON encoder of any reply echoing it) then fails. Found up
+    front, it is the client's 400 instead of a 500.
+    """
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            if not _is_valid_unicode(item):
+                return where or "body"
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                name = f"{where}.{key}" if where else str(key)
+                if isinstance(key, str) and not _is_valid_unicode(key):
+                    return where or "body"
+                stack.append((name, child))
+        elif isinstance(item, list):
+            stack.extend((f"{where}.{i}" if where else str(i), child)
+                         for i, child in reversed(list(enumerate(item))))
+    return None
+
+
+def _is_valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _dotted(loc: Any) -> str:
     parts = list(loc)
     if parts and parts[0] == "body":
@@ -109,5 +143,11 @@ def _input_hint(error: dict[str, Any]) -> str:
     value = error.get("input")
     if value is None or isinstance(value, (dict, list)):
         return ""
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    if isinstance(value, (str, bytes, bytearray)):
+        text = repr(value)
+    else:
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError):  # a value JSON cannot hold: never a 500 for a hint
+            text = repr(value)
     return f" (got {text[:50]}{'...' if len(text) > 50 else ''})"

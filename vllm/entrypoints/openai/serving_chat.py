@@ -10,6 +10,7 @@ import time
 from typing import Any, AsyncIterator, Optional, Union
 
 from vllm.entrypoints.openai.chat_utils import (apply_chat_template,
+                                                check_request_chat_template,
                                                 conversation_from_messages)
 from vllm.entrypoints.openai.errors import BadRequestError
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
@@ -24,13 +25,16 @@ from vllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, Pro
 class OpenAIServingChat(OpenAIServing):
 
     def __init__(self, *args: Any, response_role: str = "assistant",
-                 chat_template: Optional[str] = None, **kwargs: Any) -> None:
+                 chat_template: Optional[str] = None,
+                 trust_request_chat_template: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.response_role = response_role
         self.chat_template = chat_template
+        self.trust_request_chat_template = trust_request_chat_template
 
     async def render_prompt(self, request: Any) -> PromptInput:
         """Messages -> template text -> token ids (shared with /tokenize)."""
+        check_request_chat_template(request, self.trust_request_chat_template)
         conversation = conversation_from_messages(request.messages)
         text = await self.run_blocking(
             apply_chat_template, self.tokenizer, conversation,

@@ -102,10 +102,8 @@ class OpenAIServing:
     def truncate(token_ids: list[int], truncate_prompt_tokens: Optional[int],
                  max_model_len: int) -> list[int]:
         """Keep the last `truncate_prompt_tokens` tokens (-1: max_model_len), as vLLM does."""
-        if truncate_prompt_tokens is None:
-            return token_ids
-        keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
-        return token_ids[-keep:] if keep > 0 else token_ids
+        keep = check_truncate_prompt_tokens(truncate_prompt_tokens, max_model_len)
+        return token_ids if keep is None else token_ids[-keep:]
 
     def resolve_max_tokens(self, prompt_len: int, requested: Optional[int], what: str,
                            param: str, max_tokens_param: str = "max_tokens") -> int:
@@ -261,6 +259,27 @@ class OpenAIServing:
 
 
 # -------------------------------------------------------------------- helpers
+def check_truncate_prompt_tokens(value: Optional[int], max_model_len: int) -> Optional[int]:
+    """How many prompt tokens truncate_prompt_tokens keeps (None: no truncation).
+
+    -1 means max_model_len. 0 would leave nothing to complete (vLLM then renders no
+    prompt at all), and more than max_model_len cannot be honoured: both are refused.
+    """
+    if value is None:
+        return None
+    if value == -1:
+        return max_model_len
+    if value < 1:
+        raise BadRequestError(f"truncate_prompt_tokens must be -1 (keep the last "
+                              f"max_model_len tokens) or at least 1, got {value}.",
+                              param="truncate_prompt_tokens")
+    if value > max_model_len:
+        raise BadRequestError(f"truncate_prompt_tokens={value} cannot be greater than "
+                              f"max_model_len={max_model_len}; choose a smaller truncation "
+                              "size.", param="truncate_prompt_tokens")
+    return value
+
+
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 

@@ -1,0 +1,137 @@
+"""Client mistakes are 4xx with the OpenAI error body, never 500 (app over a fake engine).
+
+Non-JSON Content-Type, lone surrogates in any string (also on /tokenize and streaming),
+request-supplied chat templates without --trust-request-chat-template, and
+truncate_prompt_tokens values that cannot be honoured.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable
+
+import httpx
+import pytest
+
+from tests.entrypoints.fake_engine import FakeLLMEngine
+from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+MSGS = [{"role": "user", "content": "Hi"}]
+TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+
+
+def run_app(tokenizer: Any, argv: list[str],
+            requests: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> Any:
+    """Build the app from CLI flags over a fake engine and run `requests(client)`."""
+    from vllm.entrypoints.openai.api_server import build_app
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    engine = AsyncLLMEngine(FakeLLMEngine(tokenizer), log_requests=False, log_stats=False)
+    app = build_app(make_arg_parser().parse_args(argv), engine)
+
+    async def main() -> Any:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await requests(client)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        engine.shutdown()
+
+
+def assert_error(response: httpx.Response, status: int, param: Any = ...) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == status and error["message"] and error["type"]
+    if param is not ...:
+        assert error["param"] == param, error
+    return error
+
+
+def test_non_json_content_type_is_400(tokenizer):
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    plain = {"Content-Type": "text/plain"}
+    body = b'{"prompt": "Hello", "max_tokens": 2}'
+
+    async def requests(client):
+        return ([await client.post(route, content=body, headers=headers)
+                 for route in ("/v1/completions", "/v1/chat/completions", "/tokenize")
+                 for headers in (form, plain)],
+                await client.post("/v1/completions", content=body),  # no Content-Type
+                await client.post("/v1/completions", content=body,
+                                  headers={"Content-Type": "application/json; charset=utf-8"}))
+
+    refused, no_type, with_charset = run_app(tokenizer, [], requests)
+    for r in refused:
+        assert "Content-Type" in assert_error(r, 400)["message"]
+    assert no_type.status_code == 200, no_type.text  # read as JSON, as before
+    assert with_charset.status_code == 200, with_charset.text
+
+
+def test_lone_surrogates_are_400_everywhere(tokenizer):
+    bad = '"\\ud800 hi"'  # a JSON escape for a lone surrogate
+    cases = [
+        ("/v1/completions", '{"prompt": %s, "max_tokens": 2}' % bad, "prompt"),
+        ("/v1/completions", '{"prompt": %s, "max_tokens": 2, "stream": true}' % bad, "prompt"),
+        ("/v1/completions", '{"prompt": ["ok", %s], "max_tokens": 2}' % bad, "prompt.1"),
+        ("/v1/chat/completions",
+         '{"messages": [{"role": "user", "content": %s}], "stream": true}' % bad,
+         "messages.0.content"),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": '
+         '[{"type": "text", "text": %s}]}]}' % bad, "messages.0.content.0.text"),
+        ("/tokenize", '{"prompt": %s}' % bad, "prompt"),
+        ("/tokenize", '{"messages": [{"role": "user", "content": %s}]}' % bad,
+         "messages.0.content"),
+        ("/v1/completions", '{"prompt": "x", "stop": [%s]}' % bad, "stop.0"),
+        ("/v1/completions", '{"model": %s, "prompt": "x"}' % bad, "model"),
+    ]
+    headers = {"Content-Type": "application/json"}
+
+    async def requests(client):
+        replies = [await client.post(route, content=body, headers=headers)
+                   for route, body, _ in cases]
+        # A valid surrogate pair is one character (U+1F600), not an error.
+        pair = await client.post("/tokenize", content='{"prompt": "\\ud83d\\ude00"}',
+                                 headers=headers)
+        return replies, pair
+
+    replies, pair = run_app(tokenizer, [], requests)
+    for (route, body, param), r in zip(cases, replies):
+        assert "not valid Unicode" in assert_error(r, 400, param)["message"], (route, body)
+    assert pair.status_code == 200 and pair.json()["tokens"] == tokenizer(
+        "\U0001F600", add_special_tokens=True).input_ids
+
+
+def test_request_chat_template_needs_trust_flag(tokenizer):
+    async def requests(client):
+        return [await client.post(route, json={"messages": MSGS, "chat_template": TEMPLATE,
+                                                "max_tokens": 2})
+                for route in ("/v1/chat/completions", "/tokenize")]
+
+    for r in run_app(tokenizer, [], requests):
+        error = assert_error(r, 400, "chat_template")
+        assert "--trust-request-chat-template" in error["message"]
+    chat, tok = run_app(tokenizer, ["--trust-request-chat-template"], requests)
+    assert chat.status_code == 200, chat.text
+    assert tok.json()["tokens"] == tokenizer("<user>Hi", add_special_tokens=False).input_ids
+
+
+@pytest.mark.parametrize("value,status", [(0, 400), (-1, 200), (3, 200), (257, 400)])
+def test_truncate_prompt_tokens_bounds(tokenizer, value, status):
+    """0 would leave no prompt (vLLM then renders none): refused, as is more than
+    max_model_len (256 for the fake engine); -1 and positive counts truncate."""
+    body = {"prompt": "one two three four five six", "max_tokens": 2,
+            "truncate_prompt_tokens": value}
+
+    async def requests(client):
+        return (await client.post("/v1/completions", json=body),
+                await client.post("/v1/chat/completions",
+                                  json={"messages": MSGS, **body, "prompt": None}))
+
+    for r in run_app(tokenizer, [], requests):
+        if status == 400:
+            assert_error(r, 400, "truncate_prompt_tokens")
+        else:
+            assert r.status_code == 200, r.text
+    if value == 3:
+        completion = run_app(tokenizer, [], requests)[0].json()
+        assert completion["usage"]["prompt_tokens"] == 3
