@@ -24,8 +24,23 @@ def default_model_path() -> str:
     return embedded_default_model_path()
 
 
+# Per-architecture fields of the tiny configs (few experts, small expert widths).
+_MOE = dict(num_experts_per_tok=2, moe_intermediate_size=48)
+_ARCH_DEFAULTS = {
+    "qwen3": dict(head_dim=32),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(num_experts=4, shared_expert_intermediate_size=96, **_MOE),
+    "qwen3_moe": dict(num_experts=4, head_dim=32, norm_topk_prob=True, **_MOE),
+    "gemma2": dict(head_dim=16, query_pre_attn_scalar=16, pad_token_id=0),
+    "gemma3": dict(head_dim=16, query_pre_attn_scalar=16, pad_token_id=0),
+    "phi3": dict(pad_token_id=0),
+    "granite": dict(embedding_multiplier=2.0, attention_multiplier=0.1,
+                    residual_multiplier=0.5, logits_scaling=4.0),
+}
+
+
 def make_tiny_model(directory: str, arch: str, **overrides) -> str:
-    """Save a tiny random-weight HF model of `arch` (mistral|qwen2|qwen3|llama) in directory.
+    """Save a tiny random-weight HF model of `arch` (a key of `configs` below) in directory.
 
     It reuses the default model's tokenizer so prompts are real text.
     """
@@ -38,12 +53,18 @@ def make_tiny_model(directory: str, arch: str, **overrides) -> str:
         "mistral": transformers.MistralConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
+        "mixtral": transformers.MixtralConfig,
+        "qwen2_moe": transformers.Qwen2MoeConfig,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
+        "gemma2": transformers.Gemma2Config,
+        "gemma3": transformers.Gemma3TextConfig,
+        "phi3": transformers.Phi3Config,
+        "granite": transformers.GraniteConfig,
     }
     base = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                 rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    if arch == "qwen3":
-        base["head_dim"] = 32
+    base.update(_ARCH_DEFAULTS.get(arch, {}))
     base.update(overrides)
     config = configs[arch](**base)
     torch.manual_seed(0)
@@ -51,7 +72,7 @@ def make_tiny_model(directory: str, arch: str, **overrides) -> str:
     # Random init of this size gives near-uniform logits; widen them so greedy is decisive.
     with torch.no_grad():
         for p in model.parameters():
-            p.mul_(4.0) if p.dim() == 2 else None
+            p.mul_(4.0) if p.dim() >= 2 else None  # stacked experts are 3-D
     model.save_pretrained(directory, safe_serialization=True)
     tok = transformers.AutoTokenizer.from_pretrained(resolve_model_path(DEFAULT_MODEL))
     tok.save_pretrained(directory)

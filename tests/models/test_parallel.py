@@ -63,6 +63,8 @@ def test_tp2_and_pp2_match_single_process(tiny_model_factory, tmp_path):
         # 3 layers split 2 + 1; tied embeddings loaded into the last stage's LM head.
         ("pp2-tied", tiny_model_factory("llama", num_hidden_layers=3,
                                         tie_word_embeddings=True), 1, 2),
+        # Experts' intermediate dim split over ranks; shared expert reduced with them.
+        ("tp2-moe", tiny_model_factory("qwen2_moe"), 2, 1),
     ]
     expected = {name: full_prompt_logits(get_model_tp1(path), ids) for name, path, _, _ in cases}
     mp.spawn(_worker, args=(2, f"tcp://127.0.0.1:{_free_port()}",

@@ -13,6 +13,7 @@ be exercised and tested off hardware:
 | synchronize(), set_device(), device_count() | torch.hpu.* | no-op / one device |
 | mem_get_info() | torch.hpu.mem_get_info | VLLM_FAKE_HPU_MEMORY_GB minus `track_alloc`ed bytes |
 | FusedSDPA, FusedRMSNorm, apply_rotary_pos_emb | hpex kernels | torch equivalents |
+| mixture_of_experts | torch.ops.hpu.mixture_of_experts | all experts, routing-weighted (vllm/hpu/moe.py) |
 | metric_localcontext(name) | hpu.metrics | graph_compilation counts `record_compile` |
 
 `record_compile` / `compile_count` (compile accounting) and `track_alloc` /
@@ -40,11 +41,13 @@ if _FAKE:
     from vllm.hpu.fake_graphs import graph_stats, wrap_in_hpu_graph
     from vllm.hpu.fake_kernels import (FusedRMSNorm, FusedSDPA, RotaryPosEmbeddingMode,
                                        apply_rotary_pos_emb)
+    from vllm.hpu.moe import fake_mixture_of_experts as mixture_of_experts
 else:  # pragma: no cover - needs a Gaudi image
     from vllm.hpu.real import (FusedRMSNorm, FusedSDPA, RotaryPosEmbeddingMode,
                                apply_rotary_pos_emb, device_count, is_lazy, mark_step,
                                mem_get_info, metric_localcontext, set_device, synchronize,
                                wrap_in_hpu_graph)
+    from vllm.hpu.moe import real_mixture_of_experts as mixture_of_experts
 
     def graph_stats(module):  # type: ignore[no-redef]
         raise ValueError("graph_stats is only kept by the fake HPU graph recorder.")
@@ -63,7 +66,8 @@ def torch_device_type() -> str:
 __all__ = [
     "FusedRMSNorm", "FusedSDPA", "RotaryPosEmbeddingMode", "apply_rotary_pos_emb",
     "compile_count", "device_count", "graph_stats", "is_fake_hpu", "is_lazy", "mark_step",
-    "mem_get_info", "metric_localcontext", "record_compile", "reset_compile_stats",
-    "reset_tracked_memory", "set_device", "synchronize", "torch_device_type",
+    "mem_get_info", "metric_localcontext", "mixture_of_experts", "record_compile",
+    "reset_compile_stats", "reset_tracked_memory", "set_device", "synchronize",
+    "torch_device_type",
     "track_alloc", "track_free", "tracked_bytes", "wrap_in_hpu_graph",
 ]

@@ -117,11 +117,14 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: Any, rotary_emb: RotaryEmbedding, prefix: str = "") -> None:
         super().__init__()
         self.self_attn = self.attention_cls(config, rotary_emb, prefix=f"{prefix}.self_attn")
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
-                            bias=bool(getattr(config, "mlp_bias", False)),
-                            prefix=f"{prefix}.mlp")
+        self.mlp = self.build_mlp(config, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def build_mlp(self, config: Any, prefix: str) -> nn.Module:
+        """The feed-forward block (MoE models return their sparse block here)."""
+        return LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
+                        bias=bool(getattr(config, "mlp_bias", False)), prefix=prefix)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor,
                 residual: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,6 +295,8 @@ class LlamaForCausalLM(nn.Module):
             loader = getattr(param, "weight_loader", default_weight_loader)
             if shard_id is None:
                 loader(param, tensor)
+            elif isinstance(shard_id, tuple):  # e.g. (shard, expert id) of an MoE weight
+                loader(param, tensor, *shard_id)
             else:
                 loader(param, tensor, shard_id)
             loaded.add(target)
@@ -304,7 +309,9 @@ class LlamaForCausalLM(nn.Module):
                              f"e.g. {', '.join(missing[:5])}.")
         return loaded
 
-    def _param_name(self, name: str) -> tuple[str, Optional[Union[str, int]]]:
+    def _param_name(self, name: str) -> tuple[str, Optional[Union[str, int, tuple]]]:
+        """(parameter name, shard id for its weight_loader, or None) of a checkpoint
+        tensor."""
         for param_name, shard_name, shard_id in self._stacked_params:
             if f".{shard_name}." in name:
                 return name.replace(f".{shard_name}.", f".{param_name}."), shard_id

@@ -1,0 +1,41 @@
+"""The added architectures on the fake HPU (bucketed shapes, the shim's ops such as
+mixture_of_experts) give the CPU platform's greedy tokens."""
+from __future__ import annotations
+
+import pytest
+
+from tests.hpu.conftest import make_llm, platform_env, ragged_prompt_ids, release, runner_of
+from vllm import SamplingParams
+from vllm.model_executor.layers.fused_moe import FusedMoE
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+FAST = {"VLLM_SKIP_WARMUP": "1", "PT_HPU_LAZY_MODE": "1", "VLLM_PROMPT_BS_BUCKET_MAX": "4",
+        "VLLM_PROMPT_SEQ_BUCKET_MAX": "64"}
+LENGTHS = [3, 9, 17, 30]
+
+
+def _generate(path: str, prompts=None):
+    llm = make_llm(model=path, block_size=16, kv_cache_memory_bytes=32 << 20,
+                   max_model_len=256)
+    if prompts is None:
+        prompts = ragged_prompt_ids(llm.get_tokenizer(), LENGTHS)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    moe_ops = {m._use_hpu_op for m in runner_of(llm).model.modules() if isinstance(m, FusedMoE)}
+    release(llm)
+    return prompts, [list(o.outputs[0].token_ids) for o in outs], moe_ops
+
+
+MOE_ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe"]
+ARCHS = MOE_ARCHS
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fake_hpu_tokens_equal_cpu(arch, tiny_model_factory):
+    path = tiny_model_factory(arch)
+    with platform_env("cpu"):
+        prompts, expected, cpu_ops = _generate(path)
+    with platform_env("hpu", **FAST):
+        _, got, hpu_ops = _generate(path, prompts)
+    assert got == expected
+    if arch in MOE_ARCHS:  # grouped GEMMs on the CPU, the shim's op on the HPU
+        assert (cpu_ops, hpu_ops) == ({False}, {True})

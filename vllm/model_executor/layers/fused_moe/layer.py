@@ -1,0 +1,152 @@
+"""All experts of one MoE block in two stacked weights, sharded over TP ranks.
+
+`w13_weight` [E, 2 * I_tp, H] holds each expert's gate (w1) and up (w3) rows of this
+rank, `w2_weight` [E, H, I_tp] its down projection columns: the intermediate
+dimension is split as in a dense column/row-parallel MLP, so every rank computes
+every expert for every routed token and one all-reduce sums the partial outputs.
+
+Checkpoints store experts one by one (`experts.{e}.w1.weight`, or `gate_proj`/
+`up_proj`/`down_proj`); `weight_loader(param, tensor, shard_id, expert_id)` places
+each into its slot. Models map names with `expert_param_name`.
+
+Forward, per platform:
+- CPU (and CUDA): tokens are grouped by expert (one sort of the routing table), and
+  each expert that received rows runs one GEMM pass over all of them: a loop over
+  experts, never over tokens.
+- HPU: the shim's `mixture_of_experts` op on the (bucket-padded) batch, a fixed
+  shape per bucket, so no graph depends on how tokens were routed.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.distributed import (get_tensor_model_parallel_rank,
+                              get_tensor_model_parallel_world_size,
+                              tensor_model_parallel_all_reduce)
+from vllm.model_executor.layers.fused_moe.routing import select_experts
+from vllm.model_executor.layers.linear import divide
+
+
+_EXPERT_WEIGHT = re.compile(
+    r"\.experts\.(\d+)\.(w1|w2|w3|gate_proj|down_proj|up_proj)\.weight$")
+_SHARD_OF = {"w1": "w1", "gate_proj": "w1", "w3": "w3", "up_proj": "w3", "w2": "w2",
+             "down_proj": "w2"}
+
+
+def expert_param_name(name: str) -> Optional[tuple[str, tuple[str, int]]]:
+    """(parameter name, (shard id, expert id)) of a per-expert checkpoint tensor, else None.
+
+    "model.layers.0.mlp.experts.3.up_proj.weight" ->
+    ("model.layers.0.mlp.experts.w13_weight", ("w3", 3)).
+    """
+    m = _EXPERT_WEIGHT.search(name)
+    if m is None:
+        return None
+    shard = _SHARD_OF[m.group(2)]
+    param = "w2_weight" if shard == "w2" else "w13_weight"
+    return f"{name[:m.start()]}.experts.{param}", (shard, int(m.group(1)))
+
+
+class FusedMoE(nn.Module):
+    """SwiGLU experts; `forward(hidden [T, H], router_logits [T, E]) -> [T, H]`."""
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int,
+                 intermediate_size: int, renormalize: bool = True,
+                 reduce_results: bool = True, activation: str = "silu",
+                 params_dtype: Optional[torch.dtype] = None, prefix: str = "") -> None:
+        super().__init__()
+        if activation != "silu":
+            raise ValueError(f"MoE activation {activation!r} is not supported; only 'silu'.")
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"top_k ({top_k}) must be in [1, num_experts={num_experts}].")
+        self.num_experts, self.top_k = num_experts, top_k
+        self.hidden_size = hidden_size
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.intermediate_size_per_partition = divide(
+            intermediate_size, self.tp_size, f"moe intermediate size of {prefix or 'layer'}")
+        self.renormalize = renormalize
+        self.reduce_results = reduce_results
+        self.activation = activation
+        self.prefix = prefix
+        dtype = params_dtype or torch.get_default_dtype()
+        n = self.intermediate_size_per_partition
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * n, hidden_size, dtype=dtype),
+                                       requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, n, dtype=dtype),
+                                      requires_grad=False)
+        for p in (self.w13_weight, self.w2_weight):
+            p.weight_loader = self.weight_loader
+        from vllm.platforms import current_platform
+        self._use_hpu_op = current_platform.is_hpu()
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
+                      shard_id: str, expert_id: int) -> None:
+        """Copy this rank's slice of one expert's w1 (gate), w3 (up) or w2 (down)."""
+        n = self.intermediate_size_per_partition
+        full = n * self.tp_size
+        expected = {"w1": (full, self.hidden_size), "w3": (full, self.hidden_size),
+                    "w2": (self.hidden_size, full)}.get(shard_id)
+        if expected is not None and tuple(loaded_weight.shape) != expected:
+            raise ValueError(f"shape mismatch loading {self.prefix} expert {expert_id} "
+                             f"{shard_id}: checkpoint {tuple(loaded_weight.shape)}, expected "
+                             f"{expected}.")
+        if shard_id in ("w1", "w3"):
+            src = loaded_weight.narrow(0, self.tp_rank * n, n)
+            dst = param.data[expert_id].narrow(0, 0 if shard_id == "w1" else n, n)
+        elif shard_id == "w2":
+            src = loaded_weight.narrow(1, self.tp_rank * n, n)
+            dst = param.data[expert_id]
+        else:
+            raise ValueError(f"shard_id must be 'w1', 'w2' or 'w3', got {shard_id!r}.")
+        dst.copy_(src)
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        if self._use_hpu_op:
+            out = self._forward_hpu(hidden_states, topk_weights, topk_ids)
+        else:
+            out = self._forward_grouped(hidden_states, topk_weights, topk_ids)
+        if self.reduce_results and self.tp_size > 1:
+            out = tensor_model_parallel_all_reduce(out)
+        return out
+
+    def _forward_grouped(self, x: torch.Tensor, topk_weights: torch.Tensor,
+                         topk_ids: torch.Tensor) -> torch.Tensor:
+        """One GEMM pass per routed expert over the rows routed to it."""
+        flat_ids = topk_ids.reshape(-1)
+        order = torch.argsort(flat_ids, stable=True)
+        token_of = order // self.top_k  # row of x for each sorted (token, slot)
+        weight_of = topk_weights.reshape(-1)[order]
+        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            rows = token_of[start:start + count]
+            h = F.linear(x.index_select(0, rows), self.w13_weight[expert])
+            gate, up = h.chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.w2_weight[expert])
+            y = y * weight_of[start:start + count, None].to(y.dtype)
+            out.index_add_(0, rows, y)
+            start += count
+        return out
+
+    def _forward_hpu(self, x: torch.Tensor, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor) -> torch.Tensor:
+        from vllm import hpu
+        return hpu.mixture_of_experts(
+            x, topk_ids, topk_weights.to(x.dtype), list(self.w13_weight.unbind(0)),
+            list(self.w2_weight.unbind(0)), permuted_weights=True, activation=self.activation,
+            experts_min=0, experts_max=self.num_experts - 1)
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, top_k={self.top_k}, "
+                f"hidden={self.hidden_size}, intermediate={self.intermediate_size_per_partition}"
+                f"x{self.tp_size}, renormalize={self.renormalize}")
