@@ -69,9 +69,19 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        self.prefix_cache_stats.queries += request.num_tokens
-        self.prefix_cache_stats.hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
+
+    def record_prefix_cache_lookup(self, request: Request, num_computed_tokens: int) -> None:
+        """Count one admitted request's lookup in the statistics.
+
+        A waiting request that cannot get blocks is looked up again on every step; only
+        the lookup of the step that admits it counts (as in vLLM), so a full pool does not
+        inflate queries and hits.
+        """
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+            return
+        self.prefix_cache_stats.queries += request.num_tokens
+        self.prefix_cache_stats.hits += num_computed_tokens
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Optional[list[KVCacheBlock]] = None,

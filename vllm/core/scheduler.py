@@ -177,6 +177,8 @@ class Scheduler:
             self.waiting.popleft()
             self.running.append(request)
             request.status = RequestStatus.RUNNING
+            if request.num_computed_tokens == 0:
+                self.kv_cache_manager.record_prefix_cache_lookup(request, num_computed)
             request.num_computed_tokens = num_computed
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_computed
