@@ -35,7 +35,7 @@ _ARCH_DEFAULTS = {
     "gemma3": dict(head_dim=16, query_pre_attn_scalar=16, pad_token_id=0),
     "phi3": dict(pad_token_id=0),
     "granite": dict(embedding_multiplier=2.0, attention_multiplier=0.1,
-                    residual_multiplier=0.5, logits_scaling=4.0),
+                    residual_multiplier=0.5, logits_scaling=0.5),
 }
 
 

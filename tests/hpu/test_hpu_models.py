@@ -26,7 +26,7 @@ def _generate(path: str, prompts=None):
 
 
 MOE_ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe"]
-ARCHS = MOE_ARCHS
+ARCHS = MOE_ARCHS + ["phi3", "granite"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -53,6 +53,14 @@ CASES = {
     # One dense layer (mlp_only_layers) beside a sparse one; no top-k renormalization.
     "qwen2_moe-dense-layer": ("qwen2_moe", dict(mlp_only_layers=[0])),
     "qwen3_moe": ("qwen3_moe", {}),
+    "phi3": ("phi3", {}),
+    # LongRoPE: short factors below 256 positions, attention factor from 1024 / 256.
+    "phi3-longrope-partial": ("phi3", dict(
+        original_max_position_embeddings=256, max_position_embeddings=1024,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                             partial_rotary_factor=0.5, short_factor=[1.0, 1.5, 2.0, 4.0],
+                             long_factor=[2.0, 3.0, 5.0, 9.0]))),
+    "granite": ("granite", {}),
 }
 
 

@@ -163,7 +163,7 @@ class Llama3RotaryEmbedding(RotaryEmbedding):
         return torch.where(is_medium, smoothed, scaled)
 
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 def _require(scaling: dict[str, Any], key: str, rope_type: str) -> Any:
@@ -198,5 +198,13 @@ def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
             orig_max_position=int(_require(scaling, "original_max_position_embeddings",
                                            rope_type)),
             dtype=dtype)
+    if rope_type == "longrope":
+        from vllm.model_executor.layers.rotary_longrope import Phi3LongRoPEScaledRotaryEmbedding
+        return Phi3LongRoPEScaledRotaryEmbedding(
+            head_size, rotary_dim, max_position,
+            int(_require(scaling, "original_max_position_embeddings", rope_type)), base,
+            is_neox_style, _require(scaling, "short_factor", rope_type),
+            _require(scaling, "long_factor", rope_type), scaling.get("attention_factor"),
+            scaling.get("factor"), dtype=dtype)
     raise ValueError(f"rope_scaling type {rope_type!r} is not supported; supported: "
                      f"{', '.join(SUPPORTED_ROPE_TYPES)}.")

@@ -148,6 +148,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         config = vllm_config.model_config.hf_config
         self.config = config
+        self.embedding_multiplier = 1.0
+        """Scales the input embeddings (Granite's multiplier, Gemma's sqrt(hidden))."""
         pp = get_pp_group()
         self.is_first_stage, self.is_last_stage = pp.is_first_rank, pp.is_last_rank
         self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size,
@@ -175,6 +177,8 @@ class LlamaModel(nn.Module):
                 ) -> Union[torch.Tensor, IntermediateTensors]:
         if self.is_first_stage:
             hidden = inputs_embeds if inputs_embeds is not None else self.embed_tokens(input_ids)
+            if self.embedding_multiplier != 1.0:
+                hidden = hidden * self.embedding_multiplier
             residual = None
         else:
             if intermediate_tensors is None:

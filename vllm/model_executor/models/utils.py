@@ -64,6 +64,9 @@ def rope_config(config: Any) -> tuple[float, Optional[dict[str, Any]]]:
         params = dict(legacy)
     theta = params.get("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
     rope_type = params.get("rope_type", params.get("type", "default"))
+    if "original_max_position_embeddings" not in params and getattr(
+            config, "original_max_position_embeddings", None):  # Phi-3 keeps it outside
+        params["original_max_position_embeddings"] = config.original_max_position_embeddings
     return float(theta), (params if rope_type not in (None, "default") else None)
 
 
