@@ -180,8 +180,8 @@ class CacheConfig:
     def __post_init__(self) -> None:
         if self.block_size is not None and (self.block_size <= 0 or self.block_size % 8 != 0
                                             and self.block_size not in (1, 2, 4)):
-            raise ValueError(f"block_size must be a positive multiple of 8, got "
-                             f"{self.block_size}.")
+            raise ValueError(f"block_size must be 1, 2, 4 or a positive multiple of 8, "
+                             f"got {self.block_size}.")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}.")

@@ -28,8 +28,11 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_FAKE_HPU_MEMORY_GB": (float, 16.0, "Device memory the fake HPU reports, in GiB."),
     # ---- CPU ----
     "VLLM_CPU_KVCACHE_SPACE": (float, 0.0, "KV cache size on CPU in GiB; 0 means automatic "
-                               "(a quarter of available memory, capped at 4 GiB)."),
-    "VLLM_CPU_OMP_THREADS_BIND": (str, "auto", "Cores the CPU worker binds to ('auto' or 'all')."),
+                               "(4 GiB, at most what max_num_seqs full-length sequences need "
+                               "and half of the available memory, split between ranks)."),
+    "VLLM_CPU_OMP_THREADS_BIND": (str, "auto", "Cores each CPU rank binds to: 'auto' (ranks "
+                                  "take equal shares of the allowed cores), 'all' / 'nobind' "
+                                  "(no binding), or one list per rank such as '0-3|4-7'."),
     "VLLM_CPU_NATIVE_OPS": (_bool, True, "Use the native CPU kernels (vllm/native, built once "
                             "with the system C++ compiler); 0 keeps every op in torch."),
     "VLLM_CPU_NATIVE_GEMM": (_bool, True, "bf16 linear layers through the native AVX512-BF16 "
@@ -42,6 +45,10 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_CACHE_ROOT": (str, os.path.join(os.path.expanduser("~"), ".cache", "vllm"),
                         "Where converted models (GGUF -> safetensors) are cached."),
     "VLLM_ENGINE_ITERATION_TIMEOUT_S": (int, 60, "Seconds a worker may take for one step."),
+    # ---- read from other tools' conventions ----
+    "RAY_ADDRESS": (str, "", "Address of a running Ray cluster for the ray executor; empty "
+                    "starts a local one."),
+    "CXX": (str, "g++", "C++ compiler that builds the native CPU kernels."),
     # ---- HPU (see HPU.md) ----
     "PT_HPU_LAZY_MODE": (int, 0, "1: lazy mode (HPU graphs); 0: eager / torch.compile."),
     "PT_HPU_ENABLE_LAZY_COLLECTIVES": (_bool, False, "Required for TP with HPU graphs."),
@@ -79,6 +86,13 @@ def __getattr__(name: str) -> Any:
         return parse(raw)
     except ValueError as e:
         raise ValueError(f"Invalid value {raw!r} for environment variable {name}: {e}") from e
+
+
+def is_set(name: str) -> bool:
+    """Whether the variable was given at all (to tell a default from an explicit value)."""
+    if name not in environment_variables:
+        raise AttributeError(f"module 'vllm.envs' has no attribute {name!r}")
+    return name in os.environ
 
 
 def __dir__() -> list[str]:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 _FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
@@ -24,7 +23,8 @@ def _configure_root() -> None:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%m-%d %H:%M:%S"))
         root.addHandler(handler)
-    root.setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
+    from vllm import envs
+    root.setLevel(envs.VLLM_LOGGING_LEVEL.upper())
     root.propagate = True
 
 

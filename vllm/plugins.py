@@ -8,9 +8,10 @@ activate. `vllm.general_plugins`: functions run once in every process.
 from __future__ import annotations
 
 import logging
-import os
 from importlib.metadata import entry_points
 from typing import Any, Callable, Optional
+
+from vllm import envs
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ _general_plugins_loaded = False
 
 
 def _allowed_names() -> Optional[set[str]]:
-    raw = os.environ.get("VLLM_PLUGINS", "").strip()
+    raw = envs.VLLM_PLUGINS.strip()
     return {n.strip() for n in raw.split(",") if n.strip()} if raw else None
 
 

@@ -11,6 +11,8 @@ import os
 import threading
 from typing import Any, Iterator, Optional
 
+from vllm import envs
+
 logger = logging.getLogger(__name__)
 
 PLACEMENT_GROUP_TIMEOUT_S = 120.0
@@ -102,7 +104,7 @@ def _connect_from_long_lived_thread(ray: Any, num_ranks: int) -> Optional[thread
 
 
 def _connect(ray: Any, num_ranks: int) -> None:
-    address = os.environ.get("RAY_ADDRESS")
+    address = envs.RAY_ADDRESS
     if address:
         logger.info("Connecting to the Ray cluster at %s.", address)
         ray.init(address=address, configure_logging=False)

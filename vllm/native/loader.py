@@ -89,7 +89,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 def _compiler() -> str:
-    cxx = os.environ.get("CXX") or "g++"
+    cxx = envs.CXX or "g++"
     path = shutil.which(cxx)
     if path is None:
         raise RuntimeError(f"no C++ compiler found ({cxx!r}; set CXX to choose one)")

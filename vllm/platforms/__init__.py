@@ -8,9 +8,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-import os
 from typing import Any, Optional
 
+from vllm import envs
 from vllm.platforms.interface import Platform, PlatformEnum
 
 logger = logging.getLogger(__name__)
@@ -33,12 +33,12 @@ def _recorded_target() -> str:
 
 def _detect_builtin() -> str:
     """VLLM_TARGET_DEVICE at run time, then VLLM_USE_FAKE_HPU, the build target, detection."""
-    env = os.environ.get("VLLM_TARGET_DEVICE", "").strip().lower()
+    env = envs.VLLM_TARGET_DEVICE.strip().lower()
     if env:
         if env not in _BUILTIN:
             raise ValueError(f"VLLM_TARGET_DEVICE={env!r}; choose one of {sorted(_BUILTIN)}")
         return env
-    if os.environ.get("VLLM_USE_FAKE_HPU", "0").strip().lower() in ("1", "true"):
+    if envs.VLLM_USE_FAKE_HPU:
         return "hpu"
     recorded = _recorded_target()
     if recorded in _BUILTIN:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Optional
 
 import torch
 
@@ -26,15 +27,22 @@ class CPUWorker(WorkerBase):
         self.model_runner = CPUModelRunner(self.vllm_config, device="cpu")
 
     def _set_threads(self) -> None:
-        """Split the cores between the ranks on this machine (all of them for one rank).
+        """Bind this rank to its cores (VLLM_CPU_OMP_THREADS_BIND) and size its thread pool.
 
         Data-parallel replicas run on the same machine too, so they share the cores.
         """
         pc = self.vllm_config.parallel_config
+        allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            list(range(os.cpu_count() or 1))
+        cores = cores_for_rank(envs.VLLM_CPU_OMP_THREADS_BIND, allowed, self.rank,
+                               pc.world_size, pc.data_parallel_size)
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+            logger.info("Rank %d bound to cores %s.", self.rank, _format_cores(cores))
+            torch.set_num_threads(len(cores))
+            return
         world = pc.world_size * pc.data_parallel_size
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores // world))
+        torch.set_num_threads(max(1, len(allowed) // world))
 
     def determine_num_available_blocks(self) -> int:
         cc = self.vllm_config.cache_config
@@ -63,3 +71,55 @@ class CPUWorker(WorkerBase):
         world = pc.world_size * pc.data_parallel_size
         needed = sc.max_num_seqs * -(-sc.max_model_len // bs) * block_bytes
         return int(min(_DEFAULT_KV_SPACE_GiB * _GiB, needed, available / 2 / world))
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the kernel's cpu-list syntax)."""
+    cores: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"VLLM_CPU_OMP_THREADS_BIND: bad core list {text!r}")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise ValueError(f"VLLM_CPU_OMP_THREADS_BIND: bad range {part!r}")
+        cores.extend(range(first, last + 1))
+    if not cores:
+        raise ValueError(f"VLLM_CPU_OMP_THREADS_BIND: empty core list {text!r}")
+    return sorted(set(cores))
+
+
+def cores_for_rank(spec: str, allowed: list[int], rank: int, world_size: int,
+                   data_parallel_size: int = 1) -> Optional[list[int]]:
+    """The cores rank `rank` binds to, or None to stay unbound.
+
+    - `auto`: with several ranks (and one replica), rank r takes the r-th equal share of
+      the allowed cores, so the ranks do not contend for cores; one rank stays unbound.
+    - `all` / `nobind`: no binding; the ranks split the thread count.
+    - `0-3|4-7`: an explicit core list per rank, separated by `|`.
+    """
+    spec = spec.strip().lower()
+    if spec in ("all", "nobind"):
+        return None
+    if spec == "auto":
+        if world_size == 1 or data_parallel_size > 1 or len(allowed) < world_size:
+            return None
+        share = len(allowed) // world_size
+        return allowed[rank * share:(rank + 1) * share]
+    lists = spec.split("|")
+    if len(lists) != world_size:
+        raise ValueError(f"VLLM_CPU_OMP_THREADS_BIND={spec!r} gives {len(lists)} core lists "
+                         f"for {world_size} ranks; give one per rank, separated by '|'.")
+    cores = parse_cpu_list(lists[rank])
+    missing = sorted(set(cores) - set(allowed))
+    if missing:
+        raise ValueError(f"VLLM_CPU_OMP_THREADS_BIND: cores {missing} are not available to "
+                         f"this process (allowed: {_format_cores(allowed)}).")
+    return cores
+
+
+def _format_cores(cores: list[int]) -> str:
+    return ",".join(map(str, cores))

@@ -20,7 +20,6 @@ write into.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Optional
 
@@ -59,7 +58,7 @@ def resolve_contiguous_pa(enable_prefix_caching: bool) -> bool:
     if not envs.VLLM_CONTIGUOUS_PA:
         return False
     if enable_prefix_caching:
-        if "VLLM_CONTIGUOUS_PA" in os.environ:
+        if envs.is_set("VLLM_CONTIGUOUS_PA"):
             logger.warning("VLLM_CONTIGUOUS_PA is ignored with prefix caching enabled "
                            "(shared blocks cannot be indexed by physical id); disable "
                            "prefix caching to use it.")
