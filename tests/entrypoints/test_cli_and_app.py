@@ -26,7 +26,7 @@ def test_serve_flags():
                         "--disable-log-requests", "--disable-log-stats"])
     assert args.model == "/models/x" and args.port == 9001 and args.host == "127.0.0.1"
     assert args.max_num_seqs == 3 and args.served_model_name == ["a", "b"]
-    assert args.api_key == "k" and args.response_role == "bot" and args.max_log_len == 7
+    assert args.api_key == ["k"] and args.response_role == "bot" and args.max_log_len == 7
     assert args.allowed_origins == ["http://a"] and args.enable_prefix_caching is False
     assert args.disable_log_requests and args.disable_log_stats
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -34,7 +34,7 @@ def test_serve_flags():
     assert engine_args.model == "/models/x" and engine_args.disable_log_requests
     defaults = parse_serve([])
     assert defaults.port == 8000 and defaults.response_role == "assistant"
-    assert defaults.api_key is None and defaults.allowed_origins == ["*"]
+    assert defaults.api_key is None and defaults.allowed_origins == []
     with pytest.raises(SystemExit):
         parse_serve(["--port", "70000"])
 

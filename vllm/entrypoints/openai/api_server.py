@@ -79,11 +79,12 @@ def _state(request: Request) -> ServerState:
 
 # ---------------------------------------------------------------- middleware
 class APIKeyMiddleware:
-    """Require `Authorization: Bearer KEY` under /v1 (plain ASGI: streaming stays intact)."""
+    """Require `Authorization: Bearer KEY` under /v1, KEY one of the configured keys
+    (plain ASGI: streaming stays intact)."""
 
-    def __init__(self, app: Any, api_key: str, root_path: str = "") -> None:
+    def __init__(self, app: Any, api_keys: list[str], root_path: str = "") -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = [f"Bearer {key}".encode() for key in api_keys]
         self.root_path = (root_path or "").rstrip("/")
 
     def _protected(self, path: str) -> bool:
@@ -96,7 +97,9 @@ class APIKeyMiddleware:
         if (scope["type"] == "http" and scope.get("method") != "OPTIONS"
                 and self._protected(scope.get("path", ""))):
             headers = dict(scope.get("headers") or [])
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+            given = headers.get(b"authorization", b"")
+            # Compare with every key (no early exit), so timing tells nothing.
+            if not sum(hmac.compare_digest(given, key) for key in self.expected):
                 response = JSONResponse({"error": "Unauthorized"}, status_code=401)
                 await response(scope, receive, send)
                 return
@@ -299,13 +302,16 @@ def build_app(args: argparse.Namespace, engine: AsyncLLMEngine) -> FastAPI:
     _install_error_handlers(app)
     _install_routes(app)
     app.add_middleware(CORSMiddleware,
-                       allow_origins=getattr(args, "allowed_origins", ["*"]),
+                       allow_origins=getattr(args, "allowed_origins", []),
                        allow_credentials=getattr(args, "allow_credentials", False),
                        allow_methods=getattr(args, "allowed_methods", ["*"]),
                        allow_headers=getattr(args, "allowed_headers", ["*"]))
-    api_key = getattr(args, "api_key", None) or envs.VLLM_API_KEY
-    if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key,
+    api_keys = getattr(args, "api_key", None) or (
+        [envs.VLLM_API_KEY] if envs.VLLM_API_KEY else [])
+    if isinstance(api_keys, str):
+        api_keys = [api_keys]
+    if api_keys:
+        app.add_middleware(APIKeyMiddleware, api_keys=list(api_keys),
                            root_path=getattr(args, "root_path", None) or "")
     return app
 

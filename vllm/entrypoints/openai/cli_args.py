@@ -52,15 +52,18 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
                         help="Do not log every HTTP request (uvicorn access log).")
     server.add_argument("--allow-credentials", action="store_true",
                         help="CORS: allow credentials.")
-    server.add_argument("--allowed-origins", type=_json_list, default=["*"],
-                        help="CORS: allowed origins, as a JSON list.")
+    server.add_argument("--allowed-origins", type=_json_list, default=[],
+                        help="CORS: origins whose browser pages may call the server, as a "
+                             "JSON list (e.g. '[\"http://localhost:3000\"]', or '[\"*\"]' "
+                             "for any). Default: none.")
     server.add_argument("--allowed-methods", type=_json_list, default=["*"],
                         help="CORS: allowed methods, as a JSON list.")
     server.add_argument("--allowed-headers", type=_json_list, default=["*"],
                         help="CORS: allowed headers, as a JSON list.")
-    server.add_argument("--api-key", type=str, default=None,
+    server.add_argument("--api-key", type=str, nargs="+", default=None,
                         help="If set, requests under /v1 must send 'Authorization: Bearer "
-                             "<key>'. Defaults to the VLLM_API_KEY environment variable.")
+                             "<key>' with one of these keys. Defaults to the VLLM_API_KEY "
+                             "environment variable.")
     server.add_argument("--chat-template", type=str, default=None,
                         help="Chat template: a file path or the Jinja template itself. "
                              "Defaults to the tokenizer's.")
