@@ -280,6 +280,47 @@ class LoadConfig:
             raise ValueError(f"load_format={self.load_format!r} is not supported.")
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The max_lora_rank values vLLM accepts."""
+
+
+@dataclass
+class LoRAConfig:
+    max_lora_rank: int = 16
+    """Largest rank of a LoRA adapter that can be loaded."""
+    max_loras: int = 1
+    """Most distinct LoRA adapters in one batch (device slots)."""
+    max_cpu_loras: Optional[int] = None
+    """LoRA adapters kept loaded in host memory (LRU); at least max_loras, the default."""
+    lora_dtype: str = "auto"
+    """dtype of the LoRA weights: auto (the model's), float32, bfloat16, float16."""
+
+    # Resolved by VllmConfig.
+    lora_torch_dtype: torch.dtype = field(init=False, default=torch.float32)
+
+    def __post_init__(self) -> None:
+        if self.max_lora_rank not in LORA_RANKS:
+            raise ValueError(f"max_lora_rank ({self.max_lora_rank}) must be one of "
+                             f"{LORA_RANKS}.")
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {self.max_loras}.")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        elif self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras "
+                             f"({self.max_loras}).")
+        if self.lora_dtype not in ("auto", *_DTYPES):
+            raise ValueError(f"lora_dtype={self.lora_dtype!r} is not supported; choose auto, "
+                             "float32, bfloat16 or float16.")
+
+    def finalize(self, model_config: "ModelConfig", parallel_config: "ParallelConfig") -> None:
+        if parallel_config.world_size > 1:
+            raise ValueError("enable_lora: LoRA adapters are not supported with tensor or "
+                             "pipeline parallel sizes above 1 yet.")
+        self.lora_torch_dtype = (model_config.torch_dtype if self.lora_dtype == "auto"
+                                 else _DTYPES[self.lora_dtype])
+
+
 @dataclass
 class VllmConfig:
     model_config: ModelConfig
@@ -288,10 +329,14 @@ class VllmConfig:
     parallel_config: ParallelConfig
     device_config: DeviceConfig
     load_config: LoadConfig
+    lora_config: Optional[LoRAConfig] = None
+    """Set when LoRA adapters are enabled (--enable-lora)."""
 
     def __post_init__(self) -> None:
         from vllm.platforms import current_platform
         self.scheduler_config.finalize(self.model_config.max_model_len)
+        if self.lora_config is not None:
+            self.lora_config.finalize(self.model_config, self.parallel_config)
         if self.cache_config.block_size is None:
             self.cache_config.block_size = current_platform.default_block_size()
         current_platform.check_and_update_config(self)

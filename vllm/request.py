@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 
 
@@ -62,6 +63,12 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     prompt_logprobs_done: bool = False
+    lora_request: Optional[LoRARequest] = None
+
+    @property
+    def lora_int_id(self) -> int:
+        """The adapter's id, 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request else 0
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

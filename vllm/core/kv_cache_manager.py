@@ -1,7 +1,8 @@
 """Per-request block tables over the BlockPool, with prefix caching.
 
 Prefix caching identifies a full block by a hash chained over every token before
-it: hash(parent_hash, block_tokens). Only full blocks are cached, and a hit never
+it: hash(parent_hash, block_tokens, extra_keys), where the extra keys name the LoRA
+adapter the KV was computed with (none for the base model). Only full blocks are cached, and a hit never
 covers the last prompt token (it must be computed to get logits), so the hit is
 capped at num_tokens - 1 tokens.
 """
@@ -51,9 +52,10 @@ class KVCacheManager:
         bs = self.block_size
         hashes = request.block_hashes
         tokens = request.all_token_ids
+        extra = request.lora_request.cache_key if request.lora_request else None
         for i in range(len(hashes), len(tokens) // bs):
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block_tokens(parent, tuple(tokens[i * bs:(i + 1) * bs])))
+            hashes.append(hash_block_tokens(parent, tuple(tokens[i * bs:(i + 1) * bs]), extra))
         return hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:

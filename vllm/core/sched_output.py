@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 
 
@@ -17,6 +18,7 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     wants_prompt_logprobs: bool
+    lora_request: Optional[LoRARequest] = None
 
 
 @dataclass

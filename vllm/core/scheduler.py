@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from vllm.config import VllmConfig
@@ -31,6 +31,10 @@ class SchedulerStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    running_lora_adapters: dict[str, int] = field(default_factory=dict)
+    """LoRA adapter name -> running requests using it."""
+    waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
+    """LoRA adapter name -> waiting requests using it."""
 
 
 @dataclass
@@ -65,6 +69,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        lora_config = vllm_config.lora_config
+        self.max_loras = lora_config.max_loras if lora_config is not None else 0
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
@@ -102,12 +108,13 @@ class Scheduler:
         new_reqs: list[NewRequestData] = []
         cached_reqs: list[CachedRequestData] = []
         preemptions_before = self.num_preemptions
+        loras: set[int] = set()  # distinct adapters of this step (one device slot each)
 
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new <= 0:
+            if num_new <= 0 or not self._lora_fits(request, loras):
                 idx += 1
                 continue
             new_blocks = self._allocate_or_preempt(request, num_new)
@@ -116,10 +123,12 @@ class Scheduler:
             num_scheduled[request.request_id] = num_new
             budget -= num_new
             self._record_running(request, new_blocks, new_reqs, cached_reqs)
+            if request.lora_int_id:
+                loras.add(request.lora_int_id)
             idx += 1
         # After a preemption the pool is tight: admit nobody new this step.
         if self.num_preemptions == preemptions_before:
-            budget = self._schedule_waiting(budget, num_scheduled, new_reqs)
+            budget = self._schedule_waiting(budget, num_scheduled, new_reqs, loras)
 
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_reqs,
@@ -128,6 +137,12 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids)
         self.finished_req_ids = set()
         return out
+
+    def _lora_fits(self, request: Request, loras: set[int]) -> bool:
+        """Whether the request's adapter has a device slot in this step: it is the base
+        model, its adapter is already in the step, or a slot is still free."""
+        lora_id = request.lora_int_id
+        return not lora_id or lora_id in loras or len(loras) < self.max_loras
 
     def _allocate_or_preempt(self, request: Request, num_new: int):
         """Allocate slots, preempting from the back of `running` until it fits."""
@@ -159,9 +174,23 @@ class Scheduler:
             new_token_ids=request.output_token_ids[-1:], num_tokens=request.num_tokens))
 
     def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int],
-                          new_reqs: list[NewRequestData]) -> int:
+                          new_reqs: list[NewRequestData], loras: set[int]) -> int:
+        """Admit waiting requests in order; one whose adapter would need a slot beyond
+        max_loras waits (in place) while later ones may go ahead."""
+        skipped: list[Request] = []
+        try:
+            return self._admit_waiting(budget, num_scheduled, new_reqs, loras, skipped)
+        finally:
+            self.waiting.extendleft(reversed(skipped))
+
+    def _admit_waiting(self, budget: int, num_scheduled: dict[str, int],
+                       new_reqs: list[NewRequestData], loras: set[int],
+                       skipped: list[Request]) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if not self._lora_fits(request, loras):
+                skipped.append(self.waiting.popleft())
+                continue
             computed_blocks, num_computed = [], 0
             if request.num_computed_tokens == 0:
                 computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(
@@ -184,6 +213,8 @@ class Scheduler:
                 request.num_cached_tokens = num_computed
             num_scheduled[request.request_id] = num_new
             budget -= num_new
+            if request.lora_int_id:
+                loras.add(request.lora_int_id)
             new_reqs.append(NewRequestData(
                 req_id=request.request_id,
                 prompt_token_ids=request.prompt_token_ids,
@@ -191,7 +222,8 @@ class Scheduler:
                 sampling_params=request.sampling_params,
                 block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
                 num_computed_tokens=num_computed,
-                wants_prompt_logprobs=request.wants_prompt_logprobs))
+                wants_prompt_logprobs=request.wants_prompt_logprobs,
+                lora_request=request.lora_request))
         return budget
 
     # ------------------------------------------------------------- update
@@ -244,4 +276,15 @@ class Scheduler:
         return SchedulerStats(
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
             kv_cache_usage=self.kv_cache_manager.usage, prefix_cache_queries=pc.queries,
-            prefix_cache_hits=pc.hits, num_preemptions=self.num_preemptions)
+            prefix_cache_hits=pc.hits, num_preemptions=self.num_preemptions,
+            running_lora_adapters=_count_loras(self.running),
+            waiting_lora_adapters=_count_loras(self.waiting))
+
+
+def _count_loras(requests: Iterable[Request]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for request in requests:
+        if request.lora_request is not None:
+            name = request.lora_request.lora_name
+            counts[name] = counts.get(name, 0) + 1
+    return counts

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-from vllm.config import (DEFAULT_MODEL, CacheConfig, DeviceConfig, LoadConfig, ModelConfig,
-                         ParallelConfig, SchedulerConfig, VllmConfig)
+from vllm.config import (DEFAULT_MODEL, CacheConfig, DeviceConfig, LoadConfig, LoRAConfig,
+                         ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig)
 
 
 def _field_docs(cls: type) -> dict[str, str]:
@@ -35,9 +35,10 @@ def _field_docs(cls: type) -> dict[str, str]:
 
 _DOCS: dict[str, str] = {}
 for _cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, DeviceConfig,
-             LoadConfig):
+             LoadConfig, LoRAConfig):
     _DOCS.update(_field_docs(_cls))
 _DOCS["kv_cache_dtype"] = _DOCS.get("cache_dtype", "")
+_DOCS["enable_lora"] = "Serve LoRA adapters (per request, several in one batch)."
 
 
 @dataclass
@@ -75,8 +76,13 @@ class EngineArgs:
     device: str = "auto"
     load_format: str = "auto"
     download_dir: Optional[str] = None
-    # features refused with a clear error until supported
+    # LoRA
     enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: Optional[int] = None
+    lora_dtype: str = "auto"
+    # features refused with a clear error until supported
     speculative_config: Optional[dict] = None
     disable_log_stats: bool = False
 
@@ -118,8 +124,6 @@ class EngineArgs:
 
     # ------------------------------------------------------------- config
     def create_engine_config(self) -> VllmConfig:
-        if self.enable_lora:
-            raise ValueError("enable_lora: LoRA adapters are not supported yet.")
         if self.speculative_config:
             raise ValueError("speculative_config: speculative decoding is not supported yet.")
         model_config = ModelConfig(
@@ -147,7 +151,14 @@ class EngineArgs:
                           scheduler_config=scheduler_config, parallel_config=parallel_config,
                           device_config=DeviceConfig(device=self.device),
                           load_config=LoadConfig(load_format=self.load_format,
-                                                 download_dir=self.download_dir))
+                                                 download_dir=self.download_dir),
+                          lora_config=self._lora_config())
+
+    def _lora_config(self) -> Optional[LoRAConfig]:
+        if not self.enable_lora:
+            return None
+        return LoRAConfig(max_lora_rank=self.max_lora_rank, max_loras=self.max_loras,
+                          max_cpu_loras=self.max_cpu_loras, lora_dtype=self.lora_dtype)
 
 
 @dataclass

@@ -70,6 +70,15 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def add_lora(self, lora_request) -> bool:
+        return self.executor.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.executor.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.executor.list_loras()
+
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.get_stats()
 

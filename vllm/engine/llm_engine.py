@@ -16,6 +16,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.core import EngineCore
 from vllm.engine.output_processor import OutputProcessor, ParentRequest
 from vllm.engine.processor import Processor, PromptType
+from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestMetrics, RequestOutput
 from vllm.request import Request, RequestStatus
 from vllm.sampling_params import SamplingParams
@@ -41,6 +42,7 @@ class LLMEngine:
         self.processor = Processor(mc, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = EngineCore(vllm_config)
+        self._loras: dict[int, LoRARequest] = {}  # adapters checked by the workers
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -55,12 +57,15 @@ class LLMEngine:
 
     # ------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: Optional[float] = None) -> None:
+                    arrival_time: Optional[float] = None,
+                    lora_request: Optional[LoRARequest] = None) -> None:
         """Validate and queue one request; ValueError for bad input (nothing is queued)."""
         if request_id in self.output_processor.parents:
             raise ValueError(f"Request id {request_id} is already in use.")
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams instance.")
+        if lora_request is not None:
+            self._check_lora_request(lora_request)
         prompt_text, prompt_ids = self.processor.tokenize_prompt(prompt)
         params = self.processor.prepare_params(params)
         max_tokens = self.processor.validate(prompt_ids, params)
@@ -74,7 +79,35 @@ class LLMEngine:
             self.engine_core.add_request(Request(
                 request_id=cid, prompt_token_ids=prompt_ids, sampling_params=cparams,
                 eos_token_id=self.processor.eos_token_id, arrival_time=arrival,
-                max_tokens=max_tokens))
+                max_tokens=max_tokens, lora_request=lora_request))
+
+    # --------------------------------------------------------------- LoRA
+    def _check_lora_request(self, lora_request: LoRARequest) -> None:
+        """The first request naming an adapter has the workers load and check it, so a
+        bad adapter is a ValueError here, not a failed step."""
+        if not isinstance(lora_request, LoRARequest):
+            raise ValueError("lora_request must be a vllm.lora.request.LoRARequest.")
+        if self.vllm_config.lora_config is None:
+            raise ValueError("lora_request: LoRA is not enabled; start the engine with "
+                             "enable_lora=True (--enable-lora).")
+        known = self._loras.get(lora_request.lora_int_id)
+        if known is None or known.lora_path != lora_request.lora_path:
+            self.add_lora(lora_request)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load (and check) an adapter in the workers; ValueError if it cannot be used."""
+        if self.vllm_config.lora_config is None:
+            raise ValueError("LoRA is not enabled; start the engine with enable_lora=True.")
+        added = self.engine_core.add_lora(lora_request)
+        self._loras[lora_request.lora_int_id] = lora_request
+        return added
+
+    def remove_lora(self, lora_id: int) -> bool:
+        self._loras.pop(lora_id, None)
+        return self.engine_core.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.engine_core.list_loras()
 
     @staticmethod
     def _fan_out(request_id: str, params: SamplingParams

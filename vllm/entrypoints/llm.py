@@ -11,6 +11,7 @@ from vllm.config import DEFAULT_MODEL
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import PromptType
+from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import SamplingParams
 
@@ -58,13 +59,27 @@ class LLM:
     def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = True, prompt_token_ids: Optional[list] = None,
+                 lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]],
+                                     None] = None,
                  **kwargs: Any) -> list[RequestOutput]:
-        if kwargs.get("lora_request") is not None:
-            raise ValueError("lora_request: LoRA adapters are not supported yet.")
+        """`lora_request`: one adapter for all prompts, or one (or None) per prompt."""
         prompt_list = self._normalize_prompts(prompts, prompt_token_ids)
         params_list = self._normalize_params(sampling_params, len(prompt_list))
-        request_ids = self._add_requests(prompt_list, params_list)
+        lora_list = self._normalize_loras(lora_request, len(prompt_list))
+        request_ids = self._add_requests(prompt_list, params_list, lora_list)
         return self._run_engine(request_ids, use_tqdm)
+
+    @staticmethod
+    def _normalize_loras(lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]],
+                                             None], num: int) -> list[Optional[LoRARequest]]:
+        """One adapter for every prompt, or a list with one (or None) per prompt."""
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            return [lora_request] * num
+        loras = list(lora_request)
+        if len(loras) != num:
+            raise ValueError(f"The lengths of prompts ({num}) and lora_request "
+                             f"({len(loras)}) must be the same.")
+        return loras
 
     @staticmethod
     def _normalize_prompts(prompts, prompt_token_ids) -> list[PromptType]:
@@ -91,14 +106,15 @@ class LLM:
                              f"({len(params)}) must be the same.")
         return params
 
-    def _add_requests(self, prompts: list[PromptType], params: list[SamplingParams]
-                      ) -> list[str]:
+    def _add_requests(self, prompts: list[PromptType], params: list[SamplingParams],
+                      loras: Optional[list[Optional[LoRARequest]]] = None) -> list[str]:
         """Add all or nothing: a bad prompt aborts the ones already added, then raises."""
         added: list[str] = []
+        loras = loras or [None] * len(prompts)
         try:
-            for prompt, p in zip(prompts, params):
+            for prompt, p, lora in zip(prompts, params, loras):
                 request_id = str(next(self.request_counter))
-                self.llm_engine.add_request(request_id, prompt, p)
+                self.llm_engine.add_request(request_id, prompt, p, lora_request=lora)
                 added.append(request_id)
         except Exception:
             self.llm_engine.abort_request(added)
@@ -134,12 +150,14 @@ class LLM:
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
              use_tqdm: bool = True, chat_template: Optional[str] = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
-             chat_template_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
+             chat_template_kwargs: Optional[dict[str, Any]] = None,
+             lora_request: Optional[LoRARequest] = None) -> list[RequestOutput]:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts = [{"prompt_token_ids": self._apply_chat_template(
             conv, chat_template, add_generation_prompt, continue_final_message,
             chat_template_kwargs or {})} for conv in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
 
     def _apply_chat_template(self, conversation: ChatMessages, chat_template: Optional[str],
                              add_generation_prompt: bool, continue_final_message: bool,

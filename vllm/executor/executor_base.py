@@ -33,6 +33,16 @@ class ExecutorBase:
     def check_health(self) -> None:
         return None
 
+    # LoRA adapters (the workers load and check them; see vllm/lora/models.py).
+    def add_lora(self, lora_request) -> bool:
+        raise NotImplementedError
+
+    def remove_lora(self, lora_id: int) -> bool:
+        raise NotImplementedError
+
+    def list_loras(self) -> set[int]:
+        raise NotImplementedError
+
     def get_compile_stats(self) -> Optional[dict]:
         """The driver worker's compile accounting (see WorkerBase.get_compile_stats)."""
         return None

@@ -21,6 +21,15 @@ class UniProcExecutor(ExecutorBase):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)
 
+    def add_lora(self, lora_request) -> bool:
+        return self.worker.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.worker.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.worker.list_loras()
+
     def get_compile_stats(self):
         return self.worker.get_compile_stats()
 

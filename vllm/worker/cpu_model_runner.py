@@ -59,6 +59,7 @@ class CPUModelRunner:
         self.requests = RequestStates(self.device)
         self.sampler = Sampler()
         self.model: Optional[torch.nn.Module] = None
+        self.lora_manager = None
         self.kv_caches: list[torch.Tensor] = []
         from vllm.platforms import current_platform
         self.attn_impl = _load_attn_impl(current_platform.get_attn_backend_cls())
@@ -79,6 +80,9 @@ class CPUModelRunner:
             if self.device.type == "cpu":
                 from vllm.model_executor.layers.cpu_gemm import pack_linear_weights
                 pack_linear_weights(self.model)
+        from vllm.lora.models import create_lora_manager
+        self.lora_manager = create_lora_manager(self.model, self.vllm_config, self.device,
+                                                static_shapes=False)
         logger.info("Loading model weights took %.2f s", time.perf_counter() - start)
 
     def get_kv_cache_block_bytes(self) -> int:
@@ -131,12 +135,28 @@ class CPUModelRunner:
         intermediate = None
         if not pp.is_first_rank:
             intermediate = IntermediateTensors(pp.recv_tensor_dict(device=self.device))
-        with set_forward_context(inputs.attn_metadata, self.kv_caches, self.attn_impl):
-            hidden = self.model(inputs.input_ids, inputs.positions, intermediate)
+        self._set_lora_mapping(inputs.req_ids, so)
+        try:
+            with set_forward_context(inputs.attn_metadata, self.kv_caches, self.attn_impl):
+                hidden = self.model(inputs.input_ids, inputs.positions, intermediate)
+        finally:
+            if self.lora_manager is not None:
+                self.lora_manager.clear_mapping()
         if not pp.is_last_rank:
             pp.send_tensor_dict(hidden.tensors)
             return None
         return self._sample_and_collect(inputs, hidden)
+
+    def _set_lora_mapping(self, req_ids: list[str], so: SchedulerOutput) -> None:
+        """Each batch row's adapter slot (rows follow `req_ids`, n rows per request)."""
+        if self.lora_manager is None:
+            return
+        lora_requests = [self.requests[r].lora_request for r in req_ids]
+        if not any(lora_requests):
+            return
+        slots = self.lora_manager.step_token_slots(
+            lora_requests, [so.num_scheduled_tokens[r] for r in req_ids])
+        self.lora_manager.set_token_slots(slots, self.device)
 
     @property
     def is_driver(self) -> bool:

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from vllm.core.sched_output import SchedulerOutput
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 
 
@@ -26,6 +27,7 @@ class CachedRequestState:
     wants_prompt_logprobs: bool
     generator: Optional[torch.Generator] = None
     token_ids: list[int] = field(default_factory=list)
+    lora_request: Optional[LoRARequest] = None
 
     def __post_init__(self) -> None:
         self.token_ids = self.prompt_token_ids + self.output_token_ids
@@ -67,7 +69,8 @@ class RequestStates(dict):
                 num_computed_tokens=new.num_computed_tokens,
                 wants_prompt_logprobs=new.wants_prompt_logprobs,
                 generator=make_generator(new.sampling_params, self.device,
-                                         len(new.output_token_ids)))
+                                         len(new.output_token_ids)),
+                lora_request=new.lora_request)
         for cached in so.scheduled_cached_reqs:
             state = self[cached.req_id]
             state.block_ids.extend(cached.new_block_ids)

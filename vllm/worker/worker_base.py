@@ -53,6 +53,21 @@ class WorkerBase:
     def check_health(self) -> None:
         return None
 
+    def add_lora(self, lora_request) -> bool:
+        return self._lora_manager().add_adapter(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self._lora_manager().remove_adapter(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self._lora_manager().list_adapters()
+
+    def _lora_manager(self):
+        manager = getattr(self.model_runner, "lora_manager", None)
+        if manager is None:
+            raise ValueError("LoRA is not enabled; start the engine with enable_lora=True.")
+        return manager
+
     def get_compile_stats(self) -> Optional[dict]:
         """Graph-compile accounting of platforms that compile per shape (HPU); else None."""
         return None
