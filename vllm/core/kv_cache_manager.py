@@ -2,9 +2,9 @@
 
 Prefix caching identifies a full block by a hash chained over every token before
 it: hash(parent_hash, block_tokens, extra_keys), where the extra keys name the LoRA
-adapter the KV was computed with (none for the base model). Only full blocks are cached, and a hit never
-covers the last prompt token (it must be computed to get logits), so the hit is
-capped at num_tokens - 1 tokens.
+adapter the KV was computed with (none for the base model). Only full blocks are
+cached, and a hit never covers the last prompt token (it must be computed to get
+logits), so the hit is capped at num_tokens - 1 tokens.
 """
 from __future__ import annotations
 
