@@ -45,6 +45,10 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_CACHE_ROOT": (str, os.path.join(os.path.expanduser("~"), ".cache", "vllm"),
                         "Where converted models (GGUF -> safetensors) are cached."),
     "VLLM_ENGINE_ITERATION_TIMEOUT_S": (int, 60, "Seconds a worker may take for one step."),
+    "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": (_bool, False, "Keep the OpenAI server up (answering "
+                                        "503) after its engine died, instead of exiting."),
+    "VLLM_CHAT_TEMPLATE_TIMEOUT_S": (float, 5.0, "Seconds a request-supplied chat template "
+                                     "(--trust-request-chat-template) may take to render."),
     # ---- read from other tools' conventions ----
     "RAY_ADDRESS": (str, "", "Address of a running Ray cluster for the ray executor; empty "
                     "starts a local one."),

@@ -28,14 +28,15 @@ def free_port() -> int:
 class RemoteServer:
     """`python -m vllm.entrypoints.openai.api_server ...` on a free loopback port."""
 
-    def __init__(self, extra_args: list[str], startup_timeout_s: float = 240.0) -> None:
+    def __init__(self, extra_args: list[str], startup_timeout_s: float = 240.0,
+                 env: Optional[dict[str, str]] = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-server-", suffix=".log",
                                                delete=False)
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host",
                "127.0.0.1", "--port", str(self.port), *extra_args]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         self.started = time.monotonic()

@@ -41,11 +41,16 @@ from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_engine import copy_tokenizer
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
 from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from vllm.entrypoints.openai.tokenizer_pool import TokenizerPool
 from vllm.version import __version__
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")  # not __main__ under -m
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MIN_BODY_LIMIT_BYTES = 2 << 20
+BODY_BYTES_PER_PROMPT_CHAR = 8
+"""Request bodies may be this many bytes per character of the longest possible prompt
+(JSON escapes take up to 6 bytes a character; a few prompts or messages fit beside it)."""
 GRACEFUL_SHUTDOWN_S = 5
 """How long open requests may keep running after SIGINT/SIGTERM before being cancelled."""
 
@@ -60,7 +65,10 @@ class ServerState:
         tokenizer = copy_tokenizer(engine.engine.get_tokenizer())
         self.models = OpenAIServingModels(list(model_config.served_model_name),
                                           model_config.model, model_config.max_model_len)
-        common = dict(tokenizer=tokenizer,
+        self.tokenizer_pool = TokenizerPool(tokenizer)
+        self.max_body_bytes = max(MIN_BODY_LIMIT_BYTES, BODY_BYTES_PER_PROMPT_CHAR *
+                                  self.tokenizer_pool.max_prompt_chars(model_config.max_model_len))
+        common = dict(tokenizer=tokenizer, tokenizer_pool=self.tokenizer_pool,
                       return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids",
                                                               False)))
         self.chat = OpenAIServingChat(
@@ -71,6 +79,12 @@ class ServerState:
         self.completion = OpenAIServingCompletion(engine, self.models, **common)
         self.tokenization = OpenAIServingTokenization(engine, self.models, chat=self.chat,
                                                       **common)
+
+
+    def close(self) -> None:
+        if self.chat.template_sandbox is not None:
+            self.chat.template_sandbox.stop()
+        self.tokenizer_pool.shutdown()
 
 
 def _state(request: Request) -> ServerState:
@@ -107,6 +121,54 @@ class APIKeyMiddleware:
 
 
 # ------------------------------------------------------------- request bodies
+class BodySizeLimitMiddleware:
+    """413 for a request body larger than `max_body_bytes`, before any of it is parsed.
+
+    The bound follows from max_model_len (see ServerState): a bigger body cannot hold a
+    prompt the model accepts, and parsing and tokenizing it would cost every other request.
+    A body without Content-Length is buffered up to the bound, then passed on.
+    """
+
+    def __init__(self, app: Any, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None:
+            if declared.isdigit() and int(declared) > self.max_body_bytes:
+                await self._reject(scope, receive, send, f"{int(declared)} bytes")
+                return
+            await self.app(scope, receive, send)
+            return
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_body_bytes:
+                await self._reject(scope, receive, send, f"more than {self.max_body_bytes} bytes")
+                return
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> dict:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, scope: dict, receive: Any, send: Any, size: str) -> None:
+        body = make_error(f"The request body ({size}) is larger than the {self.max_body_bytes} "
+                          "bytes this server accepts (derived from max_model_len).",
+                          error_type_for(413), 413)
+        await JSONResponse(body.model_dump(), status_code=413)(scope, receive, send)
+
+
 class JSONBodyRoute(APIRoute):
     """A route whose POST body must be JSON text that is valid Unicode.
 
@@ -258,11 +320,13 @@ def _install_routes(app: FastAPI) -> None:
         return JSONResponse(_state(raw_request).models.show_available_models().model_dump())
 
     @app.post("/tokenize")
+    @with_cancellation
     async def tokenize(request: TokenizeRequest, raw_request: Request) -> Any:
         result = await _state(raw_request).tokenization.create_tokenize(request)
         return JSONResponse(result.model_dump())
 
     @app.post("/detokenize")
+    @with_cancellation
     async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Any:
         result = await _state(raw_request).tokenization.create_detokenize(request)
         return JSONResponse(result.model_dump())
@@ -286,6 +350,8 @@ def build_app(args: argparse.Namespace, engine: AsyncLLMEngine) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start_background_loop()
+        if state.chat.template_sandbox is not None:
+            state.chat.template_sandbox.start()  # loads while the first requests arrive
         started = getattr(args, "_process_start", None)
         if started is not None:
             logger.info("vLLM API server ready in %.2f s (since process start).",
@@ -294,10 +360,12 @@ def build_app(args: argparse.Namespace, engine: AsyncLLMEngine) -> FastAPI:
             yield
         finally:
             engine.shutdown()
+            state.close()
 
+    state = ServerState(engine, args)
     app = FastAPI(title="vLLM OpenAI-compatible API", version=__version__,
                   root_path=getattr(args, "root_path", None) or "", lifespan=lifespan)
-    app.state.vllm = ServerState(engine, args)
+    app.state.vllm = state
     app.router.route_class = JSONBodyRoute
     _install_error_handlers(app)
     _install_routes(app)
@@ -306,6 +374,7 @@ def build_app(args: argparse.Namespace, engine: AsyncLLMEngine) -> FastAPI:
                        allow_credentials=getattr(args, "allow_credentials", False),
                        allow_methods=getattr(args, "allowed_methods", ["*"]),
                        allow_headers=getattr(args, "allowed_headers", ["*"]))
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=state.max_body_bytes)
     api_keys = getattr(args, "api_key", None) or (
         [envs.VLLM_API_KEY] if envs.VLLM_API_KEY else [])
     if isinstance(api_keys, str):

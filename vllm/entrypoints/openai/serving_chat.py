@@ -9,6 +9,7 @@ import asyncio
 import time
 from typing import Any, AsyncIterator, Optional, Union
 
+import vllm.envs as envs
 from vllm.entrypoints.openai.chat_utils import (apply_chat_template,
                                                 check_request_chat_template,
                                                 conversation_from_messages)
@@ -20,6 +21,7 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatComplet
                                               DeltaMessage, UsageInfo, random_uuid)
 from vllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, PromptInput, sse,
                                                    sse_error)
+from vllm.entrypoints.openai.template_sandbox import TemplateSandbox
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -31,18 +33,27 @@ class OpenAIServingChat(OpenAIServing):
         self.response_role = response_role
         self.chat_template = chat_template
         self.trust_request_chat_template = trust_request_chat_template
+        # Request templates are code from the client: rendered in a killable helper process.
+        self.template_sandbox = (TemplateSandbox(self.tokenizer,
+                                                 envs.VLLM_CHAT_TEMPLATE_TIMEOUT_S)
+                                 if trust_request_chat_template else None)
 
     async def render_prompt(self, request: Any) -> PromptInput:
         """Messages -> template text -> token ids (shared with /tokenize)."""
         check_request_chat_template(request, self.trust_request_chat_template)
         conversation = conversation_from_messages(request.messages)
-        text = await self.run_blocking(
-            apply_chat_template, self.tokenizer, conversation,
-            chat_template=request.chat_template or self.chat_template,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-            chat_template_kwargs=request.chat_template_kwargs)
-        ids = await self.tokenize_text(text, request.add_special_tokens)
+        self.check_prompt_chars(sum(len(m["content"]) for m in conversation), "messages",
+                                "messages")
+        job = dict(conversation=conversation,
+                   chat_template=request.chat_template or self.chat_template,
+                   add_generation_prompt=request.add_generation_prompt,
+                   continue_final_message=request.continue_final_message,
+                   chat_template_kwargs=request.chat_template_kwargs)
+        if request.chat_template is not None and self.template_sandbox is not None:
+            text = await self.template_sandbox.render(**job)
+        else:
+            text = await self.run_blocking(apply_chat_template, self.tokenizer, **job)
+        ids = await self.tokenize_text(text, request.add_special_tokens, "messages")
         return PromptInput(ids, text)
 
     def response_role_for(self, request: ChatCompletionRequest) -> str:

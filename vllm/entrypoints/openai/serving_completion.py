@@ -70,7 +70,8 @@ class OpenAIServingCompletion(OpenAIServing):
         inputs = []
         for i, item in enumerate(items):
             if isinstance(item, str):
-                ids = await self.tokenize_text(item, request.add_special_tokens)
+                ids = await self.tokenize_text(item, request.add_special_tokens, "prompt",
+                                               request.truncate_prompt_tokens)
                 text: Optional[str] = item
             else:
                 ids = list(item)

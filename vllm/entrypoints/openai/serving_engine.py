@@ -10,7 +10,6 @@ import asyncio
 import copy
 import logging
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, Sequence
 
@@ -21,6 +20,7 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatComplet
                                               ChatCompletionLogProbsContent, CompletionLogProbs,
                                               Logprob, SamplingFields)
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+from vllm.entrypoints.openai.tokenizer_pool import TokenizerPool
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +45,17 @@ class OpenAIServing:
     """Base of the route handlers; holds the engine, the served names and a tokenizer copy."""
 
     def __init__(self, engine: AsyncLLMEngine, models: OpenAIServingModels, *,
-                 tokenizer: Any, return_tokens_as_token_ids: bool = False) -> None:
+                 tokenizer: Any, return_tokens_as_token_ids: bool = False,
+                 tokenizer_pool: Optional[TokenizerPool] = None) -> None:
         self.engine = engine
         self.models = models
         self.model_config = engine.model_config
         self.max_model_len: int = engine.model_config.max_model_len
         self.tokenizer = tokenizer
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
-        # One worker: the tokenizer is not meant for concurrent mutation, and one long
-        # prompt should not starve the event loop (encoding runs outside it).
-        self._executor = _shared_executor()
+        # Tokenizing and template rendering run on a small pool of threads, never on the
+        # event loop, and no single prompt can hold them long (see tokenizer_pool.py).
+        self.tokenizer_pool = tokenizer_pool or TokenizerPool(tokenizer)
         self._generation_defaults: Optional[dict[str, Any]] = None
 
     # --------------------------------------------------------------- checks
@@ -79,13 +80,35 @@ class OpenAIServing:
 
     # ----------------------------------------------------------- tokenizing
     async def run_blocking(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        return await self.tokenizer_pool.run(fn, *args, **kwargs)
 
-    async def tokenize_text(self, text: str, add_special_tokens: bool) -> list[int]:
-        encoded = await self.run_blocking(self.tokenizer, text,
-                                          add_special_tokens=add_special_tokens)
-        return list(encoded["input_ids"])
+    async def tokenize_text(self, text: str, add_special_tokens: bool, param: str = "prompt",
+                            truncate_prompt_tokens: Optional[int] = None) -> list[int]:
+        """Token ids of `text`, refusing up front a text too long for any truncation-free
+        prompt (it could only waste the tokenizer's time and memory).
+
+        With truncate_prompt_tokens only the tail that can hold the kept tokens is encoded
+        (twice the characters they can spell), so a huge text costs no more than a short
+        one; the kept tokens are the text's last ones, as in vLLM.
+        """
+        keep = check_truncate_prompt_tokens(truncate_prompt_tokens, self.max_model_len)
+        if keep is not None:
+            tail = 2 * self.tokenizer_pool.max_prompt_chars(keep)
+            if len(text) > tail:
+                text = text[-tail:]
+        else:
+            self.check_prompt_chars(len(text), param)
+        return await self.tokenizer_pool.encode(text, add_special_tokens)
+
+    def check_prompt_chars(self, num_chars: int, param: str, what: str = "prompt") -> None:
+        """400 for a text with more characters than max_model_len tokens can spell."""
+        limit = self.tokenizer_pool.max_prompt_chars(self.max_model_len)
+        if num_chars > limit:
+            raise BadRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, your {what} has {num_chars} characters, more than that many tokens "
+                f"can hold ({limit} characters at most with this tokenizer). Please reduce "
+                f"the length of the input {what}.", param=param)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -300,16 +323,6 @@ def model_sampling_defaults(model_config: Any) -> dict[str, Any]:
         logger.info("Default sampling parameters have been overridden by the model's "
                     "generation config: %s", defaults)
     return defaults
-
-
-_EXECUTOR: Optional[ThreadPoolExecutor] = None
-
-
-def _shared_executor() -> ThreadPoolExecutor:
-    global _EXECUTOR
-    if _EXECUTOR is None:
-        _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-tokenizer")
-    return _EXECUTOR
 
 
 def copy_tokenizer(tokenizer: Any) -> Any:
