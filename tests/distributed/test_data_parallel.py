@@ -76,7 +76,9 @@ def test_dp2_server_balances_aggregates_metrics_and_reports_dead_replica(tiny_qw
            "--port", str(port), "--model", tiny_qwen2, "--data-parallel-size", "2",
            "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "8",
            "--kv-cache-memory-bytes", str(32 << 20)]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=worker_env())
+    # The server stays up after a replica died only when told so (vLLM's default is to exit).
+    env = dict(worker_env(), VLLM_KEEP_ALIVE_ON_ENGINE_DEATH="1")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     descendants: set[int] = set()
     try:
         _wait_health(url, proc, log.name, timeout_s=180)

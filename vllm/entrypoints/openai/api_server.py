@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import vllm.envs as envs
 from vllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
+from vllm.entrypoints.launcher import serve_http
 from vllm.entrypoints.openai.chat_utils import load_chat_template
 from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
 from vllm.entrypoints.openai.errors import (BadRequestError, OpenAIError,
@@ -52,7 +53,8 @@ BODY_BYTES_PER_PROMPT_CHAR = 8
 """Request bodies may be this many bytes per character of the longest possible prompt
 (JSON escapes take up to 6 bytes a character; a few prompts or messages fit beside it)."""
 GRACEFUL_SHUTDOWN_S = 5
-"""How long open requests may keep running after SIGINT/SIGTERM before being cancelled."""
+"""After every request ended (see --shutdown-timeout), how long uvicorn waits for the
+connections to close before cancelling them."""
 
 
 # ------------------------------------------------------------------ app state
@@ -413,18 +415,8 @@ def _log_startup(engine: AsyncLLMEngine) -> None:
                 device or current_platform.device_type, current_platform.device_name)
 
 
-async def serve_http(app: FastAPI, sock: socket.socket, args: argparse.Namespace) -> None:
-    import uvicorn
-    config = uvicorn.Config(app, log_level=args.uvicorn_log_level,
-                            access_log=not args.disable_uvicorn_access_log,
-                            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
-                            ssl_ca_certs=args.ssl_ca_certs, timeout_keep_alive=5,
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-    await uvicorn.Server(config).serve(sockets=[sock])
-
-
 def run_server(args: argparse.Namespace) -> None:
-    """Load the engine, then serve until SIGINT/SIGTERM."""
+    """Load the engine, then serve until SIGINT/SIGTERM (exit status 1 if the engine died)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.engine.dp_engine import build_async_engine
     args._process_start = _process_start_time()
@@ -442,11 +434,18 @@ def run_server(args: argparse.Namespace) -> None:
             scheme = "https" if args.ssl_certfile else "http"
             logger.info("Starting vLLM API server on %s://%s:%d", scheme,
                         args.host or "0.0.0.0", args.port)
-            asyncio.run(serve_http(app, sock, args))
+            engine_died = asyncio.run(serve_http(
+                app, sock, engine, shutdown_timeout_s=args.shutdown_timeout,
+                graceful_close_s=GRACEFUL_SHUTDOWN_S, log_level=args.uvicorn_log_level,
+                access_log=not args.disable_uvicorn_access_log, ssl_keyfile=args.ssl_keyfile,
+                ssl_certfile=args.ssl_certfile, ssl_ca_certs=args.ssl_ca_certs,
+                timeout_keep_alive=5))
         finally:
             engine.shutdown()
     finally:
         sock.close()
+    if engine_died:
+        sys.exit(1)  # a supervisor restarts the server (see vllm/entrypoints/launcher.py)
 
 
 def _process_start_time() -> float:

@@ -74,6 +74,10 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     server.add_argument("--response-role", type=str, default="assistant",
                         help="Role of generated chat messages when add_generation_prompt "
                              "is true.")
+    server.add_argument("--shutdown-timeout", type=float, default=0.0,
+                        help="On SIGTERM/SIGINT, seconds requests in flight may take to finish "
+                             "(new ones get 503) before the rest are aborted with an error. "
+                             "0 aborts them at once.")
     server.add_argument("--ssl-keyfile", type=str, default=None, help="SSL key file.")
     server.add_argument("--ssl-certfile", type=str, default=None, help="SSL certificate file.")
     server.add_argument("--ssl-ca-certs", type=str, default=None, help="SSL CA certificates.")
@@ -99,5 +103,7 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
     load_chat_template(args.chat_template)
     if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
         raise ValueError("--ssl-keyfile and --ssl-certfile must be given together.")
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}.")
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")

@@ -1,0 +1,122 @@
+"""Shutdown and engine death end every stream cleanly (real server, tiny model).
+
+SIGTERM under 16 streams: streams that can finish within --shutdown-timeout finish, the
+others end with an error event; every one ends with `data: [DONE]`, new requests get 503,
+the process exits within the grace period, and the log holds no traceback. A killed
+worker process makes the server exit non-zero within 10 s (its stream gets an error event).
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.entrypoints.conftest import RemoteServer
+
+SHUTDOWN_TIMEOUT_S = 3.0
+
+
+def server_args(model: str) -> list[str]:
+    return ["--model", model, "--dtype", "float32", "--max-model-len", "1024",
+            "--max-num-seqs", "16", "--kv-cache-memory-bytes", str(32 << 20),
+            "--disable-log-requests", "--disable-uvicorn-access-log"]
+
+
+def read_stream(url: str, max_tokens: int, events: list, first: threading.Event) -> None:
+    """Consume one completion stream into `events` (parsed data lines, "[DONE]")."""
+    body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True, "temperature": 0}
+    try:
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                events.append(data if data == "[DONE]" else json.loads(data))
+                first.set()
+    except httpx.HTTPError as e:
+        events.append(f"transport error: {e!r}")
+    finally:
+        first.set()
+
+
+def start_streams(url: str, lengths: list[int]) -> list[tuple[threading.Thread, list]]:
+    streams = []
+    for max_tokens in lengths:
+        events: list = []
+        first = threading.Event()
+        thread = threading.Thread(target=read_stream, args=(url, max_tokens, events, first))
+        thread.start()
+        streams.append((thread, events, first))
+    for _, _, first in streams:
+        assert first.wait(60), "a stream never started"
+    return [(thread, events) for thread, events, _ in streams]
+
+
+def test_sigterm_ends_every_stream_and_exits_in_grace(tiny_model_factory):
+    srv = RemoteServer(server_args(tiny_model_factory("llama")) +
+                       ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)])
+    try:
+        # 8 streams that finish well within the grace period, 8 that cannot.
+        streams = start_streams(srv.url, [12] * 8 + [1000] * 8)
+        srv.proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        time.sleep(0.3)
+        try:
+            late = httpx.post(srv.url + "/v1/completions", timeout=10,
+                              json={"prompt": "late", "max_tokens": 2})
+            assert late.status_code == 503, late.text
+            assert late.json()["error"]["code"] == 503
+        except httpx.TransportError:
+            pass  # already closed: refused as well
+        code = srv.proc.wait(SHUTDOWN_TIMEOUT_S + 15)
+        took = time.monotonic() - sent
+    finally:
+        srv.stop(signal.SIGKILL)
+    for thread, _ in streams:
+        thread.join(10)
+    log = srv.tail(400)
+    assert code == 0, log
+    assert took < SHUTDOWN_TIMEOUT_S + 10, (took, log)
+    assert "Traceback" not in log, log
+    finished = errored = 0
+    for _, events in streams:
+        assert events and events[-1] == "[DONE]", events[-3:]
+        last = events[-2]
+        if "error" in last:
+            assert last["error"]["code"] == 503, last
+            errored += 1
+        else:
+            assert last["choices"][0]["finish_reason"] == "length", last
+            finished += 1
+    assert finished >= 8 and errored >= 1, (finished, errored)
+
+
+def test_killed_worker_exits_nonzero_within_10s(tiny_model_factory):
+    srv = RemoteServer(server_args(tiny_model_factory("llama")) +
+                       ["--distributed-executor-backend", "mp"])
+    try:
+        workers = [p for p in psutil.Process(srv.proc.pid).children(recursive=True)
+                   if "resource_tracker" not in " ".join(p.cmdline())]
+        assert workers, "no worker process"
+        (thread, events), = start_streams(srv.url, [1000])
+        for worker in workers:
+            worker.kill()
+        killed = time.monotonic()
+        code = srv.proc.wait(20)
+        took = time.monotonic() - killed
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the server outlived its engine:\n{srv.tail()}")
+    finally:
+        srv.stop(signal.SIGKILL)
+    thread.join(10)
+    log = srv.tail(200)
+    assert code != 0 and took < 10, (code, took, log)
+    assert "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH" in log
+    assert events[-1] == "[DONE]" and "error" in events[-2], events[-3:]
