@@ -14,9 +14,9 @@ FAST = {"VLLM_SKIP_WARMUP": "1", "PT_HPU_LAZY_MODE": "1", "VLLM_PROMPT_BS_BUCKET
 LENGTHS = [3, 9, 17, 30]
 
 
-def _generate(path: str, prompts=None):
+def _generate(path: str, prompts=None, **kwargs):
     llm = make_llm(model=path, block_size=16, kv_cache_memory_bytes=32 << 20,
-                   max_model_len=256)
+                   max_model_len=256, **kwargs)
     if prompts is None:
         prompts = ragged_prompt_ids(llm.get_tokenizer(), LENGTHS)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
@@ -26,16 +26,26 @@ def _generate(path: str, prompts=None):
 
 
 MOE_ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe"]
-ARCHS = MOE_ARCHS + ["phi3", "granite"]
+CASES = {arch: (arch, {}, {}) for arch in MOE_ARCHS + ["phi3", "granite"]}
+CASES.update({
+    # Windows shorter than the prompts: soft-capped, windowed prompt and decode passes.
+    "gemma2-window": ("gemma2", dict(sliding_window=8), {}),
+    "gemma3-window": ("gemma3", dict(sliding_window=8, layer_types=["sliding_attention",
+                                                                     "full_attention"]), {}),
+    # 16-token chunks: later chunks are prompt passes with a context.
+    "mistral-window-chunked": ("mistral", dict(sliding_window=8),
+                               dict(max_num_batched_tokens=16, enable_prefix_caching=False)),
+})
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_fake_hpu_tokens_equal_cpu(arch, tiny_model_factory):
-    path = tiny_model_factory(arch)
+@pytest.mark.parametrize("case", list(CASES))
+def test_fake_hpu_tokens_equal_cpu(case, tiny_model_factory):
+    arch, overrides, engine_kwargs = CASES[case]
+    path = tiny_model_factory(arch, **overrides)
     with platform_env("cpu"):
-        prompts, expected, cpu_ops = _generate(path)
+        prompts, expected, cpu_ops = _generate(path, **engine_kwargs)
     with platform_env("hpu", **FAST):
-        _, got, hpu_ops = _generate(path, prompts)
+        _, got, hpu_ops = _generate(path, prompts, **engine_kwargs)
     assert got == expected
     if arch in MOE_ARCHS:  # grouped GEMMs on the CPU, the shim's op on the HPU
         assert (cpu_ops, hpu_ops) == ({False}, {True})

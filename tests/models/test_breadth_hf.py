@@ -61,6 +61,13 @@ CASES = {
                              partial_rotary_factor=0.5, short_factor=[1.0, 1.5, 2.0, 4.0],
                              long_factor=[2.0, 3.0, 5.0, 9.0]))),
     "granite": ("granite", {}),
+    # Windows shorter than prompt + output: decodes and prefills see only the window.
+    "gemma2-window": ("gemma2", dict(sliding_window=8)),
+    "gemma3-window": ("gemma3", dict(sliding_window=8, layer_types=["sliding_attention",
+                                                                     "full_attention"])),
+    "mistral-window": ("mistral", dict(sliding_window=8)),
+    "qwen2-window-upper-layer": ("qwen2", dict(use_sliding_window=True, sliding_window=6,
+                                               max_window_layers=1)),
 }
 
 
@@ -69,4 +76,20 @@ def test_greedy_and_logprobs_match_transformers(case, tiny_model_factory):
     arch, overrides = CASES[case]
     path = tiny_model_factory(arch, **overrides)
     prompt_ids, results = run_engine(path)
+    assert_matches_transformers(path, results, prompt_ids)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-ops", "torch-ops"])
+def test_window_and_soft_cap_with_chunked_prefill(native, tiny_model_factory, monkeypatch):
+    """Prompts longer than the window, prefilled in 16-token chunks (later chunks attend
+    to the cached context through the window), with and without the native kernels."""
+    monkeypatch.setenv("VLLM_CPU_NATIVE_OPS", "1" if native else "0")
+    path = tiny_model_factory("gemma2", sliding_window=8)
+    llm = LLM(model=path, dtype="float32", max_model_len=512, kv_cache_memory_bytes=32 << 20,
+              block_size=16, max_num_batched_tokens=16, max_num_seqs=4)
+    tok = llm.get_tokenizer()
+    prompt_ids = [tok.encode(" ".join(PROMPTS[i:i + 3]))[:n]
+                  for i, n in ((0, 40), (3, 23), (5, 33))]
+    results = greedy_with_logprobs(llm, prompt_ids)
+    llm.llm_engine.shutdown()
     assert_matches_transformers(path, results, prompt_ids)

@@ -65,6 +65,8 @@ def test_tp2_and_pp2_match_single_process(tiny_model_factory, tmp_path):
                                         tie_word_embeddings=True), 1, 2),
         # Experts' intermediate dim split over ranks; shared expert reduced with them.
         ("tp2-moe", tiny_model_factory("qwen2_moe"), 2, 1),
+        # Soft-capped attention and logits, a window shorter than the prompt, tied head.
+        ("tp2-gemma2", tiny_model_factory("gemma2", sliding_window=8), 2, 1),
     ]
     expected = {name: full_prompt_logits(get_model_tp1(path), ids) for name, path, _, _ in cases}
     mp.spawn(_worker, args=(2, f"tcp://127.0.0.1:{_free_port()}",

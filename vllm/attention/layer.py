@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm.attention.ops.masked_attention import masked_attention
 from vllm.forward_context import get_forward_context
 
 
@@ -27,8 +28,14 @@ class Attention(nn.Module):
     """
 
     def __init__(self, num_heads: int, head_size: int, scale: float,
-                 num_kv_heads: int | None = None, prefix: str = "") -> None:
+                 num_kv_heads: int | None = None, prefix: str = "",
+                 logits_soft_cap: float | None = None,
+                 per_layer_sliding_window: int | None = None) -> None:
         super().__init__()
+        self.logits_soft_cap = logits_soft_cap or None
+        """Scores become `cap * tanh(scores / cap)` before the softmax (Gemma 2)."""
+        self.sliding_window = per_layer_sliding_window or None
+        """A query attends to itself and the `sliding_window - 1` tokens before it."""
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
@@ -50,6 +57,9 @@ class Attention(nn.Module):
     def _causal_no_cache(self, query: torch.Tensor, key: torch.Tensor,
                          value: torch.Tensor) -> torch.Tensor:
         """All tokens form one sequence; no KV cache is read or written."""
+        if self.logits_soft_cap is not None or self.sliding_window is not None:
+            return masked_attention(self, query, key, value, torch.arange(query.shape[0]),
+                                    torch.arange(key.shape[0]))
         t = query.shape[0]
         q = query.view(t, self.num_heads, self.head_size).transpose(0, 1)
         k = key.view(t, self.num_kv_heads, self.head_size).transpose(0, 1)
@@ -58,3 +68,4 @@ class Attention(nn.Module):
                                              is_causal=True, scale=self.scale,
                                              enable_gqa=self.num_kv_heads != self.num_heads)
         return out.squeeze(0).transpose(0, 1).reshape(t, self.num_heads * self.head_size)
+

@@ -24,7 +24,9 @@ from typing import NamedTuple, Optional
 import torch
 
 from vllm.attention.ops.hpu_paged_attn import (FlatPAMetadata, flat_paged_attention,
-                                               prompt_attention, prompt_attention_with_context,
+                                               gather_context, prompt_attention,
+                                               prompt_attention_masked,
+                                               prompt_attention_with_context,
                                                write_to_kv_cache)
 
 
@@ -65,13 +67,49 @@ class HPUAttentionImpl:
         has_cache = kv_cache is not None and kv_cache.numel() > 0
         if has_cache:
             write_to_kv_cache(k, v, kv_cache[0], kv_cache[1], md.slot_mapping)
-        if md.is_prompt:
+        masked = (getattr(layer, "sliding_window", None) is not None
+                  or getattr(layer, "logits_soft_cap", None) is not None)
+        if md.is_prompt and masked:
+            out = self._prompt_masked(q, k, v, kv_cache if has_cache else None, md, layer)
+        elif md.is_prompt:
             out = self._prompt(q, k, v, kv_cache if has_cache else None, md, layer.scale)
         else:
             if not has_cache:
                 raise ValueError("HPU decode attention needs the KV cache.")
-            out = flat_paged_attention(q, kv_cache[0], kv_cache[1], md.flat_pa, layer.scale)
+            out = flat_paged_attention(q, kv_cache[0], kv_cache[1], md.flat_pa, layer.scale,
+                                       getattr(layer, "logits_soft_cap", None),
+                                       getattr(layer, "sliding_window", None))
         return out.reshape(rows, hq * d)
+
+    @staticmethod
+    def _prompt_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       kv_cache: Optional[torch.Tensor], md: HPUAttentionMetadata,
+                       layer) -> torch.Tensor:
+        """Prompt pass of a soft-capped or sliding-window layer: explicit masks over
+        the same (context +) new tokens `_prompt` uses."""
+        batch = md.query_lens.shape[0]
+        seq = q.shape[0] // batch
+        qb = q.view(batch, seq, q.shape[1], q.shape[2])
+        kb = k.view(batch, seq, k.shape[1], k.shape[2])
+        vb = v.view(batch, seq, v.shape[1], v.shape[2])
+        new = torch.arange(seq, device=q.device)[None, :].expand(batch, seq)
+        if md.context_block_list is None:
+            return prompt_attention_masked(qb, kb, vb, new, new, torch.ones_like(new,
+                                                                            dtype=torch.bool),
+                                           layer.scale, layer.logits_soft_cap,
+                                           layer.sliding_window)
+        if kv_cache is None:
+            raise ValueError("HPU prompt attention with a context needs the KV cache.")
+        past_k = gather_context(kv_cache[0], md.context_block_list, md.block_size)
+        past_v = gather_context(kv_cache[1], md.context_block_list, md.block_size)
+        past = torch.arange(past_k.shape[1], device=q.device)[None, :].expand(batch, -1)
+        q_pos = md.context_lens[:, None] + new
+        k_pos = torch.cat((past, q_pos), dim=1)
+        k_valid = torch.cat((past < md.context_lens[:, None],
+                             torch.ones_like(new, dtype=torch.bool)), dim=1)
+        return prompt_attention_masked(qb, torch.cat((past_k, kb), 1), torch.cat((past_v, vb), 1),
+                                       q_pos, k_pos, k_valid, layer.scale,
+                                       layer.logits_soft_cap, layer.sliding_window)
 
     @staticmethod
     def _prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

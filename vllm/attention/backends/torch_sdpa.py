@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vllm.attention.ops.masked_attention import masked_attention
 from vllm.native import cpu_ops
 
 
@@ -120,6 +121,9 @@ class TorchSDPAMetadata:
     decode kernel."""
     decode_seq_lens: Optional[torch.Tensor] = None
     """[num_decodes] int32 context lengths (new token included), native path only."""
+    decode_rows: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    """(block table [num_decodes, max_blocks] int64, context lengths [num_decodes] int64)
+    of the decodes, for layers with a sliding window or a soft-cap (`_masked_decode`)."""
 
 
 NATIVE_PREFILL_MAX_LEN = 512
@@ -200,6 +204,9 @@ def build_metadata(slot_mapping: torch.Tensor, decode_block_table: Optional[np.n
     num_decodes = 0 if decode_seq_lens is None else len(decode_seq_lens)
     md = TorchSDPAMetadata(slot_mapping=slot_mapping, num_decodes=num_decodes,
                            block_size=block_size, prefills=prefills)
+    if num_decodes:
+        md.decode_rows = (torch.from_numpy(np.asarray(decode_block_table, dtype=np.int64)),
+                          torch.from_numpy(np.asarray(decode_seq_lens, dtype=np.int64)))
     if native and num_decodes:
         md.decode_block_table = torch.from_numpy(decode_block_table.astype(np.int32))
         md.decode_seq_lens = torch.from_numpy(np.asarray(decode_seq_lens, dtype=np.int32))
@@ -243,6 +250,8 @@ class TorchSDPABackendImpl:
         else:
             k_cache.index_copy_(1, md.slot_mapping, k.transpose(0, 1))
             v_cache.index_copy_(1, md.slot_mapping, v.transpose(0, 1))
+        if _is_masked(layer):
+            return self._masked(q, k, v, kv_cache, md, layer, query)
         groups = md.decode_groups
         if md.num_decodes == num_tokens and len(groups) == 1:  # no buffer to fill
             return self._decode(q, k_cache, v_cache, groups[0], layer)
@@ -264,6 +273,30 @@ class TorchSDPABackendImpl:
                 kk = k_cache.index_select(1, seq.slots)
                 vv = v_cache.index_select(1, seq.slots)
                 out[s:e] = _sdpa(q[s:e], kk, vv, seq.mask, layer.scale, causal=False)
+        return out
+
+    @staticmethod
+    def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                md: TorchSDPAMetadata, layer, query: torch.Tensor) -> torch.Tensor:
+        """Layers with a sliding window or attention soft-cap (Gemma, Mistral-7B-v0.1):
+        explicit scores in float32 (`masked_attention`); decodes read only the last
+        `sliding_window` tokens of their context."""
+        out = torch.empty(query.shape[0], layer.num_heads * layer.head_size,
+                          dtype=query.dtype, device=query.device)
+        if md.num_decodes:
+            out[:md.num_decodes] = _masked_decode(q[:md.num_decodes], kv_cache, md, layer)
+        for seq in md.prefills:
+            s, e = seq.query_start, seq.query_start + seq.query_len
+            q_pos = torch.arange(seq.context_len, seq.context_len + seq.query_len,
+                                 device=q.device)
+            if seq.context_len == 0:
+                out[s:e] = masked_attention(layer, q[s:e], k[s:e].flatten(1), v[s:e].flatten(1),
+                                            q_pos, q_pos)
+            else:
+                k_pos = torch.arange(seq.context_len + seq.query_len, device=q.device)
+                out[s:e] = masked_attention(layer, q[s:e], kv_cache[0].index_select(1, seq.slots),
+                                            kv_cache[1].index_select(1, seq.slots), q_pos,
+                                            k_pos)
         return out
 
     @staticmethod
@@ -296,6 +329,39 @@ class TorchSDPABackendImpl:
         out = F.embedding_bag(index, v_cache.view(hkv * num_slots, d), offsets, mode="sum",
                               per_sample_weights=probs.view(-1))  # [hkv * nd * groups, d]
         return out.view(hkv, nd, groups * d).transpose(0, 1).reshape(nd, hkv * groups * d)
+
+
+def _is_masked(layer) -> bool:
+    """A layer with a sliding window or a soft-cap (`Attention` attributes)."""
+    return (getattr(layer, "sliding_window", None) is not None
+            or getattr(layer, "logits_soft_cap", None) is not None)
+
+
+def _masked_decode(q: torch.Tensor, kv_cache: torch.Tensor, md: TorchSDPAMetadata,
+                   layer) -> torch.Tensor:
+    """One query per row against its context, [n, hq, d] -> [n, hq * d], with the
+    layer's soft-cap and window. Each row gathers only the positions it may see: the
+    last `sliding_window` of its context (all of it without a window), padded to the
+    longest such span."""
+    table, lens = md.decode_rows
+    n, device = q.shape[0], q.device
+    hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+    span = lens if layer.sliding_window is None else lens.clamp(max=layer.sliding_window)
+    width = int(span.max())
+    pos = (lens - span)[:, None] + torch.arange(width)[None, :]       # [n, width]
+    valid = pos < lens[:, None]
+    pos = torch.where(valid, pos, 0)
+    slots = (table.gather(1, pos // md.block_size) * md.block_size + pos % md.block_size)
+    slots = slots.reshape(-1).to(device)
+    kk = kv_cache[0].index_select(1, slots).view(hkv, n, width, d).float()
+    vv = kv_cache[1].index_select(1, slots).view(hkv, n, width, d).float()
+    qq = q.view(n, hkv, hq // hkv, d).permute(1, 0, 2, 3).float()    # [hkv, n, g, d]
+    scores = torch.matmul(qq, kk.transpose(-1, -2)) * layer.scale     # [hkv, n, g, width]
+    if layer.logits_soft_cap is not None:
+        scores = torch.tanh(scores / layer.logits_soft_cap) * layer.logits_soft_cap
+    scores = scores.masked_fill(~valid.to(device)[None, :, None, :], float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), vv)             # [hkv, n, g, d]
+    return out.permute(1, 0, 2, 3).reshape(n, hq * d).to(q.dtype)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],

@@ -53,6 +53,11 @@ class FlatPAMetadata(NamedTuple):
     """[N, block_size]: 0 where j < block_usage[n], -inf after."""
     block_mapping: torch.Tensor
     """[N, B]: one_hot(block_groups, B); padding rows are all zero."""
+    block_offsets: Optional[torch.Tensor] = None
+    """[N] int64: position in its sequence of the block's first token (0 for padding);
+    with `block_seq_lens`, what sliding-window layers mask by."""
+    block_seq_lens: Optional[torch.Tensor] = None
+    """[N] int64: length of the owning sequence (1 for padding)."""
 
 
 def _checked_lengths(block_tables: Sequence[Sequence[int]], seq_lens: Sequence[int],
@@ -87,11 +92,13 @@ def build_flat_pa_metadata(block_tables: Sequence[Sequence[int]], seq_lens: Sequ
     otherwise it must be >= the total number of blocks of the batch.
     """
     counts = _checked_lengths(block_tables, seq_lens, block_size, batch_size)
-    ids, groups, usage = [], [], []
+    ids, groups, usage, offsets, lens = [], [], [], [], []
     for seq, (table, n, need) in enumerate(zip(block_tables, seq_lens, counts)):
         ids.extend(table[:need])
         groups.extend([seq] * need)
         usage.extend([block_size] * (need - 1) + [n - (need - 1) * block_size])
+        offsets.extend(range(0, need * block_size, block_size))
+        lens.extend([n] * need)
     if contiguous:
         top = max(ids, default=-1)
         if top >= num_blocks:
@@ -100,9 +107,13 @@ def build_flat_pa_metadata(block_tables: Sequence[Sequence[int]], seq_lens: Sequ
         block_list = None
         groups_t = torch.full((num_blocks,), -1, dtype=torch.long)
         usage_t = torch.ones(num_blocks, dtype=torch.long)
+        offsets_t = torch.zeros(num_blocks, dtype=torch.long)
+        lens_t = torch.ones(num_blocks, dtype=torch.long)
         index = torch.tensor(ids, dtype=torch.long)
         groups_t[index] = torch.tensor(groups, dtype=torch.long)
         usage_t[index] = torch.tensor(usage, dtype=torch.long)
+        offsets_t[index] = torch.tensor(offsets, dtype=torch.long)
+        lens_t[index] = torch.tensor(lens, dtype=torch.long)
     else:
         if len(ids) > num_blocks:
             raise ValueError(f"the batch uses {len(ids)} blocks; num_blocks={num_blocks} "
@@ -111,13 +122,16 @@ def build_flat_pa_metadata(block_tables: Sequence[Sequence[int]], seq_lens: Sequ
         block_list = torch.tensor(ids + [pad_block_id] * pad, dtype=torch.long, device=device)
         groups_t = torch.tensor(groups + [-1] * pad, dtype=torch.long)
         usage_t = torch.tensor(usage + [1] * pad, dtype=torch.long)
+        offsets_t = torch.tensor(offsets + [0] * pad, dtype=torch.long)
+        lens_t = torch.tensor(lens + [1] * pad, dtype=torch.long)
     bias = torch.zeros(num_blocks, block_size, dtype=dtype)
     bias.masked_fill_(torch.arange(block_size)[None, :] >= usage_t[:, None], float("-inf"))
     mapping = torch.zeros(num_blocks, batch_size + 1, dtype=dtype)
     mapping[torch.arange(num_blocks), torch.where(groups_t < 0, batch_size, groups_t)] = 1
     return FlatPAMetadata(block_list=block_list, block_groups=groups_t.to(device),
                           block_usage=usage_t.to(device), block_bias=bias.to(device),
-                          block_mapping=mapping[:, :batch_size].contiguous().to(device))
+                          block_mapping=mapping[:, :batch_size].contiguous().to(device),
+                          block_offsets=offsets_t.to(device), block_seq_lens=lens_t.to(device))
 
 
 def _fetch_blocks(cache: torch.Tensor, block_list: Optional[torch.Tensor], num_blocks: int,
@@ -131,13 +145,19 @@ def _fetch_blocks(cache: torch.Tensor, block_list: Optional[torch.Tensor], num_b
 
 def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                          value_cache: torch.Tensor, metadata: FlatPAMetadata,
-                         scale: float) -> torch.Tensor:
+                         scale: float, logits_soft_cap: Optional[float] = None,
+                         sliding_window: Optional[int] = None) -> torch.Tensor:
     """Decode attention: query [B, Hq, D] -> [B, Hq, D] over each sequence's cached tokens.
 
     GQA groups the Hq // Hkv query heads of a KV head instead of repeating K/V.
     The per-block softmax pieces are rescaled to the sequence-wide maximum; the
     sum over blocks is divided out after `block2batch` (identical math to dividing
     each block row, but padding rows never see a 0/0).
+
+    `logits_soft_cap` caps the scores (`cap * tanh(s / cap)`); with `sliding_window`
+    tokens before the last `sliding_window` of a sequence are masked, so a block row
+    may be masked entirely: its maximum is taken as 0 for the exponent (its
+    probabilities are 0) and its rescale factor is exp(-inf) = 0.
     """
     mapping = metadata.block_mapping                       # [N, B]
     num_blocks, batch = mapping.shape
@@ -155,9 +175,19 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     k = k.permute(0, 2, 3, 1)                              # [N, Hkv, D, bs]
     v = v.permute(0, 2, 1, 3)                              # [N, Hkv, bs, D]
     # 3. per-block partial softmax
-    scores = torch.matmul(q, k) + metadata.block_bias.view(num_blocks, 1, 1, block_size)
+    scores = torch.matmul(q, k)
+    if logits_soft_cap is not None:
+        scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
+    scores = scores + metadata.block_bias.view(num_blocks, 1, 1, block_size)
+    if sliding_window is not None:
+        pos = metadata.block_offsets[:, None] + torch.arange(block_size, device=q.device)
+        outside = pos <= (metadata.block_seq_lens[:, None] - 1 - sliding_window)
+        scores = scores.masked_fill(outside.view(num_blocks, 1, 1, block_size), float("-inf"))
     block_max = scores.amax(dim=-1, keepdim=True)          # [N, Hkv, G, 1]
-    probs = torch.exp(scores - block_max)
+    exp_max = block_max
+    if sliding_window is not None:
+        exp_max = torch.where(torch.isinf(block_max), torch.zeros_like(block_max), block_max)
+    probs = torch.exp(scores - exp_max)
     block_sum = probs.sum(dim=-1, keepdim=True)
     block_out = torch.matmul(probs, v)                     # [N, Hkv, G, D]
     # 4. sequence-wide maximum; padding rows reduce into an extra dump row B
@@ -237,3 +267,30 @@ def prompt_attention_with_context(query: torch.Tensor, key: torch.Tensor,
     out = hpu.FusedSDPA.apply(query.transpose(1, 2), k, v, mask, 0.0, False, scale, "None",
                               False, None, "right")
     return out.transpose(1, 2)
+
+
+def prompt_attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor,
+                            scale: float, logits_soft_cap: Optional[float],
+                            sliding_window: Optional[int]) -> torch.Tensor:
+    """Prefill for layers with a soft-cap or a sliding window, explicit float32 scores.
+
+    q [B, T, Hq, D], k/v [B, S, Hkv, D]; q_pos [B, T] and k_pos [B, S] are positions in
+    the sequence, k_valid [B, S] marks keys that exist (context blocks beyond a
+    sequence's context are not). A key is seen when valid, not after the query and,
+    with a window, within the last `sliding_window` positions. Padded query rows see
+    at least the first key, so they stay finite.
+    """
+    group = query.shape[2] // key.shape[2]
+    q = query.transpose(1, 2).float()                                   # [B, Hq, T, D]
+    k = key.transpose(1, 2).float().repeat_interleave(group, dim=1)     # [B, Hq, S, D]
+    v = value.transpose(1, 2).float().repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if logits_soft_cap is not None:
+        scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
+    allowed = k_valid[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])
+    if sliding_window is not None:
+        allowed &= k_pos[:, None, :] > q_pos[:, :, None] - sliding_window
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v)                # [B, Hq, T, D]
+    return out.transpose(1, 2).to(query.dtype)

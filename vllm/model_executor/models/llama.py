@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from vllm.attention import Attention
+from vllm.attention.layer import extract_layer_index
 from vllm.distributed import get_pp_group
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.cpu_gemm import drop_packed_weights
@@ -34,7 +35,8 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
 from vllm.model_executor.models.llama_fused import FusedDecode, packed_weight_of
 from vllm.model_executor.models.utils import (PPMissingLayer, default_weight_loader,
                                               head_dim_of, make_layers,
-                                              partial_rotary_factor_of, rope_config)
+                                              partial_rotary_factor_of, rope_config,
+                                              sliding_window_of)
 from vllm.sequence import IntermediateTensors
 
 logger = logging.getLogger(__name__)
@@ -79,8 +81,12 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size,
                                         bias=o_bias, prefix=f"{prefix}.o_proj")
         self.rotary_emb = rotary_emb
+        window = sliding_window_of(config, extract_layer_index(prefix)) if prefix else None
+        if window is not None:
+            self.fused_decode_ok = False  # the native layer call attends to everything
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim ** -0.5,
-                              self.num_kv_heads, prefix=f"{prefix}.attn")
+                              self.num_kv_heads, prefix=f"{prefix}.attn",
+                              per_layer_sliding_window=window)
 
     @staticmethod
     def projection_biases(config: Any) -> tuple[bool, bool]:
@@ -155,21 +161,26 @@ class LlamaModel(nn.Module):
         self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size,
                                                     prefix=f"{prefix}.embed_tokens")
                              if self.is_first_stage else PPMissingLayer())
-        _warn_if_sliding_window(config)
-        head_dim = head_dim_of(config)
-        theta, scaling = rope_config(config)
         # One rotary module per model, shared by all its layers (one cos/sin cache).
-        self.rotary_emb = get_rope(head_dim, int(head_dim * partial_rotary_factor_of(config)),
-                                   config.max_position_embeddings, theta, scaling)
+        self.rotary_emb = self.build_rotary_emb(config)
         self.start_layer, self.end_layer, self.layers = make_layers(
-            config.num_hidden_layers,
-            lambda p: self.layer_cls(config, self.rotary_emb, prefix=p), f"{prefix}.layers")
+            config.num_hidden_layers, lambda p: self.make_layer(config, p), f"{prefix}.layers")
         # A plain list (not registered) so the forward loop does no ModuleList slicing.
         self._own_layers = list(self.layers)[self.start_layer:self.end_layer]
         self._fused: Optional[FusedDecode] = None
         self._fused_key: Any = False  # the first layer's packed qkv weight when checked
         self.norm = (RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
                      if self.is_last_stage else PPMissingLayer())
+
+    def build_rotary_emb(self, config: Any) -> RotaryEmbedding:
+        head_dim = head_dim_of(config)
+        theta, scaling = rope_config(config)
+        return get_rope(head_dim, int(head_dim * partial_rotary_factor_of(config)),
+                        config.max_position_embeddings, theta, scaling)
+
+    def make_layer(self, config: Any, prefix: str) -> nn.Module:
+        """Decoder layer at `prefix` (models with per-layer rotary tables override)."""
+        return self.layer_cls(config, self.rotary_emb, prefix=prefix)
 
     def forward(self, input_ids: Optional[torch.Tensor], positions: torch.Tensor,
                 intermediate_tensors: Optional[IntermediateTensors] = None,
@@ -208,16 +219,6 @@ class LlamaModel(nn.Module):
         if key is not self._fused_key:
             self._fused, self._fused_key = FusedDecode.build(self._own_layers), key
         return self._fused
-
-
-def _warn_if_sliding_window(config: Any) -> None:
-    """Attention here is always full; say so when the config asks for a window."""
-    window = getattr(config, "sliding_window", None)
-    if (window and getattr(config, "use_sliding_window", True)
-            and config.max_position_embeddings > window):
-        logger.warning("The model config asks for sliding-window attention (%d tokens); this "
-                       "engine attends to the full context, so outputs of sequences longer "
-                       "than the window differ from the reference model.", window)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -23,5 +23,6 @@ class Qwen2Model(LlamaModel):
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    """Qwen2 causal LM. Sliding-window attention (off in released configs) is not used."""
+    """Qwen2 causal LM (sliding window on the layers the config marks, see
+    `sliding_window_of`)."""
     model_cls = Qwen2Model

@@ -78,3 +78,23 @@ def partial_rotary_factor_of(config: Any) -> float:
     params = getattr(config, "rope_parameters", None) or {}
     return float(params.get("partial_rotary_factor",
                             getattr(config, "partial_rotary_factor", None) or 1.0))
+
+
+def sliding_window_of(config: Any, layer_idx: int) -> Optional[int]:
+    """The attention window of decoder layer `layer_idx`, None for full attention.
+
+    transformers 5 configs list `layer_types` ("sliding_attention"/"full_attention");
+    older Qwen2-style configs have `use_sliding_window` and window only the layers from
+    `max_window_layers` on; Mistral/Mixtral/Phi-3 window every layer when
+    `sliding_window` is set.
+    """
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types:
+        return int(window) if types[layer_idx] == "sliding_attention" else None
+    first = getattr(config, "max_window_layers", None)
+    if first is not None and layer_idx < first:
+        return None
+    return int(window)

@@ -1,0 +1,30 @@
+"""Attention with explicit float32 scores: the reference path for layers with a sliding
+window or a logit soft-cap, shared by the no-cache path and the backends."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def masked_attention(layer: Any, query: torch.Tensor, key: torch.Tensor,
+                     value: torch.Tensor, q_pos: torch.Tensor,
+                     k_pos: torch.Tensor) -> torch.Tensor:
+    """Attention of queries at positions `q_pos` [Tq] to keys at `k_pos` [Tk] (one
+    sequence), with the layer's soft-cap and sliding window, scores and softmax in
+    float32. query [Tq, H*D]; key/value [Tk, Hkv*D] or [Hkv, Tk, D]."""
+    hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+    q = query.reshape(-1, hq, d).transpose(0, 1).float()
+    k = key if key.dim() == 3 else key.reshape(-1, hkv, d).transpose(0, 1)
+    v = value if value.dim() == 3 else value.reshape(-1, hkv, d).transpose(0, 1)
+    k = k.float().repeat_interleave(hq // hkv, dim=0)
+    v = v.float().repeat_interleave(hq // hkv, dim=0)
+    scores = torch.matmul(q, k.transpose(1, 2)) * layer.scale
+    if layer.logits_soft_cap is not None:
+        scores = torch.tanh(scores / layer.logits_soft_cap) * layer.logits_soft_cap
+    allowed = k_pos[None, :] <= q_pos[:, None]
+    if layer.sliding_window is not None:
+        allowed &= k_pos[None, :] > q_pos[:, None] - layer.sliding_window
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v)
+    return out.transpose(0, 1).reshape(-1, hq * d).to(query.dtype)
