@@ -319,6 +319,53 @@ class LoRAConfig:
                              "pipeline parallel sizes above 1 yet.")
         self.lora_torch_dtype = (model_config.torch_dtype if self.lora_dtype == "auto"
                                  else _DTYPES[self.lora_dtype])
+STRUCTURED_OUTPUT_BACKENDS = ("auto", "xgrammar", "guidance", "llguidance")
+
+
+@dataclass
+class StructuredOutputsConfig:
+    backend: str = "auto"
+    """Grammar backend: auto (xgrammar, or llguidance for what xgrammar cannot do, such
+    as Lark grammars), xgrammar, or guidance (llguidance)."""
+    disable_any_whitespace: bool = False
+    """Generate compact JSON (no optional whitespace) for every JSON constraint."""
+    disable_additional_properties: bool = False
+    """JSON schemas allow no properties beyond those they list."""
+    reasoning_parser: str = ""
+    """Reasoning parser of the served model: constraints apply after its reasoning ends."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in STRUCTURED_OUTPUT_BACKENDS:
+            raise ValueError(f"structured_outputs_config.backend={self.backend!r}; choose one "
+                             f"of {', '.join(STRUCTURED_OUTPUT_BACKENDS)}.")
+        if self.backend == "llguidance":
+            self.backend = "guidance"
+        if self.reasoning_parser:
+            from vllm.reasoning import ReasoningParserManager
+            ReasoningParserManager.check_name(self.reasoning_parser)
+
+    @classmethod
+    def from_cli(cls, value: Any) -> "StructuredOutputsConfig":
+        """From the --structured-outputs-config JSON text (or a dict)."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            import json
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--structured-outputs-config must be JSON: {e}") from None
+        if value is None:
+            return cls()
+        if not isinstance(value, dict):
+            raise ValueError("--structured-outputs-config must be a JSON object, e.g. "
+                             "'{\"backend\": \"xgrammar\"}'.")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"--structured-outputs-config: unknown key(s) {unknown}; known: "
+                             f"{sorted(known)}.")
+        return cls(**value)
 
 
 @dataclass
@@ -331,6 +378,8 @@ class VllmConfig:
     load_config: LoadConfig
     lora_config: Optional[LoRAConfig] = None
     """Set when LoRA adapters are enabled (--enable-lora)."""
+    structured_outputs_config: StructuredOutputsConfig = field(
+        default_factory=StructuredOutputsConfig)
 
     def __post_init__(self) -> None:
         from vllm.platforms import current_platform

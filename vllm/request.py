@@ -4,21 +4,26 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from vllm.structured_output.request import StructuredOutputRequest
+
 
 class RequestStatus(enum.IntEnum):
     WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2
+    WAITING_FOR_FSM = 1
+    """Waiting for its structured-output grammar to compile."""
+    RUNNING = 2
+    PREEMPTED = 3
     # Everything from here on is finished.
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH_CAPPED = 4
-    FINISHED_ABORTED = 5
-    FINISHED_IGNORED = 6
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
+    FINISHED_IGNORED = 7
 
     @staticmethod
     def is_finished(status: "RequestStatus") -> bool:
@@ -69,6 +74,8 @@ class Request:
     def lora_int_id(self) -> int:
         """The adapter's id, 0 for the base model."""
         return self.lora_request.lora_int_id if self.lora_request else 0
+    structured_output_request: Optional["StructuredOutputRequest"] = None
+    """The request's grammar state when it asked for structured outputs."""
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
@@ -94,6 +101,10 @@ class Request:
 
     def get_finished_reason(self) -> Optional[str]:
         return RequestStatus.get_finished_reason(self.status)
+
+    @property
+    def use_structured_output(self) -> bool:
+        return self.structured_output_request is not None
 
     @property
     def wants_prompt_logprobs(self) -> bool:

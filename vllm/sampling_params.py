@@ -24,6 +24,71 @@ _MAX_LOGIT_BIAS = 100.0
 """OpenAI's clamp for logit_bias values."""
 
 
+@dataclass
+class StructuredOutputsParams:
+    """Constrain a request's output to a JSON schema, a regex, a choice or a grammar.
+
+    Exactly one of `json`, `regex`, `choice`, `grammar`, `json_object` (and
+    `structural_tag`, which this engine refuses) must be set. The grammar is compiled
+    off the engine loop by the backend of `--structured-outputs-config` (xgrammar by
+    default, llguidance second) and applied as a token bitmask on the logits.
+    """
+    json: Optional[Union[str, dict]] = None
+    """A JSON schema (dict or JSON text) the output must validate against."""
+    regex: Optional[str] = None
+    """A regular expression the whole output must match."""
+    choice: Optional[list[str]] = None
+    """The output is exactly one of these strings."""
+    grammar: Optional[str] = None
+    """A context-free grammar: GBNF/EBNF (`root ::= ...`) or Lark (`start: ...`)."""
+    json_object: Optional[bool] = None
+    """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
+    structural_tag: Optional[str] = None
+    """Refused: structural tags are not supported by this engine."""
+    disable_any_whitespace: bool = False
+    """Compact JSON: no optional whitespace between tokens of the JSON output."""
+    disable_additional_properties: bool = False
+    """Objects of the schema take no properties beyond those listed."""
+
+    def __post_init__(self) -> None:
+        given = [name for name in _STRUCTURED_KINDS if _is_set(getattr(self, name))]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs: exactly one of "
+                f"{', '.join(_STRUCTURED_KINDS)} must be set, got "
+                f"{', '.join(given) if given else 'none'}.")
+        if self.structural_tag is not None:
+            raise ValueError("structured_outputs.structural_tag is not supported; use json, "
+                             "regex, choice or grammar.")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError("structured_outputs.json must be a JSON schema (an object or its "
+                             f"JSON text), got {type(self.json).__name__}.")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string.")
+        if self.choice is not None:
+            if (not isinstance(self.choice, (list, tuple)) or not self.choice
+                    or not all(isinstance(c, str) for c in self.choice)):
+                raise ValueError("structured_outputs.choice must be a non-empty list of "
+                                 "strings.")
+            self.choice = list(self.choice)
+        if self.json_object is not None and self.json_object is not True:
+            raise ValueError("structured_outputs.json_object must be true when given.")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set: json, regex, choice, grammar or json_object."""
+        return next(name for name in _STRUCTURED_KINDS if _is_set(getattr(self, name)))
+
+
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def _is_set(value: Any) -> bool:
+    return value is not None and value is not False
+
+
 class SamplingType(enum.IntEnum):
     """How the sampler picks the next token of a request."""
     GREEDY = 0
@@ -75,6 +140,7 @@ class SamplingParams:
     allowed_token_ids: Optional[list[int]] = None
     truncate_prompt_tokens: Optional[int] = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: Optional[StructuredOutputsParams] = None
     extra_args: Optional[dict[str, Any]] = None
 
     # Set by update_from_generation_config (the model's end-of-sequence token).
@@ -135,6 +201,15 @@ class SamplingParams:
             self.logit_bias = _normalize_logit_bias(self.logit_bias)
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as e:
+                raise ValueError(f"structured_outputs: {e}") from None
+        elif self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}.")
         if not isinstance(self.output_kind, RequestOutputKind):
             try:
                 self.output_kind = RequestOutputKind(self.output_kind)
@@ -323,6 +398,7 @@ class SamplingParams:
             "spaces_between_special_tokens="
             f"{self.spaces_between_special_tokens}, "
             f"truncate_prompt_tokens={self.truncate_prompt_tokens}, "
+            f"structured_outputs={self.structured_outputs}, "
             f"extra_args={self.extra_args})")
 
 

@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from vllm.lora.request import LoRARequest
+import numpy as np
+
 from vllm.sampling_params import SamplingParams
 
 
@@ -43,6 +45,11 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str] = field(default_factory=set)
     """Requests finished, aborted or preempted since the last step: workers drop them."""
+    structured_output_request_ids: dict[str, int] = field(default_factory=dict)
+    """Constrained requests that sample this step -> their row of `grammar_bitmask`."""
+    grammar_bitmask: Optional[np.ndarray] = None
+    """[rows, ceil(vocab / 32)] int32: bit t % 32 of word t // 32 set = token t allowed.
+    None when no request of the step is constrained."""
 
     @property
     def is_empty(self) -> bool:

@@ -19,6 +19,7 @@ from vllm.core.kv_cache_manager import KVCacheManager
 from vllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                     SchedulerOutput)
 from vllm.request import Request, RequestStatus
+from vllm.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +72,17 @@ class Scheduler:
         self.num_preemptions = 0
         lora_config = vllm_config.lora_config
         self.max_loras = lora_config.max_loras if lora_config is not None else 0
+        self.structured_output_manager = StructuredOutputManager(vllm_config)
+        self._failed_outputs: list[EngineCoreOutput] = []
+        """Outputs of requests that ended without being scheduled (grammar compile failed)."""
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
+        if request.use_structured_output:
+            # Compiled in a worker thread; the request waits until its grammar is ready.
+            request.status = RequestStatus.WAITING_FOR_FSM
+            self.structured_output_manager.grammar_init(request)
         self.waiting.append(request)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
@@ -130,11 +138,13 @@ class Scheduler:
         if self.num_preemptions == preemptions_before:
             budget = self._schedule_waiting(budget, num_scheduled, new_reqs, loras)
 
+        so_ids, bitmask = self._grammar_bitmask(num_scheduled)
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_reqs,
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
-            finished_req_ids=self.finished_req_ids)
+            finished_req_ids=self.finished_req_ids,
+            structured_output_request_ids=so_ids, grammar_bitmask=bitmask)
         self.finished_req_ids = set()
         return out
 
@@ -143,6 +153,18 @@ class Scheduler:
         model, its adapter is already in the step, or a slot is still free."""
         lora_id = request.lora_int_id
         return not lora_id or lora_id in loras or len(loras) < self.max_loras
+
+    def _grammar_bitmask(self, num_scheduled: dict[str, int]):
+        """Bitmask rows of the constrained requests that sample this step."""
+        sampling = []
+        for req_id, n in num_scheduled.items():
+            request = self.requests[req_id]
+            if (request.use_structured_output
+                    and request.num_computed_tokens + n >= request.num_tokens):
+                sampling.append(request)
+        if not sampling:
+            return {}, None
+        return self.structured_output_manager.grammar_bitmask(sampling)
 
     def _allocate_or_preempt(self, request: Request, num_new: int):
         """Allocate slots, preempting from the back of `running` until it fits."""
@@ -176,7 +198,8 @@ class Scheduler:
     def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int],
                           new_reqs: list[NewRequestData], loras: set[int]) -> int:
         """Admit waiting requests in order; one whose adapter would need a slot beyond
-        max_loras waits (in place) while later ones may go ahead."""
+        max_loras, or whose grammar is still compiling, waits (in place) while later
+        ones may go ahead."""
         skipped: list[Request] = []
         try:
             return self._admit_waiting(budget, num_scheduled, new_reqs, loras, skipped)
@@ -188,6 +211,12 @@ class Scheduler:
                        skipped: list[Request]) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.status == RequestStatus.WAITING_FOR_FSM:
+                if not self._grammar_ready(request):
+                    if self.waiting and self.waiting[0] is request:
+                        skipped.append(self.waiting.popleft())  # still compiling
+                    continue
+                request.status = RequestStatus.WAITING
             if not self._lora_fits(request, loras):
                 skipped.append(self.waiting.popleft())
                 continue
@@ -226,6 +255,30 @@ class Scheduler:
                 lora_request=request.lora_request))
         return budget
 
+    def _grammar_ready(self, request: Request) -> bool:
+        """Whether the request's grammar is compiled; a failed compile ends the request."""
+        try:
+            return self.structured_output_manager.grammar_ready(request)
+        except Exception as e:  # noqa: BLE001 - one request's grammar, not the engine
+            logger.error("Structured output grammar of request %s failed to compile: %s",
+                         request.request_id, e)
+        self.waiting.popleft()
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._free_request(request)
+        self._failed_outputs.append(EngineCoreOutput(
+            request_id=request.request_id, new_token_ids=[],
+            finish_reason=request.get_finished_reason()))
+        return False
+
+    def take_failed_outputs(self) -> list[EngineCoreOutput]:
+        outputs, self._failed_outputs = self._failed_outputs, []
+        return outputs
+
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Nothing could be scheduled: wait (briefly) for a grammar compile to finish."""
+        compiling = [r for r in self.waiting if r.status == RequestStatus.WAITING_FOR_FSM]
+        self.structured_output_manager.wait_for_compiles(compiling, timeout)
+
     # ------------------------------------------------------------- update
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
@@ -243,7 +296,9 @@ class Scheduler:
                 continue  # a prefill chunk that produced nothing to report
             if new_ids:
                 request.append_output_token_ids(new_ids)
-                self._check_stop(request)
+                self._advance_grammar(request, new_ids)
+                if not request.is_finished():
+                    self._check_stop(request)
             logprobs = runner_output.logprobs[i] if runner_output.logprobs else None
             outputs.append(EngineCoreOutput(
                 request_id=req_id, new_token_ids=new_ids,
@@ -255,6 +310,21 @@ class Scheduler:
                 self.running.remove(request)
                 self._free_request(request)
         return outputs
+
+    def _advance_grammar(self, request: Request, new_ids: list[int]) -> None:
+        """Feed accepted tokens to the request's grammar (a rejected one ends it)."""
+        if not request.use_structured_output:
+            return
+        manager = self.structured_output_manager
+        if not manager.accept_tokens(request, new_ids):
+            logger.error("Request %s: token(s) %s rejected by its grammar; aborting it.",
+                         request.request_id, new_ids)
+            request.status = RequestStatus.FINISHED_ABORTED
+        elif manager.is_terminated(request) and (
+                new_ids[-1] == request.eos_token_id
+                or new_ids[-1] in request.sampling_params.stop_token_ids):
+            # The grammar is complete and took its stop token: done even with ignore_eos.
+            request.status = RequestStatus.FINISHED_STOPPED
 
     def _check_stop(self, request: Request) -> None:
         params = request.sampling_params

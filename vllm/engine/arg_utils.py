@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 from vllm.config import (DEFAULT_MODEL, CacheConfig, DeviceConfig, LoadConfig, LoRAConfig,
-                         ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig)
+                         ModelConfig, ParallelConfig, SchedulerConfig,
+                         StructuredOutputsConfig, VllmConfig)
 
 
 def _field_docs(cls: type) -> dict[str, str]:
@@ -35,7 +36,7 @@ def _field_docs(cls: type) -> dict[str, str]:
 
 _DOCS: dict[str, str] = {}
 for _cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, DeviceConfig,
-             LoadConfig, LoRAConfig):
+             LoadConfig, LoRAConfig, StructuredOutputsConfig):
     _DOCS.update(_field_docs(_cls))
 _DOCS["kv_cache_dtype"] = _DOCS.get("cache_dtype", "")
 _DOCS["enable_lora"] = "Serve LoRA adapters (per request, several in one batch)."
@@ -76,6 +77,9 @@ class EngineArgs:
     device: str = "auto"
     load_format: str = "auto"
     download_dir: Optional[str] = None
+    # structured outputs
+    structured_outputs_config: Optional[dict] = None
+    reasoning_parser: str = ""
     # LoRA
     enable_lora: bool = False
     max_loras: int = 1
@@ -108,6 +112,18 @@ class EngineArgs:
                                    default=default, help=help_text)
             elif f.name == "served_model_name":
                 group.add_argument(flag, type=str, nargs="+", default=None, help=help_text)
+            elif f.name == "structured_outputs_config":
+                group.add_argument(
+                    flag, type=json.loads, default=None,
+                    help="Structured outputs config as JSON, e.g. '{\"backend\": "
+                         "\"xgrammar\"}'. Keys: " + "; ".join(
+                             f"{k}: {v}" for k, v in _field_docs(
+                                 StructuredOutputsConfig).items()))
+            elif f.name == "reasoning_parser":
+                from vllm.reasoning import ReasoningParserManager
+                group.add_argument(flag, type=str, default="",
+                                   choices=["", *ReasoningParserManager.names()],
+                                   help=_DOCS.get("reasoning_parser", ""))
             elif f.name == "speculative_config":
                 group.add_argument(flag, type=json.loads, default=None,
                                    help="Speculative decoding config as JSON (not supported "
@@ -147,12 +163,17 @@ class EngineArgs:
             pipeline_parallel_size=self.pipeline_parallel_size,
             data_parallel_size=self.data_parallel_size,
             distributed_executor_backend=self.distributed_executor_backend)
+        so_config = StructuredOutputsConfig.from_cli(self.structured_outputs_config)
+        if self.reasoning_parser:
+            so_config.reasoning_parser = self.reasoning_parser
+            so_config.__post_init__()
         return VllmConfig(model_config=model_config, cache_config=cache_config,
                           scheduler_config=scheduler_config, parallel_config=parallel_config,
                           device_config=DeviceConfig(device=self.device),
                           load_config=LoadConfig(load_format=self.load_format,
                                                  download_dir=self.download_dir),
-                          lora_config=self._lora_config())
+                          lora_config=self._lora_config(),
+                          structured_outputs_config=so_config)
 
     def _lora_config(self) -> Optional[LoRAConfig]:
         if not self.enable_lora:

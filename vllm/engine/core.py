@@ -17,6 +17,9 @@ from vllm.request import Request, RequestStatus
 
 logger = logging.getLogger(__name__)
 
+GRAMMAR_WAIT_S = 0.02
+"""Longest an idle step waits for a grammar compile (new requests wait at most this)."""
+
 
 class EngineCore:
 
@@ -62,10 +65,14 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return []
         scheduler_output = self.scheduler.schedule()
+        failed = self.scheduler.take_failed_outputs()
         if scheduler_output.is_empty:
-            return []
+            if not failed:
+                # Only requests whose grammars are compiling: wait for one, not spin.
+                self.scheduler.wait_for_grammars(GRAMMAR_WAIT_S)
+            return failed
         runner_output = self.executor.execute_model(scheduler_output)
-        return self.scheduler.update_from_output(scheduler_output, runner_output)
+        return failed + self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -93,4 +100,5 @@ class EngineCore:
         self.executor.check_health()
 
     def shutdown(self) -> None:
+        self.scheduler.structured_output_manager.shutdown()
         self.executor.shutdown()

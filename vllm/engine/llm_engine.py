@@ -6,6 +6,7 @@ outputs into RequestOutputs (text, logprobs, stop strings).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Iterable, Optional
@@ -39,7 +40,7 @@ class LLMEngine:
                     vllm_config.cache_config.enable_prefix_caching,
                     vllm_config.scheduler_config.enable_chunked_prefill)
         self.tokenizer = get_tokenizer(mc.tokenizer_path)
-        self.processor = Processor(mc, self.tokenizer)
+        self.processor = Processor(mc, self.tokenizer, vllm_config.structured_outputs_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = EngineCore(vllm_config)
         self._loras: dict[int, LoRARequest] = {}  # adapters checked by the workers
@@ -69,6 +70,7 @@ class LLMEngine:
         prompt_text, prompt_ids = self.processor.tokenize_prompt(prompt)
         params = self.processor.prepare_params(params)
         max_tokens = self.processor.validate(prompt_ids, params)
+        so_request = self.processor.structured_output_request(params)
         arrival = arrival_time if arrival_time is not None else time.time()
         parent = ParentRequest(request_id=request_id, prompt=prompt_text,
                                prompt_token_ids=prompt_ids, params=params,
@@ -79,7 +81,9 @@ class LLMEngine:
             self.engine_core.add_request(Request(
                 request_id=cid, prompt_token_ids=prompt_ids, sampling_params=cparams,
                 eos_token_id=self.processor.eos_token_id, arrival_time=arrival,
-                max_tokens=max_tokens, lora_request=lora_request))
+                max_tokens=max_tokens, lora_request=lora_request,
+                structured_output_request=(dataclasses.replace(so_request)
+                                           if so_request is not None else None)))
 
     # --------------------------------------------------------------- LoRA
     def _check_lora_request(self, lora_request: LoRARequest) -> None:

@@ -5,7 +5,7 @@ import json
 import os
 from typing import Any, Optional, Union
 
-from vllm.config import ModelConfig
+from vllm.config import ModelConfig, StructuredOutputsConfig
 from vllm.sampling_params import SamplingParams
 
 PromptType = Union[str, dict[str, Any]]
@@ -21,8 +21,10 @@ def load_generation_config(model_path: str) -> dict:
 
 class Processor:
 
-    def __init__(self, model_config: ModelConfig, tokenizer) -> None:
+    def __init__(self, model_config: ModelConfig, tokenizer,
+                 structured_outputs_config: Optional[StructuredOutputsConfig] = None) -> None:
         self.model_config = model_config
+        self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
         self.tokenizer = tokenizer
         self.generation_config = (load_generation_config(model_config.model_path)
                                   if model_config.generation_config == "auto" else {})
@@ -65,6 +67,18 @@ class Processor:
         params.verify_against(vocab, self.model_config.max_logprobs)
         room = max_len - n
         return room if params.max_tokens is None else min(params.max_tokens, room)
+
+    def structured_output_request(self, params: SamplingParams):
+        """The request's checked structured-output constraint (None without one).
+
+        Parses the schema / regex / grammar here, in the frontend, so a bad one fails
+        the request with a ValueError naming the field instead of reaching the engine.
+        """
+        if params.structured_outputs is None:
+            return None
+        from vllm.structured_output import validate_structured_outputs
+        return validate_structured_outputs(params.structured_outputs,
+                                           self.structured_outputs_config)
 
     def prepare_params(self, params: SamplingParams) -> SamplingParams:
         params = params.clone()

@@ -28,6 +28,7 @@ from vllm.native import cpu_ops
 from vllm.sample.logprobs import compute_prompt_logprobs
 from vllm.sample.metadata import (SamplingMetadata, SamplingRow, greedy_sample,
                                   needs_only_argmax)
+from vllm.sample.ops.bitmask import apply_grammar_bitmask
 from vllm.sample.sampler import Sampler
 from vllm.sequence import IntermediateTensors
 from vllm.worker.request_state import CachedRequestState, RequestStates
@@ -145,7 +146,7 @@ class CPUModelRunner:
         if not pp.is_last_rank:
             pp.send_tensor_dict(hidden.tensors)
             return None
-        return self._sample_and_collect(inputs, hidden)
+        return self._sample_and_collect(inputs, hidden, so)
 
     def _set_lora_mapping(self, req_ids: list[str], so: SchedulerOutput) -> None:
         """Each batch row's adapter slot (rows follow `req_ids`, n rows per request)."""
@@ -245,8 +246,8 @@ class CPUModelRunner:
         targets = st.prompt_token_ids[start + 1:end + 1]
         return rows, targets, start + n >= num_prompt
 
-    def _sample_and_collect(self, inputs: StepInputs, hidden: torch.Tensor
-                            ) -> Optional[ModelRunnerOutput]:
+    def _sample_and_collect(self, inputs: StepInputs, hidden: torch.Tensor,
+                            so: SchedulerOutput) -> Optional[ModelRunnerOutput]:
         sampled: dict[str, list[int]] = {r: [] for r in inputs.req_ids}
         logprobs_out: dict[str, tuple[list[int], list[float], int]] = {}
         if inputs.logits_indices:
@@ -255,6 +256,9 @@ class CPUModelRunner:
         if not self.is_driver:
             return None
         if inputs.logits_indices:
+            # Structured outputs: tokens the grammar forbids -> -inf (others pay nothing).
+            apply_grammar_bitmask(logits, inputs.sampling_req_ids,
+                                  so.structured_output_request_ids, so.grammar_bitmask)
             states = [self.requests[r] for r in inputs.sampling_req_ids]
             lp_lists = None
             if all(needs_only_argmax(st.sampling_params, len(st.output_token_ids))

@@ -33,6 +33,7 @@ from vllm.distributed.parallel_state import get_tp_group
 from vllm.hpu.fake_graphs import input_signature
 from vllm.sample.logprobs import compute_prompt_logprobs
 from vllm.sample.metadata import SamplingMetadata
+from vllm.sample.ops.bitmask import apply_token_bitmask_, rows_bitmask
 from vllm.sample.sampler import Sampler
 from vllm.worker.cpu_model_runner import CPUModelRunner, zeroed_tensor
 from vllm.worker.hpu_bucketing import Bucket, HPUBucketingContext
@@ -193,9 +194,12 @@ class HPUModelRunner:
 
     @torch.inference_mode()
     def run_dummy_batch(self, is_prompt: bool, bucket: Bucket, use_graph: bool) -> None:
-        """One warmup pass (forward and logits) in the exact shape serving uses."""
+        """One warmup pass (forward, logits and the structured-output bitmask) in the
+        exact shapes serving uses."""
         batch = self.dummy_batch(is_prompt, bucket)
-        self._run_batch(batch, use_graph=use_graph)
+        words = (self.model_config.vocab_size + 31) // 32
+        allow_all = torch.full((bucket.batch_size, words), -1, dtype=torch.int32)
+        self._run_batch(batch, use_graph=use_graph, bitmask=allow_all)
 
     def capture_graph(self, is_prompt: bool, bucket: Bucket) -> None:
         """Record the HPU graph of a bucket; later passes in it replay the graph."""
@@ -236,7 +240,11 @@ class HPUModelRunner:
         logits_rows: dict[str, torch.Tensor] = {}
         prompt_lps: dict = {}
         for batch in self._make_batches(prompts, decodes):
-            hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch))
+            bitmask = rows_bitmask([seq.req_id if seq.sample else "" for seq in batch.seqs],
+                                   so.structured_output_request_ids, so.grammar_bitmask,
+                                   num_rows=batch.bucket.batch_size)
+            hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch),
+                                             bitmask=bitmask)
             for i, seq in enumerate(batch.seqs):
                 if seq.sample:
                     logits_rows[seq.req_id] = logits[i]
@@ -311,9 +319,11 @@ class HPUModelRunner:
         return self.uses_hpu_graphs and (batch.is_prompt, batch.bucket) in self.graphed_buckets
 
     def _run_batch(self, batch: HPUBatch, use_graph: bool,
-                   kv_caches: Optional[list[torch.Tensor]] = None
+                   kv_caches: Optional[list[torch.Tensor]] = None,
+                   bitmask: Optional[torch.Tensor] = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward pass plus logits at the batch's [B] logits rows."""
+        """Forward pass plus logits at the batch's [B] logits rows; `bitmask` ([B, words],
+        all bits set on unconstrained and padding rows) masks them for structured outputs."""
         kv = self.kv_caches if kv_caches is None else kv_caches
         phase = "prompt" if batch.is_prompt else "decode"
         label = f"{phase} {tuple(batch.bucket)}"
@@ -326,7 +336,17 @@ class HPUModelRunner:
             hidden = run_forward(self.forward_module, self.mode, use_graph, batch.input_ids,
                                  batch.positions, batch.attn_metadata, kv)
             logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        if bitmask is not None:
+            self._apply_bitmask(logits, bitmask, phase)
         return hidden, logits
+
+    def _apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, phase: str) -> None:
+        """The bitmask on the bucket's [B, vocab] logits: one compiled shape per B
+        (warmed up with every bucket), so constrained requests compile nothing new."""
+        signature = ("bitmask", self.mode.value, tuple(logits.shape), str(logits.dtype),
+                     tuple(bitmask.shape))
+        with self.tracker.track_pass(f"{phase} bitmask {tuple(bitmask.shape)}", signature):
+            apply_token_bitmask_(logits, bitmask.to(logits.device))
 
     # --------------------------------------------------------------- sampling
     def _prompt_logprobs(self, batch: HPUBatch, hidden: torch.Tensor,

@@ -1,0 +1,98 @@
+"""StructuredOutputsParams checks, spec normalization and frontend validation errors."""
+from __future__ import annotations
+
+import pytest
+
+from vllm.config import StructuredOutputsConfig
+from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+from vllm.structured_output import grammar_spec, validate_structured_outputs
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "exactly one of"),
+    ({"json": SCHEMA, "regex": "a+"}, "got json, regex"),
+    ({"choice": []}, "choice must be a non-empty list"),
+    ({"choice": ["a", 1]}, "choice must be a non-empty list"),
+    ({"regex": ""}, "regex must be a non-empty string"),
+    ({"grammar": 5}, "grammar must be a non-empty string"),
+    ({"json": 3}, "json must be a JSON schema"),
+    ({"json_object": "yes"}, "json_object must be true"),
+    ({"structural_tag": "{}"}, "structural_tag is not supported"),
+])
+def test_params_refuse_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        StructuredOutputsParams(**kwargs)
+
+
+def test_sampling_params_accepts_dict_and_refuses_unknown_keys():
+    sp = SamplingParams(structured_outputs={"regex": "[0-9]+"})
+    assert sp.structured_outputs.kind == "regex"
+    with pytest.raises(ValueError, match="structured_outputs"):
+        SamplingParams(structured_outputs={"jsn": SCHEMA})
+    with pytest.raises(ValueError, match="StructuredOutputsParams"):
+        SamplingParams(structured_outputs=["regex"])
+    assert sp.clone().structured_outputs == sp.structured_outputs
+
+
+def test_spec_normalization_is_the_cache_key():
+    a = grammar_spec(StructuredOutputsParams(json=SCHEMA))
+    b = grammar_spec(StructuredOutputsParams(
+        json='{"required": ["a"], "properties": {"a": {"type": "integer"}}, "type": "object"}'))
+    assert a == b and hash(a) == hash(b)
+    assert grammar_spec(StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)) != a
+    choice = grammar_spec(StructuredOutputsParams(choice=['say "hi"', "café"]))
+    assert choice.kind == "grammar_ebnf"
+    assert choice.spec == 'root ::= "say \\"hi\\"" | "café"'
+    assert grammar_spec(StructuredOutputsParams(json_object=True)).spec == '{"type": "object"}'
+    assert grammar_spec(StructuredOutputsParams(grammar='root ::= "x"')).kind == "grammar_ebnf"
+    assert grammar_spec(StructuredOutputsParams(grammar='start: "x"')).kind == "grammar_lark"
+    closed = grammar_spec(StructuredOutputsParams(json=SCHEMA,
+                                                  disable_additional_properties=True))
+    assert '"additionalProperties": false' in closed.spec
+
+
+@pytest.mark.parametrize("backend", ["auto", "xgrammar", "guidance"])
+@pytest.mark.parametrize("kwargs, field, what", [
+    ({"json": {"type": "foo"}}, "structured_outputs.json", "foo"),
+    ({"json": "{not json"}, "structured_outputs.json", "not valid JSON"),
+    ({"regex": "(ab"}, "structured_outputs.regex", "regex"),
+    ({"regex": "[a-"}, "structured_outputs.regex", "regex"),
+    ({"grammar": 'root ::= ("a" '}, "structured_outputs.grammar", "grammar"),
+    ({"grammar": 'root ::= missing_rule'}, "structured_outputs.grammar", "grammar"),
+])
+def test_invalid_constraints_name_the_field(backend, kwargs, field, what):
+    config = StructuredOutputsConfig(backend=backend)
+    with pytest.raises(ValueError) as info:
+        validate_structured_outputs(StructuredOutputsParams(**kwargs), config)
+    message = str(info.value)
+    assert message.startswith(field), message
+    assert what.lower() in message.lower(), message
+    assert "/project/" not in message and ".cc:" not in message
+
+
+def test_backend_selection():
+    auto = StructuredOutputsConfig()
+    ok = validate_structured_outputs(StructuredOutputsParams(json=SCHEMA), auto)
+    assert ok.backend == "xgrammar"
+    lark = validate_structured_outputs(
+        StructuredOutputsParams(grammar='start: "a" NAME\nNAME: /[a-z]+/'), auto)
+    assert lark.backend == "guidance"
+    with pytest.raises(ValueError, match="guidance backend for Lark"):
+        validate_structured_outputs(StructuredOutputsParams(grammar='start: "a"'),
+                                    StructuredOutputsConfig(backend="xgrammar"))
+    gbnf = validate_structured_outputs(StructuredOutputsParams(grammar='root ::= "a"'),
+                                       StructuredOutputsConfig(backend="llguidance"))
+    assert gbnf.backend == "guidance"
+
+
+def test_config_from_cli():
+    assert StructuredOutputsConfig.from_cli('{"backend": "guidance"}').backend == "guidance"
+    assert StructuredOutputsConfig.from_cli(None).backend == "auto"
+    with pytest.raises(ValueError, match="unknown key"):
+        StructuredOutputsConfig.from_cli('{"backnd": "xgrammar"}')
+    with pytest.raises(ValueError, match="backend"):
+        StructuredOutputsConfig.from_cli('{"backend": "outlines"}')
+    with pytest.raises(ValueError, match="reasoning_parser"):
+        StructuredOutputsConfig(reasoning_parser="nope")

@@ -1,0 +1,88 @@
+"""xgrammar: the default backend (JSON schema, regex, GBNF/EBNF grammars)."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+
+from vllm.structured_output.backend_types import GrammarSpec, clean_error
+
+logger = logging.getLogger(__name__)
+
+
+def validate_xgrammar(spec: GrammarSpec) -> None:
+    """Parse the spec without a tokenizer; ValueError naming what is wrong."""
+    import xgrammar as xgr
+    try:
+        if spec.kind == "json":
+            xgr.Grammar.from_json_schema(spec.spec, any_whitespace=spec.any_whitespace)
+        elif spec.kind == "regex":
+            xgr.Grammar.from_regex(spec.spec)
+        elif spec.kind == "grammar_ebnf":
+            xgr.Grammar.from_ebnf(spec.spec)
+        else:
+            raise ValueError("xgrammar reads GBNF/EBNF grammars (`root ::= ...`), not Lark; "
+                             "use the guidance backend for Lark grammars.")
+    except RuntimeError as e:
+        raise ValueError(_describe(spec.kind, e)) from None
+
+
+def _describe(kind: str, exc: BaseException) -> str:
+    what = {"json": "invalid JSON schema", "regex": "invalid regex",
+            "grammar_ebnf": "invalid grammar"}.get(kind, "invalid constraint")
+    return f"{what}: {clean_error(exc)}"
+
+
+class XgrammarGrammar:
+
+    def __init__(self, matcher: Any) -> None:
+        self.matcher = matcher
+
+    def accept_tokens(self, token_ids: list[int]) -> bool:
+        for token_id in token_ids:
+            if not self.matcher.accept_token(token_id):
+                return False
+        return True
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
+
+class XgrammarBackend:
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
+                 max_threads: int = 1) -> None:
+        import xgrammar as xgr
+        self._xgr = xgr
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=stop_token_ids or None)
+        # The compiler's own cache is off: the manager caches compiled grammars by spec.
+        self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads,
+                                            cache_enabled=False)
+
+    def compile(self, spec: GrammarSpec) -> Any:
+        try:
+            if spec.kind == "json":
+                return self.compiler.compile_json_schema(spec.spec,
+                                                         any_whitespace=spec.any_whitespace)
+            if spec.kind == "regex":
+                return self.compiler.compile_regex(spec.spec)
+            if spec.kind == "grammar_ebnf":
+                return self.compiler.compile_grammar(spec.spec)
+        except RuntimeError as e:
+            raise ValueError(_describe(spec.kind, e)) from None
+        raise ValueError(f"xgrammar cannot compile a {spec.kind} constraint.")
+
+    def new_grammar(self, compiled: Any, max_rollback_tokens: Optional[int] = None
+                    ) -> XgrammarGrammar:
+        return XgrammarGrammar(self._xgr.GrammarMatcher(
+            compiled, max_rollback_tokens=-1 if max_rollback_tokens is None
+            else max_rollback_tokens))

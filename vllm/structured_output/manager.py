@@ -1,0 +1,211 @@
+"""StructuredOutputManager: compile off the loop, cache by spec, bitmask per step."""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
+import numpy as np
+import torch
+
+from vllm.config import StructuredOutputsConfig, VllmConfig
+from vllm.sampling_params import StructuredOutputsParams
+from vllm.structured_output.backend_types import GrammarSpec, grammar_spec
+from vllm.structured_output.request import StructuredOutputRequest
+
+if TYPE_CHECKING:
+    from vllm.request import Request
+
+logger = logging.getLogger(__name__)
+
+GRAMMAR_CACHE_SIZE = 512
+"""Compiled grammars kept (least recently used ones are dropped first)."""
+
+
+def select_backend(spec: GrammarSpec, configured: str) -> str:
+    """auto: xgrammar, except for Lark grammars, which only llguidance reads."""
+    if configured == "auto":
+        return "guidance" if spec.kind == "grammar_lark" else "xgrammar"
+    return configured
+
+
+def validate_structured_outputs(params: StructuredOutputsParams,
+                                config: StructuredOutputsConfig) -> StructuredOutputRequest:
+    """Check a request's constraint without the tokenizer (cheap, in the frontend).
+
+    ValueError messages start with the field: `structured_outputs.json: invalid JSON
+    schema: ...`.
+    """
+    from vllm.structured_output.backend_guidance import validate_guidance
+    from vllm.structured_output.backend_xgrammar import validate_xgrammar
+    field = f"structured_outputs.{params.kind}"
+    try:
+        spec = grammar_spec(params, config.disable_any_whitespace,
+                            config.disable_additional_properties)
+        backend = select_backend(spec, config.backend)
+        (validate_xgrammar if backend == "xgrammar" else validate_guidance)(spec)
+    except ValueError as e:
+        message = str(e)
+        if not message.startswith("structured_outputs"):
+            message = f"{field}: {message}"
+        raise ValueError(message) from None
+    return StructuredOutputRequest(params=params, spec=spec, backend=backend)
+
+
+class StructuredOutputManager:
+    """Scheduler-side owner of the grammar backends, the compile pool and the cache."""
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        self.config = vllm_config.structured_outputs_config
+        self.model_config = vllm_config.model_config
+        self.vocab_size = self.model_config.vocab_size
+        self.bitmask_words = (self.vocab_size + 31) // 32
+        self._lock = threading.Lock()
+        self._backends: dict[str, Any] = {}
+        self._tokenizer: Any = None
+        self._stop_token_ids: list[int] = []
+        self.reasoner: Any = None
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._cache: OrderedDict[tuple[str, GrammarSpec], concurrent.futures.Future] = \
+            OrderedDict()
+
+    # ------------------------------------------------------------- compile
+    def grammar_init(self, request: "Request") -> None:
+        """Start (or reuse) the compile of the request's grammar; never blocks."""
+        so_req = request.structured_output_request
+        key = (so_req.backend, so_req.spec)
+        future = self._cache.get(key)
+        if future is not None:
+            self._cache.move_to_end(key)
+        else:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=max(1, min(4, (os.cpu_count() or 2) // 2)),
+                    thread_name_prefix="vllm-grammar")
+            future = self._executor.submit(self._compile, key)
+            self._cache[key] = future
+            while len(self._cache) > GRAMMAR_CACHE_SIZE:
+                self._cache.popitem(last=False)
+        so_req.compiled = future
+
+    def _compile(self, key: tuple[str, GrammarSpec]) -> Any:
+        backend_name, spec = key
+        return self._backend(backend_name).compile(spec)
+
+    def _backend(self, name: str) -> Any:
+        """The backend, built on first use (in a compile thread: loading the tokenizer and
+        indexing its vocabulary takes about a second)."""
+        with self._lock:
+            backend = self._backends.get(name)
+            if backend is not None:
+                return backend
+            self._load_tokenizer()
+            if name == "xgrammar":
+                from vllm.structured_output.backend_xgrammar import XgrammarBackend
+                backend = XgrammarBackend(self._tokenizer, self.vocab_size,
+                                          self._stop_token_ids)
+            else:
+                from vllm.structured_output.backend_guidance import GuidanceBackend
+                backend = GuidanceBackend(self._tokenizer, self.vocab_size,
+                                          self._stop_token_ids)
+            self._backends[name] = backend
+            logger.info("Structured outputs backend %s ready.", name)
+            return backend
+
+    def _load_tokenizer(self) -> None:
+        if self._tokenizer is not None:
+            return
+        from vllm.engine.processor import load_generation_config
+        from vllm.transformers_utils.tokenizer import get_tokenizer
+        tokenizer = get_tokenizer(self.model_config.tokenizer_path)
+        stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        if self.model_config.generation_config == "auto":
+            extra = load_generation_config(self.model_config.model_path).get("eos_token_id")
+            for t in [extra] if isinstance(extra, int) else (extra or []):
+                if t not in stops:
+                    stops.append(t)
+        if self.config.reasoning_parser:
+            from vllm.reasoning import ReasoningParserManager
+            self.reasoner = ReasoningParserManager.get_reasoning_parser(
+                self.config.reasoning_parser)(tokenizer)
+        self._stop_token_ids = stops
+        self._tokenizer = tokenizer
+
+    def grammar_ready(self, request: "Request") -> bool:
+        """Whether the request's matcher exists (built here once its compile is done).
+
+        Raises ValueError when the compile failed.
+        """
+        so_req = request.structured_output_request
+        if so_req.grammar is not None:
+            return True
+        if not so_req.is_compiled:
+            return False
+        compiled = so_req.compiled.result()  # re-raises the compile error
+        so_req.grammar = self._backends[so_req.backend].new_grammar(compiled)
+        if self.reasoner is not None:
+            so_req.reasoning_ended = self.reasoner.reasoning_ended_in(request.all_token_ids)
+        if request.output_token_ids and so_req.reasoning_ended:
+            # Only a request restored with earlier output gets here; replay it.
+            so_req.grammar.accept_tokens(list(request.output_token_ids))
+        return True
+
+    def wait_for_compiles(self, requests: Iterable["Request"], timeout: float) -> None:
+        """Block until one of the requests' compiles finishes, at most `timeout` seconds
+        (called only when nothing else can be scheduled)."""
+        pending = [r.structured_output_request.compiled for r in requests
+                   if r.structured_output_request is not None
+                   and r.structured_output_request.compiled is not None]
+        if pending:
+            concurrent.futures.wait(pending, timeout=timeout,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+
+    # ---------------------------------------------------------------- step
+    def should_constrain(self, request: "Request") -> bool:
+        so_req = request.structured_output_request
+        return so_req is not None and so_req.grammar is not None and so_req.reasoning_ended
+
+    def grammar_bitmask(self, requests: list["Request"]
+                        ) -> tuple[dict[str, int], Optional[np.ndarray]]:
+        """One int32 row of allowed-token bits per constrained request about to sample.
+
+        Returns ({req_id: row}, bitmask [rows, ceil(vocab / 32)]); ({}, None) when no
+        request of the step is constrained.
+        """
+        rows = [r for r in requests if self.should_constrain(r)]
+        if not rows:
+            return {}, None
+        bitmask = np.full((len(rows), self.bitmask_words), -1, dtype=np.int32)
+        view = torch.from_numpy(bitmask)
+        for i, request in enumerate(rows):
+            request.structured_output_request.grammar.fill_bitmask(view, i)
+        return {r.request_id: i for i, r in enumerate(rows)}, bitmask
+
+    def accept_tokens(self, request: "Request", token_ids: list[int]) -> bool:
+        """Advance the request's matcher over newly accepted tokens; False if rejected.
+
+        While the model reasons the tokens are not fed to the grammar; the token that
+        ends the reasoning switches the constraint on for the next one.
+        """
+        so_req = request.structured_output_request
+        if so_req is None or so_req.grammar is None:
+            return True
+        if not so_req.reasoning_ended:
+            if self.reasoner is not None and self.reasoner.ended_after(
+                    request.output_token_ids):
+                so_req.reasoning_ended = True
+            return True
+        return so_req.grammar.accept_tokens(token_ids)
+
+    def is_terminated(self, request: "Request") -> bool:
+        so_req = request.structured_output_request
+        return bool(so_req is not None and so_req.grammar is not None
+                    and so_req.reasoning_ended and so_req.grammar.is_terminated())
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
