@@ -38,6 +38,8 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_CPU_NATIVE_GEMM": (_bool, True, "bf16 linear layers through the native AVX512-BF16 "
                              "GEMM (weights repacked once); 0 uses oneDNN instead."),
     # ---- server ----
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": (_bool, False, "Serve POST /v1/load_lora_adapter and "
+                                         "/v1/unload_lora_adapter (local development only)."),
     "VLLM_API_KEY": (str, "", "API key the OpenAI server requires under /v1 when set."),
     "VLLM_HOST_IP": (str, "", "IP address of this node for distributed setups."),
     "VLLM_PORT": (_opt_int, None, "Base port for distributed communication."),

@@ -40,12 +40,25 @@ class _Add:
     arrival_time: float
     stream: "RequestStream"
     accepted: "asyncio.Future[None]"
+    lora_request: Any = None
 
 
 @dataclass
 class _Abort:
     request_ids: list[str]
     notify: bool  # True: end the streams (public abort); False: the consumer is gone.
+
+
+@dataclass
+class _Call:
+    """Run `fn(engine)` on the loop thread between steps (LoRA adapter management)."""
+    fn: Any
+    done: "asyncio.Future[Any]"
+
+
+@dataclass
+class _Result:
+    value: Any
 
 
 _END = object()  # sentinel: the stream ends without a further output
@@ -134,8 +147,10 @@ class AsyncLLMEngine:
         self.vllm_config = getattr(engine, "vllm_config", None)
         self.log_requests = log_requests
         self.max_log_len = max_log_len
+        lora_config = getattr(self.vllm_config, "lora_config", None)
         self.stats = StatsTracker(self.model_config.served_model_name[0],
-                                  self.model_config.max_model_len, log_stats=log_stats)
+                                  self.model_config.max_model_len, log_stats=log_stats,
+                                  max_loras=lora_config.max_loras if lora_config else None)
         self._inbox: "queue.SimpleQueue[Union[_Add, _Abort]]" = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # orders "post to inbox" against "engine died"
@@ -225,7 +240,8 @@ class AsyncLLMEngine:
 
     # ------------------------------------------------------------ requests
     async def add_request(self, request_id: str, prompt: Any, params: Any,
-                          arrival_time: Optional[float] = None) -> RequestStream:
+                          arrival_time: Optional[float] = None,
+                          lora_request: Any = None) -> RequestStream:
         """Queue a request and wait until the engine accepted it.
 
         Raises ValueError (invalid request, from the engine's validation) or EngineDeadError
@@ -243,7 +259,8 @@ class AsyncLLMEngine:
         inner = _with_delta_kind(params)
         accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         command = _Add(request_id, prompt, inner,
-                       time.time() if arrival_time is None else arrival_time, stream, accepted)
+                       time.time() if arrival_time is None else arrival_time, stream, accepted,
+                       lora_request)
         self._post(command)
         self._pending_ids.add(request_id)
         try:
@@ -259,7 +276,8 @@ class AsyncLLMEngine:
         return stream
 
     async def generate(self, prompt: Any, sampling_params: Any, request_id: str,
-                       *, priority: int = 0, arrival_time: Optional[float] = None,
+                       *, lora_request: Any = None, priority: int = 0,
+                       arrival_time: Optional[float] = None,
                        ) -> AsyncGenerator[Any, None]:
         """Stream the outputs of one request.
 
@@ -268,7 +286,8 @@ class AsyncLLMEngine:
         """
         if priority != 0:
             raise ValueError("priority: only 0 is supported (FCFS scheduling).")
-        stream = await self.add_request(request_id, prompt, sampling_params, arrival_time)
+        stream = await self.add_request(request_id, prompt, sampling_params, arrival_time,
+                                        lora_request)
         async for output in self.iterate(stream):
             yield output
 
@@ -287,6 +306,24 @@ class AsyncLLMEngine:
                 self._post_quietly(_Abort([stream.request_id], notify=False))
                 if self.log_requests:
                     logger.info("Aborted request %s.", stream.request_id)
+
+    # ------------------------------------------------------------ LoRA
+    async def add_lora(self, lora_request: Any) -> bool:
+        """Load and check an adapter (ValueError when it cannot be used)."""
+        return await self._call(lambda engine: engine.add_lora(lora_request))
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return await self._call(lambda engine: engine.remove_lora(lora_id))
+
+    async def list_loras(self) -> set[int]:
+        return await self._call(lambda engine: engine.list_loras())
+
+    async def _call(self, fn: Any) -> Any:
+        if self._thread is None:
+            self.start_background_loop()
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._post(_Call(fn, done))
+        return await done
 
     async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
         """Abort requests: their streams end (with finish_reason "abort" when they produced
@@ -375,6 +412,8 @@ class AsyncLLMEngine:
                 break
             if isinstance(command, _Add):
                 self._handle_add(command, deliveries)
+            elif isinstance(command, _Call):
+                self._handle_call(command, deliveries)
             else:
                 self._handle_abort(command, deliveries)
         if deliveries:
@@ -386,8 +425,9 @@ class AsyncLLMEngine:
                 f"request_id {cmd.request_id!r} is already in use by a running request.")
         else:
             try:
+                kwargs = {} if cmd.lora_request is None else {"lora_request": cmd.lora_request}
                 self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
-                                        arrival_time=cmd.arrival_time)
+                                        arrival_time=cmd.arrival_time, **kwargs)
                 error = None
             except Exception as exc:  # noqa: BLE001 - handed to the requester, engine lives
                 error = exc
@@ -395,6 +435,13 @@ class AsyncLLMEngine:
             self._streams[cmd.request_id] = cmd.stream
             self.stats.on_request_added(cmd.request_id)
         deliveries.append((cmd.accepted, error))
+
+    def _handle_call(self, cmd: _Call, deliveries: list) -> None:
+        try:
+            result: Any = _Result(cmd.fn(self.engine))
+        except Exception as exc:  # noqa: BLE001 - handed to the caller, the engine lives
+            result = exc
+        deliveries.append((cmd.done, result))
 
     def _handle_abort(self, cmd: _Abort, deliveries: list) -> None:
         known = [rid for rid in cmd.request_ids if rid in self._streams]
@@ -456,6 +503,8 @@ class AsyncLLMEngine:
                 break
             if isinstance(command, _Add):
                 deliveries.append((command.accepted, error))
+            elif isinstance(command, _Call):
+                deliveries.append((command.done, error))
         if deliveries:
             self._deliver(deliveries)
 
@@ -467,6 +516,8 @@ def _deliver_on_loop(deliveries: list[tuple[Any, Any]]) -> None:
                 continue
             if item is None:
                 target.set_result(None)
+            elif isinstance(item, _Result):
+                target.set_result(item.value)
             else:
                 target.set_exception(item)
         else:

@@ -151,7 +151,8 @@ class DPAsyncLLMEngine:
         return best
 
     async def add_request(self, request_id: str, prompt: Any, params: Any,
-                          arrival_time: Optional[float] = None) -> RequestStream:
+                          arrival_time: Optional[float] = None,
+                          lora_request: Any = None) -> RequestStream:
         if request_id in self._owner:
             raise ValueError(f"request_id {request_id!r} is already in use by a running "
                              "request.")
@@ -160,7 +161,7 @@ class DPAsyncLLMEngine:
         self._outstanding[index] += 1
         try:
             stream = await self.replicas[index].add_request(request_id, prompt, params,
-                                                            arrival_time)
+                                                            arrival_time, lora_request)
         except BaseException:
             self._release(request_id)
             raise
@@ -176,13 +177,27 @@ class DPAsyncLLMEngine:
             self._release(stream.request_id)
 
     async def generate(self, prompt: Any, sampling_params: Any, request_id: str,
-                       *, priority: int = 0, arrival_time: Optional[float] = None,
+                       *, lora_request: Any = None, priority: int = 0,
+                       arrival_time: Optional[float] = None,
                        ) -> AsyncGenerator[Any, None]:
         if priority != 0:
             raise ValueError("priority: only 0 is supported (FCFS scheduling).")
-        stream = await self.add_request(request_id, prompt, sampling_params, arrival_time)
+        stream = await self.add_request(request_id, prompt, sampling_params, arrival_time,
+                                        lora_request)
         async for output in self.iterate(stream):
             yield output
+
+    # LoRA adapters: every replica serves every adapter.
+    async def add_lora(self, lora_request: Any) -> bool:
+        results = [await r.add_lora(lora_request) for r in self.replicas]
+        return any(results)
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        results = [await r.remove_lora(lora_id) for r in self.replicas]
+        return any(results)
+
+    async def list_loras(self) -> set[int]:
+        return await self.replicas[0].list_loras()
 
     async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)

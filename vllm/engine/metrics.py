@@ -135,9 +135,17 @@ class StatsTracker:
 
     LOG_INTERVAL_S = 5.0
 
-    def __init__(self, model_name: str, max_model_len: int, log_stats: bool = True) -> None:
+    def __init__(self, model_name: str, max_model_len: int, log_stats: bool = True,
+                 max_loras: Optional[int] = None) -> None:
         self.metrics = PrometheusMetrics(model_name, max_model_len)
         self.log_stats = log_stats
+        self.max_loras = max_loras
+        # vLLM's LoRA info gauge (only with --enable-lora): one series per combination of
+        # adapter names, its value the time it was last reported.
+        self.lora_info = None if max_loras is None else Gauge(
+            "vllm:lora_requests_info", "Running stats on lora requests.",
+            ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+            registry=self.metrics.registry)
         self._requests: dict[str, _RequestTimes] = {}
         self._last_queries = 0
         self._last_hits = 0
@@ -211,6 +219,12 @@ class StatsTracker:
         self._last_preemptions = _inc_by_growth(m.num_preemptions, stats.num_preemptions,
                                                 self._last_preemptions)
         self._last_scheduler_stats = stats
+        if self.lora_info is not None:
+            self.lora_info.labels(
+                max_lora=str(self.max_loras),
+                waiting_lora_adapters=",".join(getattr(stats, "waiting_lora_adapters", {})),
+                running_lora_adapters=",".join(getattr(stats, "running_lora_adapters", {})),
+            ).set_to_current_time()
         self.maybe_log()
 
     def on_compile_stats(self, stats: Optional[dict]) -> None:

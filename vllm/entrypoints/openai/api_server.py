@@ -35,7 +35,8 @@ from vllm.entrypoints.openai.errors import (BadRequestError, OpenAIError,
                                             ServiceUnavailableError, error_type_for,
                                             lone_surrogate_path, make_error, validation_error)
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
-                                              DetokenizeRequest, TokenizeRequest,
+                                              DetokenizeRequest, LoadLoRAAdapterRequest,
+                                              TokenizeRequest, UnloadLoRAAdapterRequest,
                                               VersionResponse)
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -66,7 +67,9 @@ class ServerState:
         model_config = engine.model_config
         tokenizer = copy_tokenizer(engine.engine.get_tokenizer())
         self.models = OpenAIServingModels(list(model_config.served_model_name),
-                                          model_config.model, model_config.max_model_len)
+                                          model_config.model, model_config.max_model_len,
+                                          engine=engine,
+                                          lora_modules=getattr(args, "lora_modules", None))
         self.tokenizer_pool = TokenizerPool(tokenizer)
         self.max_body_bytes = max(MIN_BODY_LIMIT_BYTES, BODY_BYTES_PER_PROMPT_CHAR *
                                   self.tokenizer_pool.max_prompt_chars(model_config.max_model_len))
@@ -338,11 +341,31 @@ def _install_routes(app: FastAPI) -> None:
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Any:
         return _respond(await _state(raw_request).completion.create_completion(request))
 
+    if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
+        _install_lora_routes(app)
+
     @app.post("/v1/chat/completions")
     @with_cancellation
     async def create_chat_completion(request: ChatCompletionRequest,
                                      raw_request: Request) -> Any:
         return _respond(await _state(raw_request).chat.create_chat_completion(request))
+
+
+def _install_lora_routes(app: FastAPI) -> None:
+    """POST /v1/load_lora_adapter and /v1/unload_lora_adapter (runtime LoRA updates)."""
+    logger.warning("LoRA dynamic loading & unloading is enabled in the API server. This "
+                   "should ONLY be used for local development!")
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: LoadLoRAAdapterRequest, raw_request: Request) -> Any:
+        text = await _state(raw_request).models.load_lora_adapter(request)
+        return Response(status_code=200, content=text)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: UnloadLoRAAdapterRequest,
+                                  raw_request: Request) -> Any:
+        text = await _state(raw_request).models.unload_lora_adapter(request)
+        return Response(status_code=200, content=text)
 
 
 # ----------------------------------------------------------------------- app
@@ -354,6 +377,7 @@ def build_app(args: argparse.Namespace, engine: AsyncLLMEngine) -> FastAPI:
         engine.start_background_loop()
         if state.chat.template_sandbox is not None:
             state.chat.template_sandbox.start()  # loads while the first requests arrive
+        await state.models.init_static_loras()
         started = getattr(args, "_process_start", None)
         if started is not None:
             logger.info("vLLM API server ready in %.2f s (since process start).",

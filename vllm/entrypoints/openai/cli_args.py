@@ -21,6 +21,28 @@ def _json_list(value: str) -> list[str]:
     return parsed
 
 
+def _lora_module(value: str) -> "LoRAModulePath":
+    """One --lora-modules item: 'name=path' or '{"name": .., "path": .., "base_model_name": ..}'."""
+    from vllm.entrypoints.openai.serving_models import LoRAModulePath
+    if value.lstrip().startswith("{"):
+        try:
+            data = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"invalid JSON in --lora-modules {value!r}: {e}")
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) \
+                or not isinstance(data.get("path"), str) \
+                or set(data) - {"name", "path", "base_model_name"}:
+            raise argparse.ArgumentTypeError(
+                f"--lora-modules {value!r}: expected an object with string keys 'name' and "
+                "'path', and optionally 'base_model_name'.")
+        return LoRAModulePath(data["name"], data["path"], data.get("base_model_name"))
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(
+            f"--lora-modules {value!r}: expected 'name=path' or a JSON object.")
+    return LoRAModulePath(name, path)
+
+
 def _port(value: str) -> int:
     port = int(value)
     if not 0 <= port <= 65535:
@@ -86,6 +108,10 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
                              "proxy.")
     server.add_argument("--return-tokens-as-token-ids", action="store_true",
                         help="Show logprob tokens as 'token_id:<id>' instead of text.")
+    server.add_argument("--lora-modules", type=_lora_module, nargs="+", default=None,
+                        help="LoRA adapters to serve, each 'name=path' or a JSON object "
+                             '\'{"name": ..., "path": ..., "base_model_name": ...}\'; a request '
+                             "selects one by naming it as its model. Needs --enable-lora.")
     server.add_argument("--max-log-len", type=int, default=None,
                         help="Most prompt characters/ids printed in request logs "
                              "(default: unlimited).")
@@ -105,5 +131,7 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
         raise ValueError("--ssl-keyfile and --ssl-certfile must be given together.")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}.")
+    if args.lora_modules and not args.enable_lora:
+        raise ValueError("--lora-modules needs --enable-lora.")
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")

@@ -462,4 +462,15 @@ class VersionResponse(ResponseModel):
     version: str
 
 
+# -------------------------------------------------------------- LoRA adapters
+class LoadLoRAAdapterRequest(OpenAIBaseModel):
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(OpenAIBaseModel):
+    lora_name: str
+    lora_int_id: Optional[int] = Field(default=None)
+
+
 CompletionResponseChoice.model_rebuild()

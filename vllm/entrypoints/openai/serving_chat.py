@@ -82,7 +82,8 @@ class OpenAIServingChat(OpenAIServing):
                                       stream=bool(request.stream))
         request_id = f"chatcmpl-{request.request_id or random_uuid()}"
         try:
-            stream = await self.engine.add_request(request_id, prompt.engine_prompt(), params)
+            stream = await self.add_request(request_id, prompt.engine_prompt(), params,
+                                            request.model)
         except ValueError as e:
             raise BadRequestError(str(e)) from e
         outputs = self.engine.iterate(stream)

@@ -42,7 +42,7 @@ class OpenAIServingCompletion(OpenAIServing):
             jobs.append((request_id, prompt.engine_prompt(), params))
         # Submit every prompt at once: acceptance happens between engine steps, so
         # awaiting them one by one would cost one step per prompt.
-        results = await asyncio.gather(*(self.engine.add_request(*job) for job in jobs),
+        results = await asyncio.gather(*(self.add_request(*job, request.model) for job in jobs),
                                        return_exceptions=True)
         streams = [r for r in results if not isinstance(r, BaseException)]
         errors = [r for r in results if isinstance(r, BaseException)]

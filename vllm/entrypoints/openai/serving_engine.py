@@ -67,6 +67,14 @@ class OpenAIServing:
             raise NotFoundError(f"The model `{model}` does not exist.", param="model")
         return model
 
+    async def add_request(self, request_id: str, prompt: Any, params: Any,
+                          model: Optional[str]) -> Any:
+        """Queue one engine request, with the LoRA adapter `model` names (if any)."""
+        lora = self.models.lora_request_for(model)
+        if lora is None:
+            return await self.engine.add_request(request_id, prompt, params)
+        return await self.engine.add_request(request_id, prompt, params, lora_request=lora)
+
     @staticmethod
     def check_supported(request: Any) -> None:
         refused = request.unsupported_fields()
