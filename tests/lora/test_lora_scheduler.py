@@ -14,7 +14,8 @@ def _scheduler(max_loras: int, caching: bool = True) -> Scheduler:
     config = SimpleNamespace(
         scheduler_config=SimpleNamespace(max_num_seqs=16, max_num_batched_tokens=512,
                                          enable_chunked_prefill=True),
-        model_config=SimpleNamespace(max_model_len=256),
+        model_config=SimpleNamespace(max_model_len=256, vocab_size=64),
+        structured_outputs_config=None,
         cache_config=SimpleNamespace(block_size=4, enable_prefix_caching=caching),
         lora_config=SimpleNamespace(max_loras=max_loras))
     return Scheduler(config, num_blocks=256)
