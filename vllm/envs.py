@@ -51,6 +51,9 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                         "503) after its engine died, instead of exiting."),
     "VLLM_CHAT_TEMPLATE_TIMEOUT_S": (float, 5.0, "Seconds a request-supplied chat template "
                                      "(--trust-request-chat-template) may take to render."),
+    "VLLM_WORKER_MULTIPROC_METHOD": (str, "fork", "How worker processes start: fork "
+                                     "(default; spawn is used instead once CUDA, HPU or Ray "
+                                     "runs in the engine process) or spawn."),
     # ---- read from other tools' conventions ----
     "RAY_ADDRESS": (str, "", "Address of a running Ray cluster for the ray executor; empty "
                     "starts a local one."),

@@ -47,11 +47,14 @@ def _tail(path: str, lines: int = 40) -> str:
 
 
 def _worker_pids(server_pid: int) -> list[int]:
-    """The engine worker processes (multiprocessing spawn children) under the server."""
+    """The engine worker processes under the server: spawned ones run spawn_main, forked
+    ones keep the server's command line."""
     pids = []
+    server_cmdline = psutil.Process(server_pid).cmdline()
     for p in psutil.Process(server_pid).children(recursive=True):
         try:
-            if "spawn_main" in " ".join(p.cmdline()):
+            cmdline = p.cmdline()
+            if "spawn_main" in " ".join(cmdline) or cmdline == server_cmdline:
                 pids.append(p.pid)
         except psutil.NoSuchProcess:
             pass

@@ -1,4 +1,4 @@
-"""MultiprocExecutor: one spawned process per rank on this node (tensor/pipeline parallel).
+"""MultiprocExecutor: one process per rank on this node (tensor/pipeline parallel).
 
 Every rank, rank 0 included, runs in its own worker process; the engine process
 only schedules and waits on pipes. Keeping the driver out of the engine process
@@ -30,7 +30,7 @@ from vllm.executor.distributed_executor import DistributedExecutorBase
 from vllm.executor.multiproc_utils import (SHUTDOWN_METHOD, RpcReply, RpcRequest,
                                           describe_exit, distributed_init_method,
                                           get_loopback_ip, get_mp_context, get_open_port,
-                                          stop_processes, worker_main)
+                                          register_engine_side, stop_processes, worker_main)
 
 logger = logging.getLogger(__name__)
 
@@ -226,6 +226,7 @@ class MultiprocExecutor(DistributedExecutorBase):
         ctx = get_mp_context()
         conn, child_conn = ctx.Pipe(duplex=True)
         death_reader, death_writer = ctx.Pipe(duplex=False)
+        register_engine_side(conn, death_writer)
         proc = ctx.Process(target=worker_main, name=f"VllmWorker-{rank}", daemon=True,
                            kwargs=dict(vllm_config=self.vllm_config, rank=rank,
                                        local_rank=rank, init_method=init_method,

@@ -1,8 +1,11 @@
 """Worker processes of the multiprocess executor: the process side and its plumbing.
 
-Each rank runs `worker_main` in a spawned process (spawn, not fork: the engine
-process may already hold threads and an initialized torch, which fork would copy
-half-way). The engine talks to a worker over one duplex pipe:
+Each rank runs `worker_main` in its own process, started as VLLM_WORKER_MULTIPROC_METHOD
+says (see `get_mp_context`): fork by default, as vLLM, since it needs no re-import of the
+user's main module (a script read from standard input cannot be re-imported); spawn when
+fork is unsafe because an accelerator runtime (CUDA, HPU) or Ray already runs in this
+process, whose threads and device handles a fork would copy half-way. The engine talks to
+a worker over one duplex pipe:
 
 - engine -> worker: a pickled `RpcRequest`, pickled once per call and written to
   every worker's pipe (the cheapest broadcast measured for SchedulerOutputs of a few
@@ -27,6 +30,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -74,8 +78,88 @@ class RpcReply:
 
 
 # ------------------------------------------------------------ engine side
+MP_METHODS = ("fork", "spawn")
+
+_engine_side_connections: "weakref.WeakSet[Connection]" = weakref.WeakSet()
+"""The engine's ends of every worker's pipes. A forked child must not keep them open: a
+worker that held another worker's death pipe would keep it from seeing the engine die."""
+
+
+def _close_engine_side_connections() -> None:
+    for conn in list(_engine_side_connections):
+        try:
+            conn.close()
+        except OSError:
+            pass
+    _engine_side_connections.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_engine_side_connections)
+
+
+def register_engine_side(*conns: Connection) -> None:
+    """Record pipe ends that only the engine process may hold (closed in forked children)."""
+    _engine_side_connections.update(conns)
+
+
+def fork_unsafe_reason() -> Optional[str]:
+    """Why forking this process would break the workers, or None when fork is safe."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return "fork is not available on this system"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA was initialized in this process"
+    hpu = getattr(torch, "hpu", None) if torch is not None else None
+    if "habana_frameworks" in sys.modules and hpu is not None and \
+            getattr(hpu, "is_initialized", lambda: False)():
+        return "the HPU runtime was initialized in this process"
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return "Ray was initialized in this process"
+    return None
+
+
+def resolve_mp_method() -> str:
+    """VLLM_WORKER_MULTIPROC_METHOD, with fork turned into spawn where fork is unsafe."""
+    from vllm import envs
+    method = envs.VLLM_WORKER_MULTIPROC_METHOD.strip().lower()
+    if method not in MP_METHODS:
+        raise ValueError(f"VLLM_WORKER_MULTIPROC_METHOD={method!r}; choose fork or spawn.")
+    if method == "fork":
+        reason = fork_unsafe_reason()
+        if reason is not None:
+            logger.warning("Starting the workers with spawn instead of fork: %s. Run the "
+                           "engine in a script guarded by `if __name__ == \"__main__\":`.",
+                           reason)
+            method = "spawn"
+    if method == "spawn":
+        check_main_reimportable()
+    return method
+
+
+def check_main_reimportable() -> None:
+    """Raise a clear error when spawned workers could not re-import `__main__`.
+
+    Spawn starts a fresh interpreter that re-runs the parent's main module from its path
+    (or module name). A script read from standard input (`python - <<EOF`, a heredoc) has
+    the path `<stdin>`, which does not exist: every worker would die on start.
+    """
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None:
+        return  # `python -m module`: re-imported by name
+    path = getattr(main, "__file__", None)
+    if path is None or os.path.exists(path):
+        return  # interactive (nothing to re-import) or a real file
+    raise RuntimeError(
+        f"The worker processes are started with spawn, which re-imports the main module, "
+        f"but it was read from {path!r}, not from a file. Save the script to a file and "
+        f"run that, or start the workers with fork (VLLM_WORKER_MULTIPROC_METHOD=fork, "
+        f"possible before CUDA/HPU is initialized in this process).")
+
+
 def get_mp_context() -> Any:
-    return multiprocessing.get_context("spawn")
+    return multiprocessing.get_context(resolve_mp_method())
 
 
 def get_loopback_ip() -> str:
