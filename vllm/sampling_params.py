@@ -446,3 +446,28 @@ def _normalize_logit_bias(bias: dict[Union[int, str], float]) -> dict[int, float
         value = _as_float(f"logit_bias[{key!r}]", value)
         out[token] = min(_MAX_LOGIT_BIAS, max(-_MAX_LOGIT_BIAS, value))
     return out
+
+
+@dataclass
+class BeamSearchParams:
+    """Parameters of `LLM.beam_search` (vLLM's fields)."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.beam_width, bool) or not isinstance(self.beam_width, int) \
+                or self.beam_width < 1:
+            raise ValueError(f"beam_width must be an integer >= 1, got {self.beam_width!r}.")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) \
+                or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}.")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}.")
+        if not isinstance(self.length_penalty, (int, float)) or isinstance(
+                self.length_penalty, bool):
+            raise ValueError(f"length_penalty must be a number, got {self.length_penalty!r}.")

@@ -7,13 +7,14 @@ from typing import Any, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
+from vllm.beam_search import BeamSearchOutput, run_beam_search
 from vllm.config import DEFAULT_MODEL
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import PromptType
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,26 @@ class LLM:
         lora_list = self._normalize_loras(lora_request, len(prompt_list))
         request_ids = self._add_requests(prompt_list, params_list, lora_list)
         return self._run_engine(request_ids, use_tqdm)
+
+    def beam_search(self, prompts: Union[PromptType, Sequence[PromptType]],
+                    params: BeamSearchParams, lora_request: Optional[LoRARequest] = None,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search (vllm/beam_search.py): per prompt, the `params.beam_width` best
+        sequences, best first. Steps run as batches of 1-token requests whose beams
+        share their prefix blocks through the prefix cache."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}.")
+        processor = self.llm_engine.processor
+        token_lists = [processor.tokenize_prompt(p)[1]
+                       for p in self._normalize_prompts(prompts, None)]
+        tokenizer = self.get_tokenizer()
+
+        def generate(batch: list[list[int]], step: SamplingParams) -> list[RequestOutput]:
+            return self.generate([{"prompt_token_ids": t} for t in batch], step,
+                                 use_tqdm=False, lora_request=lora_request)
+
+        return run_beam_search(token_lists, params, processor.eos_token_id, generate,
+                               lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
 
     @staticmethod
     def _normalize_loras(lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]],
