@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any, Literal, Optional, Union
+from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, model_serializer, model_validator)
 
@@ -128,16 +128,33 @@ class SamplingFields(OpenAIBaseModel):
     kv_transfer_params: Optional[Any] = None
     vllm_xargs: Optional[Any] = None
 
+    _beam_search_route: ClassVar[bool] = False
+    """Whether this route serves `use_beam_search` (completions do)."""
+
+    def _beam_search_conflict(self) -> Optional[tuple[str, str]]:
+        """Fields beam search would not honour (it ranks raw logprobs of whole beams)."""
+        for name in ("logprobs", "prompt_logprobs", "stop", "stop_token_ids", "logit_bias",
+                     "allowed_token_ids", "seed", "top_p", "top_k", "min_p",
+                     "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if getattr(self, name, None) not in (None, [], ""):
+                return (name, f"{name} cannot be combined with use_beam_search.")
+        if self.min_tokens:
+            return ("min_tokens", "min_tokens cannot be combined with use_beam_search.")
+        return None
+
     def unsupported_fields(self) -> Optional[tuple[str, str]]:
         """(field, reason) of the first field asking for something not implemented."""
         if self.response_format is not None and self.response_format.type != "text":
             return ("response_format", f"response_format type {self.response_format.type!r} "
                     "(structured output) is not supported; only 'text' is.")
+        if self.use_beam_search and not self._beam_search_route:
+            return ("use_beam_search", "Beam search is only supported on /v1/completions.")
         if self.use_beam_search:
-            return ("use_beam_search", "Beam search is not supported.")
-        if self.length_penalty != 1.0:
-            return ("length_penalty", "length_penalty only applies to beam search, which is "
-                    "not supported.")
+            refused = self._beam_search_conflict()
+            if refused is not None:
+                return refused
+        elif self.length_penalty != 1.0:
+            return ("length_penalty", "length_penalty only applies with use_beam_search=true.")
         if self.best_of is not None and self.best_of != self.n:
             return ("best_of", f"best_of={self.best_of} different from n={self.n} is not "
                     "supported.")
@@ -169,6 +186,7 @@ class SamplingFields(OpenAIBaseModel):
 # ------------------------------------------------------------- completions
 class CompletionRequest(SamplingFields):
     # OpenAI: https://platform.openai.com/docs/api-reference/completions/create
+    _beam_search_route: ClassVar[bool] = True
     prompt: Union[list[int], list[list[int]], str, list[str]]
     echo: Optional[bool] = False
     logprobs: Optional[int] = Field(default=None, ge=0)

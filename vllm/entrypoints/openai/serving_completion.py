@@ -8,6 +8,7 @@ import asyncio
 import time
 from typing import Any, AsyncIterator, Optional, Union
 
+from vllm.beam_search import BeamSearch
 from vllm.entrypoints.openai.errors import BadRequestError
 from vllm.entrypoints.openai.protocol import (CompletionRequest, CompletionResponse,
                                               CompletionResponseChoice,
@@ -15,6 +16,8 @@ from vllm.entrypoints.openai.protocol import (CompletionRequest, CompletionRespo
                                               CompletionStreamResponse, UsageInfo, random_uuid)
 from vllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, PromptInput,
                                                    merge_async_iterators, sse, sse_error)
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import BeamSearchParams
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -26,6 +29,8 @@ class OpenAIServingCompletion(OpenAIServing):
         await self.check_engine()
         prompts = await self._prompt_inputs(request)
         base_id = f"cmpl-{request.request_id or random_uuid()}"
+        if request.use_beam_search:
+            return await self._beam_search(request, prompts, base_id, model_name)
         # echo + logprobs returns the prompt's logprobs too, so ask the engine for them.
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None and prompt_logprobs is None:
@@ -84,6 +89,64 @@ class OpenAIServingCompletion(OpenAIServing):
                 text = None
             inputs.append(PromptInput(ids, text))
         return inputs
+
+    # ---------------------------------------------------------- beam search
+    async def _beam_search(self, request: CompletionRequest, prompts: list[PromptInput],
+                           base_id: str, model_name: str
+                           ) -> Union[CompletionResponse, AsyncIterator[str]]:
+        """use_beam_search: `n` beams per prompt (vllm/beam_search.py), each choice one
+        finished beam, best first; a stream sends each prompt's choices when its search
+        ends."""
+        searches = []
+        for i, prompt in enumerate(prompts):
+            max_tokens = self.resolve_max_tokens(len(prompt.token_ids), request.max_tokens,
+                                                 "prompt", "prompt")
+            try:
+                params = BeamSearchParams(
+                    beam_width=request.n, max_tokens=max_tokens,
+                    ignore_eos=request.ignore_eos, temperature=request.temperature or 0.0,
+                    length_penalty=request.length_penalty,
+                    include_stop_str_in_output=request.include_stop_str_in_output)
+            except ValueError as e:
+                raise BadRequestError(str(e)) from e
+            request_id = base_id if len(prompts) == 1 else f"{base_id}-{i}"
+            searches.append(self._run_beam_search(request, prompt, params, request_id))
+        created = int(time.time())
+        if request.stream:
+            return self._stream(request, prompts, searches, base_id, created, model_name)
+        return await self._full(request, prompts, searches, base_id, created, model_name)
+
+    async def _run_beam_search(self, request: CompletionRequest, prompt: PromptInput,
+                               params: BeamSearchParams, request_id: str
+                               ) -> AsyncIterator[RequestOutput]:
+        search = BeamSearch([prompt.token_ids], params, self.tokenizer.eos_token_id)
+        while not search.done:
+            batch = search.batch()
+            step = search.steps
+            outputs = await asyncio.gather(*(
+                self._one_token(f"{request_id}-beam{step}-{j}", ids, search.step_params,
+                                request.model) for j, ids in enumerate(batch)))
+            search.advance(list(outputs))
+        result = search.results(lambda ids: self.decode(
+            ids, skip_special_tokens=request.skip_special_tokens))[0]
+        plen = len(prompt.token_ids)
+        yield RequestOutput(request_id, prompt.text, list(prompt.token_ids), None, [
+            CompletionOutput(index=i, text=seq.text, token_ids=seq.tokens[plen:],
+                             cumulative_logprob=seq.cum_logprob, logprobs=None,
+                             finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
+            for i, seq in enumerate(result.sequences)], finished=True)
+
+    async def _one_token(self, request_id: str, token_ids: list[int], params: Any,
+                         model: Optional[str]) -> RequestOutput:
+        try:
+            stream = await self.add_request(request_id, {"prompt_token_ids": token_ids},
+                                            params, model)
+        except ValueError as e:
+            raise BadRequestError(str(e)) from e
+        final = None
+        async for output in self.engine.iterate(stream):
+            final = output
+        return final
 
     def _prompt_text(self, prompt: PromptInput) -> str:
         return prompt.text if prompt.text is not None else self.decode(prompt.token_ids)
