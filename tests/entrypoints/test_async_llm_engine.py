@@ -77,7 +77,7 @@ def test_n_completions_and_metrics(tokenizer):
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert all(len(c.token_ids) == 4 for c in out.outputs)
     reg = engine.stats.registry
-    labels = {"model_name": "fake-model"}
+    labels = {"model_name": "fake-model", "engine": "0"}
     assert reg.get_sample_value("vllm:generation_tokens_total", labels) == 12
     assert reg.get_sample_value("vllm:prompt_tokens_total", labels) == len(out.prompt_token_ids)
     assert reg.get_sample_value("vllm:request_success_total",
@@ -106,7 +106,7 @@ def test_closing_the_stream_aborts(tokenizer):
         engine.shutdown()
     assert fake.aborted == ["early"] and not fake.requests
     assert fake.steps == steps_when_idle
-    labels = {"model_name": "fake-model"}
+    labels = {"model_name": "fake-model", "engine": "0"}
     assert engine.stats.registry.get_sample_value("vllm:num_requests_running", labels) == 0
 
 

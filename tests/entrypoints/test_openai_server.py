@@ -230,7 +230,7 @@ def test_metrics_names(http):
                  "vllm:generation_tokens_total", "vllm:request_success_total",
                  "vllm:num_preemptions_total", "vllm:prefix_cache_queries_total",
                  "vllm:prefix_cache_hits_total", "vllm:time_to_first_token_seconds_bucket",
-                 "vllm:time_per_output_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket",
                  "vllm:e2e_request_latency_seconds_bucket",
                  "vllm:request_queue_time_seconds_bucket",
                  "vllm:request_prompt_tokens_bucket",

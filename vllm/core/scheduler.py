@@ -32,6 +32,9 @@ class SchedulerStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    num_deferred_reqs: int = 0
+    """Waiting requests the last admission pass skipped for a reason other than capacity
+    (grammar still compiling, no LoRA slot)."""
     running_lora_adapters: dict[str, int] = field(default_factory=dict)
     """LoRA adapter name -> running requests using it."""
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
@@ -70,6 +73,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        self.num_deferred_reqs = 0
         lora_config = vllm_config.lora_config
         self.max_loras = lora_config.max_loras if lora_config is not None else 0
         self.structured_output_manager = StructuredOutputManager(vllm_config)
@@ -205,6 +209,7 @@ class Scheduler:
             return self._admit_waiting(budget, num_scheduled, new_reqs, loras, skipped)
         finally:
             self.waiting.extendleft(reversed(skipped))
+            self.num_deferred_reqs = len(skipped)
 
     def _admit_waiting(self, budget: int, num_scheduled: dict[str, int],
                        new_reqs: list[NewRequestData], loras: set[int],
@@ -347,6 +352,7 @@ class Scheduler:
             num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
             kv_cache_usage=self.kv_cache_manager.usage, prefix_cache_queries=pc.queries,
             prefix_cache_hits=pc.hits, num_preemptions=self.num_preemptions,
+            num_deferred_reqs=min(self.num_deferred_reqs, len(self.waiting)),
             running_lora_adapters=_count_loras(self.running),
             waiting_lora_adapters=_count_loras(self.waiting))
 

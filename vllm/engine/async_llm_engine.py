@@ -455,13 +455,11 @@ class AsyncLLMEngine:
             self._publish_stats()
 
     def _dispatch(self, outputs: list[Any]) -> None:
-        now = time.monotonic()
         deliveries = []
-        for out in outputs:
-            stream = self._streams.get(out.request_id)
-            if stream is None:
-                continue  # aborted between the step and now
-            self.stats.on_output(out, now)
+        live = [out for out in outputs if out.request_id in self._streams]
+        self.stats.on_step(live)
+        for out in live:
+            stream = self._streams[out.request_id]
             if out.finished:
                 del self._streams[out.request_id]
             deliveries.append((stream, out))
@@ -495,6 +493,8 @@ class AsyncLLMEngine:
     def _fail_all(self, error: BaseException) -> None:
         """End every stream and every not-yet-accepted request with `error`."""
         deliveries: list[tuple[Any, Any]] = [(s, error) for s in self._streams.values()]
+        for request_id in self._streams:
+            self.stats.on_request_failed(request_id)
         self._streams.clear()
         while True:
             try:

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
+                               PlatformCollector, ProcessCollector, generate_latest)
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +24,9 @@ TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 7.5, 10.0, 20.0, 40.0, 80.0]
 LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
-FINISH_REASONS = ("stop", "length", "abort")
+ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+FINISH_REASONS = ("stop", "length", "abort", "error")
+WAITING_REASONS = ("capacity", "deferred")
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -40,35 +43,46 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 
 
 class PrometheusMetrics:
-    """The collectors, registered in a dedicated registry and pre-labelled with the model.
+    """The collectors, registered in a dedicated registry and labelled as vLLM's:
+    `model_name` and `engine` (the engine's index; data-parallel replicas differ in it).
 
     Counters are declared without the `_total` suffix: prometheus_client appends it, so the
     exposed names are exactly vLLM's (`vllm:prompt_tokens_total`, ...).
     """
 
     def __init__(self, model_name: str, max_model_len: int,
-                 registry: Optional[CollectorRegistry] = None) -> None:
+                 registry: Optional[CollectorRegistry] = None, engine_index: int = 0) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
-        labels = ["model_name"]
+        labels = ["model_name", "engine"]
+        values = (model_name, str(engine_index))
         reg = self.registry
 
         def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, labels, registry=reg).labels(model_name)
+            return Gauge(name, doc, labels, registry=reg).labels(*values)
 
         def counter(name: str, doc: str) -> Any:
-            return Counter(name, doc, labels, registry=reg).labels(model_name)
+            return Counter(name, doc, labels, registry=reg).labels(*values)
 
         def histogram(name: str, doc: str, buckets: list) -> Any:
-            return Histogram(name, doc, labels, buckets=buckets, registry=reg).labels(model_name)
+            return Histogram(name, doc, labels, buckets=buckets, registry=reg).labels(*values)
 
         self.num_requests_running = gauge("vllm:num_requests_running",
                                           "Number of requests in model execution batches.")
         self.num_requests_waiting = gauge("vllm:num_requests_waiting",
                                           "Number of requests waiting to be processed.")
+        by_reason = Gauge("vllm:num_requests_waiting_by_reason",
+                          "Number of requests waiting, by reason: capacity (KV cache or batch "
+                          "slots) or deferred (grammar compiling, LoRA slot).",
+                          [*labels, "reason"], registry=reg)
+        self.num_requests_waiting_by_reason = {r: by_reason.labels(*values, r)
+                                               for r in WAITING_REASONS}
         self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc",
                                     "KV-cache usage. 1 means 100 percent usage.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.prompt_tokens_cached = counter(
+            "vllm:prompt_tokens_cached",
+            "Number of prompt tokens served from the prefix cache instead of computed.")
         self.generation_tokens = counter("vllm:generation_tokens",
                                          "Number of generation tokens processed.")
         self.num_preemptions = counter("vllm:num_preemptions",
@@ -79,21 +93,37 @@ class PrometheusMetrics:
         self.prefix_cache_hits = counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          ["model_name", "finished_reason"], registry=reg)
-        self.request_success = {reason: success.labels(model_name, reason)
+                          [*labels, "finished_reason"], registry=reg)
+        self.request_success = {reason: success.labels(*values, reason)
                                 for reason in FINISH_REASONS}
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total",
+                                          "Histogram of number of tokens per engine_step.",
+                                          ITERATION_TOKEN_BUCKETS)
         self.time_to_first_token = histogram("vllm:time_to_first_token_seconds",
                                              "Histogram of time to first token in seconds.",
                                              TTFT_BUCKETS)
-        self.time_per_output_token = histogram(
-            "vllm:time_per_output_token_seconds",
-            "Histogram of time per output token (inter-token latency) in seconds.", TPOT_BUCKETS)
+        self.inter_token_latency = histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.", TPOT_BUCKETS)
+        self.request_time_per_output_token = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request (decode time divided "
+            "by generated tokens - 1).", TPOT_BUCKETS)
         self.e2e_request_latency = histogram("vllm:e2e_request_latency_seconds",
                                              "Histogram of end to end request latency in seconds.",
                                              LATENCY_BUCKETS)
         self.request_queue_time = histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in the WAITING phase for a request.", LATENCY_BUCKETS)
+        self.request_inference_time = histogram(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in the RUNNING phase for a request.", LATENCY_BUCKETS)
+        self.request_prefill_time = histogram(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in the PREFILL phase for a request.", LATENCY_BUCKETS)
+        self.request_decode_time = histogram(
+            "vllm:request_decode_time_seconds",
+            "Histogram of time spent in the DECODE phase for a request.", LATENCY_BUCKETS)
         self.hpu_graph_compilations = counter(
             "vllm:hpu_graph_compilations",
             "Graph compilations after warmup (HPU): new shapes compiled while serving.")
@@ -136,8 +166,8 @@ class StatsTracker:
     LOG_INTERVAL_S = 5.0
 
     def __init__(self, model_name: str, max_model_len: int, log_stats: bool = True,
-                 max_loras: Optional[int] = None) -> None:
-        self.metrics = PrometheusMetrics(model_name, max_model_len)
+                 max_loras: Optional[int] = None, engine_index: int = 0) -> None:
+        self.metrics = PrometheusMetrics(model_name, max_model_len, engine_index=engine_index)
         self.log_stats = log_stats
         self.max_loras = max_loras
         # vLLM's LoRA info gauge (only with --enable-lora): one series per combination of
@@ -152,6 +182,7 @@ class StatsTracker:
         self._last_preemptions = 0
         self._window = _Window()
         self._last_scheduler_stats: Any = None
+        self._step_tokens = 0
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -162,7 +193,22 @@ class StatsTracker:
         self._requests[request_id] = _RequestTimes(arrival=time.monotonic())
 
     def on_request_aborted(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
+        if self._requests.pop(request_id, None) is not None:
+            self.metrics.request_success["abort"].inc()
+
+    def on_request_failed(self, request_id: str) -> None:
+        """The engine failed under an in-flight request (finished_reason "error")."""
+        if self._requests.pop(request_id, None) is not None:
+            self.metrics.request_success["error"].inc()
+
+    def on_step(self, outputs: Iterable[Any], now: Optional[float] = None) -> None:
+        """Record one engine step's DELTA outputs, and its token count."""
+        now = time.monotonic() if now is None else now
+        self._step_tokens = 0
+        for output in outputs:
+            self.on_output(output, now)
+        if self._step_tokens:
+            self.metrics.iteration_tokens.observe(self._step_tokens)
 
     def on_output(self, output: Any, now: Optional[float] = None) -> None:
         """Record one DELTA RequestOutput (new tokens of this step only)."""
@@ -174,16 +220,19 @@ class StatsTracker:
         if not times.prompt_len:
             times.prompt_len = len(output.prompt_token_ids or [])
             m.prompt_tokens.inc(times.prompt_len)
+            m.prompt_tokens_cached.inc(getattr(output, "num_cached_tokens", 0) or 0)
             self._window.prompt_tokens += times.prompt_len
+            self._step_tokens += times.prompt_len
         new_tokens = sum(len(c.token_ids) for c in output.outputs)
         if new_tokens:
             m.generation_tokens.inc(new_tokens)
             self._window.generation_tokens += new_tokens
+            self._step_tokens += new_tokens
             if times.first_token is None:
                 times.first_token = now
                 m.time_to_first_token.observe(now - times.arrival)
             else:
-                m.time_per_output_token.observe(now - times.last_token)
+                m.inter_token_latency.observe(now - times.last_token)
             times.last_token = now
             times.generated += new_tokens
         self._window.active = True
@@ -196,9 +245,14 @@ class StatsTracker:
         m.e2e_request_latency.observe(now - times.arrival)
         m.request_prompt_tokens.observe(times.prompt_len)
         m.request_generation_tokens.observe(times.generated)
-        queue_time = _queue_time(getattr(output, "metrics", None))
-        if queue_time is not None:
-            m.request_queue_time.observe(queue_time)
+        phases = request_phases(getattr(output, "metrics", None))
+        for name, hist in (("queue", m.request_queue_time), ("prefill", m.request_prefill_time),
+                           ("decode", m.request_decode_time),
+                           ("inference", m.request_inference_time)):
+            if phases.get(name) is not None:
+                hist.observe(phases[name])
+        if times.generated > 1 and phases.get("decode") is not None:
+            m.request_time_per_output_token.observe(phases["decode"] / (times.generated - 1))
         reasons = [c.finish_reason for c in output.outputs if c.finish_reason]
         reason = reasons[0] if reasons else "stop"
         m.request_success.get(reason, m.request_success["stop"]).inc()
@@ -212,6 +266,9 @@ class StatsTracker:
         m.num_requests_running.set(stats.num_running_reqs)
         m.num_requests_waiting.set(stats.num_waiting_reqs)
         m.kv_cache_usage.set(stats.kv_cache_usage)
+        deferred = getattr(stats, "num_deferred_reqs", 0)
+        m.num_requests_waiting_by_reason["deferred"].set(deferred)
+        m.num_requests_waiting_by_reason["capacity"].set(stats.num_waiting_reqs - deferred)
         self._last_queries = _inc_by_growth(m.prefix_cache_queries, stats.prefix_cache_queries,
                                             self._last_queries)
         self._last_hits = _inc_by_growth(m.prefix_cache_hits, stats.prefix_cache_hits,
@@ -263,14 +320,18 @@ def _inc_by_growth(counter: Any, total: int, last: int) -> int:
     return max(total, last)
 
 
-def _queue_time(metrics: Any) -> Optional[float]:
-    if metrics is None:
-        return None
-    arrival = getattr(metrics, "arrival_time", None)
-    scheduled = getattr(metrics, "first_scheduled_time", None)
-    if arrival is None or scheduled is None:
-        return None
-    return max(0.0, scheduled - arrival)
+def request_phases(metrics: Any) -> dict[str, Optional[float]]:
+    """A finished request's phases in seconds, from the engine's RequestMetrics (one clock):
+    queue (arrival -> first scheduled), prefill (scheduled -> first token), decode (first
+    -> last token) and inference (scheduled -> last token), as vLLM defines them."""
+    def span(start: str, end: str) -> Optional[float]:
+        a, b = getattr(metrics, start, None), getattr(metrics, end, None)
+        return None if a is None or b is None else max(0.0, b - a)
+
+    return {"queue": span("arrival_time", "first_scheduled_time"),
+            "prefill": span("first_scheduled_time", "first_token_time"),
+            "decode": span("first_token_time", "last_token_time"),
+            "inference": span("first_scheduled_time", "last_token_time")}
 
 
 def iter_metric_names(registry: CollectorRegistry) -> Iterable[str]:
@@ -278,3 +339,25 @@ def iter_metric_names(registry: CollectorRegistry) -> Iterable[str]:
     for family in registry.collect():
         for sample in family.samples:
             yield sample.name
+
+
+_process_registry: Optional[CollectorRegistry] = None
+
+
+def process_registry() -> CollectorRegistry:
+    """The process_* and python_* collectors that every vLLM /metrics also shows (there:
+    prometheus_client's default registry). One per process, apart from the engine
+    registries, so data-parallel merging never labels them with an engine."""
+    global _process_registry
+    if _process_registry is None:
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+        _process_registry = registry
+    return _process_registry
+
+
+def render_metrics(engine_registry: CollectorRegistry) -> bytes:
+    """The /metrics body: the engine's metrics, then the process collectors."""
+    return generate_latest(engine_registry) + generate_latest(process_registry())

@@ -316,9 +316,11 @@ def _install_routes(app: FastAPI) -> None:
 
     @app.get("/metrics", response_class=Response)
     async def metrics(raw_request: Request) -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        from vllm.engine.metrics import render_metrics
         registry = _state(raw_request).engine.stats.registry
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(render_metrics(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def show_available_models(raw_request: Request) -> Any:
