@@ -149,7 +149,8 @@ class _StubReplica:
         self.stats = SimpleNamespace(registry=registry)
         self.added: list[str] = []
 
-    async def add_request(self, request_id, prompt, params, arrival_time=None):
+    async def add_request(self, request_id, prompt, params, arrival_time=None,
+                          lora_request=None):
         self.added.append(request_id)
         return _StubStream(request_id)
 
