@@ -16,6 +16,7 @@ import time
 import httpx
 import psutil
 import pytest
+import torch
 
 from tests.entrypoints.conftest import RemoteServer
 
@@ -120,3 +121,54 @@ def test_killed_worker_exits_nonzero_within_10s(tiny_model_factory):
     assert code != 0 and took < 10, (code, took, log)
     assert "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH" in log
     assert events[-1] == "[DONE]" and "error" in events[-2], events[-3:]
+
+
+def test_kv_cache_is_committed_at_startup(tiny_model_factory):
+    """RSS right after start-up is within 10% of RSS after a load that fills the KV cache
+    (lazily committed memory made RSS creep up to its full size only under load)."""
+    # 1 layer of 16 KV heads x 256: 32 KiB of float32 KV per token, so 256 MiB of KV cache
+    # is most of the server's memory yet fills with 8k tokens.
+    model = tiny_model_factory("llama", num_hidden_layers=1, num_attention_heads=16,
+                               num_key_value_heads=16, head_dim=256)
+    kv_bytes = 256 << 20
+    srv = RemoteServer(["--model", model, "--dtype", "float32", "--max-model-len", "512",
+                        "--max-num-seqs", "16", "--kv-cache-memory-bytes", str(kv_bytes),
+                        "--no-enable-prefix-caching", "--disable-log-requests",
+                        "--disable-uvicorn-access-log"])
+    try:
+        time.sleep(1.0)
+        process = psutil.Process(srv.proc.pid)
+        rss_start = process.memory_info().rss
+        gen = torch.Generator().manual_seed(0)
+
+        def fill(i: int) -> None:
+            ids = torch.randint(100, 49000, (496,), generator=gen).tolist()
+            r = httpx.post(srv.url + "/v1/completions", timeout=120, json={
+                "prompt": ids, "max_tokens": 16, "ignore_eos": True, "temperature": 0})
+            assert r.status_code == 200, r.text
+
+        usage = [0.0]
+        threads = [threading.Thread(target=fill, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):  # the KV cache usage gauge's peak
+            usage[0] = max(usage[0], read_gauge(srv.url, "vllm:kv_cache_usage_perc"))
+            time.sleep(0.05)
+        for t in threads:
+            t.join(180)
+        usage = usage[0]
+        rss_load = process.memory_info().rss
+    finally:
+        srv.stop()
+    log = srv.tail(400)
+    assert "KV cache: 0.25 GiB committed" in log, log
+    assert usage > 0.9, usage  # the load did fill the cache
+    assert rss_start > kv_bytes, rss_start
+    assert rss_load <= 1.10 * rss_start, (rss_start >> 20, rss_load >> 20)
+
+
+def read_gauge(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not exported")

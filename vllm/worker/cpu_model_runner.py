@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import mmap
 import time
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -31,6 +29,7 @@ from vllm.sample.metadata import (SamplingMetadata, SamplingRow, greedy_sample,
 from vllm.sample.ops.bitmask import apply_grammar_bitmask
 from vllm.sample.sampler import Sampler
 from vllm.sequence import IntermediateTensors
+from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.request_state import CachedRequestState, RequestStates
 
 logger = logging.getLogger(__name__)
@@ -120,9 +119,9 @@ class CPUModelRunner:
                  self.model_config.get_head_size())
         owned = set(self._owned_layer_ids())
         empty = torch.empty(0, dtype=self.dtype, device=self.device)
-        self.kv_caches = [
-            zeroed_tensor(shape, self.dtype, self.device) if i in owned else empty
-            for i in range(self.model_config.get_num_layers())]
+        caches = iter(zeroed_tensors(shape, self.dtype, self.device, len(owned)))
+        self.kv_caches = [next(caches) if i in owned else empty
+                          for i in range(self.model_config.get_num_layers())]
 
     # ------------------------------------------------------------ execute
     @torch.inference_mode()
@@ -325,22 +324,6 @@ def _row_block_table(tables: list[tuple[list[int], int]], seq_lens: np.ndarray,
         table[row:row + count, :needed] = blocks[:needed]
         row += count
     return table
-
-
-def zeroed_tensor(shape: tuple[int, ...], dtype: torch.dtype,
-                  device: torch.device) -> torch.Tensor:
-    """A zero-filled tensor; on CPU backed by anonymous mmap.
-
-    The OS hands out anonymous mappings as zero pages and commits them on first
-    write, so a multi-GiB KV cache costs nothing at startup (torch.zeros would
-    touch every page: seconds per GiB).
-    """
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    numel = math.prod(shape)
-    nbytes = numel * torch.tensor([], dtype=dtype).element_size()
-    buf = mmap.mmap(-1, max(nbytes, 1))
-    return torch.frombuffer(buf, dtype=dtype, count=numel).view(shape)
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ from vllm.sample.logprobs import compute_prompt_logprobs
 from vllm.sample.metadata import SamplingMetadata
 from vllm.sample.ops.bitmask import apply_token_bitmask_, rows_bitmask
 from vllm.sample.sampler import Sampler
-from vllm.worker.cpu_model_runner import CPUModelRunner, zeroed_tensor
+from vllm.worker.cpu_model_runner import CPUModelRunner
 from vllm.worker.hpu_bucketing import Bucket, HPUBucketingContext
 from vllm.worker.hpu_compile_tracker import CompileTracker
 from vllm.worker.hpu_defragmenter import HPUDefragmenter
@@ -45,6 +45,7 @@ from vllm.worker.hpu_input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_de
                                         dependency_levels, group_prompts, pad_slots)
 from vllm.worker.hpu_profiler import HPUProfiler
 from vllm.worker.hpu_warmup import HPUWarmup, format_bytes
+from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.request_state import CachedRequestState, RequestStates
 
 logger = logging.getLogger(__name__)
@@ -150,8 +151,8 @@ class HPUModelRunner:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}.")
         shape = (2, (num_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
                  self.model_config.get_head_size())
-        self.kv_caches = [zeroed_tensor(shape, self.dtype, self.device)
-                          for _ in range(self.model_config.get_num_layers())]
+        self.kv_caches = zeroed_tensors(shape, self.dtype, self.device,
+                                        self.model_config.get_num_layers())
         for cache in self.kv_caches:
             hpu.track_alloc(cache)
         self.num_kv_blocks = num_blocks

@@ -1,0 +1,145 @@
+"""KV cache memory: zero-filled, committed at start-up, with a clear error when it cannot be.
+
+On CPU the cache is anonymous mmap memory. Left to the OS, its pages would be committed on
+first write, so a server's RSS would creep from its start-up size to its full size over
+hours of load and a container limit would be hit long after start, mid-traffic. Instead
+every page is populated at allocation (MADV_POPULATE_WRITE, split over a few threads:
+the kernel zeroes pages in parallel and the GIL is released; MAP_POPULATE-like cost, about
+a second per GiB on one slow core), after checking that the memory is there at all (the
+machine's available memory and the cgroup limit), so a cache that cannot be had fails at
+start with a message saying how to shrink it.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import math
+import mmap
+import os
+import threading
+from typing import Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_GiB = float(1 << 30)
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
+_MAX_POPULATE_THREADS = 8
+_POPULATE_CHUNK_MIN = 64 << 20
+_SHRINK_HINT = ("Lower the KV cache size (--kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE) or "
+                "--max-model-len / --max-num-seqs (which bound the automatic size), or free "
+                "memory.")
+
+
+def zeroed_tensors(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                   count: int) -> list[torch.Tensor]:
+    """`count` zero-filled tensors of `shape` (one per layer), their memory committed now.
+
+    On CPU they share one populated anonymous mapping; elsewhere they are torch.zeros
+    (device allocators commit on allocation).
+    """
+    if device.type != "cpu":
+        return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(count)]
+    numel = math.prod(shape)
+    elem = torch.tensor([], dtype=dtype).element_size()
+    total = numel * elem * count
+    if total == 0:
+        return [torch.zeros(shape, dtype=dtype) for _ in range(count)]
+    check_memory_available(total)
+    buf = mmap.mmap(-1, total)
+    flat = torch.frombuffer(buf, dtype=dtype, count=numel * count)
+    populate(flat.data_ptr(), total)
+    logger.info("KV cache: %.2f GiB committed (%d tensors of %s, %s).", total / _GiB, count,
+                tuple(shape), str(dtype).replace("torch.", ""))
+    return [flat[i * numel:(i + 1) * numel].view(shape) for i in range(count)]
+
+
+def available_memory_bytes() -> int:
+    """Memory this process can still commit: the machine's available memory, capped by the
+    cgroup (container) limit when there is one."""
+    import psutil
+    available = psutil.virtual_memory().available
+    room = _cgroup_room()
+    return available if room is None else min(available, room)
+
+
+def _cgroup_room() -> Optional[int]:
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:
+            return None
+        return max(0, int(limit) - usage)
+    return None
+
+
+def check_memory_available(nbytes: int) -> None:
+    available = available_memory_bytes()
+    if nbytes > available:
+        raise MemoryError(f"The KV cache needs {nbytes / _GiB:.2f} GiB, but only "
+                          f"{available / _GiB:.2f} GiB of memory can be committed (available "
+                          f"memory, container limit). {_SHRINK_HINT}")
+
+
+def populate(address: int, nbytes: int) -> None:
+    """Commit the pages of [address, address + nbytes) (page aligned start) now."""
+    libc = _libc()
+    if libc is None:
+        _touch_pages(address, nbytes)
+        return
+    threads = max(1, min(_MAX_POPULATE_THREADS, _num_cores(), nbytes // _POPULATE_CHUNK_MIN))
+    page = mmap.PAGESIZE
+    chunk = -(-nbytes // threads // page) * page
+    errors: list[int] = []
+
+    def work(start: int) -> None:
+        length = min(chunk, nbytes - start)
+        if length > 0 and libc.madvise(address + start, length, _MADV_POPULATE_WRITE) != 0:
+            errors.append(ctypes.get_errno())
+
+    workers = [threading.Thread(target=work, args=(i * chunk,), name="vllm-kv-populate")
+               for i in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    if not errors:
+        return
+    if all(e == errno.EINVAL for e in errors):  # kernel without MADV_POPULATE_WRITE
+        _touch_pages(address, nbytes)
+        return
+    code = next(e for e in errors if e != errno.EINVAL)
+    raise MemoryError(f"Could not commit the KV cache ({nbytes / _GiB:.2f} GiB): "
+                      f"{os.strerror(code)}. {_SHRINK_HINT}")
+
+
+def _touch_pages(address: int, nbytes: int) -> None:
+    """Write one zero per page (the pages are zero already: this only commits them)."""
+    import numpy as np
+    pages = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+    pages[::mmap.PAGESIZE] = 0
+
+
+def _libc() -> Optional[ctypes.CDLL]:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.madvise.restype = ctypes.c_int
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def _num_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
