@@ -6,36 +6,15 @@ truncate_prompt_tokens values that cannot be honoured.
 """
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.entrypoints.fake_engine import FakeLLMEngine
-from vllm.engine.async_llm_engine import AsyncLLMEngine
+from tests.entrypoints.test_cli_and_app import run_app
 
 MSGS = [{"role": "user", "content": "Hi"}]
 TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
-
-
-def run_app(tokenizer: Any, argv: list[str],
-            requests: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> Any:
-    """Build the app from CLI flags over a fake engine and run `requests(client)`."""
-    from vllm.entrypoints.openai.api_server import build_app
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-    engine = AsyncLLMEngine(FakeLLMEngine(tokenizer), log_requests=False, log_stats=False)
-    app = build_app(make_arg_parser().parse_args(argv), engine)
-
-    async def main() -> Any:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            return await requests(client)
-
-    try:
-        return asyncio.run(main())
-    finally:
-        engine.shutdown()
 
 
 def assert_error(response: httpx.Response, status: int, param: Any = ...) -> dict:
