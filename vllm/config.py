@@ -39,15 +39,20 @@ def embedded_default_model_path() -> str:
     raise ValueError(f"No .gguf file found in {folder}")
 
 
-def resolve_model_path(model: str) -> str:
-    """Map a user's `model` to a local HF-style directory (converting a GGUF once)."""
+def resolve_model_path(model: str, revision: Optional[str] = None,
+                       download_dir: Optional[str] = None) -> str:
+    """Map a user's `model` to a local HF-style directory: a directory, a .gguf file
+    (converted once), or a Hugging Face Hub id (a snapshot in the HF cache, see
+    vllm/transformers_utils/hub.py)."""
+    from vllm.transformers_utils import hub
     path = model
     if model == DEFAULT_MODEL and not os.path.exists(model):
         path = embedded_default_model_path()
     if not os.path.exists(path):
-        raise ValueError(
-            f"model={model!r} is not a local directory or .gguf file. This build has no model "
-            "hub access: pass a Hugging Face model directory or a .gguf file.")
+        if not hub.looks_like_repo_id(model):
+            raise ValueError(f"model={model!r} is not a local directory, a .gguf file or a "
+                             "Hugging Face model id.")
+        path = hub.resolve_hub_model(model, revision, download_dir)
     if path.endswith(".gguf"):
         from vllm.transformers_utils.gguf_utils import ensure_converted
         return ensure_converted(path)
@@ -75,9 +80,16 @@ class ModelConfig:
     quantization: Optional[str] = None
     """Quantization method of the weights (only None is supported: GGUF is dequantized)."""
     revision: Optional[str] = None
-    """Model revision (unused: models are local)."""
+    """Branch, tag or commit of a Hugging Face Hub model id (default: main)."""
     trust_remote_code: bool = False
-    """Accepted for compatibility; remote code is never run."""
+    """Accepted as in vLLM, but remote code is never run: a model whose architecture
+    exists only as code in its repository is refused."""
+    tokenizer_mode: str = "auto"
+    """'auto' uses the fast tokenizer when there is one, 'slow' the Python one."""
+    hf_overrides: Optional[dict] = None
+    """Values set on the Hugging Face config after loading it (JSON on the command line)."""
+    download_dir: Optional[str] = None
+    """Cache directory for Hub models (default: the Hugging Face cache)."""
     generation_config: str = "auto"
     """'auto' uses the model's generation_config.json defaults, 'vllm' ignores it."""
 
@@ -94,11 +106,22 @@ class ModelConfig:
         if self.dtype not in ("auto", *_DTYPES):
             raise ValueError(f"dtype={self.dtype!r} is not supported; choose auto, float32, "
                              "bfloat16 or float16.")
-        self.model_path = resolve_model_path(self.model)
+        if self.tokenizer_mode not in ("auto", "slow"):
+            raise ValueError(f"tokenizer_mode={self.tokenizer_mode!r} is not supported; "
+                             "choose 'auto' or 'slow'.")
+        self.model_path = resolve_model_path(self.model, self.revision, self.download_dir)
         tok = self.tokenizer or self.model
-        self.tokenizer_path = self.model_path if tok == self.model else resolve_model_path(tok)
+        self.tokenizer_path = (self.model_path if tok == self.model else
+                               resolve_model_path(tok, None, self.download_dir))
         from transformers import AutoConfig
+
+        from vllm.transformers_utils.hub import apply_hf_overrides, check_remote_code
+        check_remote_code(self.model_path, self.trust_remote_code)
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
+            raise ValueError("hf_overrides must be a dict of config attributes, got "
+                             f"{type(self.hf_overrides).__name__}.")
+        apply_hf_overrides(self.hf_config, self.hf_overrides)
         self.torch_dtype = self._resolve_dtype()
         self._resolve_max_model_len()
         if not self.served_model_name:

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from vllm.config import (DEFAULT_MODEL, CacheConfig, DeviceConfig, LoadConfig, LoRAConfig,
                          ModelConfig, ParallelConfig, SchedulerConfig,
                          StructuredOutputsConfig, VllmConfig)
+from vllm.utils.argparse_utils import human_readable_int, parse_json_dict
 
 
 def _field_docs(cls: type) -> dict[str, str]:
@@ -42,6 +43,11 @@ _DOCS["kv_cache_dtype"] = _DOCS.get("cache_dtype", "")
 _DOCS["enable_lora"] = "Serve LoRA adapters (per request, several in one batch)."
 
 
+_SHORT_FLAGS = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",
+                "data_parallel_size": "-dp"}
+"""vLLM's short spellings."""
+
+
 @dataclass
 class EngineArgs:
     model: str = DEFAULT_MODEL
@@ -53,6 +59,8 @@ class EngineArgs:
     quantization: Optional[str] = None
     trust_remote_code: bool = False
     revision: Optional[str] = None
+    tokenizer_mode: str = "auto"
+    hf_overrides: Optional[dict] = None
     generation_config: str = "auto"
     max_logprobs: int = 20
     enforce_eager: bool = False
@@ -107,6 +115,18 @@ class EngineArgs:
             help_text = _DOCS.get(f.name, "")
             if f.name == "model":
                 group.add_argument(flag, type=str, default=default, help=help_text)
+            elif f.name in _SHORT_FLAGS:
+                group.add_argument(flag, _SHORT_FLAGS[f.name], type=int, default=default,
+                                   help=help_text)
+            elif f.name in ("max_model_len", "max_num_batched_tokens"):
+                group.add_argument(flag, type=human_readable_int, default=default,
+                                   help=help_text + " Accepts k/m (x1000) and K/M (x1024) "
+                                   "suffixes, e.g. 4k or 32K.")
+            elif f.name == "tokenizer_mode":
+                group.add_argument(flag, type=str, default=default, choices=["auto", "slow"],
+                                   help=help_text)
+            elif f.name == "hf_overrides":
+                group.add_argument(flag, type=parse_json_dict, default=None, help=help_text)
             elif f.type in ("bool", bool):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction,
                                    default=default, help=help_text)
@@ -147,7 +167,8 @@ class EngineArgs:
             max_model_len=self.max_model_len, served_model_name=self.served_model_name,
             enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs,
             quantization=self.quantization, revision=self.revision,
-            trust_remote_code=self.trust_remote_code,
+            trust_remote_code=self.trust_remote_code, tokenizer_mode=self.tokenizer_mode,
+            hf_overrides=self.hf_overrides, download_dir=self.download_dir,
             generation_config=self.generation_config)
         cache_config = CacheConfig(
             block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,

@@ -39,7 +39,7 @@ class LLMEngine:
                     vllm_config.device_config.device, vllm_config.cache_config.block_size,
                     vllm_config.cache_config.enable_prefix_caching,
                     vllm_config.scheduler_config.enable_chunked_prefill)
-        self.tokenizer = get_tokenizer(mc.tokenizer_path)
+        self.tokenizer = get_tokenizer(mc.tokenizer_path, tokenizer_mode=mc.tokenizer_mode)
         self.processor = Processor(mc, self.tokenizer, vllm_config.structured_outputs_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = EngineCore(vllm_config)

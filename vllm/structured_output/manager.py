@@ -120,7 +120,8 @@ class StructuredOutputManager:
             return
         from vllm.engine.processor import load_generation_config
         from vllm.transformers_utils.tokenizer import get_tokenizer
-        tokenizer = get_tokenizer(self.model_config.tokenizer_path)
+        tokenizer = get_tokenizer(self.model_config.tokenizer_path,
+                                  tokenizer_mode=self.model_config.tokenizer_mode)
         stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         if self.model_config.generation_config == "auto":
             extra = load_generation_config(self.model_config.model_path).get("eos_token_id")

@@ -13,13 +13,20 @@ _LOCK = threading.Lock()
 
 
 def get_tokenizer(tokenizer_name: str, trust_remote_code: bool = False,
-                  revision: Optional[str] = None, **kwargs: Any) -> Any:
+                  revision: Optional[str] = None, tokenizer_mode: str = "auto",
+                  **kwargs: Any) -> Any:
     """The tokenizer in `tokenizer_name` (a local HF directory or a .gguf file).
 
     Results are cached per (path, options): the engine, the server and the
     detokenizer share one instance. `trust_remote_code` and `revision` are accepted
-    for vLLM compatibility; models are local and remote code is never run.
+    for vLLM compatibility (the directory is already resolved; remote code is never
+    run). `tokenizer_mode="slow"` loads the Python tokenizer instead of the fast one.
     """
+    if tokenizer_mode == "slow":
+        kwargs["use_fast"] = False
+    elif tokenizer_mode != "auto":
+        raise ValueError(f"tokenizer_mode={tokenizer_mode!r} is not supported; choose 'auto' "
+                         "or 'slow'.")
     path = tokenizer_name
     if path.endswith(".gguf") and os.path.isfile(path):
         from vllm.transformers_utils.gguf_utils import ensure_converted
@@ -41,7 +48,10 @@ def _load(path: str, kwargs: dict[str, Any]) -> Any:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except (OSError, ValueError, TypeError) as e:
         raise ValueError(f"Could not load a tokenizer from {path}: {e}") from e
-    if not getattr(tokenizer, "is_fast", False):
+    if kwargs.get("use_fast", True) is False and getattr(tokenizer, "is_fast", False):
+        logger.warning("tokenizer_mode='slow': transformers has no slow tokenizer for %s; "
+                       "using its fast tokenizer.", path)
+    if not getattr(tokenizer, "is_fast", False) and kwargs.get("use_fast", True):
         logger.warning("Tokenizer in %s is not a fast tokenizer; detokenization will be slow.",
                        path)
     return tokenizer

@@ -15,7 +15,8 @@ logger = logging.getLogger("vllm.entrypoints.cli.main")  # not __main__ under -m
 def make_parser() -> argparse.ArgumentParser:
     from vllm.entrypoints.cli.serve import add_serve_parser
     from vllm.version import __version__
-    parser = argparse.ArgumentParser(prog="vllm", description="vLLM CLI")
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    parser = FlexibleArgumentParser(prog="vllm", description="vLLM CLI")
     parser.add_argument("-v", "--version", action="version", version=__version__)
     subparsers = parser.add_subparsers(dest="subcommand", metavar="{serve}")
     add_serve_parser(subparsers)

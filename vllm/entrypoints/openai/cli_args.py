@@ -9,6 +9,7 @@ import argparse
 import json
 
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 
 def _json_list(value: str) -> list[str]:
@@ -60,10 +61,13 @@ def _add(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup, flag: 
 def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """Return `parser` (or a new one) with the server's and the engine's flags."""
     if parser is None:
-        parser = argparse.ArgumentParser(
+        parser = FlexibleArgumentParser(
             description="vLLM OpenAI-compatible RESTful API server.",
             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     server = parser.add_argument_group("Server arguments")
+    server.add_argument("--config", type=str, default=None,
+                        help="YAML file of flags (e.g. 'max-model-len: 4k'); flags given on "
+                             "the command line take precedence.")
     server.add_argument("--host", type=str, default=None,
                         help="Host name to listen on; all interfaces when unset.")
     server.add_argument("--port", type=_port, default=8000, help="Port to listen on.")
