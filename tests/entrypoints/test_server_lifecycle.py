@@ -172,3 +172,74 @@ def read_gauge(url: str, name: str) -> float:
         if line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not exported")
+
+
+@pytest.mark.parametrize("keep_alive", [False, True])
+def test_crashed_engine_loop_stops_the_server_unless_kept_alive(tokenizer, monkeypatch,
+                                                                 keep_alive):
+    """serve_http over a scripted engine whose step raises: it returns True (the process
+    then exits 1) within seconds, or keeps answering 503 with the keep-alive variable."""
+    import asyncio
+    import socket
+
+    from tests.entrypoints.fake_engine import FakeLLMEngine
+    from vllm.engine.async_llm_engine import AsyncLLMEngine
+    from vllm.entrypoints.launcher import serve_http
+    from vllm.entrypoints.openai.api_server import build_app
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+
+    if keep_alive:
+        monkeypatch.setenv("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "1")
+    fake = FakeLLMEngine(tokenizer, step_delay_s=0.01)
+    fake.fail_after_steps = 2
+    engine = AsyncLLMEngine(fake, log_requests=False, log_stats=False)
+    app = build_app(make_arg_parser().parse_args([]), engine)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    async def main():
+        served = asyncio.ensure_future(serve_http(app, sock, engine, log_level="warning"))
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            for _ in range(100):  # bounded wait for start-up
+                try:
+                    if (await client.get("/health")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+            crashed = await client.post("/v1/completions", json={"prompt": "Hi",
+                                                                 "max_tokens": 50})
+            assert crashed.status_code == 503, crashed.text
+            done, _ = await asyncio.wait({served}, timeout=5)
+            if keep_alive:
+                assert not done, "the server exited although kept alive"
+                health = await client.get("/health")
+                assert health.status_code == 503
+                served.cancel()
+                await asyncio.gather(served, return_exceptions=True)
+                return None
+            assert done, "the server outlived its engine"
+            return served.result()
+
+    try:
+        died = asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        engine.shutdown()
+        sock.close()
+    assert died is (None if keep_alive else True)
+
+
+def test_kv_cache_beyond_memory_fails_fast_with_a_clear_message(tiny_model_factory):
+    import os
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
+         "--port", "0", "--model", tiny_model_factory("llama"), "--dtype", "float32",
+         "--max-model-len", "256", "--kv-cache-memory-bytes", str(1 << 44)],
+        capture_output=True, text=True, timeout=240, env=env)
+    log = out.stdout + out.stderr
+    assert out.returncode == 1, log[-3000:]
+    assert "The KV cache needs 16384.00 GiB" in log and "--kv-cache-memory-bytes" in log
+    assert "Traceback" not in log, log[-3000:]

@@ -489,7 +489,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         run_server(args)
     except KeyboardInterrupt:
         logger.info("Server stopped.")
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, MemoryError) as e:  # flags, port, KV cache: no traceback
         logger.error("%s", e)
         sys.exit(1)
 
