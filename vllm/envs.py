@@ -14,6 +14,13 @@ def _bool(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _opt_bool(value: str) -> bool | None:
+    """True / False, or None for an empty value or 'auto' (let the engine decide)."""
+    if value.strip().lower() in ("", "auto"):
+        return None
+    return _bool(value)
+
+
 def _opt_int(value: str) -> int | None:
     return int(value) if value.strip() else None
 
@@ -35,8 +42,10 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                   "(no binding), or one list per rank such as '0-3|4-7'."),
     "VLLM_CPU_NATIVE_OPS": (_bool, True, "Use the native CPU kernels (vllm/native, built once "
                             "with the system C++ compiler); 0 keeps every op in torch."),
-    "VLLM_CPU_NATIVE_GEMM": (_bool, True, "bf16 linear layers through the native AVX512-BF16 "
-                             "GEMM (weights repacked once); 0 uses oneDNN instead."),
+    "VLLM_CPU_NATIVE_GEMM": (_opt_bool, None, "Kernel of the bf16 linear layers: unset or "
+                             "'auto' times the native AVX512-BF16 GEMM, oneDNN and torch per "
+                             "weight shape and row count at start-up (cached) and uses the "
+                             "fastest; 1 forces the native GEMM, 0 forces oneDNN."),
     # ---- server ----
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": (_bool, False, "Serve POST /v1/load_lora_adapter and "
                                          "/v1/unload_lora_adapter (local development only)."),

@@ -173,17 +173,19 @@ def test_linear_layers_use_their_packed_weight(monkeypatch, native):
     if native and not cpu_ops.gemm_supported():
         pytest.skip("no AVX512-BF16 on this CPU")
     monkeypatch.setattr(cpu_ops, "_GEMM", {"ok": native})
+    monkeypatch.setenv("VLLM_CPU_NATIVE_GEMM", "1" if native else "0")
     layer = nn.Linear(64, 40, bias=True).bfloat16().requires_grad_(False)
     layer.packable_weight = True
     assert cpu_gemm.pack_linear_weights(layer) == 1
-    assert layer.packed_kind == ("native" if native else "onednn")
+    kind = "native" if native else "onednn"
+    assert set(layer.gemm_plan.kinds) == {kind} and set(layer.gemm_packs) == {kind}
     for rows in (1, 5, 16):
         x = torch.randn(rows, 64).bfloat16()
         ref = F.linear(x.float(), layer.weight.float(), layer.bias.float())
         torch.testing.assert_close(cpu_gemm.linear(layer, x, layer.weight, layer.bias).float(),
                                    ref, atol=5e-2, rtol=2e-2)
     cpu_gemm.drop_packed_weights(layer)
-    assert "packed_weight" not in layer.__dict__ and "packed_kind" not in layer.__dict__
+    assert "gemm_packs" not in layer.__dict__ and "gemm_plan" not in layer.__dict__
 
 
 def _fresh_loader(monkeypatch, tmp_path, **env):

@@ -29,6 +29,9 @@ def _generate(model: str, monkeypatch, fused: bool) -> tuple[list, int]:
         return out
 
     monkeypatch.setattr(llama_fused.FusedDecode, "run", run)
+    # Both paths on the native GEMM (the measured choice may prefer oneDNN for some
+    # row counts, which the fused path then leaves to the modules).
+    monkeypatch.setenv("VLLM_CPU_NATIVE_GEMM", "1")
     if not fused:
         monkeypatch.setattr(llama_fused.FusedDecode, "build", classmethod(lambda cls, l: None))
     llm = LLM(model=model, dtype="bfloat16", max_model_len=256, seed=0)

@@ -122,11 +122,11 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
 
 
 def gemm_supported() -> bool:
-    """A loaded library built with AVX512-BF16, and VLLM_CPU_NATIVE_GEMM not off."""
+    """A loaded library built with AVX512-BF16, and VLLM_CPU_NATIVE_GEMM not 0."""
     cached = _GEMM.get("ok")
     if cached is None:
         lib = get_native_lib()
-        cached = bool(lib is not None and envs.VLLM_CPU_NATIVE_GEMM
+        cached = bool(lib is not None and envs.VLLM_CPU_NATIVE_GEMM is not False
                       and lib.vllm_has_bf16_gemm())
         _GEMM["ok"] = cached
     return cached

@@ -2,18 +2,20 @@
 
 `F.linear` on a bf16 CPU tensor hands the plain `[out, in]` weight to oneDNN, which
 re-blocks it on every call: at decode batch sizes (a few rows) that reorder costs as
-much as the product itself. So each linear weight is packed once, into one of:
+much as the product itself. So each linear weight is packed once, for the kernels that
+gemm_autotune.py measured to be the fastest on this CPU for its shape at some row count:
 
 - the native kernel's layout (vllm/native, AVX512-BF16 CPUs): k-pairs of 16 output
   features per vector, the operand layout of VDPBF16PS. It streams the weight once
-  per step and is 1.3-1.8x faster than oneDNN at decode sizes (1-32 rows), equal at
-  prefill sizes (both near the bf16 peak);
-- else oneDNN's blocked layout (`mkldnn._reorder_linear_weight`), whose packed kernel
-  gives the same numbers as `F.linear` at 1.3-2x its speed for 1-16 rows.
+  per step: the winner at decode sizes, and at every size on CPUs without AMX;
+- oneDNN's blocked layout (`mkldnn._reorder_linear_weight`), whose packed kernel uses
+  AMX where the CPU has it (2-3x the native kernel from ~16 rows up on such CPUs);
+- none: `F.linear` on the plain weight.
 
-The packed copy is a plain attribute (`packed_weight`, and `packed_kind`) next to the
-parameter, so `state_dict`, `.to()` and weight loading still see the ordinary weight.
-Reloading weights must drop the packs first (`drop_packed_weights`): a pack is a copy.
+Each call then goes to its row count's winner (`GemmPlan`). The packs are plain
+attributes (`gemm_packs`: kind -> tensor, and `gemm_plan`) next to the parameter, so
+`state_dict`, `.to()` and weight loading still see the ordinary weight. Reloading
+weights must drop the packs first (`drop_packed_weights`): a pack is a copy.
 """
 from __future__ import annotations
 
@@ -24,13 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm.model_executor.layers import gemm_autotune
+from vllm.model_executor.layers.gemm_autotune import NATIVE, ONEDNN, TORCH, GemmPlan
 from vllm.native import cpu_ops
 
 logger = logging.getLogger(__name__)
 
-PACKED_ATTR = "packed_weight"
-KIND_ATTR = "packed_kind"
-NATIVE, ONEDNN = "native", "onednn"
+PACKS_ATTR = "gemm_packs"
+PLAN_ATTR = "gemm_plan"
 
 
 def packing_supported(weight: torch.Tensor) -> bool:
@@ -41,49 +44,78 @@ def packing_supported(weight: torch.Tensor) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
-def pack_module(module: nn.Module) -> bool:
-    """Attach a packed copy of `module.weight`; False if this weight cannot be packed."""
-    weight = getattr(module, "weight", None)
-    if weight is None or not packing_supported(weight):
-        return False
-    packed = cpu_ops.pack_bf16(weight.detach())
-    kind = NATIVE
-    if packed is None:
-        packed, kind = torch.ops.mkldnn._reorder_linear_weight(weight.detach()), ONEDNN
-    setattr(module, PACKED_ATTR, packed)
-    setattr(module, KIND_ATTR, kind)
-    return True
+def pack_module(module: nn.Module, plan: GemmPlan) -> GemmPlan:
+    """Attach the packs `plan` needs to `module`; returns the plan actually used (a
+    kind whose pack cannot be made, e.g. the native one for an odd K, becomes oneDNN)."""
+    weight = module.weight.detach()
+    packs = {}
+    for kind in sorted(plan.needed - {TORCH}):
+        packed = gemm_autotune.pack(kind, weight)
+        if packed is None:
+            plan = GemmPlan(tuple(ONEDNN if k == kind else k for k in plan.kinds))
+            continue
+        packs[kind] = packed
+    if ONEDNN in plan.needed and ONEDNN not in packs:
+        packs[ONEDNN] = gemm_autotune.pack(ONEDNN, weight)
+    module.__dict__[PACKS_ATTR] = packs
+    module.__dict__[PLAN_ATTR] = plan
+    return plan
 
 
 def pack_linear_weights(model: nn.Module) -> int:
-    """Pack the weight of every module marked `packable_weight = True`; returns how many."""
-    count, kinds = 0, set()
-    for module in model.modules():
-        if getattr(module, "packable_weight", False) and pack_module(module):
-            count += 1
-            kinds.add(module.__dict__[KIND_ATTR])
-    if count:
-        logger.info("Packed %d bf16 linear weights for the %s kernel", count,
-                    "/".join(sorted(kinds)))
-    return count
+    """Pack the weight of every module marked `packable_weight = True` for the kernels
+    chosen for its shape; returns how many were packed."""
+    modules = [m for m in model.modules()
+               if getattr(m, "packable_weight", False)
+               and packing_supported(getattr(m, "weight", torch.empty(0)))]
+    if not modules:
+        return 0
+    shapes: dict[tuple[int, int], torch.Tensor] = {}
+    for m in modules:
+        shapes.setdefault(tuple(m.weight.shape), m.weight.detach())
+    plans = gemm_autotune.plan_shapes(shapes)
+    kinds = set()
+    for m in modules:
+        kinds |= pack_module(m, plans[tuple(m.weight.shape)]).needed
+    logger.info("Packed %d bf16 linear weights for the %s kernel(s)", len(modules),
+                "/".join(sorted(kinds)))
+    return len(modules)
+
+
+def native_pack(module: nn.Module) -> Optional[torch.Tensor]:
+    """The module's weight in the native kernel's layout, if it was packed for it."""
+    packs = module.__dict__.get(PACKS_ATTR)
+    return None if packs is None else packs.get(NATIVE)
+
+
+def plan_of(module: nn.Module) -> Optional[GemmPlan]:
+    return module.__dict__.get(PLAN_ATTR)
 
 
 def drop_packed_weights(model: nn.Module) -> None:
     """Forget all packed copies (before the weights change)."""
     for module in model.modules():
-        for attr in (PACKED_ATTR, KIND_ATTR):
+        for attr in (PACKS_ATTR, PLAN_ATTR):
             if attr in module.__dict__:
                 delattr(module, attr)
 
 
 def linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, through the module's packed weight when it has one."""
-    packed = module.__dict__.get(PACKED_ATTR)
-    if packed is not None and x.dtype == torch.bfloat16 and x.device.type == "cpu":
-        if module.__dict__[KIND_ATTR] == NATIVE:
-            if x.dim() == 2 and x.stride(-1) == 1:
-                return cpu_ops.gemm_bf16_packed(x, packed, weight.shape[0], bias)
-            return F.linear(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    return F.linear(x, weight, bias)
+    """`F.linear(x, weight, bias)`, through the kernel chosen for this many rows."""
+    plan = module.__dict__.get(PLAN_ATTR)
+    if plan is None or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+        return F.linear(x, weight, bias)
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    kind = plan.kind_for(rows)
+    if kind == TORCH or rows == 0:
+        return F.linear(x, weight, bias)
+    packed = module.__dict__[PACKS_ATTR][kind]
+    if kind == NATIVE:
+        x2 = x.reshape(rows, k)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        out = cpu_ops.gemm_bf16_packed(x2, packed, weight.shape[0], bias)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], weight.shape[0])
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

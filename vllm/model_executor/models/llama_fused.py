@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 
 from vllm.forward_context import get_forward_context
-from vllm.model_executor.layers.cpu_gemm import KIND_ATTR, NATIVE, PACKED_ATTR
+from vllm.model_executor.layers.cpu_gemm import NATIVE, native_pack, plan_of
 from vllm.native import cpu_ops
 from vllm.native.loader import get_native_lib
 
@@ -32,8 +32,7 @@ _F32Array2 = ctypes.c_float * 2
 
 
 def _packed(module: Any) -> Optional[torch.Tensor]:
-    d = module.__dict__
-    return d.get(PACKED_ATTR) if d.get(KIND_ATTR) == NATIVE else None
+    return native_pack(module)
 
 
 def packed_weight_of(layer: Any) -> Optional[torch.Tensor]:
@@ -98,6 +97,21 @@ class FusedDecode:
         self.layers = layers
         self.args = [_LayerArgs(layer) for layer in layers]
         self.lib = get_native_lib()
+        self.plans = [plan_of(m) for layer in layers[:1]
+                      for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+        self._native_rows: dict[int, bool] = {}
+
+    def native_for(self, rows: int) -> bool:
+        """Whether the measured kernel choice (gemm_autotune.py) is the native GEMM for
+        all of a layer's matmuls at this row count; on CPUs where oneDNN's AMX kernel
+        wins the layers run as modules instead. Layers share shapes, so the first
+        layer's plans stand for all."""
+        ok = self._native_rows.get(rows)
+        if ok is None:
+            ok = all(p is not None and p.kind_for(rows) == NATIVE for p in self.plans)
+            self._native_rows[rows] = ok
+        return ok
 
     @classmethod
     def build(cls, layers: list[Any]) -> Optional["FusedDecode"]:
@@ -117,7 +131,8 @@ class FusedDecode:
         md = getattr(ctx, "attn_metadata", None) if ctx is not None else None
         table = getattr(md, "decode_block_table", None)
         n = hidden.shape[0]
-        if (table is None or md.num_decodes != n or hidden.dtype != torch.bfloat16
+        if (table is None or md.num_decodes != n or not self.native_for(n)
+                or hidden.dtype != torch.bfloat16
                 or not hidden.is_contiguous() or hidden.dim() != 2
                 or positions.dtype != torch.int64 or not positions.is_contiguous()):
             return None

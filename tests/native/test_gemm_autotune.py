@@ -1,0 +1,136 @@
+"""Kernel choice by measurement: plans per weight shape and row bucket, cached per machine,
+forced by VLLM_CPU_NATIVE_GEMM, and every call dispatched to its row count's kernel."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm.model_executor.layers import cpu_gemm, gemm_autotune
+from vllm.model_executor.layers.gemm_autotune import (NATIVE, ONEDNN, ROW_BUCKETS, TORCH,
+                                                      GemmPlan)
+from vllm.native import cpu_ops
+
+
+def _layer(n: int = 40, k: int = 64) -> nn.Linear:
+    layer = nn.Linear(k, n, bias=True).bfloat16().requires_grad_(False)
+    layer.packable_weight = True
+    return layer
+
+
+def test_row_buckets_map_to_the_nearest_measured_count():
+    plan = GemmPlan(("a", "b", "c", "d", "e"))
+    assert [plan.kind_for(r) for r in (1, 2, 3, 8, 9, 32, 33, 128, 129, 4096)] == \
+        ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e"]
+
+
+def test_measure_times_every_candidate():
+    w = torch.randn(48, 64).bfloat16()
+    kinds = gemm_autotune.available_kinds()
+    t = gemm_autotune.measure(w, kinds, rows=4)
+    assert set(t) == set(kinds)
+    assert all(v == sorted(v) and 0 < v[0] < 1 for v in t.values())
+
+
+def test_unsteady_timings_are_not_cached():
+    assert gemm_autotune.stable({"a": [1.0, 1.1, 5.0], "b": [2.0, 2.5]})
+    assert not gemm_autotune.stable({"a": [1.0, 1.1], "b": [2.0, 3.0]})
+
+
+def test_plans_are_measured_once_then_read_from_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setattr(gemm_autotune, "stable", lambda samples: True)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.delenv("VLLM_CPU_NATIVE_GEMM", raising=False)
+    shapes = {(40, 64): torch.randn(40, 64).bfloat16(), (24, 32): torch.randn(24, 32).bfloat16()}
+    first = gemm_autotune.plan_shapes(shapes)
+    assert set(first) == set(shapes)
+    kinds = gemm_autotune.available_kinds()
+    assert all(k in kinds for p in first.values() for k in p.kinds)
+    files = list((tmp_path / "gemm").glob("plans-*.json"))
+    assert len(files) == 1
+    stored = json.loads(files[0].read_text())
+    assert stored == {"40,64": list(first[(40, 64)].kinds), "24,32": list(first[(24, 32)].kinds)}
+
+    def no_measuring(*args):
+        raise AssertionError("a cached shape was measured again")
+
+    monkeypatch.setattr(gemm_autotune, "choose", no_measuring)
+    assert gemm_autotune.plan_shapes(shapes) == first
+
+
+def test_a_corrupt_cache_is_measured_again(monkeypatch, tmp_path):
+    monkeypatch.setattr(gemm_autotune, "stable", lambda samples: True)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.delenv("VLLM_CPU_NATIVE_GEMM", raising=False)
+    path = gemm_autotune.cache_path(gemm_autotune.available_kinds())
+    path.parent.mkdir(parents=True)
+    path.write_text('{"40,64": ["no-such-kernel"]}')
+    plans = gemm_autotune.plan_shapes({(40, 64): torch.randn(40, 64).bfloat16()})
+    assert len(plans[(40, 64)].kinds) == len(ROW_BUCKETS)
+    assert "no-such-kernel" not in json.loads(path.read_text())["40,64"]
+
+
+@pytest.mark.parametrize("value,kind", [("0", ONEDNN), ("1", NATIVE)])
+def test_the_variable_forces_a_kernel_without_measuring(monkeypatch, tmp_path, value, kind):
+    if kind == NATIVE and not cpu_ops.gemm_supported():
+        pytest.skip("no AVX512-BF16 on this CPU")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setenv("VLLM_CPU_NATIVE_GEMM", value)
+    monkeypatch.setattr(gemm_autotune, "choose", lambda *a: pytest.fail("measured"))
+    plans = gemm_autotune.plan_shapes({(40, 64): torch.randn(40, 64).bfloat16()})
+    assert plans[(40, 64)].kinds == (kind,) * len(ROW_BUCKETS)
+    assert not (tmp_path / "gemm").exists()
+
+
+def test_each_call_runs_its_row_counts_kernel(monkeypatch):
+    kinds = gemm_autotune.available_kinds()
+    mixed = tuple(kinds[i % len(kinds)] for i in range(len(ROW_BUCKETS)))
+    plan = GemmPlan(mixed)
+    layer = _layer()
+    cpu_gemm.pack_module(layer, plan)
+    assert set(layer.gemm_packs) == set(mixed) - {TORCH}
+    seen = []
+    monkeypatch.setattr(cpu_ops, "gemm_bf16_packed",
+                        lambda *a, real=cpu_ops.gemm_bf16_packed: seen.append(NATIVE) or real(*a))
+    for rows in (1, 5, 20, 100, 300):
+        x = torch.randn(rows, 64).bfloat16()
+        ref = F.linear(x.float(), layer.weight.float(), layer.bias.float())
+        got = cpu_gemm.linear(layer, x, layer.weight, layer.bias)
+        torch.testing.assert_close(got.float(), ref, atol=5e-2, rtol=2e-2)
+    expected_native = [r for r in (1, 5, 20, 100, 300) if plan.kind_for(r) == NATIVE]
+    assert len(seen) == len(expected_native)
+
+
+def test_three_dimensional_inputs_keep_their_shape():
+    layer = _layer()
+    cpu_gemm.pack_module(layer, GemmPlan((gemm_autotune.available_kinds()[-1],) * 5))
+    x = torch.randn(2, 3, 64).bfloat16()
+    got = cpu_gemm.linear(layer, x, layer.weight, layer.bias)
+    assert got.shape == (2, 3, 40)
+    torch.testing.assert_close(got.float(), F.linear(x.float(), layer.weight.float(),
+                                                     layer.bias.float()), atol=5e-2, rtol=2e-2)
+
+
+def test_an_odd_k_cannot_take_the_native_pack():
+    if not cpu_ops.gemm_supported():
+        pytest.skip("no AVX512-BF16 on this CPU")
+    layer = _layer(n=16, k=33)
+    plan = cpu_gemm.pack_module(layer, GemmPlan((NATIVE,) * 5))
+    assert plan.kinds == (ONEDNN,) * 5 and set(layer.gemm_packs) == {ONEDNN}
+    x = torch.randn(3, 33).bfloat16()
+    torch.testing.assert_close(cpu_gemm.linear(layer, x, layer.weight, layer.bias).float(),
+                               F.linear(x.float(), layer.weight.float(), layer.bias.float()),
+                               atol=5e-2, rtol=2e-2)
+
+
+def test_a_choice_from_unsteady_timings_is_used_but_not_stored(monkeypatch, tmp_path):
+    monkeypatch.setattr(gemm_autotune, "stable", lambda samples: False)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.delenv("VLLM_CPU_NATIVE_GEMM", raising=False)
+    plans = gemm_autotune.plan_shapes({(40, 64): torch.randn(40, 64).bfloat16()})
+    assert len(plans[(40, 64)].kinds) == len(ROW_BUCKETS)
+    path = gemm_autotune.cache_path(gemm_autotune.available_kinds())
+    assert json.loads(path.read_text()) == {}

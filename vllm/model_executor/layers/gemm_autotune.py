@@ -1,0 +1,257 @@
+"""Choose the fastest bf16 CPU GEMM for each weight shape and row count, by measurement.
+
+Which kernel wins depends on the CPU and on the number of rows, and a choice tuned on
+one machine is a regression on another: on an AMD EPYC with AVX512-BF16 (no AMX) the
+native VNNI kernel (vllm/native) beats oneDNN at every size, while on a Xeon with
+AMX-BF16 oneDNN's AMX kernel is 2-3x faster than it once a matmul has 16+ rows, and the
+native kernel still wins at 1-4 rows (memory-bound decode). So at start-up each distinct
+weight shape `[N, K]` is timed with every candidate at a few row counts (`ROW_BUCKETS`),
+and each call then goes to the winner for its row count.
+
+Candidates: `native` (vllm/native's packed GEMM, AVX512-BF16 CPUs only), `onednn`
+(`torch.ops.mkldnn` on a weight reordered once) and `torch` (`F.linear` on the plain
+weight: no copy, the fallback). Results are cached per CPU model, thread count, torch
+version and kernel library under `$VLLM_CACHE_ROOT/gemm/`, so only the first start on
+a machine pays the measurement (a second or two for a small model).
+`VLLM_CPU_NATIVE_GEMM=1` / `0` force native / oneDNN instead of measuring.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from vllm import envs
+from vllm.native import cpu_ops, loader
+
+logger = logging.getLogger(__name__)
+
+NATIVE, ONEDNN, TORCH = "native", "onednn", "torch"
+ROW_BUCKETS = (1, 4, 16, 64, 256)
+"""Row counts that are timed; a call with r rows uses the nearest one (log scale)."""
+_UPPER = [2, 8, 32, 128]  # inclusive upper row bound of each bucket but the last
+_TRIALS = 5
+_MIN_SAMPLE_S = 2e-3
+_NOISE = 1.3
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """The kernel for each row bucket of one weight shape."""
+    kinds: tuple[str, ...]
+
+    def kind_for(self, rows: int) -> str:
+        return self.kinds[bisect.bisect_left(_UPPER, rows)]
+
+    @property
+    def needed(self) -> frozenset[str]:
+        return frozenset(self.kinds)
+
+
+def forced_kind() -> Optional[str]:
+    """The kernel VLLM_CPU_NATIVE_GEMM forces (native for 1/true, oneDNN for 0/false),
+    None when unset or 'auto' (measure)."""
+    value = envs.VLLM_CPU_NATIVE_GEMM
+    if value is None:
+        return None
+    return NATIVE if value else ONEDNN
+
+
+def available_kinds() -> list[str]:
+    kinds = [TORCH]
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
+                                                         "_reorder_linear_weight"):
+        kinds.append(ONEDNN)
+    if cpu_ops.gemm_supported():
+        kinds.append(NATIVE)
+    return kinds
+
+
+def pack(kind: str, weight: torch.Tensor) -> Optional[torch.Tensor]:
+    """The weight in `kind`'s layout (None for `torch`, which uses the plain weight)."""
+    if kind == NATIVE:
+        return cpu_ops.pack_bf16(weight)
+    if kind == ONEDNN:
+        return torch.ops.mkldnn._reorder_linear_weight(weight)
+    return None
+
+
+def run(kind: str, x: torch.Tensor, weight: torch.Tensor, packed: Optional[torch.Tensor],
+        bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` for 2-D bf16 `x` through `kind`'s kernel."""
+    if kind == NATIVE:
+        return cpu_ops.gemm_bf16_packed(x, packed, weight.shape[0], bias)
+    if kind == ONEDNN:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+# ------------------------------------------------------------------ measurement
+def _sample(fn: Callable[[], object], iters: int) -> float:
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - start) / iters
+
+
+def measure(weight: torch.Tensor, kinds: list[str], rows: int) -> dict[str, list[float]]:
+    """Seconds per call of each kind on `rows` random rows, one sample per interleaved
+    trial, sorted (fastest first): the minimum is the estimate, since load from other
+    processes only ever adds time."""
+    x = torch.randn(rows, weight.shape[1]).to(torch.bfloat16)
+    packs = {k: pack(k, weight) for k in kinds}
+    fns = {k: (lambda k=k: run(k, x, weight, packs[k], None)) for k in kinds}
+    iters = {}
+    for k, fn in fns.items():
+        fn()
+        once = max(_sample(fn, 1), 1e-6)
+        iters[k] = max(1, min(100, int(_MIN_SAMPLE_S / once)))
+    samples: dict[str, list[float]] = {k: [] for k in kinds}
+    for _ in range(_TRIALS):
+        for k, fn in fns.items():
+            samples[k].append(_sample(fn, iters[k]))
+    return {k: sorted(v) for k, v in samples.items()}
+
+
+def stable(samples: dict[str, list[float]]) -> bool:
+    """Whether the two fastest samples of every kind agree within `_NOISE`: on a loaded
+    machine they do not, and such a choice is used but not cached."""
+    return all(v[1] <= v[0] * _NOISE for v in samples.values() if len(v) > 1)
+
+
+def choose(weight: torch.Tensor, kinds: list[str]) -> tuple[GemmPlan, list[dict], bool]:
+    """The plan for one weight shape, the timings behind it (best seconds per kind and
+    row bucket) and whether they were stable enough to cache."""
+    measured = [measure(weight, kinds, rows) for rows in ROW_BUCKETS]
+    timings = [{k: v[0] for k, v in m.items()} for m in measured]
+    plan = GemmPlan(tuple(min(t, key=t.get) for t in timings))
+    return plan, timings, all(stable(m) for m in measured)
+
+
+# ------------------------------------------------------------------ cache
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown"
+
+
+def cache_path(kinds: list[str]) -> Path:
+    """One JSON file per machine setup: CPU model, thread count, torch, kernel source."""
+    src = (hashlib.sha256(loader.SOURCE.read_bytes()).hexdigest()[:16]
+           if NATIVE in kinds else "")
+    key = "|".join([_cpu_model(), str(torch.get_num_threads()), torch.__version__,
+                    ",".join(kinds), src, ",".join(map(str, ROW_BUCKETS))])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(envs.VLLM_CACHE_ROOT) / "gemm" / f"plans-{digest}.json"
+
+
+def _load(path: Path) -> dict[str, list[str]]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _store(path: Path, plans: dict[str, list[str]]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(plans, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only cache costs a re-measurement, nothing else
+        logger.debug("Could not write the GEMM plan cache %s: %s", path, e)
+
+
+def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int, int], GemmPlan]:
+    """A plan for each weight shape, from the cache or measured now (then cached)."""
+    forced = forced_kind()
+    kinds = available_kinds()
+    if forced is not None:
+        kind = forced if forced in kinds else (ONEDNN if ONEDNN in kinds else TORCH)
+        return {s: GemmPlan((kind,) * len(ROW_BUCKETS)) for s in weights}
+    path = cache_path(kinds)
+    cached = _load(path)
+    plans, table, noisy = {}, [], False
+    for shape, weight in weights.items():
+        key = f"{shape[0]},{shape[1]}"
+        entry = cached.get(key)
+        if (isinstance(entry, list) and len(entry) == len(ROW_BUCKETS)
+                and all(k in kinds for k in entry)):
+            plans[shape] = GemmPlan(tuple(entry))
+            continue
+        plans[shape], timings, ok = _measure_off_thread(weight, kinds)
+        table.append((shape, timings))
+        if ok:
+            cached[key] = list(plans[shape].kinds)
+        noisy |= not ok
+    if table:
+        _store(path, cached)
+        _log_table(table, plans)
+    if noisy:
+        logger.warning("GEMM timings were unsteady (is the machine busy?): the kernel "
+                       "choice is used for this run but not cached, and will be measured "
+                       "again at the next start.")
+    return plans
+
+
+def _measure_off_thread(weight: torch.Tensor, kinds: list[str]
+                        ) -> tuple[GemmPlan, list[dict], bool]:
+    """Measure on a short-lived thread with the process's thread count.
+
+    The engine is built on one thread precisely so that the building thread owns no
+    OpenMP thread team (see cpu_model_runner._no_thread_team); a team belongs to the
+    thread that starts it and ends with it, so timing here leaves no team behind.
+    """
+    result: list = []
+    errors: list = []
+
+    def target() -> None:
+        try:
+            with torch.inference_mode():
+                result.append(choose(weight.detach(), kinds))
+        except Exception as e:  # reported on the calling thread
+            errors.append(e)
+
+    thread = threading.Thread(target=target, name="vllm-gemm-autotune")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
+def _log_table(table: list, plans: dict) -> None:
+    lines = [f"GEMM kernel choice on {_cpu_model()} ({torch.get_num_threads()} threads), "
+             f"us per call at rows {ROW_BUCKETS}:"]
+    for shape, timings in table:
+        cells = []
+        for rows, t in zip(ROW_BUCKETS, timings):
+            cells.append(f"{rows}: " + " ".join(f"{k}={v * 1e6:.0f}" for k, v in sorted(t.items())))
+        lines.append(f"  [{shape[0]}x{shape[1]}] -> {'/'.join(plans[shape].kinds)}  "
+                     + " | ".join(cells))
+    logger.debug("\n".join(lines))
+    summary = {}
+    for shape in plans:
+        summary.setdefault("/".join(plans[shape].kinds), []).append(f"{shape[0]}x{shape[1]}")
+    logger.info("GEMM kernels by row bucket %s (measured, cached): %s", ROW_BUCKETS,
+                "; ".join(f"{k}: {', '.join(v)}" for k, v in summary.items()))
