@@ -85,7 +85,6 @@ class ServerState:
         self.tokenization = OpenAIServingTokenization(engine, self.models, chat=self.chat,
                                                       **common)
 
-
     def close(self) -> None:
         if self.chat.template_sandbox is not None:
             self.chat.template_sandbox.stop()
