@@ -91,7 +91,12 @@ class ModelConfig:
     download_dir: Optional[str] = None
     """Cache directory for Hub models (default: the Hugging Face cache)."""
     generation_config: str = "auto"
-    """'auto' uses the model's generation_config.json defaults, 'vllm' ignores it."""
+    """Where default sampling parameters come from: 'auto' (the model's
+    generation_config.json), 'vllm' (vLLM's own defaults), or a directory holding a
+    generation_config.json."""
+    override_generation_config: Optional[dict] = None
+    """Generation config fields that override the loaded ones (JSON), e.g.
+    '{"temperature": 0.5}'; with --generation-config vllm they are the only defaults."""
 
     # Derived in __post_init__.
     model_path: str = field(init=False, default="")
@@ -109,6 +114,7 @@ class ModelConfig:
         if self.tokenizer_mode not in ("auto", "slow"):
             raise ValueError(f"tokenizer_mode={self.tokenizer_mode!r} is not supported; "
                              "choose 'auto' or 'slow'.")
+        self._check_generation_config()
         self.model_path = resolve_model_path(self.model, self.revision, self.download_dir)
         tok = self.tokenizer or self.model
         self.tokenizer_path = (self.model_path if tok == self.model else
@@ -128,6 +134,46 @@ class ModelConfig:
             self.served_model_name = [self.model]
         elif isinstance(self.served_model_name, str):
             self.served_model_name = [self.served_model_name]
+
+    # ----------------------------------------------------- generation config
+    _SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p",
+                              "max_new_tokens")
+    """generation_config.json fields that become default sampling parameters (as vLLM)."""
+
+    def _check_generation_config(self) -> None:
+        gc = self.generation_config
+        if gc not in ("auto", "vllm") and not os.path.isdir(gc):
+            raise ValueError(f"generation_config={gc!r}: choose 'auto', 'vllm' or a "
+                             "directory that holds a generation_config.json.")
+        if self.override_generation_config is None:
+            self.override_generation_config = {}
+        if not isinstance(self.override_generation_config, dict):
+            raise ValueError("override_generation_config must be a dict (JSON object), got "
+                             f"{type(self.override_generation_config).__name__}.")
+
+    def try_get_generation_config(self) -> dict[str, Any]:
+        """The generation config that --generation-config names ({} for 'vllm' or when the
+        model has none)."""
+        from vllm.engine.processor import load_generation_config
+        if self.generation_config == "vllm":
+            return {}
+        path = self.model_path if self.generation_config == "auto" else self.generation_config
+        return load_generation_config(path)
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        """Default sampling parameters that differ from vLLM's: the generation config's
+        sampling fields with the overrides applied (max_new_tokens becomes max_tokens)."""
+        config = {**self.try_get_generation_config(), **self.override_generation_config}
+        diff = {key: config[key] for key in self._SAMPLING_DEFAULT_KEYS
+                if config.get(key) is not None}
+        if "max_new_tokens" in diff:
+            diff["max_tokens"] = diff.pop("max_new_tokens")
+        if diff and not getattr(self, "_logged_sampling_defaults", False):
+            self._logged_sampling_defaults = True
+            logger.warning("Default sampling parameters have been overridden by the model's "
+                           "generation config: %s. Use --generation-config vllm for vLLM's "
+                           "own defaults.", diff)
+        return diff
 
     @property
     def architectures(self) -> list[str]:

@@ -62,6 +62,7 @@ class EngineArgs:
     tokenizer_mode: str = "auto"
     hf_overrides: Optional[dict] = None
     generation_config: str = "auto"
+    override_generation_config: Optional[dict] = None
     max_logprobs: int = 20
     enforce_eager: bool = False
     # cache
@@ -144,6 +145,8 @@ class EngineArgs:
                 group.add_argument(flag, type=str, default="",
                                    choices=["", *ReasoningParserManager.names()],
                                    help=_DOCS.get("reasoning_parser", ""))
+            elif f.name == "override_generation_config":
+                group.add_argument(flag, type=json.loads, default=None, help=help_text)
             elif f.name == "speculative_config":
                 group.add_argument(flag, type=json.loads, default=None,
                                    help="Speculative decoding config as JSON (not supported "
@@ -169,7 +172,8 @@ class EngineArgs:
             quantization=self.quantization, revision=self.revision,
             trust_remote_code=self.trust_remote_code, tokenizer_mode=self.tokenizer_mode,
             hf_overrides=self.hf_overrides, download_dir=self.download_dir,
-            generation_config=self.generation_config)
+            generation_config=self.generation_config,
+            override_generation_config=self.override_generation_config)
         cache_config = CacheConfig(
             block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,

@@ -12,6 +12,7 @@ PromptType = Union[str, dict[str, Any]]
 
 
 def load_generation_config(model_path: str) -> dict:
+    """The generation_config.json in `model_path` as a dict ({} when there is none)."""
     path = os.path.join(model_path, "generation_config.json")
     if not os.path.exists(path):
         return {}
@@ -26,8 +27,7 @@ class Processor:
         self.model_config = model_config
         self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
         self.tokenizer = tokenizer
-        self.generation_config = (load_generation_config(model_config.model_path)
-                                  if model_config.generation_config == "auto" else {})
+        self.generation_config = model_config.try_get_generation_config()
         self.eos_token_id: Optional[int] = tokenizer.eos_token_id
         if self.eos_token_id is None:
             eos = self.generation_config.get("eos_token_id")

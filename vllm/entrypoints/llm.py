@@ -49,12 +49,19 @@ class LLM:
                                  enforce_eager=enforce_eager, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(engine_args)
         self.request_counter = itertools.count()
+        self.default_sampling_params: Optional[dict[str, Any]] = None
 
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
 
     def get_default_sampling_params(self) -> SamplingParams:
-        return SamplingParams()
+        """vLLM's defaults, overridden by the model's generation config (as chosen by
+        generation_config / override_generation_config): what generate() and chat() use
+        when no sampling params are given."""
+        if self.default_sampling_params is None:
+            self.default_sampling_params = (
+                self.llm_engine.model_config.get_diff_sampling_param())
+        return SamplingParams(**self.default_sampling_params)
 
     # ------------------------------------------------------------ generate
     def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
@@ -65,6 +72,8 @@ class LLM:
                  **kwargs: Any) -> list[RequestOutput]:
         """`lora_request`: one adapter for all prompts, or one (or None) per prompt."""
         prompt_list = self._normalize_prompts(prompts, prompt_token_ids)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params_list = self._normalize_params(sampling_params, len(prompt_list))
         lora_list = self._normalize_loras(lora_request, len(prompt_list))
         request_ids = self._add_requests(prompt_list, params_list, lora_list)
@@ -117,8 +126,6 @@ class LLM:
 
     @staticmethod
     def _normalize_params(sampling_params, num: int) -> list[SamplingParams]:
-        if sampling_params is None:
-            return [SamplingParams() for _ in range(num)]
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * num
         params = list(sampling_params)

@@ -118,16 +118,14 @@ class StructuredOutputManager:
     def _load_tokenizer(self) -> None:
         if self._tokenizer is not None:
             return
-        from vllm.engine.processor import load_generation_config
         from vllm.transformers_utils.tokenizer import get_tokenizer
         tokenizer = get_tokenizer(self.model_config.tokenizer_path,
                                   tokenizer_mode=self.model_config.tokenizer_mode)
         stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        if self.model_config.generation_config == "auto":
-            extra = load_generation_config(self.model_config.model_path).get("eos_token_id")
-            for t in [extra] if isinstance(extra, int) else (extra or []):
-                if t not in stops:
-                    stops.append(t)
+        extra = self.model_config.try_get_generation_config().get("eos_token_id")
+        for t in [extra] if isinstance(extra, int) else (extra or []):
+            if t not in stops:
+                stops.append(t)
         if self.config.reasoning_parser:
             from vllm.reasoning import ReasoningParserManager
             self.reasoner = ReasoningParserManager.get_reasoning_parser(

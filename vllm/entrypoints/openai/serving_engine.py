@@ -144,8 +144,11 @@ class OpenAIServing:
                 f"This model's maximum context length is {self.max_model_len} tokens. "
                 f"However, your request has {prompt_len} input tokens. Please reduce the "
                 f"length of the input {what}.", param=param)
+        # The model's generation config may cap the output (max_new_tokens), as in vLLM.
+        default_cap = self._model_sampling_defaults().get("max_tokens")
         if requested is None:
-            return self.max_model_len - prompt_len
+            room = self.max_model_len - prompt_len
+            return room if default_cap is None else min(room, default_cap)
         if requested < 1:
             raise BadRequestError(f"{max_tokens_param} must be at least 1, got {requested}.",
                                   param=max_tokens_param)
@@ -155,7 +158,7 @@ class OpenAIServing:
                 f"However, you requested {prompt_len + requested} tokens ({prompt_len} in the "
                 f"{what}, {requested} in the completion). Please reduce the length of the "
                 f"{what} or completion.", param=max_tokens_param)
-        return requested
+        return requested if default_cap is None else min(requested, default_cap)
 
     # ------------------------------------------------------------- sampling
     def sampling_params(self, request: SamplingFields, *, max_tokens: int,
@@ -167,7 +170,8 @@ class OpenAIServing:
         defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
                     "repetition_penalty": 1.0, "presence_penalty": 0.0,
                     "frequency_penalty": 0.0}
-        defaults.update(self._model_sampling_defaults())
+        defaults.update({k: v for k, v in self._model_sampling_defaults().items()
+                         if k in defaults})
         values = {}
         for name, default in defaults.items():
             value = getattr(request, name, None)
@@ -311,26 +315,17 @@ def check_truncate_prompt_tokens(value: Optional[int], max_model_len: int) -> Op
     return value
 
 
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
 def model_sampling_defaults(model_config: Any) -> dict[str, Any]:
-    if getattr(model_config, "generation_config", "auto") != "auto":
+    """The model config's default sampling parameters (generation config and overrides)."""
+    get = getattr(model_config, "get_diff_sampling_param", None)
+    if get is None:  # a stand-in model config without generation defaults
         return {}
-    path = getattr(model_config, "model_path", None)
-    if not path:
-        return {}
-    from vllm.engine.processor import load_generation_config
     try:
-        config = load_generation_config(path)
+        return get()
     except (OSError, ValueError):
-        logger.warning("Could not read generation_config.json in %s.", path)
+        logger.warning("Could not read the generation config of %s.",
+                       getattr(model_config, "model", "the model"))
         return {}
-    defaults = {k: config[k] for k in _SAMPLING_KEYS if config.get(k) is not None}
-    if defaults:
-        logger.info("Default sampling parameters have been overridden by the model's "
-                    "generation config: %s", defaults)
-    return defaults
 
 
 def copy_tokenizer(tokenizer: Any) -> Any:
