@@ -126,7 +126,7 @@ class EngineArgs:
             elif f.name == "tokenizer_mode":
                 group.add_argument(flag, type=str, default=default, choices=["auto", "slow"],
                                    help=help_text)
-            elif f.name == "hf_overrides":
+            elif f.name in ("hf_overrides", "override_generation_config"):
                 group.add_argument(flag, type=parse_json_dict, default=None, help=help_text)
             elif f.type in ("bool", bool):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction,
@@ -145,8 +145,6 @@ class EngineArgs:
                 group.add_argument(flag, type=str, default="",
                                    choices=["", *ReasoningParserManager.names()],
                                    help=_DOCS.get("reasoning_parser", ""))
-            elif f.name == "override_generation_config":
-                group.add_argument(flag, type=json.loads, default=None, help=help_text)
             elif f.name == "speculative_config":
                 group.add_argument(flag, type=json.loads, default=None,
                                    help="Speculative decoding config as JSON (not supported "
