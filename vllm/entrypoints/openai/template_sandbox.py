@@ -23,12 +23,13 @@ import sys
 import threading
 from typing import IO, Any, Optional
 
-from vllm.entrypoints.openai.errors import BadRequestError
+from vllm.entrypoints.openai.errors import BadRequestError, InternalServerError
 
 logger = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<Q")
 _READY_TIMEOUT_S = 120.0
+"""How long a request waits for a helper that is still starting (imports, tokenizer)."""
 _MEMORY_LIMIT_BYTES = 2 << 30
 """Address space the helper may add while rendering (a template can build huge
 strings faster than the deadline passes)."""
@@ -58,7 +59,7 @@ class TemplateSandbox:
         self._tokenizer_bytes = pickle.dumps(tokenizer)
         self.timeout_s = timeout_s
         self._proc: Optional[subprocess.Popen] = None
-        self._ready = False
+        self._loaded = threading.Event()
         self._lock: Optional[asyncio.Lock] = None
         self._proc_lock = threading.Lock()
 
@@ -68,14 +69,25 @@ class TemplateSandbox:
         return proc.pid if proc is not None and proc.poll() is None else None
 
     def start(self) -> subprocess.Popen:
-        """Start the helper if none is running (returns at once; it loads in the background)."""
+        """Start the helper if none is running. Returns at once: it imports and reads the
+        tokenizer in the background, so that cost is not a request's (nor its deadline's)."""
         with self._proc_lock:
             if self._proc is None or self._proc.poll() is not None:
-                self._proc = subprocess.Popen(
+                proc = subprocess.Popen(
                     [sys.executable, "-m", "vllm.entrypoints.openai.template_sandbox"],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-                self._ready = False
+                self._proc, self._loaded = proc, threading.Event()
+                threading.Thread(target=self._handshake, args=(proc, self._loaded),
+                                 name="vllm-template-sandbox", daemon=True).start()
             return self._proc
+
+    def _handshake(self, proc: subprocess.Popen, loaded: threading.Event) -> None:
+        try:
+            self._exchange(proc, self._tokenizer_bytes)
+        except (OSError, EOFError, ValueError, pickle.UnpicklingError):
+            pass  # the helper died; render() finds it gone
+        finally:
+            loaded.set()
 
     def stop(self) -> None:
         with self._proc_lock:
@@ -83,6 +95,11 @@ class TemplateSandbox:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
+
+    def restart(self) -> None:
+        """Kill the helper (mid-render) and have a fresh one loading for the next request."""
+        self.stop()
+        self.start()
 
     async def render(self, **job: Any) -> str:
         """chat_utils.apply_chat_template(tokenizer, **job) in the helper, within timeout_s.
@@ -93,24 +110,22 @@ class TemplateSandbox:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            proc = self.start()
-            if not self._ready:  # start-up (imports, tokenizer) is not the template's time
-                try:
-                    await asyncio.wait_for(asyncio.to_thread(
-                        self._exchange, proc, self._tokenizer_bytes), _READY_TIMEOUT_S)
-                except BaseException:
-                    self.stop()
-                    raise
-                self._ready = True
+            proc, loaded = self.start(), self._loaded
+            if not loaded.is_set():
+                await asyncio.to_thread(loaded.wait, _READY_TIMEOUT_S)
+            if not loaded.is_set() or proc.poll() is not None:
+                self.stop()
+                raise InternalServerError("The chat template sandbox process could not "
+                                          "start; see the server log.")
             try:
                 reply = await asyncio.wait_for(asyncio.to_thread(self._exchange, proc, job),
                                                self.timeout_s)
             except asyncio.TimeoutError:
-                self.stop()
+                self.restart()
                 raise BadRequestError(f"The chat template did not finish rendering within "
                                       f"{self.timeout_s:g} s.", param="chat_template") from None
-            except BaseException:  # cancelled (client gone) or the helper died: start anew
-                self.stop()
+            except BaseException:  # cancelled (client gone) or the helper died
+                self.restart()
                 raise
         if reply[0] == "ok":
             return reply[1]
