@@ -75,7 +75,9 @@ class ServerState:
                                   self.tokenizer_pool.max_prompt_chars(model_config.max_model_len))
         common = dict(tokenizer=tokenizer, tokenizer_pool=self.tokenizer_pool,
                       return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids",
-                                                              False)))
+                                                              False)),
+                      enable_prompt_tokens_details=bool(
+                          getattr(args, "enable_prompt_tokens_details", False)))
         self.chat = OpenAIServingChat(
             engine, self.models, response_role=getattr(args, "response_role", "assistant"),
             chat_template=load_chat_template(getattr(args, "chat_template", None)),

@@ -1,9 +1,10 @@
 """Request and response bodies of the OpenAI-compatible server (pydantic models).
 
 Field names and defaults follow OpenAI's API plus vLLM's extras. Requests accept unknown
-fields (logged and ignored, as vLLM does), but fields this server knows and does not
-support are refused by `unsupported_fields()` with a 400 naming the field: a client that
-asks for JSON mode or tools must not silently get plain text.
+fields (logged and ignored, as vLLM does), but a field that vLLM defines and this server
+does not implement is refused with a 400 naming it (`NOT_IMPLEMENTED_FIELDS`, the one list
+to shrink as features land) unless it carries vLLM's default, which changes nothing: a
+client that asks for JSON mode or tools must not silently get plain text.
 """
 from __future__ import annotations
 
@@ -81,6 +82,37 @@ class UsageInfo(ResponseModel):
 
 Int64 = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
 
+_UNSET = object()
+
+NOT_IMPLEMENTED_FIELDS: dict[str, tuple[Any, str]] = {
+    # request field: (vLLM's default, which is accepted as a no-op; what is missing)
+    "guided_json": (None, "guided decoding (structured output)"),
+    "guided_regex": (None, "guided decoding (structured output)"),
+    "guided_choice": (None, "guided decoding (structured output)"),
+    "guided_grammar": (None, "guided decoding (structured output)"),
+    "guided_decoding_backend": (None, "guided decoding (structured output)"),
+    "guided_whitespace_pattern": (None, "guided decoding (structured output)"),
+    "structured_outputs": (None, "guided decoding (structured output)"),
+    "logits_processors": (None, "custom logits processors"),
+    "bad_words": (None, "bad_words"),
+    "cache_salt": (None, "cache_salt"),
+    "kv_transfer_params": (None, "KV transfer (disaggregated prefill)"),
+    "vllm_xargs": (None, "vllm_xargs"),
+    "logprob_token_ids": (None, "logprobs of chosen token ids"),
+    "thinking_token_budget": (None, "a thinking token budget"),
+    "reasoning_effort": (None, "reasoning_effort"),
+    "include_reasoning": (True, "include_reasoning (reasoning output)"),
+    "media_io_kwargs": (None, "multimodal inputs"),
+    "mm_processor_kwargs": (None, "multimodal inputs"),
+    "prompt_embeds": (None, "prompt_embeds"),
+    "documents": (None, "documents (RAG templates)"),
+    "functions": (None, "function calling"),
+    "audio": (None, "audio output"),
+    "prediction": (None, "predicted outputs"),
+}
+"""vLLM request fields this server does not implement, refused when set to anything but
+vLLM's default. Remove a field's entry when it is implemented."""
+
 
 class SamplingFields(OpenAIBaseModel):
     """Sampling knobs shared by completions and chat (OpenAI's plus vLLM's extras)."""
@@ -114,6 +146,11 @@ class SamplingFields(OpenAIBaseModel):
     request_id: Optional[str] = None
     priority: int = 0
     return_tokens_as_token_ids: Optional[bool] = None
+    return_token_ids: Optional[bool] = None
+    """Add prompt_token_ids and each choice's token_ids to the response (vLLM)."""
+    truncation_side: Optional[Literal["left", "right"]] = None
+    """With truncate_prompt_tokens: 'left' (default) drops the prompt's first tokens,
+    'right' its last ones."""
     # vLLM extras this server knows but does not implement (refused when set).
     use_beam_search: bool = False
     length_penalty: float = 1.0
@@ -162,17 +199,28 @@ class SamplingFields(OpenAIBaseModel):
             return ("priority", "Only priority 0 is supported (FCFS scheduling).")
         if self.stream_options is not None and not self.stream:
             return ("stream_options", "Stream options can only be defined when `stream=True`.")
-        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                     "structured_outputs"):
-            if getattr(self, name) is not None:
-                return (name, f"{name}: guided decoding (structured output) is not supported.")
-        for name, what in (("logits_processors", "custom logits processors"),
-                           ("bad_words", "bad_words"), ("cache_salt", "cache_salt"),
-                           ("kv_transfer_params", "KV transfer (disaggregated prefill)"),
-                           ("vllm_xargs", "vllm_xargs")):
-            if getattr(self, name) is not None:
-                return (name, f"{name}: {what} is not supported.")
+        return self._not_implemented_field()
+
+    def _not_implemented_field(self) -> Optional[tuple[str, str]]:
+        """The first NOT_IMPLEMENTED_FIELDS entry set to something but vLLM's default."""
+        extra = self.model_extra or {}
+        for name, (default, what) in NOT_IMPLEMENTED_FIELDS.items():
+            value = extra.get(name, getattr(self, name, _UNSET))
+            if value is _UNSET or value is None or value in ([], {}, ""):
+                continue  # not given, or empty: asks for nothing
+            if value != default:
+                return (name, f"{name}: {what} is not supported by this server.")
         return None
+
+    @model_validator(mode="after")
+    def _warn_unknown_fields(self) -> "SamplingFields":
+        # vLLM's own fields are refused by unsupported_fields(), not ignored: only the rest
+        # is reported as ignored.
+        ignored = sorted(set(self.model_extra or {}) - set(NOT_IMPLEMENTED_FIELDS))
+        if ignored:
+            logger.warning("The following fields were present in the request but ignored: %s",
+                           ignored)
+        return self
 
     @property
     def include_usage(self) -> bool:
@@ -193,13 +241,10 @@ class CompletionRequest(SamplingFields):
     max_tokens: Optional[int] = 16
     suffix: Optional[str] = None
     add_special_tokens: bool = True
-    prompt_embeds: Optional[Any] = None
 
     def unsupported_fields(self) -> Optional[tuple[str, str]]:
         if self.suffix:
             return ("suffix", "suffix (fill-in-the-middle) is not supported.")
-        if self.prompt_embeds is not None:
-            return ("prompt_embeds", "prompt_embeds is not supported.")
         return super().unsupported_fields()
 
 
@@ -217,6 +262,8 @@ class CompletionResponseChoice(ResponseModel):
     finish_reason: Optional[str] = None
     stop_reason: Optional[Union[int, str]] = None
     prompt_logprobs: Optional[list[Optional[dict[int, "Logprob"]]]] = None
+    prompt_token_ids: Optional[list[int]] = None
+    token_ids: Optional[list[int]] = None
 
 
 class Logprob(ResponseModel):
@@ -241,6 +288,10 @@ class CompletionResponseStreamChoice(ResponseModel):
     logprobs: Optional[CompletionLogProbs] = None
     finish_reason: Optional[str] = None
     stop_reason: Optional[Union[int, str]] = None
+    prompt_token_ids: Optional[list[int]] = None
+    """With return_token_ids: the prompt's ids, in the choice's first chunk only."""
+    token_ids: Optional[list[int]] = None
+    """With return_token_ids: the ids this chunk's text came from."""
 
 
 class CompletionStreamResponse(ResponseModel):
@@ -300,20 +351,10 @@ class ChatCompletionRequest(SamplingFields):
         if self.tool_choice not in (None, "none", "auto"):
             return ("tool_choice", "tool_choice other than 'none' is not supported (no tool "
                     "calling).")
-        if self.functions:
-            return ("functions", "Function calling is not supported.")
         if self.function_call not in (None, "none"):
             return ("function_call", "Function calling is not supported.")
-        if self.audio is not None:
-            return ("audio", "Audio output is not supported.")
         if self.modalities and any(m != "text" for m in self.modalities):
             return ("modalities", "Only the 'text' modality is supported.")
-        if self.prediction is not None:
-            return ("prediction", "Predicted outputs are not supported.")
-        if self.documents:
-            return ("documents", "documents (RAG templates) are not supported.")
-        if self.mm_processor_kwargs is not None:
-            return ("mm_processor_kwargs", "Multimodal inputs are not supported.")
         if self.add_generation_prompt and self.continue_final_message:
             return ("continue_final_message", "continue_final_message and "
                     "add_generation_prompt cannot both be true.")
@@ -357,6 +398,7 @@ class ChatCompletionResponseChoice(ResponseModel):
     logprobs: Optional[ChatCompletionLogProbs] = None
     finish_reason: Optional[str] = "stop"
     stop_reason: Optional[Union[int, str]] = None
+    token_ids: Optional[list[int]] = None
 
 
 class ChatCompletionResponse(ResponseModel):
@@ -368,6 +410,7 @@ class ChatCompletionResponse(ResponseModel):
     usage: UsageInfo
     system_fingerprint: Optional[str] = None
     prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = None
+    prompt_token_ids: Optional[list[int]] = None
 
 
 class DeltaMessage(ResponseModel):
@@ -386,6 +429,7 @@ class ChatCompletionResponseStreamChoice(ResponseModel):
     logprobs: Optional[ChatCompletionLogProbs] = None
     finish_reason: Optional[str] = None
     stop_reason: Optional[Union[int, str]] = None
+    token_ids: Optional[list[int]] = None
 
 
 class ChatCompletionStreamResponse(ResponseModel):
@@ -395,6 +439,8 @@ class ChatCompletionStreamResponse(ResponseModel):
     model: str
     choices: list[ChatCompletionResponseStreamChoice]
     usage: Optional[UsageInfo] = None
+    prompt_token_ids: Optional[list[int]] = None
+    """With return_token_ids: the prompt's ids, in the first chunk only."""
 
 
 # ------------------------------------------------------------------ models

@@ -18,7 +18,7 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatComplet
                                               ChatCompletionResponseChoice,
                                               ChatCompletionResponseStreamChoice,
                                               ChatCompletionStreamResponse, ChatResponseMessage,
-                                              DeltaMessage, UsageInfo, random_uuid)
+                                              DeltaMessage, random_uuid)
 from vllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, PromptInput, sse,
                                                    sse_error)
 from vllm.entrypoints.openai.template_sandbox import TemplateSandbox
@@ -68,7 +68,7 @@ class OpenAIServingChat(OpenAIServing):
         await self.check_engine()
         prompt = await self.render_prompt(request)
         truncated = self.truncate(prompt.token_ids, request.truncate_prompt_tokens,
-                                  self.max_model_len)
+                                  self.max_model_len, request.truncation_side)
         if truncated is not prompt.token_ids:
             prompt = PromptInput(truncated, None)
         max_tokens = self.resolve_max_tokens(
@@ -114,6 +114,7 @@ class OpenAIServingChat(OpenAIServing):
             await outputs.aclose()
         echo = self._echo_text(request, role)
         as_ids = bool(request.return_tokens_as_token_ids)
+        with_ids = bool(request.return_token_ids)
         choices = []
         completion_tokens = 0
         for c in sorted(final.outputs, key=lambda c: c.index):
@@ -124,44 +125,50 @@ class OpenAIServingChat(OpenAIServing):
                                               request.top_logprobs or 0, as_ids)
             choices.append(ChatCompletionResponseChoice(
                 index=c.index, message=ChatResponseMessage(role=role, content=echo + c.text),
-                logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason))
-        prompt_tokens = len(prompt.token_ids)
+                logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                token_ids=list(c.token_ids) if with_ids else None))
         return ChatCompletionResponse(
             id=request_id, created=created, model=model_name, choices=choices,
-            usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                            total_tokens=prompt_tokens + completion_tokens),
+            usage=self.usage(len(prompt.token_ids), completion_tokens,
+                             final.num_cached_tokens),
             prompt_logprobs=(self.prompt_logprobs_json(final.prompt_logprobs)
-                             if request.prompt_logprobs is not None else None))
+                             if request.prompt_logprobs is not None else None),
+            prompt_token_ids=list(prompt.token_ids) if with_ids else None)
 
     # --------------------------------------------------------------- stream
     async def _stream(self, request: ChatCompletionRequest, prompt: PromptInput, outputs: Any,
                       request_id: str, created: int, model_name: str,
                       role: str) -> AsyncIterator[str]:
         prompt_tokens = len(prompt.token_ids)
-        completion_tokens = 0
+        completion_tokens = cached_tokens = 0
         as_ids = bool(request.return_tokens_as_token_ids)
+        with_ids = bool(request.return_token_ids)
 
         def chunk(index: int, delta: DeltaMessage, logprobs: Any = None,
-                  finish_reason: Optional[str] = None, stop_reason: Any = None) -> str:
+                  finish_reason: Optional[str] = None, stop_reason: Any = None,
+                  token_ids: Optional[list[int]] = None,
+                  prompt_token_ids: Optional[list[int]] = None) -> str:
             usage = None
             if request.continuous_usage:
-                usage = UsageInfo(prompt_tokens=prompt_tokens,
-                                  completion_tokens=completion_tokens,
-                                  total_tokens=prompt_tokens + completion_tokens)
+                usage = self.usage(prompt_tokens, completion_tokens, cached_tokens)
             return sse(ChatCompletionStreamResponse(
                 id=request_id, created=created, model=model_name, usage=usage,
+                prompt_token_ids=prompt_token_ids,
                 choices=[ChatCompletionResponseStreamChoice(
                     index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
-                    stop_reason=stop_reason)]))
+                    stop_reason=stop_reason, token_ids=token_ids)]))
 
         try:
             for index in range(request.n):
-                yield chunk(index, DeltaMessage(role=role, content=""))
+                first_ids = list(prompt.token_ids) if with_ids and index == 0 else None
+                yield chunk(index, DeltaMessage(role=role, content=""),
+                            prompt_token_ids=first_ids)
             echo = self._echo_text(request, role)
             if echo:
                 for index in range(request.n):
                     yield chunk(index, DeltaMessage(content=echo))
             async for output in outputs:
+                cached_tokens = output.num_cached_tokens or 0
                 for c in output.outputs:
                     completion_tokens += len(c.token_ids)
                     if not c.text and not c.token_ids and c.finish_reason is None:
@@ -171,13 +178,12 @@ class OpenAIServingChat(OpenAIServing):
                         logprobs = self.chat_logprobs(c.token_ids, c.logprobs or [],
                                                       request.top_logprobs or 0, as_ids)
                     yield chunk(c.index, DeltaMessage(content=c.text), logprobs,
-                                c.finish_reason, c.stop_reason)
+                                c.finish_reason, c.stop_reason,
+                                token_ids=list(c.token_ids) if with_ids else None)
             if request.include_usage:
                 yield sse(ChatCompletionStreamResponse(
                     id=request_id, created=created, model=model_name, choices=[],
-                    usage=UsageInfo(prompt_tokens=prompt_tokens,
-                                    completion_tokens=completion_tokens,
-                                    total_tokens=prompt_tokens + completion_tokens)))
+                    usage=self.usage(prompt_tokens, completion_tokens, cached_tokens)))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - reported in-stream (headers are sent)

@@ -13,7 +13,7 @@ from vllm.entrypoints.openai.errors import BadRequestError
 from vllm.entrypoints.openai.protocol import (CompletionRequest, CompletionResponse,
                                               CompletionResponseChoice,
                                               CompletionResponseStreamChoice,
-                                              CompletionStreamResponse, UsageInfo, random_uuid)
+                                              CompletionStreamResponse, random_uuid)
 from vllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, PromptInput,
                                                    merge_async_iterators, sse, sse_error)
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -76,13 +76,15 @@ class OpenAIServingCompletion(OpenAIServing):
         for i, item in enumerate(items):
             if isinstance(item, str):
                 ids = await self.tokenize_text(item, request.add_special_tokens, "prompt",
-                                               request.truncate_prompt_tokens)
+                                               request.truncate_prompt_tokens,
+                                               request.truncation_side)
                 text: Optional[str] = item
             else:
                 ids = list(item)
                 self.check_token_ids(ids, "prompt")
                 text = None
-            ids = self.truncate(ids, request.truncate_prompt_tokens, self.max_model_len)
+            ids = self.truncate(ids, request.truncate_prompt_tokens, self.max_model_len,
+                                request.truncation_side)
             if not ids:
                 raise BadRequestError("The prompt is empty (no tokens).", param="prompt")
             if text is None or request.truncate_prompt_tokens is not None:
@@ -159,9 +161,11 @@ class OpenAIServingCompletion(OpenAIServing):
         async for i, output in merge_async_iterators(*iterators):
             finals[i] = output
         choices = []
-        prompt_tokens = completion_tokens = 0
+        prompt_tokens = completion_tokens = cached_tokens = 0
+        with_ids = bool(request.return_token_ids)
         for i, (prompt, final) in enumerate(zip(prompts, finals)):
             prompt_tokens += len(prompt.token_ids)
+            cached_tokens += final.num_cached_tokens or 0
             prompt_text = self._prompt_text(prompt) if request.echo else ""
             for c in sorted(final.outputs, key=lambda c: c.index):
                 completion_tokens += len(c.token_ids)
@@ -173,11 +177,12 @@ class OpenAIServingCompletion(OpenAIServing):
                     logprobs=logprobs, finish_reason=c.finish_reason,
                     stop_reason=c.stop_reason,
                     prompt_logprobs=(self.prompt_logprobs_json(final.prompt_logprobs)
-                                     if request.prompt_logprobs is not None else None)))
+                                     if request.prompt_logprobs is not None else None),
+                    prompt_token_ids=list(prompt.token_ids) if with_ids else None,
+                    token_ids=list(c.token_ids) if with_ids else None))
         return CompletionResponse(
             id=request_id, created=created, model=model_name, choices=choices,
-            usage=UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                            total_tokens=prompt_tokens + completion_tokens))
+            usage=self.usage(prompt_tokens, completion_tokens, cached_tokens))
 
     def _logprobs(self, request: CompletionRequest, prompt: PromptInput, final: Any,
                   completion: Any, prompt_text: str) -> Any:
@@ -199,12 +204,17 @@ class OpenAIServingCompletion(OpenAIServing):
         echoed = [not request.echo] * (len(prompts) * n)
         prompt_tokens = [len(p.token_ids) for p in prompts]
         completion_tokens = [0] * len(prompts)
+        cached_tokens = [0] * len(prompts)
         as_ids = bool(request.return_tokens_as_token_ids)
+        with_ids = bool(request.return_token_ids)
+        ids_sent = [False] * (len(prompts) * n)  # prompt_token_ids go in the first chunk
         try:
             async for i, output in merge_async_iterators(*iterators):
+                cached_tokens[i] = output.num_cached_tokens or 0
                 for c in output.outputs:
                     index = i * n + c.index
                     completion_tokens[i] += len(c.token_ids)
+                    new_ids = list(c.token_ids)
                     text = c.text
                     token_ids, steps = list(c.token_ids), list(c.logprobs or [])
                     if not echoed[index]:
@@ -222,23 +232,27 @@ class OpenAIServingCompletion(OpenAIServing):
                     sent_text_len[index] += len(text)
                     usage = None
                     if request.continuous_usage:
-                        usage = _usage(prompt_tokens[i], completion_tokens[i])
+                        usage = self.usage(prompt_tokens[i], completion_tokens[i],
+                                           cached_tokens[i])
+                    prompt_ids = None
+                    if with_ids and not ids_sent[index]:
+                        ids_sent[index] = True
+                        prompt_ids = list(prompts[i].token_ids)
                     yield sse(CompletionStreamResponse(
                         id=request_id, created=created, model=model_name, usage=usage,
                         choices=[CompletionResponseStreamChoice(
                             index=index, text=text, logprobs=logprobs,
-                            finish_reason=c.finish_reason, stop_reason=c.stop_reason)]))
+                            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                            prompt_token_ids=prompt_ids,
+                            token_ids=new_ids if with_ids else None)]))
             if request.include_usage:
                 yield sse(CompletionStreamResponse(
                     id=request_id, created=created, model=model_name, choices=[],
-                    usage=_usage(sum(prompt_tokens), sum(completion_tokens))))
+                    usage=self.usage(sum(prompt_tokens), sum(completion_tokens),
+                                     sum(cached_tokens))))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - reported in-stream (headers are sent)
             yield sse_error(e)
         yield SSE_DONE
 
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens)

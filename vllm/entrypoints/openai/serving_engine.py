@@ -18,7 +18,8 @@ from vllm.entrypoints.openai.errors import (BadRequestError, NotFoundError, Open
                                             ServiceUnavailableError)
 from vllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCompletionLogProbs,
                                               ChatCompletionLogProbsContent, CompletionLogProbs,
-                                              Logprob, SamplingFields)
+                                              Logprob, PromptTokensDetails, SamplingFields,
+                                              UsageInfo)
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
 from vllm.entrypoints.openai.tokenizer_pool import TokenizerPool
 
@@ -46,13 +47,15 @@ class OpenAIServing:
 
     def __init__(self, engine: AsyncLLMEngine, models: OpenAIServingModels, *,
                  tokenizer: Any, return_tokens_as_token_ids: bool = False,
-                 tokenizer_pool: Optional[TokenizerPool] = None) -> None:
+                 tokenizer_pool: Optional[TokenizerPool] = None,
+                 enable_prompt_tokens_details: bool = False) -> None:
         self.engine = engine
         self.models = models
         self.model_config = engine.model_config
         self.max_model_len: int = engine.model_config.max_model_len
         self.tokenizer = tokenizer
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details
         # Tokenizing and template rendering run on a small pool of threads, never on the
         # event loop, and no single prompt can hold them long (see tokenizer_pool.py).
         self.tokenizer_pool = tokenizer_pool or TokenizerPool(tokenizer)
@@ -91,19 +94,21 @@ class OpenAIServing:
         return await self.tokenizer_pool.run(fn, *args, **kwargs)
 
     async def tokenize_text(self, text: str, add_special_tokens: bool, param: str = "prompt",
-                            truncate_prompt_tokens: Optional[int] = None) -> list[int]:
+                            truncate_prompt_tokens: Optional[int] = None,
+                            truncation_side: Optional[str] = None) -> list[int]:
         """Token ids of `text`, refusing up front a text too long for any truncation-free
         prompt (it could only waste the tokenizer's time and memory).
 
         With truncate_prompt_tokens only the tail that can hold the kept tokens is encoded
         (twice the characters they can spell), so a huge text costs no more than a short
-        one; the kept tokens are the text's last ones, as in vLLM.
+        one; the kept tokens are the text's last ones, as in vLLM (its first ones with
+        truncation_side='right').
         """
         keep = check_truncate_prompt_tokens(truncate_prompt_tokens, self.max_model_len)
         if keep is not None:
-            tail = 2 * self.tokenizer_pool.max_prompt_chars(keep)
-            if len(text) > tail:
-                text = text[-tail:]
+            part = 2 * self.tokenizer_pool.max_prompt_chars(keep)
+            if len(text) > part:
+                text = text[:part] if truncation_side == "right" else text[-part:]
         else:
             self.check_prompt_chars(len(text), param)
         return await self.tokenizer_pool.encode(text, add_special_tokens)
@@ -131,10 +136,13 @@ class OpenAIServing:
 
     @staticmethod
     def truncate(token_ids: list[int], truncate_prompt_tokens: Optional[int],
-                 max_model_len: int) -> list[int]:
-        """Keep the last `truncate_prompt_tokens` tokens (-1: max_model_len), as vLLM does."""
+                 max_model_len: int, truncation_side: Optional[str] = None) -> list[int]:
+        """Keep the last `truncate_prompt_tokens` tokens (-1: max_model_len), as vLLM does;
+        the first ones with truncation_side='right'."""
         keep = check_truncate_prompt_tokens(truncate_prompt_tokens, max_model_len)
-        return token_ids if keep is None else token_ids[-keep:]
+        if keep is None or len(token_ids) <= keep:
+            return token_ids
+        return token_ids[:keep] if truncation_side == "right" else token_ids[-keep:]
 
     def resolve_max_tokens(self, prompt_len: int, requested: Optional[int], what: str,
                            param: str, max_tokens_param: str = "max_tokens") -> int:
@@ -159,6 +167,17 @@ class OpenAIServing:
                 f"{what}, {requested} in the completion). Please reduce the length of the "
                 f"{what} or completion.", param=max_tokens_param)
         return requested if default_cap is None else min(requested, default_cap)
+
+    def usage(self, prompt_tokens: int, completion_tokens: int,
+              num_cached_tokens: Optional[int] = None) -> UsageInfo:
+        """Usage as vLLM reports it: prompt_tokens_details.cached_tokens (prompt tokens
+        served from the prefix cache) only with --enable-prompt-tokens-details."""
+        details = None
+        if self.enable_prompt_tokens_details and num_cached_tokens is not None:
+            details = PromptTokensDetails(cached_tokens=num_cached_tokens)
+        return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                         total_tokens=prompt_tokens + completion_tokens,
+                         prompt_tokens_details=details)
 
     # ------------------------------------------------------------- sampling
     def sampling_params(self, request: SamplingFields, *, max_tokens: int,

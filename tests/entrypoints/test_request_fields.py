@@ -1,0 +1,138 @@
+"""vLLM request fields: return_token_ids, prompt_tokens_details.cached_tokens
+(--enable-prompt-tokens-details) and truncation_side work; every other vLLM field this
+server does not implement is refused with a 400 naming it instead of being ignored."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.entrypoints.conftest import RemoteServer
+from vllm.entrypoints.openai.protocol import NOT_IMPLEMENTED_FIELDS
+
+CHAT = [{"role": "user", "content": "Say something."}]
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_model_factory):
+    model = tiny_model_factory("llama")
+    srv = RemoteServer(["--model", model, "--served-model-name", "tiny", "--dtype", "float32",
+                        "--max-model-len", "512", "--kv-cache-memory-bytes", str(16 << 20),
+                        "--enable-prompt-tokens-details"])
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(tiny_server):
+    with httpx.Client(base_url=tiny_server.url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.transformers_utils.tokenizer import get_tokenizer
+    return get_tokenizer(resolve_model_path(DEFAULT_MODEL))
+
+
+def _events(http, path: str, body: dict) -> list[dict]:
+    with http.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(ln) for ln in lines[:-1]]
+
+
+@pytest.mark.parametrize("name", sorted(NOT_IMPLEMENTED_FIELDS))
+def test_vllm_fields_not_implemented_are_refused(http, name):
+    default = NOT_IMPLEMENTED_FIELDS[name][0]
+    value = (not default) if isinstance(default, bool) else [{"a": "b"}]
+    for path, body in (("/v1/completions", {"prompt": "Hi", "max_tokens": 1}),
+                       ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 1})):
+        r = http.post(path, json={**body, name: value})
+        assert r.status_code == 400, (path, name, r.text)
+        err = r.json()["error"]
+        assert err["param"] == name and name in err["message"]
+        if default is not None:  # vLLM's default asks for nothing: accepted
+            assert http.post(path, json={**body, name: default}).status_code == 200
+
+
+def test_unknown_fields_are_still_ignored(http):
+    r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "no_such": 1})
+    assert r.status_code == 200
+
+
+def test_return_token_ids(http, tok):
+    prompt = "The capital of France is"
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    plain = http.post("/v1/completions", json=body).json()["choices"][0]
+    assert plain["token_ids"] is None and plain["prompt_token_ids"] is None
+    full = http.post("/v1/completions", json={**body, "return_token_ids": True}).json()
+    choice = full["choices"][0]
+    assert choice["prompt_token_ids"] == tok(prompt).input_ids
+    assert len(choice["token_ids"]) == 6
+    assert tok.decode(choice["token_ids"]) == choice["text"]
+    chunks = [e["choices"][0] for e in _events(http, "/v1/completions",
+                                               {**body, "return_token_ids": True})]
+    assert chunks[0]["prompt_token_ids"] == choice["prompt_token_ids"]
+    assert all(c["prompt_token_ids"] is None for c in chunks[1:])
+    assert sum((c["token_ids"] for c in chunks), []) == choice["token_ids"]
+
+    chat = {"messages": CHAT, "max_tokens": 5, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    full = http.post("/v1/chat/completions", json=chat).json()
+    rendered = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    assert full["prompt_token_ids"] == tok(rendered, add_special_tokens=False).input_ids
+    ids = full["choices"][0]["token_ids"]
+    assert len(ids) == 5 and tok.decode(ids) == full["choices"][0]["message"]["content"]
+    events = _events(http, "/v1/chat/completions", chat)
+    assert events[0]["prompt_token_ids"] == full["prompt_token_ids"]
+    assert all(e.get("prompt_token_ids") is None for e in events[1:])
+    assert sum((e["choices"][0]["token_ids"] or [] for e in events), []) == ids
+
+
+def test_cached_tokens(http):
+    prompt = "Cached tokens test. " + "Some words to fill several blocks. " * 12
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0}
+    first = http.post("/v1/completions", json=body).json()["usage"]
+    second = http.post("/v1/completions", json=body).json()["usage"]
+    n = first["prompt_tokens"]
+    assert n > 64
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    # Every full block but the one holding the last prompt token comes from the cache.
+    assert second["prompt_tokens_details"] == {"cached_tokens": (n - 1) // 16 * 16}
+    events = _events(http, "/v1/completions",
+                     {**body, "stream_options": {"include_usage": True}})
+    assert events[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16
+    chat = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
+    http.post("/v1/chat/completions", json=chat)
+    usage = http.post("/v1/chat/completions", json=chat).json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == \
+        (usage["prompt_tokens"] - 1) // 16 * 16
+
+
+def test_truncation_side(http, tok):
+    ids = list(range(1000, 1010))
+    for side, kept in ((None, ids[-3:]), ("left", ids[-3:]), ("right", ids[:3])):
+        body = {"prompt": ids, "max_tokens": 1, "truncate_prompt_tokens": 3,
+                "return_token_ids": True}
+        if side is not None:
+            body["truncation_side"] = side
+        out = http.post("/v1/completions", json=body).json()
+        assert out["choices"][0]["prompt_token_ids"] == kept, side
+        assert out["usage"]["prompt_tokens"] == 3
+    text = "one two three four five six seven eight nine ten"
+    full = tok(text).input_ids
+    out = http.post("/v1/completions", json={
+        "prompt": text, "max_tokens": 1, "truncate_prompt_tokens": 4,
+        "truncation_side": "right", "return_token_ids": True}).json()
+    assert out["choices"][0]["prompt_token_ids"] == full[:4]
+    out = http.post("/v1/chat/completions", json={
+        "messages": CHAT, "max_tokens": 1, "truncate_prompt_tokens": 4,
+        "truncation_side": "right", "return_token_ids": True}).json()
+    rendered = tok.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    assert out["prompt_token_ids"] == tok(rendered, add_special_tokens=False).input_ids[:4]
+    bad = http.post("/v1/completions", json={"prompt": "x", "truncation_side": "middle"})
+    assert bad.status_code == 400
