@@ -2,28 +2,32 @@
 that a waiting request fails to get blocks."""
 from __future__ import annotations
 
-from types import SimpleNamespace
+import pytest
 
 from vllm.core.scheduler import Scheduler
+from vllm.engine.arg_utils import EngineArgs
 from vllm.request import Request, RequestStatus
 from vllm.sampling_params import SamplingParams
 
 
-def _scheduler(num_blocks: int, block_size: int = 4) -> Scheduler:
-    config = SimpleNamespace(
-        scheduler_config=SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=64,
-                                         enable_chunked_prefill=False),
-        model_config=SimpleNamespace(max_model_len=64),
-        cache_config=SimpleNamespace(block_size=block_size, enable_prefix_caching=True))
-    return Scheduler(config, num_blocks)
+@pytest.fixture(scope="module")
+def engine_config(tiny_model_factory):
+    return EngineArgs(model=tiny_model_factory("llama"), max_model_len=64, block_size=4,
+                      max_num_seqs=8, max_num_batched_tokens=64,
+                      enable_chunked_prefill=False).create_engine_config()
+
+
+@pytest.fixture
+def make_scheduler(engine_config):
+    return lambda num_blocks: Scheduler(engine_config, num_blocks)
 
 
 def _request(rid: str, tokens: list[int]) -> Request:
     return Request(rid, tokens, SamplingParams(max_tokens=4), eos_token_id=None)
 
 
-def test_blocked_waiting_request_is_counted_once():
-    sched = _scheduler(num_blocks=4)
+def test_blocked_waiting_request_is_counted_once(make_scheduler):
+    sched = make_scheduler(4)
     sched.add_request(_request("a", list(range(12))))
     sched.add_request(_request("b", list(range(100, 112))))
     out = sched.schedule()
@@ -40,8 +44,8 @@ def test_blocked_waiting_request_is_counted_once():
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (24, 0)
 
 
-def test_hits_counted_at_admission():
-    sched = _scheduler(num_blocks=16)
+def test_hits_counted_at_admission(make_scheduler):
+    sched = make_scheduler(16)
     kv = sched.kv_cache_manager
     first = _request("a", list(range(12)))
     sched.add_request(first)
