@@ -12,5 +12,5 @@ def test_compile_counter_follows_worker_count():
     tracker.on_compile_stats({"num_compiles_after_warmup": 2})
     tracker.on_compile_stats({"num_compiles_after_warmup": 3})
     value = tracker.registry.get_sample_value("vllm:hpu_graph_compilations_total",
-                                              {"model_name": "m"})
+                                              {"model_name": "m", "engine": "0"})
     assert value == 3.0
