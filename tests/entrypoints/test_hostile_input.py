@@ -80,6 +80,20 @@ def test_lone_surrogates_are_400_everywhere(tokenizer):
         "\U0001F600", add_special_tokens=True).input_ids
 
 
+def test_undecodable_and_deeply_nested_bodies_are_400(tokenizer):
+    headers = {"Content-Type": "application/json"}
+    bodies = [b'{"prompt": "caf\xe9"}',  # Latin-1, not UTF-8
+              b"[" * 100_000 + b"]" * 100_000,  # deeper than the JSON parser recurses
+              b'{"prompt": ' + b"[" * 5_000 + b"]" * 5_000 + b"}"]
+
+    async def requests(client):
+        return [await client.post(route, content=body, headers=headers)
+                for route in ("/v1/completions", "/tokenize") for body in bodies]
+
+    for r in run_app(tokenizer, [], requests):
+        assert_error(r, 400)
+
+
 def test_request_chat_template_needs_trust_flag(tokenizer):
     async def requests(client):
         return [await client.post(route, json={"messages": MSGS, "chat_template": TEMPLATE,

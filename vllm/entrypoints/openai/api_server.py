@@ -206,8 +206,8 @@ async def _checked_json_request(request: Request) -> Request:
                               "must be JSON (Content-Type: application/json).")
     try:
         body = await request.json()  # cached on the request: FastAPI does not parse twice
-    except ValueError:
-        return request  # empty or invalid JSON: FastAPI's validation reports it
+    except (ValueError, RecursionError):
+        return request  # empty, invalid or too deeply nested JSON: FastAPI reports it (400)
     where = lone_surrogate_path(body)
     if where is not None:
         raise BadRequestError(f"{where}: the text is not valid Unicode (it holds a lone "
