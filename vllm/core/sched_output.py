@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
-from vllm.lora.request import LoRARequest
 import numpy as np
 
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams
 
 
 @dataclass
 class NewRequestData:
-    """A request the workers have not seen (or must rebuild after preemption)."""
+    """A request the workers have not seen yet: sent once, in full."""
     req_id: str
     prompt_token_ids: list[int]
     output_token_ids: list[int]
@@ -21,19 +21,31 @@ class NewRequestData:
     num_computed_tokens: int
     wants_prompt_logprobs: bool
     lora_request: Optional[LoRARequest] = None
+    """The request's LoRA adapter (None: the base model; see
+    ModelRunnerBase.prepare_lora_mapping)."""
+    mm_inputs: Optional[Any] = None
+    """Multimodal inputs of the prompt (None: text only). The runner refuses any other
+    value until multimodal models land (see ModelRunnerBase.gather_mm_embeddings)."""
 
 
 @dataclass
 class CachedRequestData:
-    """A request the workers already hold: only what changed."""
+    """A request the workers already hold: only what changed.
+
+    A request resumed after preemption is sent here too (`resumed_from_preemption`):
+    the workers kept its state (token ids, sampling generator), so only its new block
+    table and progress travel.
+    """
     req_id: str
     new_block_ids: list[int]
+    """Blocks appended this step; for a resumed request its whole new block table."""
     num_computed_tokens: int
     new_token_ids: list[int] = field(default_factory=list)
     """The last sampled token: ranks that did not sample it (other TP ranks, earlier
     pipeline stages) append it from here."""
     num_tokens: int = 0
     """Total tokens (prompt + output) the request has before this step."""
+    resumed_from_preemption: bool = False
 
 
 @dataclass
@@ -44,12 +56,17 @@ class SchedulerOutput:
     """Tokens to compute this step per request; the batch follows this dict's order."""
     total_num_scheduled_tokens: int
     finished_req_ids: set[str] = field(default_factory=set)
-    """Requests finished, aborted or preempted since the last step: workers drop them."""
+    """Requests finished or aborted since the last step: workers drop their state.
+    Preempted requests are not in it: the workers keep their state for the resume."""
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    """Draft tokens scheduled per request (speculative decoding; empty until it lands,
+    see ModelRunnerBase.update_draft_tokens)."""
     structured_output_request_ids: dict[str, int] = field(default_factory=dict)
     """Constrained requests that sample this step -> their row of `grammar_bitmask`."""
     grammar_bitmask: Optional[np.ndarray] = None
     """[rows, ceil(vocab / 32)] int32: bit t % 32 of word t // 32 set = token t allowed.
-    None when no request of the step is constrained."""
+    None when no request of the step is constrained (see
+    ModelRunnerBase.apply_logits_processors)."""
 
     @property
     def is_empty(self) -> bool:

@@ -9,8 +9,9 @@ this step runs after it. Every pass is padded to its bucket (see
 hpu_input_prep.py) and executed in the runner's execution mode (see
 hpu_execution.py). Logits are computed at one row per batch
 entry (a fixed [B] shape per bucket); only the real sequences that reached the
-end of their known tokens are sampled. The output follows the CPU runner's
-contract (same ModelRunnerOutput, same RequestStates).
+end of their known tokens are sampled. Request states, prompt logprobs, sampling
+and the output are the base's (`model_runner_base.py`): each bucketed batch is
+one `ForwardPass`.
 
 Block ids from the scheduler are logical; with contiguous paged attention the
 defragmenter maps them to physical ids, which is what every tensor here holds.
@@ -29,13 +30,8 @@ import torch
 from vllm import envs, hpu
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from vllm.distributed.parallel_state import get_tp_group
 from vllm.hpu.fake_graphs import input_signature
-from vllm.sample.logprobs import compute_prompt_logprobs
-from vllm.sample.metadata import SamplingMetadata
 from vllm.sample.ops.bitmask import apply_token_bitmask_, rows_bitmask
-from vllm.sample.sampler import Sampler
-from vllm.worker.cpu_model_runner import CPUModelRunner
 from vllm.worker.hpu_bucketing import Bucket, HPUBucketingContext
 from vllm.worker.hpu_compile_tracker import CompileTracker
 from vllm.worker.hpu_defragmenter import HPUDefragmenter
@@ -46,7 +42,7 @@ from vllm.worker.hpu_input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_de
 from vllm.worker.hpu_profiler import HPUProfiler
 from vllm.worker.hpu_warmup import HPUWarmup, format_bytes
 from vllm.worker.kv_cache_alloc import zeroed_tensors
-from vllm.worker.request_state import CachedRequestState, RequestStates
+from vllm.worker.model_runner_base import ForwardPass, LogprobsRow, ModelRunnerBase, PassOutput
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +64,8 @@ def resolve_contiguous_pa(enable_prefix_caching: bool) -> bool:
     return True
 
 
-class HPUModelRunner:
+class HPUModelRunner(ModelRunnerBase):
+    """Bucketed passes, HPU attention metadata and execution modes (the rest: the base)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device | str = "cpu") -> None:
         mc, cc = vllm_config.model_config, vllm_config.cache_config
@@ -76,17 +73,8 @@ class HPUModelRunner:
         if pc.pipeline_parallel_size > 1:
             raise ValueError("pipeline_parallel_size > 1 is not supported by the HPU runner "
                              f"(got {pc.pipeline_parallel_size}); use tensor parallelism.")
-        self.vllm_config = vllm_config
-        self.model_config = mc
-        self.block_size = cc.block_size
+        super().__init__(vllm_config, device)
         self.max_model_len = mc.max_model_len
-        self.device = torch.device(device)
-        self.dtype = mc.torch_dtype
-        self.requests = RequestStates(self.device)
-        self.sampler = Sampler()
-        from vllm.platforms import current_platform
-        from vllm.worker.cpu_model_runner import _load_attn_impl
-        self.attn_impl = _load_attn_impl(current_platform.get_attn_backend_cls())
         self.mode = ExecutionMode.select(hpu.is_lazy(), mc.enforce_eager)
         self.contiguous_pa = resolve_contiguous_pa(cc.enable_prefix_caching)
         chunked = sc.enable_chunked_prefill and sc.max_num_batched_tokens < mc.max_model_len
@@ -98,9 +86,7 @@ class HPUModelRunner:
         self.tracker = CompileTracker()
         self.profiler = HPUProfiler()
         self.graphed_buckets: set[tuple[bool, Bucket]] = set()
-        self.model: Optional[torch.nn.Module] = None
         self.forward_module: Optional[torch.nn.Module] = None
-        self.kv_caches: list[torch.Tensor] = []
         self.num_kv_blocks = 0
         self.pad_block_id = -1
         self.defragmenter: Optional[HPUDefragmenter] = None
@@ -130,16 +116,6 @@ class HPUModelRunner:
         self.forward_module = prepare_forward_module(self.model, self.attn_impl, self.mode)
         logger.info("Loading model weights took %s of device memory (%.2f s).",
                     format_bytes(weight_bytes), time.perf_counter() - start)
-
-    def _kv_heads_per_rank(self) -> int:
-        tp = self.vllm_config.parallel_config.tensor_parallel_size
-        return max(1, self.model_config.get_num_kv_heads() // tp)
-
-    def get_kv_cache_block_bytes(self) -> int:
-        """Bytes of one KV block across all layers."""
-        elem = torch.tensor([], dtype=self.dtype).element_size()
-        return (2 * self.model_config.get_num_layers() * self.block_size *
-                self._kv_heads_per_rank() * self.model_config.get_head_size() * elem)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Per layer [2, (num_blocks + 1) * block_size, kv_heads, head_size], zeroed.
@@ -198,9 +174,10 @@ class HPUModelRunner:
         """One warmup pass (forward, logits and the structured-output bitmask) in the
         exact shapes serving uses."""
         batch = self.dummy_batch(is_prompt, bucket)
+        _, logits = self._run_batch(batch, use_graph=use_graph)
         words = (self.model_config.vocab_size + 31) // 32
-        allow_all = torch.full((bucket.batch_size, words), -1, dtype=torch.int32)
-        self._run_batch(batch, use_graph=use_graph, bitmask=allow_all)
+        self._apply_bitmask(logits, torch.full((bucket.batch_size, words), -1,
+                                               dtype=torch.int32))
 
     def capture_graph(self, is_prompt: bool, bucket: Bucket) -> None:
         """Record the HPU graph of a bucket; later passes in it replay the graph."""
@@ -229,37 +206,65 @@ class HPUModelRunner:
         self.tracker.finish_warmup()
 
     # ---------------------------------------------------------------- execute
-    @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> Optional[ModelRunnerOutput]:
-        """One step; every TP rank runs the passes, only the driver returns an output."""
-        self.requests.update(so)
-        if so.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
-        self._defragment()
-        req_ids = list(so.num_scheduled_tokens)
-        prompts, decodes = self._describe(so, req_ids)
-        logits_rows: dict[str, torch.Tensor] = {}
-        prompt_lps: dict = {}
-        for batch in self._make_batches(prompts, decodes):
-            bitmask = rows_bitmask([seq.req_id if seq.sample else "" for seq in batch.seqs],
-                                   so.structured_output_request_ids, so.grammar_bitmask,
-                                   num_rows=batch.bucket.batch_size)
-            hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch),
-                                             bitmask=bitmask)
-            for i, seq in enumerate(batch.seqs):
-                if seq.sample:
-                    logits_rows[seq.req_id] = logits[i]
-            if batch.is_prompt:
-                prompt_lps.update(self._prompt_logprobs(batch, hidden, so))
-        self.tracker.end_step()
-        if not self.is_driver:
-            return None  # the driver samples; this rank learns the tokens next step
-        return self._sample(req_ids, logits_rows, prompt_lps)
+        """The base's step; every TP rank runs the passes, only the driver samples."""
+        output = super().execute_model(so)
+        if so.total_num_scheduled_tokens:
+            self.tracker.end_step()
+        return output
 
-    @property
-    def is_driver(self) -> bool:
-        """TP rank 0 samples and replies (the HPU runner has one pipeline stage)."""
-        return get_tp_group().is_first_rank
+    def _prepare_inputs(self, so: SchedulerOutput) -> list[ForwardPass]:
+        """Defragment, then one pass per bucketed batch: decodes, then prompts."""
+        self._defragment()
+        prompts, decodes = self._describe(so, list(so.num_scheduled_tokens))
+        passes = []
+        for batch in self._make_batches(prompts, decodes):
+            stride = batch.row_stride
+            passes.append(ForwardPass(
+                input_ids=batch.input_ids, positions=batch.positions,
+                attn_metadata=batch.attn_metadata, req_ids=[s.req_id for s in batch.seqs],
+                row_offsets=[i * stride for i in range(batch.num_real)],
+                num_tokens=[s.query_len if batch.is_prompt else 1 for s in batch.seqs],
+                num_rows=batch.input_ids.shape[0],
+                sample_req_ids=[s.req_id for s in batch.seqs if s.sample],
+                platform_data=batch))
+        return passes
+
+    def _execute_pass(self, fwd: ForwardPass) -> PassOutput:
+        """The bucket's [B, vocab] logits (a fixed shape per bucket, also for the
+        logits processors); the base picks the sampling rows after them."""
+        batch: HPUBatch = fwd.platform_data
+        hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch))
+        rows = [i for i, s in enumerate(batch.seqs) if s.sample]
+        if not rows:
+            return PassOutput(hidden_states=hidden, sample_logits=None)
+        row_req_ids: list[Optional[str]] = [None] * logits.shape[0]
+        for i in rows:
+            row_req_ids[i] = batch.seqs[i].req_id
+        return PassOutput(hidden_states=hidden, sample_logits=logits,
+                          logits_req_ids=row_req_ids,
+                          sample_rows=torch.tensor(rows, device=logits.device))
+
+    def _apply_grammar_bitmask(self, logits: torch.Tensor, req_ids: list[Optional[str]],
+                               so: SchedulerOutput) -> None:
+        """On the whole bucket: unconstrained and padding rows allow every token."""
+        bitmask = rows_bitmask([r or "" for r in req_ids], so.structured_output_request_ids,
+                               so.grammar_bitmask, num_rows=logits.shape[0])
+        if bitmask is not None:
+            self._apply_bitmask(logits, bitmask)
+
+    def _apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+        """The bitmask on a bucket's [B, vocab] logits: one compiled shape per B
+        (warmed up with every bucket), so constrained requests compile nothing new."""
+        signature = ("bitmask", self.mode.value, tuple(logits.shape), str(logits.dtype),
+                     tuple(bitmask.shape))
+        with self.tracker.track_pass(f"bitmask {tuple(bitmask.shape)}", signature):
+            apply_token_bitmask_(logits, bitmask.to(logits.device))
+
+    def _sample(self, logits: torch.Tensor, req_ids: list[str]
+                ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
+        with self.profiler.record("sample", rows=len(req_ids)):
+            return super()._sample(logits, req_ids)
 
     def _defragment(self) -> None:
         if self.defragmenter is None:
@@ -320,11 +325,9 @@ class HPUModelRunner:
         return self.uses_hpu_graphs and (batch.is_prompt, batch.bucket) in self.graphed_buckets
 
     def _run_batch(self, batch: HPUBatch, use_graph: bool,
-                   kv_caches: Optional[list[torch.Tensor]] = None,
-                   bitmask: Optional[torch.Tensor] = None
+                   kv_caches: Optional[list[torch.Tensor]] = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward pass plus logits at the batch's [B] logits rows; `bitmask` ([B, words],
-        all bits set on unconstrained and padding rows) masks them for structured outputs."""
+        """Forward pass plus logits at the batch's [B] logits rows."""
         kv = self.kv_caches if kv_caches is None else kv_caches
         phase = "prompt" if batch.is_prompt else "decode"
         label = f"{phase} {tuple(batch.bucket)}"
@@ -337,69 +340,7 @@ class HPUModelRunner:
             hidden = run_forward(self.forward_module, self.mode, use_graph, batch.input_ids,
                                  batch.positions, batch.attn_metadata, kv)
             logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
-        if bitmask is not None:
-            self._apply_bitmask(logits, bitmask, phase)
         return hidden, logits
-
-    def _apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor, phase: str) -> None:
-        """The bitmask on the bucket's [B, vocab] logits: one compiled shape per B
-        (warmed up with every bucket), so constrained requests compile nothing new."""
-        signature = ("bitmask", self.mode.value, tuple(logits.shape), str(logits.dtype),
-                     tuple(bitmask.shape))
-        with self.tracker.track_pass(f"{phase} bitmask {tuple(bitmask.shape)}", signature):
-            apply_token_bitmask_(logits, bitmask.to(logits.device))
-
-    # --------------------------------------------------------------- sampling
-    def _prompt_logprobs(self, batch: HPUBatch, hidden: torch.Tensor,
-                         so: SchedulerOutput) -> dict:
-        result = {}
-        for i, seq in enumerate(batch.seqs):
-            st = self.requests[seq.req_id]
-            if not st.wants_prompt_logprobs:
-                continue
-            rows, targets, done = CPUModelRunner._prompt_logprob_rows(
-                st, seq.context_len, seq.query_len, i * batch.row_stride)
-            if rows:
-                logits = self.model.compute_logits(
-                    hidden.index_select(0, torch.tensor(rows, device=hidden.device)))
-                t = compute_prompt_logprobs(logits, torch.tensor(targets, device=self.device),
-                                            st.sampling_params.prompt_logprobs)
-                result[seq.req_id] = (t.logprob_token_ids.tolist(), t.logprobs.tolist(),
-                                      t.selected_token_ranks.tolist())
-            else:
-                result[seq.req_id] = ([], [], [])
-            if done:
-                st.wants_prompt_logprobs = False
-        return result
-
-    def _sample(self, req_ids: list[str], logits_rows: dict[str, torch.Tensor],
-                prompt_lps: dict) -> ModelRunnerOutput:
-        sampled: dict[str, list[int]] = {r: [] for r in req_ids}
-        logprobs_out: dict[str, tuple[list[int], list[float], int]] = {}
-        order = [r for r in req_ids if r in logits_rows]
-        if order:
-            logits = torch.stack([logits_rows[r] for r in order])
-            states: list[CachedRequestState] = [self.requests[r] for r in order]
-            md = SamplingMetadata.build([CPUModelRunner._sampling_row(st) for st in states],
-                                        logits.shape[-1], self.device)
-            with self.profiler.record("sample", rows=len(order)):
-                out = self.sampler(logits, md)
-            token_ids = out.sampled_token_ids.tolist()
-            lp = out.logprobs_tensors
-            lp_lists = None if lp is None else (
-                lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
-                lp.selected_token_ranks.tolist())
-            for i, (req_id, st) in enumerate(zip(order, states)):
-                st.append_token(token_ids[i])
-                sampled[req_id] = [token_ids[i]]
-                k = st.sampling_params.logprobs
-                if lp_lists is not None and k is not None:
-                    logprobs_out[req_id] = (lp_lists[0][i][:k + 1], lp_lists[1][i][:k + 1],
-                                            lp_lists[2][i])
-        return ModelRunnerOutput(
-            req_ids=req_ids, sampled_token_ids=[sampled[r] for r in req_ids],
-            logprobs=[logprobs_out.get(r) for r in req_ids] if logprobs_out else None,
-            prompt_logprobs=prompt_lps)
 
     # ------------------------------------------------------------------ stats
     def get_compile_stats(self) -> dict:

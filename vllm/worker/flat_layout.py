@@ -1,0 +1,94 @@
+"""The token-major, unpadded batch layout of the CPU and GPU runners (host side).
+
+Every scheduled request contributes its new tokens as consecutive rows, in the
+order the runner chose. The first `num_row_wise` requests are attended row by row
+(one query row against its paged context: every decode, and on CPU the short
+prefills the native kernel takes); the others are SDPA prefills, described by
+`PrefillSeq`. See vllm/attention/backends/torch_sdpa.py for the metadata built from
+this and why row-wise requests come first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+import numpy as np
+
+from vllm.attention.backends.torch_sdpa import PrefillSeq
+from vllm.worker.request_state import CachedRequestState
+
+
+@dataclass
+class FlatLayout:
+    token_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    """KV cache slot of each row (block id * block_size + offset)."""
+    row_offsets: list[int] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    decode_seq_lens: Optional[np.ndarray] = None
+    """[row-wise rows] tokens each row attends to (its own included), or None."""
+    decode_block_table: Optional[np.ndarray] = None
+    """[row-wise rows, max blocks] block ids of each row's request, or None."""
+    prefills: list[PrefillSeq] = field(default_factory=list)
+    prefill_block_ids: list[list[int]] = field(default_factory=list)
+    logits_indices: list[int] = field(default_factory=list)
+    """Row of each sampling request's last new token."""
+    sample_req_ids: list[str] = field(default_factory=list)
+
+
+def build_flat_layout(requests: Mapping[str, CachedRequestState], req_ids: list[str],
+                      num_scheduled: Mapping[str, int], num_row_wise: int,
+                      block_size: int) -> FlatLayout:
+    """Rows for `req_ids` (in that order), the first `num_row_wise` of them row-wise."""
+    bs = block_size
+    out = FlatLayout()
+    row_lens: list[int] = []
+    row_tables: list[tuple[list[int], int]] = []  # (block ids, rows) per row-wise request
+    offset = 0
+    for i, req_id in enumerate(req_ids):
+        st = requests[req_id]
+        n = num_scheduled[req_id]
+        start = st.num_computed_tokens
+        if n == 1:
+            # One token: plain ints are cheaper than numpy for a single element.
+            out.token_ids.append(st.token_ids[start])
+            out.positions.append(start)
+            out.slots.append(st.block_ids[start // bs] * bs + start % bs)
+        else:
+            out.token_ids.extend(st.token_ids[start:start + n])
+            out.positions.extend(range(start, start + n))
+            block_ids = np.asarray(st.block_ids, dtype=np.int64)
+            p = np.arange(start, start + n)
+            out.slots.extend((block_ids[p // bs] * bs + p % bs).tolist())
+        if i < num_row_wise:
+            # Row r of this request attends to positions [0, start + r].
+            row_lens.extend(range(start + 1, start + n + 1))
+            row_tables.append((st.block_ids, n))
+        else:
+            out.prefills.append(PrefillSeq(query_start=offset, query_len=n, context_len=start))
+            out.prefill_block_ids.append(st.block_ids)
+        if start + n == st.num_tokens:
+            out.logits_indices.append(offset + n - 1)
+            out.sample_req_ids.append(req_id)
+        out.row_offsets.append(offset)
+        out.num_tokens.append(n)
+        offset += n
+    if row_lens:
+        out.decode_seq_lens = np.asarray(row_lens, dtype=np.int64)
+        out.decode_block_table = row_block_table(row_tables, out.decode_seq_lens, bs)
+    return out
+
+
+def row_block_table(tables: list[tuple[list[int], int]], seq_lens: np.ndarray,
+                    block_size: int) -> np.ndarray:
+    """[rows, max_blocks] int64: each request's block ids (as many as its longest row
+    needs) repeated for each of its rows, zero padded."""
+    width = -(-int(seq_lens.max()) // block_size)
+    table = np.zeros((len(seq_lens), width), dtype=np.int64)
+    row = 0
+    for blocks, count in tables:
+        needed = -(-int(seq_lens[row + count - 1]) // block_size)
+        table[row:row + count, :needed] = blocks[:needed]
+        row += count
+    return table

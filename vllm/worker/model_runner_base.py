@@ -1,0 +1,396 @@
+"""What every model runner does whatever the device: states, sampling, logprobs, output.
+
+One step (`execute_model`):
+
+1. `_update_states`: follow the scheduler (new, resumed, finished requests, new
+   blocks, tokens sampled on another rank) and keep the persistent input batch
+   (`input_batch.py`) to the requests scheduled now;
+2. `_prepare_inputs` (per platform): lay the scheduled tokens out as one or more
+   `ForwardPass`es (token ids, positions, attention metadata, which rows belong to
+   which request, which rows give sampling logits);
+3. per pass, the feature hooks fill in what the pass needs beyond tokens (LoRA
+   mapping, multimodal embeddings), then `_execute_pass` (per platform) runs the
+   model and returns the hidden states and the sampling logits;
+4. `apply_logits_processors` (hook) on each pass's sampling logits, prompt
+   logprobs from its hidden states (`_prompt_logprobs`);
+5. `_sample`: the argmax fast path or the sampler, logprobs of the sampled tokens;
+6. the `ModelRunnerOutput` (only the driver rank returns one).
+
+A platform runner (`CPUModelRunner`, `HPUModelRunner`, `GPUModelRunner`) implements
+only `_prepare_inputs`, `_execute_pass` and its setup (model loading, KV cache).
+
+Feature hooks (one call site each, here): `update_draft_tokens` (speculative
+decoding), `prepare_lora_mapping` (LoRA), `gather_mm_embeddings` (multimodal),
+`apply_logits_processors` (structured outputs, per-row logits processors). They
+cost nothing while a feature is unused; the ones whose feature is not implemented
+yet (draft tokens, multimodal inputs) are extension points that refuse its inputs
+with NotImplementedError instead of ignoring them. docs/INTERNALS.md shows where
+each sits in the step.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from vllm.config import VllmConfig
+from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+from vllm.lora.models import LoRAModelManager
+from vllm.sample.logprobs import compute_prompt_logprobs
+from vllm.sample.metadata import SamplingMetadata, greedy_sample, make_generator
+from vllm.sample.ops.bitmask import apply_grammar_bitmask
+from vllm.sample.sampler import Sampler
+from vllm.worker.input_batch import InputBatch
+from vllm.worker.request_state import CachedRequestState
+
+logger = logging.getLogger(__name__)
+
+LogprobsRow = tuple[list[int], list[float], int]
+PromptLogprobs = tuple[list[list[int]], list[list[float]], list[int]]
+
+
+@dataclass
+class ForwardPass:
+    """One model call: a platform's layout of (some of) the step's scheduled tokens.
+
+    Each request of the pass owns the contiguous rows `row_offsets[i]` ..
+    `row_offsets[i] + num_tokens[i] - 1` of the hidden states, holding its new tokens
+    in order; other rows (padding) belong to nobody.
+    """
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: Any
+    req_ids: list[str]
+    row_offsets: list[int]
+    num_tokens: list[int]
+    num_rows: int
+    """Rows of the pass, padding included."""
+    sample_req_ids: list[str]
+    """Requests sampling after this pass (their new tokens reach the end of their known
+    tokens), in the order of the rows of the pass's sampling logits."""
+    platform_data: Any = None
+    """Whatever the platform's `_execute_pass` needs besides (HPU: the bucketed batch)."""
+    lora_mapping: Optional[Any] = None
+    """Set by `prepare_lora_mapping` before the forward (None: no adapter in the pass)."""
+    inputs_embeds: Optional[torch.Tensor] = None
+    """Set by `gather_mm_embeddings` before the forward (None: embed `input_ids`)."""
+
+    def row_request_index(self) -> np.ndarray:
+        """[num_rows] int64: index into `req_ids` of the request owning each row, -1
+        for padding. What a per-token mapping (LoRA slots) is built from."""
+        owner = np.full(self.num_rows, -1, dtype=np.int64)
+        for i, (start, n) in enumerate(zip(self.row_offsets, self.num_tokens)):
+            owner[start:start + n] = i
+        return owner
+
+
+@dataclass
+class PassOutput:
+    hidden_states: torch.Tensor
+    """[num_rows, hidden] of the pass (last pipeline stage)."""
+    sample_logits: Optional[torch.Tensor]
+    """[len(sample_req_ids), vocab]: logits at each sampling request's last new token
+    (None when nobody samples), or, with `sample_rows`, a platform's fixed-shape
+    logits of which `sample_rows` are those rows."""
+    logits_req_ids: Optional[list[Optional[str]]] = None
+    """With `sample_rows`: the request of each row of `sample_logits` (None: a row that
+    does not sample). Without: `ForwardPass.sample_req_ids`."""
+    sample_rows: Optional[torch.Tensor] = None
+
+
+class ModelRunnerBase:
+    """Platform-neutral half of a model runner (see the module docstring)."""
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device | str) -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.block_size = vllm_config.cache_config.block_size
+        self.device = torch.device(device)
+        self.dtype = self.model_config.torch_dtype
+        self.requests: dict[str, CachedRequestState] = {}
+        self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs)
+        self.sampler = Sampler()
+        self.model: Optional[torch.nn.Module] = None
+        self.lora_manager: Optional[LoRAModelManager] = None
+        """Set by a platform's load_model when LoRA is enabled (vllm/lora/models.py)."""
+        self.kv_caches: list[torch.Tensor] = []
+        from vllm.platforms import current_platform
+        self.attn_impl = load_attn_impl(current_platform.get_attn_backend_cls())
+
+    # ------------------------------------------------------------- platform
+    def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> list[ForwardPass]:
+        """Lay out the scheduled tokens (`self.requests` is up to date) as passes."""
+        raise NotImplementedError
+
+    def _execute_pass(self, fwd: ForwardPass) -> Optional[PassOutput]:
+        """Run the model on one pass; None on a rank that is not the last PP stage."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- sizes
+    def _kv_heads_per_rank(self) -> int:
+        tp = self.vllm_config.parallel_config.tensor_parallel_size
+        return max(1, self.model_config.get_num_kv_heads() // tp)
+
+    def _owned_layer_ids(self) -> list[int]:
+        """Layers of this pipeline stage (all of them without pipeline parallelism)."""
+        model = self.model
+        start = getattr(model, "start_layer", None)
+        end = getattr(model, "end_layer", None)
+        if start is None and model is not None and hasattr(model, "model"):
+            start = getattr(model.model, "start_layer", None)
+            end = getattr(model.model, "end_layer", None)
+        if start is None:
+            return list(range(self.model_config.get_num_layers()))
+        return list(range(start, end))
+
+    def get_kv_cache_block_bytes(self) -> int:
+        """Bytes of one KV block across all layers this rank holds."""
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        return (2 * len(self._owned_layer_ids()) * self.block_size * self._kv_heads_per_rank()
+                * self.model_config.get_head_size() * elem)
+
+    @property
+    def is_driver(self) -> bool:
+        """The rank that samples (TP rank 0 of the last PP stage); the others learn the
+        tokens from the next SchedulerOutput."""
+        return get_tp_group().is_first_rank and get_pp_group().is_last_rank
+
+    # ----------------------------------------------------------------- step
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput
+                      ) -> Optional[ModelRunnerOutput]:
+        """One step. Only the driver returns an output (see the module docstring)."""
+        self._update_states(scheduler_output)
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        sample_ids: list[str] = []
+        sample_logits: list[torch.Tensor] = []
+        prompt_lps: dict[str, PromptLogprobs] = {}
+        for fwd in self._prepare_inputs(scheduler_output):
+            fwd.lora_mapping = self.prepare_lora_mapping(fwd)
+            fwd.inputs_embeds = self.gather_mm_embeddings(fwd)
+            try:
+                out = self._execute_pass(fwd)
+            finally:
+                if fwd.lora_mapping is not None:
+                    self.lora_manager.clear_mapping()
+            if out is None:
+                return None  # an earlier pipeline stage: the hidden states went on
+            if fwd.sample_req_ids:
+                logits = self.apply_logits_processors(
+                    out.sample_logits, out.logits_req_ids or fwd.sample_req_ids,
+                    scheduler_output)
+                if out.sample_rows is not None:
+                    logits = logits.index_select(0, out.sample_rows)
+                sample_ids.extend(fwd.sample_req_ids)
+                sample_logits.append(logits)
+            self._prompt_logprobs(fwd, out.hidden_states, scheduler_output, prompt_lps)
+        if not self.is_driver:
+            return None
+        sampled: dict[str, list[int]] = {}
+        logprobs: dict[str, LogprobsRow] = {}
+        if sample_ids:
+            logits = sample_logits[0] if len(sample_logits) == 1 else torch.cat(sample_logits)
+            sampled, logprobs = self._sample(logits, sample_ids)
+        req_ids = list(scheduler_output.num_scheduled_tokens)
+        return ModelRunnerOutput(
+            req_ids=req_ids, sampled_token_ids=[sampled.get(r, []) for r in req_ids],
+            logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
+            prompt_logprobs=prompt_lps)
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        """Bring request states and the persistent batch in line with `so`."""
+        for req_id in so.finished_req_ids:
+            self.requests.pop(req_id, None)
+            self.input_batch.remove_request(req_id)
+        # Not scheduled now (preempted or out of budget): keep the state, free the row.
+        self.input_batch.retain_only(so.num_scheduled_tokens)
+        for new in so.scheduled_new_reqs:
+            params = new.sampling_params
+            state = CachedRequestState(
+                req_id=new.req_id, prompt_token_ids=list(new.prompt_token_ids),
+                output_token_ids=list(new.output_token_ids), sampling_params=params,
+                block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens,
+                wants_prompt_logprobs=new.wants_prompt_logprobs,
+                generator=(None if params.seed is None
+                           else make_generator(params.seed, self.device)),
+                lora_request=new.lora_request, mm_inputs=new.mm_inputs)
+            self.requests[new.req_id] = state
+            self.input_batch.add_request(state)
+        for cached in so.scheduled_cached_reqs:
+            state = self.requests[cached.req_id]
+            if cached.resumed_from_preemption:
+                state.block_ids = list(cached.new_block_ids)
+            else:
+                state.block_ids.extend(cached.new_block_ids)
+            state.num_computed_tokens = cached.num_computed_tokens
+            missing = cached.num_tokens - state.num_tokens
+            if missing > 0:  # this rank did not sample them itself
+                for token_id in cached.new_token_ids[-missing:]:
+                    state.append_token(token_id)
+            if cached.req_id not in self.input_batch:
+                self.input_batch.add_request(state)
+        self.input_batch.condense()
+        self.update_draft_tokens(so)
+
+    # ------------------------------------------------------------- sampling
+    def _sample(self, logits: torch.Tensor, req_ids: list[str]
+                ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
+        """Sample one token per row of `logits` (row i: request req_ids[i]), append it
+        to the request's state; return the tokens and the asked-for logprobs."""
+        batch = self.input_batch
+        logprobs: dict[str, LogprobsRow] = {}
+        lp_lists = None
+        if all(batch.takes_argmax(r) for r in req_ids):
+            token_ids = greedy_sample(logits).tolist()
+        else:
+            rows = [batch.sampling_row(r) for r in req_ids]
+            out = self.sampler(logits, SamplingMetadata.build(rows, logits.shape[-1],
+                                                              logits.device))
+            token_ids = out.sampled_token_ids.tolist()
+            lp = out.logprobs_tensors
+            if lp is not None:
+                lp_lists = (lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
+                            lp.selected_token_ranks.tolist())
+        sampled: dict[str, list[int]] = {}
+        for i, req_id in enumerate(req_ids):
+            state = self.requests[req_id]
+            state.append_token(token_ids[i])
+            sampled[req_id] = [token_ids[i]]
+            k = state.sampling_params.logprobs
+            if lp_lists is not None and k is not None:
+                logprobs[req_id] = (lp_lists[0][i][:k + 1], lp_lists[1][i][:k + 1],
+                                    lp_lists[2][i])
+        return sampled, logprobs
+
+    def _prompt_logprobs(self, fwd: ForwardPass, hidden: torch.Tensor, so: SchedulerOutput,
+                         result: dict[str, PromptLogprobs]) -> None:
+        """Logprobs of the prompt tokens this pass predicts, for requests asking for them.
+
+        Every rank runs this (the logits computation may be a TP collective).
+        """
+        for req_id, offset in zip(fwd.req_ids, fwd.row_offsets):
+            state = self.requests[req_id]
+            if not state.wants_prompt_logprobs:
+                continue
+            rows, targets, done = prompt_logprob_rows(
+                state, state.num_computed_tokens, so.num_scheduled_tokens[req_id], offset)
+            if rows:
+                logits = self.model.compute_logits(
+                    hidden.index_select(0, torch.tensor(rows, device=hidden.device)))
+                t = compute_prompt_logprobs(logits, torch.tensor(targets, device=logits.device),
+                                            state.sampling_params.prompt_logprobs)
+                result[req_id] = (t.logprob_token_ids.tolist(), t.logprobs.tolist(),
+                                  t.selected_token_ranks.tolist())
+                state.num_prompt_logprobs_sent = (state.num_computed_tokens + rows[-1]
+                                                  - offset + 1)
+            else:
+                result[req_id] = ([], [], [])
+            if done:
+                state.wants_prompt_logprobs = False
+
+    # ---------------------------------------------------------- feature hooks
+    def update_draft_tokens(self, so: SchedulerOutput) -> None:
+        """Speculative decoding hook, called once per step at the end of `_update_states`.
+
+        Extension point: it is to place each request's scheduled draft tokens
+        (`so.scheduled_spec_decode_tokens`) after its known tokens, so that
+        `_prepare_inputs` lays them out like any other new token and `_sample` may
+        return several tokens per request (`ModelRunnerOutput.sampled_token_ids`
+        is already a list per request). Not implemented yet: refuses draft tokens.
+        """
+        if so.scheduled_spec_decode_tokens:
+            raise NotImplementedError(
+                "speculative decoding is not supported by this model runner yet "
+                f"(draft tokens scheduled for {sorted(so.scheduled_spec_decode_tokens)}).")
+
+    def prepare_lora_mapping(self, fwd: ForwardPass) -> Optional[np.ndarray]:
+        """LoRA hook, called once per pass after `_prepare_inputs`, before the forward.
+
+        Makes the pass's adapters resident and gives the LoRA layers each row's adapter
+        slot (-1: base model; padding rows too), built from `fwd.row_request_index()`;
+        returns that per-row mapping (`fwd.lora_mapping`), which `execute_model` clears
+        after the forward. None when no request of the pass has an adapter. Refuses
+        adapters when the runner has no LoRA manager (LoRA not enabled, or a platform
+        without LoRA support).
+        """
+        states = [self.requests[r] for r in fwd.req_ids]
+        if all(st.lora_request is None for st in states):
+            return None
+        if self.lora_manager is None:
+            self._refuse_requests_with(fwd.req_ids, "lora_request", "LoRA adapters")
+        slot_of = self.lora_manager.activate(
+            [st.lora_request for st in states if st.lora_request is not None])
+        per_request = np.array([-1 if st.lora_request is None
+                                else slot_of[st.lora_request.lora_int_id] for st in states]
+                               + [-1], dtype=np.int64)
+        slots = per_request[fwd.row_request_index()]  # index -1: padding, the last entry
+        self.lora_manager.set_token_slots(slots, self.device)
+        return slots
+
+    def gather_mm_embeddings(self, fwd: ForwardPass) -> Optional[torch.Tensor]:
+        """Multimodal hook, called once per pass after `prepare_lora_mapping`.
+
+        Extension point: it is to return the pass's input embeddings with the encoder
+        outputs of its requests' multimodal items merged in at their placeholder
+        positions; `_execute_pass` then feeds `fwd.inputs_embeds` instead of the token
+        ids. Returns None for text-only passes (the only case supported yet); refuses
+        requests that carry multimodal inputs.
+        """
+        self._refuse_requests_with(fwd.req_ids, "mm_inputs", "multimodal inputs")
+        return None
+
+    def apply_logits_processors(self, logits: torch.Tensor, req_ids: list[Optional[str]],
+                                so: SchedulerOutput) -> torch.Tensor:
+        """Logits-processor hook, called once per pass on its sampling logits (row i:
+        request req_ids[i], None for a row that does not sample), before the sampler
+        or the argmax; on every rank.
+
+        Applies the structured-output bitmask (`so.grammar_bitmask`): forbidden tokens
+        of constrained rows become -inf. Per-row logits processors go here too. Free
+        when no request of the step is constrained.
+        """
+        if so.grammar_bitmask is not None:
+            self._apply_grammar_bitmask(logits, req_ids, so)
+        return logits
+
+    def _apply_grammar_bitmask(self, logits: torch.Tensor, req_ids: list[Optional[str]],
+                               so: SchedulerOutput) -> None:
+        """Mask the constrained rows in place (platforms with fixed shapes override)."""
+        apply_grammar_bitmask(logits, [r or "" for r in req_ids],
+                              so.structured_output_request_ids, so.grammar_bitmask)
+
+    def _refuse_requests_with(self, req_ids: list[str], field_name: str, feature: str) -> None:
+        """NotImplementedError naming the first request whose state sets `field_name`."""
+        for req_id in req_ids:
+            if getattr(self.requests[req_id], field_name) is not None:
+                raise NotImplementedError(
+                    f"request {req_id!r} sets {field_name}, but this model runner does not "
+                    f"serve {feature} (not enabled, or not supported on this platform yet).")
+
+
+def prompt_logprob_rows(state: CachedRequestState, start: int, num_new: int,
+                        offset: int) -> tuple[list[int], list[int], bool]:
+    """(hidden rows, next-token targets, prompt finished) for the prompt logprobs of
+    the new tokens start .. start + num_new - 1 placed at rows offset...
+
+    Position p predicts the prompt token at p + 1; positions whose logprobs were
+    already sent (before a preemption) are skipped.
+    """
+    num_prompt = len(state.prompt_token_ids)
+    first = max(start, state.num_prompt_logprobs_sent)
+    end = min(start + num_new, num_prompt - 1)
+    rows = list(range(offset + first - start, offset + max(first, end) - start))
+    targets = state.prompt_token_ids[first + 1:end + 1]
+    return rows, targets, start + num_new >= num_prompt
+
+
+def load_attn_impl(qualname: str) -> Any:
+    """An instance of the attention backend class named `module.Class`."""
+    module, _, name = qualname.rpartition(".")
+    return getattr(importlib.import_module(module), name)()
