@@ -151,11 +151,15 @@ class LoRAModelManager:
 
     # --------------------------------------------------------------- mapping
     def set_token_slots(self, token_slots: np.ndarray, device: torch.device) -> None:
-        """Segments schedule: the step's per-row slot (-1: base) on the host."""
-        self.batch.set_segments(token_slots, device)
+        """The pass's per-row slot (-1: base, and padding rows) for the LoRA layers."""
+        if self.batch.static_shapes:
+            self.batch.set_indices(torch.from_numpy(token_slots).to(device))
+        else:
+            self.batch.set_segments(token_slots, device)
 
     def set_token_slot_tensor(self, token_slots: torch.Tensor) -> None:
-        """Masked schedule: the per-row slot tensor (fixed, bucketed shape)."""
+        """Masked schedule: the per-row slot tensor (fixed, bucketed shape), e.g. an
+        input of a captured HPU graph."""
         self.batch.set_indices(token_slots)
 
     def clear_mapping(self) -> None:
