@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--num-adapters", type=int, default=4)
     parser.add_argument("--max-loras", type=int, default=4)
     parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--kv-cache-mib", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=2,
                         help="Runs of each workload; the best is reported.")
     parser.add_argument("--no-lora-engine", action="store_true",
@@ -85,8 +86,11 @@ def main() -> None:
     mix = [loras[i % len(loras)] for i in range(args.num_prompts)]
     n, i_len, o_len = args.num_prompts, args.input_len, args.output_len
 
-    llm = LLM(args.model, dtype=args.dtype, enable_lora=True, max_loras=args.max_loras,
-              max_lora_rank=max(16, args.lora_rank), enable_prefix_caching=False)
+    engine_kwargs = dict(dtype=args.dtype, enable_prefix_caching=False,
+                         max_model_len=args.input_len + args.output_len + 16,
+                         kv_cache_memory_bytes=args.kv_cache_mib << 20)
+    llm = LLM(args.model, enable_lora=True, max_loras=args.max_loras,
+              max_lora_rank=max(16, args.lora_rank), **engine_kwargs)
     run(llm, prompts[:8], params, mix[:8])  # warm up (and load every adapter once)
     run(llm, prompts[8:16], params, None)
     base = min(run(llm, prompts, params, None) for _ in range(args.repeats))
@@ -97,7 +101,7 @@ def main() -> None:
     del llm
     gc.collect()
     if args.no_lora_engine:
-        plain = LLM(args.model, dtype=args.dtype, enable_prefix_caching=False)
+        plain = LLM(args.model, **engine_kwargs)
         run(plain, prompts[:8], params, None)
         t = min(run(plain, prompts, params, None) for _ in range(args.repeats))
         report("base model, engine without LoRA", t, n, i_len, o_len)

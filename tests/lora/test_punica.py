@@ -43,8 +43,10 @@ def _reference(x, base, adapters, token_slots):
     return out
 
 
-@pytest.mark.parametrize("static", [False, True], ids=["segments", "masked"])
-def test_batched_delta_matches_per_row_reference(static):
+@pytest.mark.parametrize("static,dense_max_rows", [(False, 0), (False, 256), (True, 0)],
+                         ids=["segments", "active-dense", "masked"])
+def test_batched_delta_matches_per_row_reference(static, dense_max_rows, monkeypatch):
+    monkeypatch.setattr(LoRABatch, "DENSE_MAX_ROWS", dense_max_rows)
     torch.manual_seed(0)
     base = _Base()
     max_loras, max_rank = 3, 8
@@ -62,6 +64,7 @@ def test_batched_delta_matches_per_row_reference(static):
         batch.set_indices(torch.from_numpy(token_slots))
     else:
         batch.set_segments(token_slots, torch.device("cpu"))
+        assert (batch.one_hot is not None) == bool(dense_max_rows)
     got = layer(x)
     torch.testing.assert_close(got, _reference(x, base, adapters, token_slots))
     # Clearing a slot removes its delta; an inactive batch is the base layer.

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from vllm.lora.peft_loader import LoRALayerSpec, LoRALayerWeights
-from vllm.lora.punica import LoRABatch, add_lora_masked, add_lora_segments
+from vllm.lora.punica import (LoRABatch, add_lora_active_dense, add_lora_masked,
+                              add_lora_segments)
 
 
 class LoRALinear(nn.Module):
@@ -33,6 +34,8 @@ class LoRALinear(nn.Module):
         self.max_rank = max_rank
         self.a_slots: list[Optional[torch.Tensor]] = [None] * max_loras
         self.b_slots: list[Optional[torch.Tensor]] = [None] * max_loras
+        self._dense: dict[tuple[int, ...], Optional[tuple]] = {}
+        """Active-dense operands per combination of active slots (dropped on set_slot)."""
         if batch.static_shapes:
             width = max_loras * len(spec.out_sizes) * max_rank
             self.register_buffer("a_stacked", torch.zeros(width, spec.in_features, dtype=dtype,
@@ -57,6 +60,7 @@ class LoRALinear(nn.Module):
     def set_slot(self, slot: int, weights: Optional[LoRALayerWeights]) -> None:
         """Put an adapter's weights for this layer into `slot` (None: no delta)."""
         if not self.batch.static_shapes:
+            self._dense.clear()
             packed = None if weights is None else weights.packed()
             self.a_slots[slot] = None if packed is None else packed[0].to(self.a_device)
             self.b_slots[slot] = None if packed is None else packed[1].to(self.a_device)
@@ -88,4 +92,24 @@ class LoRALinear(nn.Module):
             return out
         if batch.static_shapes:
             return add_lora_masked(out, x, batch.one_hot, self.a_stacked, self.b_stacked)
+        if batch.one_hot is not None:
+            dense = self._dense_operands(batch.active_slots)
+            if dense is None:
+                return out
+            return add_lora_active_dense(out, x, batch.one_hot, *dense)
         return add_lora_segments(out, x, batch, self.a_slots, self.b_slots)
+
+    def _dense_operands(self, slots: tuple[int, ...]) -> Optional[tuple]:
+        """(A_cat, B_cat, column -> active index) of these slots; None if none adapts
+        this layer."""
+        if slots not in self._dense:
+            present = [(j, s) for j, s in enumerate(slots) if self.a_slots[s] is not None]
+            if not present:
+                self._dense[slots] = None
+            else:
+                a_cat = torch.cat([self.a_slots[s] for _, s in present]).contiguous()
+                b_cat = torch.cat([self.b_slots[s] for _, s in present], dim=1).contiguous()
+                column = torch.cat([torch.full((self.a_slots[s].shape[0],), j, dtype=torch.long)
+                                    for j, s in present]).to(a_cat.device)
+                self._dense[slots] = (a_cat, b_cat, column)
+        return self._dense[slots]

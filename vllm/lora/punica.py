@@ -7,6 +7,11 @@ row t is `(x_t A_s^T) B_s^T` for its slot s: a *shrink* to the adapter rank, the
 - segments (CPU, CUDA): one shrink+expand per active slot over the rows of that slot
   (a slice when they are contiguous, else a gather and an index_add). Work is
   proportional to the adapted rows and each adapter's true rank.
+- active-dense (CPU, CUDA, small passes such as decode steps): the A (and B) of the
+  pass's active slots concatenated at their true ranks, every row shrunk by all of
+  them, the other slots' columns zeroed by the row's slot mask, one expand. Five ops
+  per layer however many adapters the pass mixes: at decode sizes the per-slot op
+  overhead, not the arithmetic, is what costs.
 - masked (HPU): static shapes. Every row is shrunk by all `max_loras` slots at once
   (one matmul against the stacked, rank-padded A), the columns of the other slots are
   zeroed by the row's one-hot slot mask, and one matmul against the stacked B expands.
@@ -35,21 +40,36 @@ class LoRABatch:
         self.dtype = dtype
         self.segments: list[tuple[int, Rows]] = []
         self.one_hot: Optional[torch.Tensor] = None
+        self.active_slots: tuple[int, ...] = ()
+        """Active-dense schedule: the pass's slots, in the column order of `one_hot`."""
+
+    DENSE_MAX_ROWS = 256
+    """Passes up to this many rows use the active-dense schedule (unless one slice)."""
 
     @property
     def active(self) -> bool:
-        return self.one_hot is not None if self.static_shapes else bool(self.segments)
+        return self.one_hot is not None or bool(self.segments)
 
     def clear(self) -> None:
         self.segments = []
         self.one_hot = None
+        self.active_slots = ()
 
     def set_segments(self, token_slots: np.ndarray, device: torch.device) -> None:
-        """Segments schedule: the rows of each active slot (host-side, once per step)."""
-        self.segments = []
+        """Host-side schedule of a pass (once per pass): active-dense for small passes,
+        else the rows of each active slot."""
+        self.clear()
         if token_slots.size == 0 or token_slots.max() < 0:
             return
-        for slot in np.unique(token_slots[token_slots >= 0]).tolist():
+        slots = np.unique(token_slots[token_slots >= 0])
+        rows0 = np.flatnonzero(token_slots == slots[0])
+        single_slice = slots.size == 1 and rows0[-1] - rows0[0] + 1 == rows0.size
+        if token_slots.size <= self.DENSE_MAX_ROWS and not single_slice:
+            self.active_slots = tuple(slots.tolist())
+            mask = token_slots[:, None] == slots[None, :]
+            self.one_hot = torch.from_numpy(mask).to(device=device, dtype=self.dtype)
+            return
+        for slot in slots.tolist():
             rows = np.flatnonzero(token_slots == slot)
             if rows[-1] - rows[0] + 1 == rows.size:
                 self.segments.append((slot, slice(int(rows[0]), int(rows[-1]) + 1)))
@@ -78,6 +98,17 @@ def add_lora_segments(out: torch.Tensor, x: torch.Tensor, batch: LoRABatch,
         else:
             out.index_add_(0, rows, delta)
     return out
+
+
+def add_lora_active_dense(out: torch.Tensor, x: torch.Tensor, one_hot: torch.Tensor,
+                          a_cat: torch.Tensor, b_cat: torch.Tensor,
+                          column_slot: torch.Tensor) -> torch.Tensor:
+    """out += (x A_cat^T * mask) B_cat^T, where A_cat `[sum r, in]` / B_cat `[out, sum r]`
+    hold the active slots side by side and `column_slot[c]` is the one_hot column (the
+    active slot) that owns shrunk column c."""
+    shrunk = torch.mm(x.to(a_cat.dtype), a_cat.t())
+    shrunk.mul_(one_hot.index_select(1, column_slot))
+    return out.add_(torch.mm(shrunk, b_cat.t()).to(out.dtype))
 
 
 def add_lora_masked(out: torch.Tensor, x: torch.Tensor, one_hot: torch.Tensor,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -58,19 +58,28 @@ class HPUModelAdapter(nn.Module):
     """The unit an HPU graph records: one model call inside its forward context.
 
     Everything that varies per pass is an argument (token ids, positions, the
-    attention metadata, the KV caches), so the graph's key is their signature.
-    Returns the hidden states `[rows, hidden]`.
+    attention metadata, the KV caches and, with LoRA, each row's adapter slot), so the
+    graph's key is their signature. Returns the hidden states `[rows, hidden]`.
     """
 
-    def __init__(self, model: nn.Module, attn_impl: Any) -> None:
+    def __init__(self, model: nn.Module, attn_impl: Any, lora_batch: Any = None) -> None:
         super().__init__()
         self.model = model
         self.attn_impl = attn_impl
+        self.lora_batch = lora_batch
+        """The LoRA layers' shared per-pass mapping (vllm/lora/punica.py), or None."""
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
-                kv_caches: list[torch.Tensor]) -> torch.Tensor:
+                kv_caches: list[torch.Tensor],
+                lora_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
         with set_forward_context(attn_metadata, kv_caches, self.attn_impl):
-            return self.model(input_ids, positions)
+            if lora_slots is None or self.lora_batch is None:
+                return self.model(input_ids, positions)
+            self.lora_batch.set_indices(lora_slots)  # inside the graph: an input
+            try:
+                return self.model(input_ids, positions)
+            finally:
+                self.lora_batch.clear()
 
 
 def _contains_attention(module: nn.Module) -> bool:
@@ -99,9 +108,10 @@ def compile_regions(module: nn.Module, backend: str, max_shapes: int = 1024) -> 
     return count
 
 
-def prepare_forward_module(model: nn.Module, attn_impl: Any, mode: ExecutionMode) -> nn.Module:
+def prepare_forward_module(model: nn.Module, attn_impl: Any, mode: ExecutionMode,
+                           lora_batch: Any = None) -> nn.Module:
     """The adapter, wrapped for the mode (called as in `run_forward`)."""
-    adapter = HPUModelAdapter(model, attn_impl)
+    adapter = HPUModelAdapter(model, attn_impl, lora_batch)
     if mode is ExecutionMode.HPU_GRAPHS:
         return hpu.wrap_in_hpu_graph(adapter, disable_tensor_cache=True)
     if mode is ExecutionMode.TORCH_COMPILE:
@@ -114,15 +124,20 @@ def prepare_forward_module(model: nn.Module, attn_impl: Any, mode: ExecutionMode
 
 def run_forward(module: nn.Module, mode: ExecutionMode, use_graph: bool,
                 input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
-                kv_caches: list[torch.Tensor]) -> torch.Tensor:
-    """One forward pass; in lazy modes the graph is cut before and after it."""
+                kv_caches: list[torch.Tensor],
+                lora_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One forward pass; in lazy modes the graph is cut before and after it.
+
+    `lora_slots` (`[rows]`, -1: no adapter) is passed on only when given, so a runner
+    without LoRA keeps the graph signature it always had."""
+    extra = () if lora_slots is None else (lora_slots,)
     if mode.is_lazy:
         hpu.mark_step()
     if mode is ExecutionMode.HPU_GRAPHS:
-        hidden = module(input_ids, positions, attn_metadata, kv_caches,
+        hidden = module(input_ids, positions, attn_metadata, kv_caches, *extra,
                         bypass_hpu_graphs=not use_graph)
     else:
-        hidden = module(input_ids, positions, attn_metadata, kv_caches)
+        hidden = module(input_ids, positions, attn_metadata, kv_caches, *extra)
     if mode.is_lazy:
         hpu.mark_step()
     return hidden
