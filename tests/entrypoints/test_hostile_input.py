@@ -6,6 +6,7 @@ truncate_prompt_tokens values that cannot be honoured.
 """
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -128,3 +129,31 @@ def test_truncate_prompt_tokens_bounds(tokenizer, value, status):
     if value == 3:
         completion = run_app(tokenizer, [], requests)[0].json()
         assert completion["usage"]["prompt_tokens"] == 3
+
+
+def test_long_tokenization_does_not_hold_up_a_short_one(tokenizer):
+    """The tokenizer pool: a prompt that takes seconds to encode leaves another thread (and
+    the event loop) free, so a short prompt is encoded at once."""
+    import time
+
+    from vllm.entrypoints.openai.tokenizer_pool import TokenizerPool
+
+    pool = TokenizerPool(tokenizer, workers=2)
+    long_text = "hello world, this is a test. " * 40_000  # ~1.2M chars: seconds to encode
+
+    async def main():
+        await asyncio.gather(pool.encode("warm", True), pool.encode("up", True))  # copies
+        started = time.monotonic()
+        long_job = asyncio.ensure_future(pool.encode(long_text, True))
+        await asyncio.sleep(0.05)
+        short = await pool.encode("Hello", True)
+        short_s = time.monotonic() - started
+        await long_job
+        return short, short_s, time.monotonic() - started
+
+    try:
+        short, short_s, long_s = asyncio.run(main())
+    finally:
+        pool.shutdown()
+    assert short == tokenizer("Hello").input_ids
+    assert short_s < 1.0 and short_s < long_s / 2, (short_s, long_s)
