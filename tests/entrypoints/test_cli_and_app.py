@@ -47,7 +47,8 @@ def test_help_lists_vllm_flags():
                  "--max-model-len", "--gpu-memory-utilization", "--enable-prefix-caching",
                  "--max-num-seqs", "--host", "--port", "--api-key", "--chat-template",
                  "--response-role", "--allowed-origins", "--root-path", "--ssl-keyfile",
-                 "--uvicorn-log-level", "--disable-log-requests", "--max-log-len"):
+                 "--uvicorn-log-level", "--disable-log-requests", "--max-log-len",
+                 "--shutdown-timeout", "--trust-request-chat-template"):
         assert flag in out.stdout, flag
 
 
@@ -126,3 +127,12 @@ def test_no_key_cors_and_chat_template_flag(tokenizer, monkeypatch):
     expected = tokenizer("[user] hello\n", add_special_tokens=False).input_ids
     assert tok.json()["tokens"] == expected
     assert body["usage"]["prompt_tokens"] == len(expected)
+
+
+def test_shutdown_timeout_flag():
+    from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+    assert parse_serve([]).shutdown_timeout == 0  # vLLM's default: abort at once
+    args = parse_serve(["--shutdown-timeout", "30", "--trust-request-chat-template"])
+    assert args.shutdown_timeout == 30 and args.trust_request_chat_template
+    with pytest.raises(ValueError, match="--shutdown-timeout"):
+        validate_parsed_serve_args(parse_serve(["--shutdown-timeout", "-1"]))
