@@ -78,7 +78,9 @@ class ModelConfig:
     max_logprobs: int = 20
     """Largest logprobs / prompt_logprobs a request may ask for."""
     quantization: Optional[str] = None
-    """Quantization method of the weights (only None is supported: GGUF is dequantized)."""
+    """Quantization method of the weights: fp8 (quantize at load), or the checkpoint's
+    (compressed-tensors, gptq, awq, inc, gguf); default: the checkpoint's
+    quantization_config, if any."""
     revision: Optional[str] = None
     """Branch, tag or commit of a Hugging Face Hub model id (default: main)."""
     trust_remote_code: bool = False
@@ -103,11 +105,10 @@ class ModelConfig:
     tokenizer_path: str = field(init=False, default="")
     hf_config: Any = field(init=False, default=None, repr=False)
     torch_dtype: torch.dtype = field(init=False, default=torch.float32)
+    quant_config: Any = field(init=False, default=None, repr=False)
+    """The parsed QuantizationConfig (None: unquantized), validated at start."""
 
     def __post_init__(self) -> None:
-        if self.quantization not in (None, "gguf"):
-            raise ValueError(f"quantization={self.quantization!r} is not supported; "
-                             "supported: None (GGUF weights are dequantized on load).")
         if self.dtype not in ("auto", *_DTYPES):
             raise ValueError(f"dtype={self.dtype!r} is not supported; choose auto, float32, "
                              "bfloat16 or float16.")
@@ -128,6 +129,8 @@ class ModelConfig:
             raise ValueError("hf_overrides must be a dict of config attributes, got "
                              f"{type(self.hf_overrides).__name__}.")
         apply_hf_overrides(self.hf_config, self.hf_overrides)
+        from vllm.model_executor.layers.quantization import build_quant_config
+        self.quant_config = build_quant_config(self.quantization, self.hf_config)
         self.torch_dtype = self._resolve_dtype()
         self._resolve_max_model_len()
         if not self.served_model_name:

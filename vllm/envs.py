@@ -46,6 +46,9 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                              "'auto' times the native AVX512-BF16 GEMM, oneDNN and torch per "
                              "weight shape and row count at start-up (cached) and uses the "
                              "fastest; 1 forces the native GEMM, 0 forces oneDNN."),
+    # ---- quantization ----
+    "VLLM_FP8_WEIGHT_SCALE": (str, "tensor", "Scales of weights quantized by --quantization "
+                              "fp8: 'tensor' (one per tensor, vLLM's default) or 'channel'."),
     # ---- server ----
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": (_bool, False, "Serve POST /v1/load_lora_adapter and "
                                          "/v1/unload_lora_adapter (local development only)."),

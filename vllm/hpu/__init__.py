@@ -15,6 +15,7 @@ be exercised and tested off hardware:
 | FusedSDPA, FusedRMSNorm, apply_rotary_pos_emb | hpex kernels | torch equivalents |
 | mixture_of_experts | torch.ops.hpu.mixture_of_experts | all experts, routing-weighted (vllm/hpu/moe.py) |
 | metric_localcontext(name) | hpu.metrics | graph_compilation counts `record_compile` |
+| hpu_ops.cast_to_fp8_v2, fp8_gemm_v2, cast_from_fp8, convert_from_uint4 | torch.ops.hpu.* | float8-cast emulation (fp8_ops.py) |
 
 `record_compile` / `compile_count` (compile accounting) and `track_alloc` /
 `track_free` (fake memory ledger) are ours in both modes. The mode is fixed at
@@ -42,12 +43,16 @@ if _FAKE:
     from vllm.hpu.fake_kernels import (FusedRMSNorm, FusedSDPA, RotaryPosEmbeddingMode,
                                        apply_rotary_pos_emb)
     from vllm.hpu.moe import fake_mixture_of_experts as mixture_of_experts
+    from vllm.hpu import fp8_ops as hpu_ops
 else:  # pragma: no cover - needs a Gaudi image
     from vllm.hpu.real import (FusedRMSNorm, FusedSDPA, RotaryPosEmbeddingMode,
                                apply_rotary_pos_emb, device_count, is_lazy, mark_step,
                                mem_get_info, metric_localcontext, set_device, synchronize,
                                wrap_in_hpu_graph)
     from vllm.hpu.moe import real_mixture_of_experts as mixture_of_experts
+
+    import torch as _torch
+    hpu_ops = _torch.ops.hpu  # the real fp8 / int4 ops, loaded with habana_frameworks
 
     def graph_stats(module):  # type: ignore[no-redef]
         raise ValueError("graph_stats is only kept by the fake HPU graph recorder.")
@@ -64,7 +69,7 @@ def torch_device_type() -> str:
 
 
 __all__ = [
-    "FusedRMSNorm", "FusedSDPA", "RotaryPosEmbeddingMode", "apply_rotary_pos_emb",
+    "FusedRMSNorm", "FusedSDPA", "hpu_ops", "RotaryPosEmbeddingMode", "apply_rotary_pos_emb",
     "compile_count", "device_count", "graph_stats", "is_fake_hpu", "is_lazy", "mark_step",
     "mem_get_info", "metric_localcontext", "mixture_of_experts", "record_compile",
     "reset_compile_stats", "reset_tracked_memory", "set_device", "synchronize",

@@ -18,6 +18,8 @@ from typing import Any, Iterator, Union
 import torch
 from torch import nn
 
+from vllm.model_executor.layers.quantization import (process_weights_after_loading,
+                                                     quant_config_scope)
 from vllm.model_executor.models.registry import ModelRegistry
 
 logger = logging.getLogger(__name__)
@@ -42,19 +44,32 @@ def get_model(vllm_config: Any, device: Union[str, torch.device] = "cpu") -> nn.
     load_format = vllm_config.load_config.load_format
     model_cls, arch = ModelRegistry.resolve_model_cls(model_config.architectures)
     start = time.perf_counter()
-    with torch.no_grad(), _default_dtype(model_config.torch_dtype), torch.device(device):
+    quant_config = getattr(model_config, "quant_config", None)
+    with (torch.no_grad(), _default_dtype(model_config.torch_dtype), torch.device(device),
+          quant_config_scope(quant_config)):
         model = model_cls(vllm_config=vllm_config)
-    with torch.no_grad():
+    with torch.no_grad(), torch.device(device):
         if load_format == "dummy":
             _init_dummy_weights(model, model_config.seed)
         else:
             model.load_weights(iterate_weights(model_config.model_path, load_format))
+        process_weights_after_loading(model)
     model.eval()
-    logger.info("Loaded %s (%s) from %s in %.2f s (%s, %.1f M parameters)", arch,
-                model_config.torch_dtype, model_config.model_path,
+    logger.info("Loaded %s (%s) from %s in %.2f s (%s, %.1f M parameters, weights %.1f MiB"
+                "%s)", arch, model_config.torch_dtype, model_config.model_path,
                 time.perf_counter() - start, "dummy weights" if load_format == "dummy" else
-                load_format, sum(p.numel() for p in model.parameters()) / 1e6)
+                load_format, sum(p.numel() for p in model.parameters()) / 1e6,
+                weight_bytes(model) / 2**20,
+                f", {quant_config.weight_summary()}" if quant_config is not None else "")
     return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (tied tensors once)."""
+    seen: dict[int, int] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
+    return sum(seen.values())
 
 
 def _init_dummy_weights(model: nn.Module, seed: int, low: float = -1e-3,

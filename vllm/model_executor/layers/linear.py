@@ -10,6 +10,13 @@ Column-parallel layers split the output features; row-parallel layers split the
 input features and all-reduce their output. A column-parallel layer followed by a
 row-parallel one therefore needs exactly one all-reduce.
 
+Quantization enters through one object per layer, `quant_method` (vLLM's
+LinearMethodBase idea, see layers/quantization/): it creates the weight parameters,
+repacks them after loading and computes `x @ W^T`. Without a quantization config it
+is `UnquantizedLinearMethod` (a `weight` [out, in] and the packed bf16 CPU GEMM).
+Parameters of any method carry `output_dim` / `input_dim`, which the loaders below
+use to shard them and to place merged parts (see quantization/base_config.py).
+
 `forward` returns the output tensor only (vLLM returns `(output, bias)`; nothing
 here skips the bias add, so the tuple would only cost allocations).
 """
@@ -24,7 +31,8 @@ from vllm.distributed import (get_tensor_model_parallel_rank,
                               get_tensor_model_parallel_world_size,
                               tensor_model_parallel_all_gather,
                               tensor_model_parallel_all_reduce)
-from vllm.model_executor.layers.cpu_gemm import linear
+from vllm.model_executor.layers.quantization import current_quant_method
+from vllm.model_executor.layers.quantization.base_config import make_param
 
 
 def divide(numerator: int, denominator: int, what: str) -> int:
@@ -34,13 +42,9 @@ def divide(numerator: int, denominator: int, what: str) -> int:
     return numerator // denominator
 
 
-def _new_param(*shape: int, dtype: Optional[torch.dtype]) -> nn.Parameter:
-    """Uninitialized, frozen parameter: inference never needs gradients."""
-    return nn.Parameter(torch.empty(*shape, dtype=dtype or torch.get_default_dtype()),
-                        requires_grad=False)
-
-
 def _copy_checked(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
+    if dst.shape != src.shape and dst.numel() == src.numel() == 1:
+        src = src.reshape(dst.shape)  # a scalar scale saved as [] or [1]
     if dst.shape != src.shape:
         raise ValueError(f"shape mismatch loading {name}: checkpoint slice "
                          f"{tuple(src.shape)}, parameter {tuple(dst.shape)}.")
@@ -63,12 +67,16 @@ class LinearBase(nn.Module):
         self.tp_size = get_tensor_model_parallel_world_size()
         self.tp_rank = get_tensor_model_parallel_rank()
 
-    def _create_params(self, out_features: int, in_features: int, bias: bool) -> None:
-        self.weight = _new_param(out_features, in_features, dtype=self.params_dtype)
-        self.weight.weight_loader = self.weight_loader
+        self.quant_method = current_quant_method(self, prefix)
+
+    def _create_params(self, out_partition_sizes: list[int], in_features: int,
+                       bias: bool) -> None:
+        """The quant method's weight parameters, then the (never quantized) bias."""
+        dtype = self.params_dtype or torch.get_default_dtype()
+        self.quant_method.create_weights(self, in_features, out_partition_sizes, dtype)
         if bias:
-            self.bias = _new_param(out_features, dtype=self.params_dtype)
-            self.bias.weight_loader = self.weight_loader
+            self.bias = make_param((sum(out_partition_sizes),), dtype, 0, None,
+                                   self.weight_loader)
         else:
             self.register_parameter("bias", None)
 
@@ -77,8 +85,9 @@ class LinearBase(nn.Module):
         raise NotImplementedError
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.weight.shape[1]}, out_features={self.weight.shape[0]}, "
-                f"bias={self.bias is not None}, tp_size={self.tp_size}")
+        return (f"in_features={self.input_size}, out_features={self.output_size}, "
+                f"bias={self.bias is not None}, tp_size={self.tp_size}, "
+                f"quant_method={type(self.quant_method).__name__}")
 
 
 class ReplicatedLinear(LinearBase):
@@ -87,13 +96,13 @@ class ReplicatedLinear(LinearBase):
     def __init__(self, input_size: int, output_size: int, bias: bool = True,
                  params_dtype: Optional[torch.dtype] = None, prefix: str = "") -> None:
         super().__init__(input_size, output_size, params_dtype, prefix)
-        self._create_params(output_size, input_size, bias)
+        self._create_params([output_size], input_size, bias)
 
     def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
         _copy_checked(param.data, loaded_weight, self.prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(self, x, self.weight, self.bias)
+        return self.quant_method.apply(self, x, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -106,14 +115,39 @@ class ColumnParallelLinear(LinearBase):
         self.gather_output = gather_output
         self.output_size_per_partition = divide(output_size, self.tp_size,
                                                 f"output size of {prefix or 'layer'}")
-        self._create_params(self.output_size_per_partition, input_size, bias)
+        self._create_params(self.output_partition_sizes(), input_size, bias)
+
+    def output_partition_sizes(self) -> list[int]:
+        """This rank's output features of each merged part (one part here)."""
+        return [self.output_size_per_partition]
 
     def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
-        n = param.shape[0]
-        _copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * n, n), self.prefix)
+        dim = param.output_dim
+        if dim is not None:
+            n = param.shape[dim]
+            loaded_weight = loaded_weight.narrow(dim, self.tp_rank * n, n)
+        _copy_checked(param.data, loaded_weight, self.prefix)
+
+    def _load_part(self, param, loaded_weight, part: int, start: int, size: int,
+                   src_index: int) -> None:
+        """Copy merged part `part` (this rank's output features [start, start+size),
+        taken as slice `src_index` of the checkpoint tensor) into `param`, whose
+        output dimension may be packed or grouped (placed by proportion)."""
+        name = f"{self.prefix}[{part}]"
+        if getattr(param, "shard_indexed", False):
+            _copy_checked(param.data[part:part + 1], loaded_weight.reshape(1), name)
+            return
+        dim = param.output_dim
+        if dim is None:  # the same for every part (e.g. GPTQ's g_idx)
+            _copy_checked(param.data, loaded_weight, name)
+            return
+        units, total = param.shape[dim], self.output_size_per_partition
+        start, size = start * units // total, size * units // total
+        _copy_checked(param.data.narrow(dim, start, size),
+                      loaded_weight.narrow(dim, src_index * size, size), name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(self, x, self.weight, self.bias)
+        out = self.quant_method.apply(self, x, self.bias)
         if self.gather_output and self.tp_size > 1:
             out = tensor_model_parallel_all_gather(out, dim=-1)
         return out
@@ -136,20 +170,26 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         for size in self.output_sizes:
             divide(size, self.tp_size, f"each output size of {prefix or 'layer'}")
 
+    def output_partition_sizes(self) -> list[int]:
+        return [size // self.tp_size for size in self.output_sizes]
+
     def weight_loader(self, param, loaded_weight, shard_id: Optional[int] = None) -> None:
         if shard_id is None:  # a checkpoint that already stores the merged tensor
-            offset = 0
+            if param.output_dim is None:
+                _copy_checked(param.data, loaded_weight, self.prefix)
+                return
+            offset, dim = 0, param.output_dim
             for i, size in enumerate(self.output_sizes):
-                self.weight_loader(param, loaded_weight.narrow(0, offset, size), i)
-                offset += size
+                n = size * param.shape[dim] * self.tp_size // self.output_size
+                self.weight_loader(param, loaded_weight.narrow(dim, offset, n), i)
+                offset += n
             return
         if not 0 <= shard_id < len(self.output_sizes):
             raise ValueError(f"shard_id must be in [0, {len(self.output_sizes)}), got "
                              f"{shard_id}.")
         n = self.output_sizes[shard_id] // self.tp_size
         start = sum(self.output_sizes[:shard_id]) // self.tp_size
-        _copy_checked(param.data.narrow(0, start, n),
-                      loaded_weight.narrow(0, self.tp_rank * n, n), f"{self.prefix}[{shard_id}]")
+        self._load_part(param, loaded_weight, shard_id, start, n, self.tp_rank)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -186,12 +226,20 @@ class QKVParallelLinear(ColumnParallelLinear):
         output_size = (self.num_heads + 2 * self.num_kv_heads) * tp_size * head_size
         super().__init__(hidden_size, output_size, bias, False, params_dtype, prefix)
 
+    def output_partition_sizes(self) -> list[int]:
+        return [self.q_size, self.kv_size, self.kv_size]
+
     def weight_loader(self, param, loaded_weight, shard_id: Optional[str] = None) -> None:
         if shard_id is None:  # checkpoint with a fused qkv tensor
-            q = self.total_num_heads * self.head_size
-            kv = self.total_num_kv_heads * self.head_size
+            if param.output_dim is None:
+                _copy_checked(param.data, loaded_weight, self.prefix)
+                return
+            dim = param.output_dim
+            full = (self.total_num_heads + 2 * self.total_num_kv_heads) * self.head_size
+            q = self.total_num_heads * self.head_size * loaded_weight.shape[dim] // full
+            kv = self.total_num_kv_heads * self.head_size * loaded_weight.shape[dim] // full
             for sid, (start, size) in zip("qkv", ((0, q), (q, kv), (q + kv, kv))):
-                self.weight_loader(param, loaded_weight.narrow(0, start, size), sid)
+                self.weight_loader(param, loaded_weight.narrow(dim, start, size), sid)
             return
         if shard_id == "q":
             dst_start, size, src_index = 0, self.q_size, self.tp_rank
@@ -200,9 +248,8 @@ class QKVParallelLinear(ColumnParallelLinear):
             size, src_index = self.kv_size, self.tp_rank // self.num_kv_head_replicas
         else:
             raise ValueError(f"shard_id must be 'q', 'k' or 'v', got {shard_id!r}.")
-        _copy_checked(param.data.narrow(0, dst_start, size),
-                      loaded_weight.narrow(0, src_index * size, size),
-                      f"{self.prefix}[{shard_id}]")
+        self._load_part(param, loaded_weight, "qkv".index(shard_id), dst_start, size,
+                        src_index)
 
 
 class RowParallelLinear(LinearBase):
@@ -219,22 +266,22 @@ class RowParallelLinear(LinearBase):
         self.reduce_results = reduce_results
         self.input_size_per_partition = divide(input_size, self.tp_size,
                                                f"input size of {prefix or 'layer'}")
-        self._create_params(output_size, self.input_size_per_partition, bias)
+        self._create_params([output_size], self.input_size_per_partition, bias)
 
     def weight_loader(self, param, loaded_weight, shard_id=None) -> None:
-        if param.dim() == 1:  # the bias is not split
-            _copy_checked(param.data, loaded_weight, self.prefix)
-            return
-        n = param.shape[1]
-        _copy_checked(param.data, loaded_weight.narrow(1, self.tp_rank * n, n), self.prefix)
+        dim = param.input_dim
+        if dim is not None:  # the bias and per-output scales are not split
+            n = param.shape[dim]
+            loaded_weight = loaded_weight.narrow(dim, self.tp_rank * n, n)
+        _copy_checked(param.data, loaded_weight, self.prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return linear(self, x, self.weight, self.bias)
+            return self.quant_method.apply(self, x, self.bias)
         if not self.input_is_parallel:
             n = self.input_size_per_partition
             x = x.narrow(-1, self.tp_rank * n, n)
-        out = linear(self, x, self.weight)
+        out = self.quant_method.apply(self, x)
         if self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)
         if self.bias is not None:

@@ -1,0 +1,77 @@
+"""FP8 (float8_e4m3fn) quantization and the fp8 linear product, per platform.
+
+Weights are stored as fp8 with a float32 scale per output channel (a per-tensor
+scale is stored expanded to every channel of its part, which is exact and lets
+merged q/k/v parts keep their own scales). Activations are quantized per token at
+run time (dynamic) or with one checkpoint scale (static). The product is
+`(x_q @ w_q^T) * x_scale * w_scale`, which every path computes with fp32
+accumulation; fp8 values and their pairwise products are exact in float32, so
+the paths differ only in summation order and the final rounding.
+
+CPU: `torch._scaled_mm` exists on CPU in this torch, but measured 10-30x slower than
+the bf16 GEMM at decode sizes (it converts through oneDNN each call), so the CPU
+path converts the fp8 weight to the activation dtype per call (exact: every fp8
+value is a bf16 value) and runs the ordinary GEMM on it.
+HPU: the shim's `cast_to_fp8_v2` / `fp8_gemm_v2` (Gaudi's ops; emulated off it).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
+_MIN_SCALE = 1e-12
+
+
+def scaled_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale, saturated to the fp8 range and rounded to fp8."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def per_token_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_q, scale [M, 1]): each row scaled so its largest magnitude maps to FP8_MAX."""
+    scale = (x.abs().amax(-1, keepdim=True).float() / FP8_MAX).clamp(min=_MIN_SCALE)
+    return scaled_fp8(x, scale), scale
+
+
+def quantize_weight(weight: torch.Tensor, per_channel: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(w_q [N, K] fp8, scale [N] float32) of a float weight [N, K]."""
+    w = weight.float()
+    amax = w.abs().amax(-1) if per_channel else w.abs().amax().expand(w.shape[0])
+    scale = (amax / FP8_MAX).clamp(min=_MIN_SCALE).contiguous()
+    return scaled_fp8(w, scale.unsqueeze(1)), scale
+
+
+def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+               input_scale: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+               on_hpu: bool) -> torch.Tensor:
+    """x [.., K] @ dequant(w_q [N, K])^T (+ bias), activations quantized to fp8."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if input_scale is None:
+        x_q, x_scale = per_token_fp8(x2)
+    else:
+        x_scale = input_scale.float().reshape(1, 1)
+        x_q = scaled_fp8(x2, x_scale)
+    if on_hpu:
+        from vllm.hpu import hpu_ops
+        out = hpu_ops.fp8_gemm_v2(x_q, False, w_q, True, None, x.dtype, x_scale, w_scale,
+                                  bias, False)
+    else:
+        out = _cpu_fp8_gemm(x_q, x_scale, w_q, w_scale, bias, x.dtype)
+    return out.reshape(*shape[:-1], w_q.shape[0])
+
+
+def _cpu_fp8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor,
+                  w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    compute = out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.float32
+    out = F.linear(x_q.to(compute), w_q.to(compute)).float()
+    out = out * x_scale.expand(out.shape[0], 1) * w_scale.float()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
