@@ -63,11 +63,6 @@ class TemplateSandbox:
         self._lock: Optional[asyncio.Lock] = None
         self._proc_lock = threading.Lock()
 
-    @property
-    def pid(self) -> Optional[int]:
-        proc = self._proc
-        return proc.pid if proc is not None and proc.poll() is None else None
-
     def start(self) -> subprocess.Popen:
         """Start the helper if none is running. Returns at once: it imports and reads the
         tokenizer in the background, so that cost is not a request's (nor its deadline's)."""
