@@ -41,7 +41,9 @@ def test_current_vllm_names_and_labels(http, model_name):
                  "vllm:e2e_request_latency_seconds_bucket",
                  "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-                 "vllm:request_success_total", "vllm:prefix_cache_queries_total"):
+                 "vllm:request_success_total", "vllm:prefix_cache_queries_total",
+                 "vllm:request_params_n_bucket", "vllm:request_params_max_tokens_bucket",
+                 "vllm:request_max_num_generation_tokens_bucket"):
         assert name in after, name
         for s in after[name]:
             assert ENGINE <= set(s.labels), (name, s.labels)
@@ -56,6 +58,9 @@ def test_current_vllm_names_and_labels(http, model_name):
         return value(after, name, **labels) - value(before, name, **labels)
 
     assert grew("vllm:request_success_total", finished_reason="length") == 2
+    assert grew("vllm:request_params_max_tokens_sum") == 2 * 6
+    assert grew("vllm:request_params_n_sum") == 2
+    assert grew("vllm:request_max_num_generation_tokens_sum") == 2 * 6
     assert grew("vllm:inter_token_latency_seconds_count") >= 2 * 5
     assert grew("vllm:request_time_per_output_token_seconds_count") == 2
     assert grew("vllm:request_prefill_time_seconds_count") == 2

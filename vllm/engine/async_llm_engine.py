@@ -433,7 +433,7 @@ class AsyncLLMEngine:
                 error = exc
         if error is None:
             self._streams[cmd.request_id] = cmd.stream
-            self.stats.on_request_added(cmd.request_id)
+            self.stats.on_request_added(cmd.request_id, cmd.params)
         deliveries.append((cmd.accepted, error))
 
     def _handle_call(self, cmd: _Call, deliveries: list) -> None:
