@@ -80,6 +80,12 @@ def test_method_resolution(monkeypatch):
         multiproc_utils.resolve_mp_method()
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     assert multiproc_utils.resolve_mp_method() == "fork"  # this test process: CPU only
+    import types
+    monkeypatch.setitem(sys.modules, "habana_frameworks.torch",
+                        types.ModuleType("habana_frameworks.torch"))
+    assert "HPU runtime" in multiproc_utils.fork_unsafe_reason()
+    assert multiproc_utils.resolve_mp_method() == "spawn"
+    monkeypatch.delitem(sys.modules, "habana_frameworks.torch")
     monkeypatch.setattr(multiproc_utils, "fork_unsafe_reason",
                         lambda: "CUDA was initialized in this process")
     assert multiproc_utils.resolve_mp_method() == "spawn"

@@ -110,10 +110,9 @@ def fork_unsafe_reason() -> Optional[str]:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA was initialized in this process"
-    hpu = getattr(torch, "hpu", None) if torch is not None else None
-    if "habana_frameworks" in sys.modules and hpu is not None and \
-            getattr(hpu, "is_initialized", lambda: False)():
-        return "the HPU runtime was initialized in this process"
+    if "habana_frameworks.torch" in sys.modules:
+        # Loading the Gaudi bridge already starts its runtime threads (see HPU.md).
+        return "the HPU runtime (habana_frameworks.torch) is loaded in this process"
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         return "Ray was initialized in this process"
