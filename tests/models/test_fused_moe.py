@@ -58,3 +58,23 @@ def test_expert_weight_loading_and_names():
     assert expert_param_name("m.layers.0.block_sparse_moe.experts.1.w2.weight") == (
         "m.layers.0.block_sparse_moe.experts.w2_weight", ("w2", 1))
     assert expert_param_name("model.layers.0.mlp.shared_expert.up_proj.weight") is None
+
+
+def test_bf16_packed_experts_match_plain_linear():
+    from vllm.model_executor.layers.cpu_gemm import PACKS_ATTR, drop_packed_weights
+    from vllm.native import cpu_ops
+    if not cpu_ops.gemm_supported():
+        pytest.skip("no AVX512-BF16 native GEMM on this CPU")
+    torch.manual_seed(0)
+    layer = FusedMoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=96,
+                     params_dtype=torch.bfloat16)
+    layer.w13_weight.data.normal_(0, 0.1)
+    layer.w2_weight.data.normal_(0, 0.1)
+    x, logits = torch.randn(9, 64, dtype=torch.bfloat16), torch.randn(9, 4)
+    with torch.no_grad():
+        packed = layer(x, logits)
+        assert PACKS_ATTR in layer.__dict__
+        ref = _reference(x, logits, layer.w13_weight, layer.w2_weight, 2, True)
+        torch.testing.assert_close(packed.double(), ref, atol=0.05, rtol=0.02)
+        drop_packed_weights(layer)  # what load_weights does before new weights
+        assert PACKS_ATTR not in layer.__dict__

@@ -28,8 +28,10 @@ from torch import nn
 from vllm.distributed import (get_tensor_model_parallel_rank,
                               get_tensor_model_parallel_world_size,
                               tensor_model_parallel_all_reduce)
+from vllm.model_executor.layers.cpu_gemm import PACKS_ATTR
 from vllm.model_executor.layers.fused_moe.routing import select_experts
 from vllm.model_executor.layers.linear import divide
+from vllm.native import cpu_ops
 
 
 _EXPERT_WEIGHT = re.compile(
@@ -118,25 +120,64 @@ class FusedMoE(nn.Module):
 
     def _forward_grouped(self, x: torch.Tensor, topk_weights: torch.Tensor,
                          topk_ids: torch.Tensor) -> torch.Tensor:
-        """One GEMM pass per routed expert over the rows routed to it."""
+        """One GEMM pass per routed expert over the rows routed to it.
+
+        Expert outputs land in one buffer in routing order; each token then sums its
+        k rows in ascending expert order (the order of an expert-by-expert
+        `index_add_`, as transformers does, without its slow bf16 CPU kernel)."""
         flat_ids = topk_ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
         token_of = order // self.top_k  # row of x for each sorted (token, slot)
         weight_of = topk_weights.reshape(-1)[order]
         counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
-        out = torch.zeros_like(x)
+        ys = torch.empty(flat_ids.numel(), self.hidden_size, dtype=x.dtype, device=x.device)
+        packs = self._packed_experts(x)
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
             rows = token_of[start:start + count]
-            h = F.linear(x.index_select(0, rows), self.w13_weight[expert])
+            xs = x.index_select(0, rows)
+            if packs is None:
+                h = F.linear(xs, self.w13_weight[expert])
+            else:
+                h = cpu_ops.gemm_bf16_packed(xs, packs[expert][0], self.w13_weight.shape[1])
             gate, up = h.chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.w2_weight[expert])
-            y = y * weight_of[start:start + count, None].to(y.dtype)
-            out.index_add_(0, rows, y)
+            act = F.silu(gate) * up
+            if packs is None:
+                y = F.linear(act, self.w2_weight[expert])
+            else:
+                y = cpu_ops.gemm_bf16_packed(act, packs[expert][1], self.hidden_size)
+            ys[start:start + count] = y * weight_of[start:start + count, None].to(y.dtype)
             start += count
+        by_token = torch.argsort(token_of * self.num_experts + flat_ids[order])
+        per_token = ys[by_token].view(x.shape[0], self.top_k, self.hidden_size)
+        out = per_token[:, 0].clone()
+        for slot in range(1, self.top_k):
+            out += per_token[:, slot]
         return out
+
+    def _packed_experts(self, x: torch.Tensor) -> Optional[list[tuple[torch.Tensor,
+                                                                        torch.Tensor]]]:
+        """Per-expert (w13, w2) packed for the native bf16 GEMM, built on first use (bf16
+        on a CPU with AVX512-BF16), as the dense layers' weights are (cpu_gemm.py): it
+        avoids oneDNN re-blocking every expert weight at every call. Kept under the
+        attribute `drop_packed_weights` clears, so reloading weights repacks."""
+        packs = self.__dict__.get(PACKS_ATTR)
+        if packs is not None:
+            return packs
+        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.requires_grad
+                or self.w13_weight.dtype != torch.bfloat16 or not cpu_ops.gemm_supported()):
+            return None
+        packs = []
+        for e in range(self.num_experts):
+            p13 = cpu_ops.pack_bf16(self.w13_weight[e])
+            p2 = cpu_ops.pack_bf16(self.w2_weight[e])
+            if p13 is None or p2 is None:
+                return None
+            packs.append((p13, p2))
+        self.__dict__[PACKS_ATTR] = packs
+        return packs
 
     def _forward_hpu(self, x: torch.Tensor, topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor) -> torch.Tensor:
