@@ -21,7 +21,8 @@ class ForwardContext:
     kv_caches: list[torch.Tensor]
     """One KV cache tensor per attention layer of this rank, indexed by layer index."""
     attn_impl: Any
-    """Object with `forward(layer, query, key, value, kv_cache, attn_metadata)`."""
+    """The backend the runner built `attn_metadata` for: the platform's, which the
+    Attention layers chose when they were built (attention/selector.py)."""
 
 
 _forward_context: Optional[ForwardContext] = None

@@ -185,11 +185,13 @@ def test_rotary_modes():
     assert torch.equal(out[..., 4:], x[..., 4:])
     cos_p = angles.cos().repeat_interleave(2, -1)
     sin_p = angles.sin().repeat_interleave(2, -1)
-    out_p = hpu.apply_rotary_pos_emb(x, cos_p, sin_p, None,
+    out_p = hpu.apply_rotary_pos_emb(x, cos_p, sin_p, None, 0,
                                      hpu.RotaryPosEmbeddingMode.PAIRWISE)
     e, o = x[..., 0:4:2], x[..., 1:4:2]
     assert torch.allclose(out_p[..., 0:4:2], e * angles.cos() - o * angles.sin(), atol=1e-6)
     assert torch.allclose(out_p[..., 1:4:2], o * angles.cos() + e * angles.sin(), atol=1e-6)
+    with pytest.raises(ValueError, match="offset=0"):
+        hpu.apply_rotary_pos_emb(x, cos_p, sin_p, None, 3)
 
 
 def test_hpu_platform(monkeypatch):

@@ -37,8 +37,8 @@ def test_rotary_matches_transformers_at_any_position(rope):
                                       rope_parameters=params)
     positions = torch.tensor([0, 5, 4095, 17, 1000, 3])  # decode-like, unordered
     q, k = torch.randn(6, 4 * head_dim), torch.randn(6, 2 * head_dim)
-    ours = get_rope(head_dim, head_dim, 4096, theta, rope)(positions, q, k)
     ref = _hf_rotary(config, positions, q, k, head_dim)
+    ours = get_rope(head_dim, head_dim, 4096, theta, rope)(positions, q.clone(), k.clone())
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
@@ -46,7 +46,7 @@ def test_rotary_matches_transformers_at_any_position(rope):
 def test_partial_rotary_leaves_the_tail_alone():
     rope = get_rope(8, 4, 16, 10000.0)
     q, k = torch.randn(3, 16), torch.randn(3, 8)
-    q_out, k_out = rope(torch.tensor([1, 2, 3]), q, k)
+    q_out, k_out = rope(torch.tensor([1, 2, 3]), q.clone(), k.clone())  # in place on CPU
     assert torch.equal(q_out.view(3, 2, 8)[..., 4:], q.view(3, 2, 8)[..., 4:])
     assert not torch.allclose(q_out.view(3, 2, 8)[..., :4], q.view(3, 2, 8)[..., :4])
 
@@ -62,8 +62,8 @@ def test_unsupported_rope_type_is_rejected():
 def test_rmsnorm_fused_residual_equals_add_then_norm(monkeypatch, native):
     """Both paths: the native kernel (in place, like vLLM's fused_add_rms_norm) and torch."""
     if not native:
-        monkeypatch.setattr(cpu_ops, "usable", lambda t: False)
-    elif not cpu_ops.usable(torch.empty(0)):
+        monkeypatch.setattr(cpu_ops, "supports", lambda dtype: False)
+    elif not cpu_ops.supports(torch.float32):
         pytest.skip("native CPU kernels unavailable")
     norm = RMSNorm(32, eps=1e-5)
     norm.weight.data.uniform_(0.5, 1.5)

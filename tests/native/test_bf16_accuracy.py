@@ -34,7 +34,7 @@ def test_native_bf16_is_as_accurate_as_torch_bf16(monkeypatch):
     ref = _prompt_logprobs("float32", text)
     assert 200 < len(ref) < 500
     native = _prompt_logprobs("bfloat16", text)
-    monkeypatch.setattr(cpu_ops, "usable", lambda t: False)
+    monkeypatch.setattr(cpu_ops, "supports", lambda dtype: False)
     monkeypatch.setattr(cpu_ops, "_GEMM", {"ok": False})
     plain = _prompt_logprobs("bfloat16", text)
     err_native = float(np.abs(native - ref).mean())

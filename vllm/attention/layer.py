@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm.attention.ops.masked_attention import masked_attention
+from vllm.attention.selector import get_attn_backend
 from vllm.forward_context import get_forward_context
 
 
@@ -25,6 +26,10 @@ class Attention(nn.Module):
     Inputs are flattened token-major tensors: query [T, num_heads * head_size],
     key/value [T, num_kv_heads * head_size] (heads of this TP rank only). Rotary
     embedding is applied by the model before calling this layer.
+
+    The backend (`self.impl`) is the current platform's, chosen once when the layer
+    is built (attention/selector.py); the runner supplies its per-step metadata and
+    the KV caches through the forward context.
     """
 
     def __init__(self, num_heads: int, head_size: int, scale: float,
@@ -45,6 +50,7 @@ class Attention(nn.Module):
                              f"({self.num_kv_heads}).")
         self.layer_name = prefix
         self.layer_idx = extract_layer_index(prefix) if prefix else 0
+        self.impl = get_attn_backend()
 
     def forward(self, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor) -> torch.Tensor:
@@ -52,7 +58,7 @@ class Attention(nn.Module):
         if ctx is None or ctx.attn_metadata is None:
             return self._causal_no_cache(query, key, value)
         kv_cache = ctx.kv_caches[self.layer_idx] if ctx.kv_caches else None
-        return ctx.attn_impl.forward(self, query, key, value, kv_cache, ctx.attn_metadata)
+        return self.impl.forward(self, query, key, value, kv_cache, ctx.attn_metadata)
 
     def _causal_no_cache(self, query: torch.Tensor, key: torch.Tensor,
                          value: torch.Tensor) -> torch.Tensor:

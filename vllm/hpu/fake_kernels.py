@@ -91,16 +91,19 @@ def _rotate(x: torch.Tensor, mode: RotaryPosEmbeddingMode) -> torch.Tensor:
 
 
 def apply_rotary_pos_emb(p: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         position_ids: Optional[torch.Tensor] = None,
+                         position_ids: Optional[torch.Tensor] = None, offset: int = 0,
                          mode: RotaryPosEmbeddingMode = RotaryPosEmbeddingMode.BLOCKWISE
                          ) -> torch.Tensor:
     """p * cos + rotate(p) * sin over the first cos.shape[-1] channels of p.
 
-    `cos`/`sin` hold the full rotary width (frequencies repeated per half for
-    BLOCKWISE, per pair for PAIRWISE) and broadcast against p; with `position_ids`
-    they are tables indexed by position first. Channels past the rotary width (partial
-    rotary) pass through unchanged.
+    The hpex kernel's signature. `cos`/`sin` hold the full rotary width (frequencies
+    repeated per half for BLOCKWISE, per pair for PAIRWISE) and broadcast against p;
+    with `position_ids` they are tables indexed by position first. Channels past the
+    rotary width (partial rotary) pass through unchanged. `offset` (a shift into the
+    tables, Megatron style) is not modelled: only 0 is accepted.
     """
+    if offset != 0:
+        raise ValueError(f"the fake apply_rotary_pos_emb supports offset=0 only, got {offset}.")
     if position_ids is not None:
         cos, sin = cos[position_ids], sin[position_ids]
     rot = cos.shape[-1]

@@ -7,11 +7,19 @@ strides; the C side trusts them, so the shape checks live here.
 
 Each op has a torch twin in the module that calls it (RMSNorm, RotaryEmbedding,
 SiluAndMul, the torch_sdpa backend): the twin is the reference in the tests and the
-path taken whenever `usable` is false.
+path taken whenever `supports` is false.
+
+torch.compile: every kernel is also a torch custom op (`torch.ops.vllm.*`, declared
+with the arguments it mutates and a fake implementation that only makes the output
+shapes). Traced code sees one opaque call instead of ctypes calls on raw data
+pointers, which dynamo cannot trace (a graph break per call, and guards that made it
+recompile on every new tensor). Eager calls skip the dispatcher and call the kernel
+directly: going through `torch.ops` costs ~40 us per call, more than the kernels
+themselves at decode sizes. Both ways run the same function, so results are identical.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -21,10 +29,44 @@ from vllm.native.loader import get_native_lib
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 
+def supports(dtype: torch.dtype) -> bool:
+    """Whether the native kernels take this dtype (float32/bf16) and the library loaded.
+
+    The CPU layers ask this; they run only on the CPU platform, so the device is known.
+    """
+    return dtype in DTYPE_CODES and _lib_loaded()
+
+
+@torch.compiler.assume_constant_result
+def _lib_loaded() -> bool:
+    """Constant per process for torch.compile (no guard on the loader's state)."""
+    return get_native_lib() is not None
+
+
 def usable(t: torch.Tensor) -> bool:
     """Whether the native kernels can take this tensor (CPU, float32/bf16, lib loaded)."""
-    return (t.device.type == "cpu" and t.dtype in DTYPE_CODES
-            and get_native_lib() is not None)
+    return t.device.type == "cpu" and supports(t.dtype)
+
+
+def _torch_op(name: str, mutates_args: Iterable[str],
+              fake: Callable[..., Any]) -> Callable[[Callable], Callable]:
+    """Register `fn` as the custom op `torch.ops.vllm.<name>` with `fake` as its meta
+    function; the returned callable runs the op while torch.compile traces, else `fn`."""
+    def register(fn: Callable) -> Callable:
+        op = torch.library.custom_op(f"vllm::{name}", fn, mutates_args=tuple(mutates_args))
+        op.register_fake(fake)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():
+                return op(*args, **kwargs)
+            return fn(*args, **kwargs)
+        call.__name__, call.__doc__, call.op = fn.__name__, fn.__doc__, op
+        return call
+    return register
+
+
+def _no_output(*args: Any) -> None:
+    return None
 
 
 def _rows_ok(t: torch.Tensor, name: str) -> None:
@@ -39,8 +81,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """Normalize rows of `x` [T, d] into `out` (new when None; may be `x` itself).
 
     With `residual`, first `residual <- x + residual` in place, then normalize that
-    sum: vLLM's fused_add_rms_norm.
+    sum: vLLM's fused_add_rms_norm. Under torch.compile the two forms the layers use
+    (a new output; or residual with `out=x`) are the ops `rms_norm` and
+    `fused_add_rms_norm`.
     """
+    if torch.compiler.is_compiling():
+        if residual is None and out is None:
+            return _rms_norm_new(x, weight, eps)
+        if residual is not None and out is x:
+            _fused_add_rms_norm(x, residual, weight, eps)
+            return x
+        raise ValueError("under torch.compile rms_norm takes out=None, or residual with "
+                         "out=x.")
+    return _rms_norm(x, weight, eps, residual, out)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+              residual: Optional[torch.Tensor], out: Optional[torch.Tensor]) -> torch.Tensor:
     _rows_ok(x, "x")
     rows, d = x.shape
     if out is None:
@@ -55,19 +112,71 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return out
 
 
+@_torch_op("rms_norm", (), lambda x, weight, eps: x.new_empty(x.shape))
+def _rms_norm_new(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms_norm(x, weight, eps, None, None)
+
+
+@_torch_op("fused_add_rms_norm", ("x", "residual"), _no_output)
+def _fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> None:
+    _rms_norm(x, weight, eps, residual, x)
+
+
+@_torch_op("rotary", ("x",), _no_output)
 def rotary_(x: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
             num_heads: int, head_size: int, rotary_dim: int, is_neox_style: bool) -> None:
     """Rotate heads [0, num_heads) of every row of `x` [T, >= num_heads * head_size] in
     place; `cos_sin_cache` [max_pos, rotary_dim] of `[cos | sin]`, x's dtype."""
     _rows_ok(x, "x")
+    if x.shape[1] < num_heads * head_size:
+        raise ValueError(f"x has {x.shape[1]} features per row, fewer than {num_heads} heads "
+                         f"of {head_size}.")
+    _rotary_rows(x.data_ptr(), x, positions, cos_sin_cache, num_heads, head_size,
+                 rotary_dim, is_neox_style)
+
+
+def _rotary_rows(ptr: int, x: torch.Tensor, positions: torch.Tensor,
+                 cos_sin_cache: torch.Tensor, num_heads: int, head_size: int,
+                 rotary_dim: int, is_neox_style: bool) -> None:
     if positions.dtype != torch.int64 or not positions.is_contiguous():
         positions = positions.to(torch.int64).contiguous()
-    get_native_lib().vllm_rotary(DTYPE_CODES[x.dtype], x.data_ptr(), x.shape[0], x.stride(0),
+    if positions.shape[0] != x.shape[0]:
+        raise ValueError(f"{positions.shape[0]} positions for {x.shape[0]} rows.")
+    get_native_lib().vllm_rotary(DTYPE_CODES[x.dtype], ptr, x.shape[0], x.stride(0),
                                  num_heads, head_size, rotary_dim, positions.data_ptr(),
                                  cos_sin_cache.data_ptr(), int(is_neox_style),
                                  torch.get_num_threads())
 
 
+@_torch_op("rotary_qk", ("query", "key"), _no_output)
+def rotary_qk_(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+               cos_sin_cache: torch.Tensor, head_size: int, rotary_dim: int,
+               is_neox_style: bool) -> None:
+    """Rotate every head of `query` [T, hq * head_size] and `key` [T, hkv * head_size] in
+    place. When `key` directly follows `query` in the same rows (both views of one
+    fused qkv projection, the usual case) one kernel call rotates both."""
+    _rows_ok(query, "query")
+    _rows_ok(key, "key")
+    hq, hkv = query.shape[1] // head_size, key.shape[1] // head_size
+    if hq * head_size != query.shape[1] or hkv * head_size != key.shape[1]:
+        raise ValueError(f"query and key widths must be multiples of head_size={head_size}.")
+    adjacent = (key.dtype == query.dtype and key.stride(0) == query.stride(0)
+                and key.data_ptr() == query.data_ptr() + query.shape[1] * query.element_size())
+    if adjacent:
+        _rotary_rows(query.data_ptr(), query, positions, cos_sin_cache, hq + hkv, head_size,
+                     rotary_dim, is_neox_style)
+        return
+    for x, heads in ((query, hq), (key, hkv)):
+        _rotary_rows(x.data_ptr(), x, positions, cos_sin_cache, heads, head_size, rotary_dim,
+                     is_neox_style)
+
+
+def _silu_and_mul_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], x.shape[1] // 2)
+
+
+@_torch_op("silu_and_mul", (), _silu_and_mul_fake)
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """[T, 2d] -> [T, d]: silu(x[:, :d]) * x[:, d:]."""
     _rows_ok(x, "x")
@@ -79,6 +188,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@_torch_op("write_kv", ("kv_cache",), _no_output)
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Store each token's K and V rows at its slot of a `[2, kv_heads, slots, head]` cache.
@@ -99,6 +209,7 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                                    key.shape[0], kv_heads, head_size, torch.get_num_threads())
 
 
+@_torch_op("decode_attention", ("out",), _no_output)
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, num_heads: int, block_size: int, scale: float,
                      out: torch.Tensor) -> None:
@@ -148,9 +259,25 @@ def pack_bf16(weight: torch.Tensor) -> Optional[torch.Tensor]:
     return out
 
 
+def _gemm_fake(x: torch.Tensor, packed: torch.Tensor, n: int,
+               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], n)
+
+
+@_torch_op("gemm_bf16_packed", (), _gemm_fake)
+def _gemm_bf16_packed(x: torch.Tensor, packed: torch.Tensor, n: int,
+                      bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return _gemm(x, packed, n, bias)
+
+
 def gemm_bf16_packed(x: torch.Tensor, packed: torch.Tensor, n: int,
                      bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)` for bf16 `x` [M, K] with `packed = pack_bf16(weight)`."""
+    return _gemm_bf16_packed(x, packed, n, bias)
+
+
+def _gemm(x: torch.Tensor, packed: torch.Tensor, n: int,
+          bias: Optional[torch.Tensor]) -> torch.Tensor:
     _rows_ok(x, "x")
     m, k = x.shape
     out = torch.empty(m, n, dtype=torch.bfloat16)

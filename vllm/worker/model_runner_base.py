@@ -29,7 +29,6 @@ each sits in the step.
 """
 from __future__ import annotations
 
-import importlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -391,6 +390,7 @@ def prompt_logprob_rows(state: CachedRequestState, start: int, num_new: int,
 
 
 def load_attn_impl(qualname: str) -> Any:
-    """An instance of the attention backend class named `module.Class`."""
-    module, _, name = qualname.rpartition(".")
-    return getattr(importlib.import_module(module), name)()
+    """The instance of the attention backend class named `module.Class` that the
+    model's Attention layers also use (attention/selector.py)."""
+    from vllm.attention.selector import load_attn_backend
+    return load_attn_backend(qualname)

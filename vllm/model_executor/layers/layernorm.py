@@ -7,10 +7,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm import hpu
+from vllm.model_executor.custom_op import CustomOp
 from vllm.native import cpu_ops
 
 
-class RMSNorm(nn.Module):
+@CustomOp.register("rms_norm")
+class RMSNorm(CustomOp):
     """Root-mean-square layer norm, statistics in float32 as HF Llama/Qwen compute them.
 
     `forward(x)` returns the normalized `x`. `forward(x, residual)` first forms
@@ -18,12 +21,14 @@ class RMSNorm(nn.Module):
     as the new residual: decoder layers chain these without keeping a separate
     add, which is the layout vLLM's fused kernels expect.
 
-    On CPU in float32/bf16 both forms run as one native kernel (vllm/native) that
-    computes HF's formula with HF's roundings; the residual form then works in place
-    as vLLM's `fused_add_rms_norm` does: `residual` becomes the sum and `x` its norm
-    (callers pass tensors they own). Elsewhere the norm is `F.rms_norm`: one call
-    instead of eight elementwise ops; in bf16 it rounds once at the end where HF
-    rounds before the weight multiply.
+    Per platform (chosen once, see CustomOp):
+    - CPU: in float32/bf16 both forms run as one native kernel (vllm/native) that
+      computes HF's formula with HF's roundings; the residual form then works in place
+      as vLLM's `fused_add_rms_norm` does: `residual` becomes the sum and `x` its norm
+      (callers pass tensors they own).
+    - HPU: Gaudi's `FusedRMSNorm` kernel after the add.
+    - elsewhere: `F.rms_norm`, one call instead of eight elementwise ops; in bf16 it
+      rounds once at the end where HF rounds before the weight multiply.
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6,
@@ -34,22 +39,32 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=params_dtype or
                                               torch.get_default_dtype()), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
-                ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        if x.dim() == 2 and x.stride(-1) == 1 and cpu_ops.usable(x) and not x.requires_grad:
+    def forward_native(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+                       ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        if residual is not None:
+            x = x + residual
+            residual = x
+        out = F.rms_norm(x, (self.hidden_size,), self.weight, self.variance_epsilon)
+        return out if residual is None else (out, residual)
+
+    def forward_cpu(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+                    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        if (x.dim() == 2 and x.stride(-1) == 1 and cpu_ops.supports(x.dtype)
+                and not x.requires_grad):
             if residual is None:
                 return cpu_ops.rms_norm(x, self.weight, self.variance_epsilon)
             if residual.stride(-1) == 1 and residual.dtype == x.dtype:
                 cpu_ops.rms_norm(x, self.weight, self.variance_epsilon, residual=residual, out=x)
                 return x, residual
+        return self.forward_native(x, residual)
+
+    def forward_hpu(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+                    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         if residual is not None:
             x = x + residual
             residual = x
-        out = self._norm(x)
+        out = hpu.FusedRMSNorm.apply(x, self.weight, self.variance_epsilon)
         return out if residual is None else (out, residual)
-
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (self.hidden_size,), self.weight, self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"

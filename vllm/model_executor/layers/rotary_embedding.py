@@ -13,15 +13,24 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from vllm import hpu
+from vllm.model_executor.custom_op import CustomOp
 from vllm.native import cpu_ops
 
 
-class RotaryEmbedding(nn.Module):
+@CustomOp.register("rotary_embedding")
+class RotaryEmbedding(CustomOp):
     """Plain RoPE ("default"): inv_freq[i] = base ** (-2i / rotary_dim).
 
     `is_neox_style=True` rotates the two halves of the rotary part (HF Llama's
     `rotate_half`); False rotates interleaved even/odd pairs (GPT-J style).
     Only the first `rotary_dim` features of each head are rotated.
+
+    `forward(positions, query, key)` per platform (chosen once, see CustomOp):
+    - CPU: the native kernel rotates query and key in place (one call when they are
+      neighbouring views of a fused qkv projection) and returns them;
+    - HPU: Gaudi's `apply_rotary_pos_emb` kernel on cos/sin gathered by position;
+    - elsewhere: `rotate` in torch (new tensors).
     """
 
     def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int,
@@ -51,13 +60,62 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(t, inv_freq)
         return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
 
-    def forward(self, positions: torch.Tensor, query: torch.Tensor,
-                key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate `query` [T, heads*head_size] and `key` [T, kv_heads*head_size]."""
+    def forward_native(self, positions: torch.Tensor, query: torch.Tensor,
+                       key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate `query` [T, heads*head_size] and `key` [T, kv_heads*head_size] (or
+        [T, heads, head_size]); returns tensors of the same shapes."""
         t = query.shape[0]
         q = self.rotate(positions, query.reshape(t, -1, self.head_size))
         k = self.rotate(positions, key.reshape(t, -1, self.head_size))
         return q.view(query.shape), k.view(key.shape)
+
+    def forward_cpu(self, positions: torch.Tensor, query: torch.Tensor,
+                    key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q2, k2 = self._native_rows(query), self._native_rows(key)
+        if q2 is None or k2 is None:
+            return self.forward_native(positions, query, key)
+        cpu_ops.rotary_qk_(positions, q2, k2, self.cos_sin_cache, self.head_size,
+                           self.rotary_dim, self.is_neox_style)
+        return query, key
+
+    def _native_rows(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """`x` as rows [T, heads * head_size] sharing its memory, if the native kernel
+        can rotate it in place; else None."""
+        if (x.dtype != self.cos_sin_cache.dtype or x.requires_grad
+                or not cpu_ops.supports(x.dtype) or x.stride(-1) != 1):
+            return None
+        if x.dim() == 2:
+            return x
+        if x.dim() == 3 and x.shape[2] == self.head_size and x.stride(1) == self.head_size:
+            return x.view(x.shape[0], -1)
+        return None
+
+    def forward_hpu(self, positions: torch.Tensor, query: torch.Tensor,
+                    key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gaudi's kernel wants cos/sin at the full rotary width (halves or pairs
+        repeated, by mode) and rotates what it is given, so the pass-through part of
+        a partial rotary is split off here."""
+        cos, sin = self.cos_sin_cache.index_select(0, positions.view(-1)).chunk(2, dim=-1)
+        if self.is_neox_style:
+            mode = hpu.RotaryPosEmbeddingMode.BLOCKWISE
+            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        else:
+            mode = hpu.RotaryPosEmbeddingMode.PAIRWISE
+            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [T, 1, rotary_dim]
+        return (self._hpu_rotate(query, cos, sin, mode),
+                self._hpu_rotate(key, cos, sin, mode))
+
+    def _hpu_rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    mode: Any) -> torch.Tensor:
+        heads = x.reshape(x.shape[0], -1, self.head_size)
+        rd = self.rotary_dim
+        if rd == self.head_size:
+            out = hpu.apply_rotary_pos_emb(heads, cos, sin, None, 0, mode)
+        else:
+            rotated = hpu.apply_rotary_pos_emb(heads[..., :rd], cos, sin, None, 0, mode)
+            out = torch.cat((rotated, heads[..., rd:]), dim=-1)
+        return out.reshape(x.shape)
 
     def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Rotate every head of `x` [T, heads, head_size]; returns a new tensor.
@@ -78,27 +136,21 @@ class RotaryEmbedding(nn.Module):
             out = torch.cat((out, x[..., rd:]), dim=-1)
         return out
 
-    def rotate_heads_(self, positions: torch.Tensor, x: torch.Tensor, num_heads: int) -> bool:
-        """Rotate heads [0, num_heads) of `x` [T, >= num_heads * head_size] in place with
-        the native kernel; False (x untouched) where it cannot run, e.g. off CPU."""
-        if (x.dim() != 2 or x.stride(-1) != 1 or x.dtype != self.cos_sin_cache.dtype
-                or x.requires_grad or not cpu_ops.usable(x)):
-            return False
-        cpu_ops.rotary_(x, positions, self.cos_sin_cache, num_heads, self.head_size,
-                        self.rotary_dim, self.is_neox_style)
-        return True
-
     def _tables(self, positions: torch.Tensor,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, signed sin), each [T, 1, rotary_dim], for these positions.
 
         Built once per forward pass: every layer shares this module and receives the
         same `positions` tensor, so the tables of the last call are reused while the
-        tensor object (and dtype) is the same. Layout per head: neox `[c, c]` and
-        `[-s, s]` (halves), GPT-J `[c0, c0, c1, c1, ...]` and `[-s0, s0, -s1, s1, ...]`.
+        tensor object (and dtype) is the same (in eager mode; traced code rebuilds
+        them, as a Python-side cache would be a guard). Layout per head: neox `[c, c]`
+        and `[-s, s]` (halves), GPT-J `[c0, c0, c1, c1, ...]` and
+        `[-s0, s0, -s1, s1, ...]`.
         """
+        compiling = torch.compiler.is_compiling()
         cached = self._last_tables
-        if cached is not None and cached[0] is positions and cached[1] == dtype:
+        if (not compiling and cached is not None and cached[0] is positions
+                and cached[1] == dtype):
             return cached[2]
         cos, sin = self.cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
         if self.is_neox_style:
@@ -107,7 +159,8 @@ class RotaryEmbedding(nn.Module):
             cos = cos.repeat_interleave(2, dim=-1)
             sin = torch.stack((-sin, sin), dim=-1).flatten(-2)
         tables = (cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1))
-        self._last_tables = (positions, dtype, tables)
+        if not compiling:
+            self._last_tables = (positions, dtype, tables)
         return tables
 
     def extra_repr(self) -> str:

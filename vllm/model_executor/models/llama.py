@@ -37,6 +37,7 @@ from vllm.model_executor.models.utils import (PPMissingLayer, default_weight_loa
                                               head_dim_of, make_layers,
                                               partial_rotary_factor_of, rope_config,
                                               sliding_window_of)
+from vllm.platforms import current_platform
 from vllm.sequence import IntermediateTensors
 
 logger = logging.getLogger(__name__)
@@ -98,17 +99,12 @@ class LlamaAttention(nn.Module):
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Split the fused projection into q, k, v and rotate q and k.
 
-        q and k sit side by side in `qkv`, so their heads are rotated in one pass
-        (in place by the native kernel where it runs); the results are views.
+        q and k sit side by side in `qkv`; on CPU the native kernel rotates both in
+        one pass, in place, and the results are views of `qkv`.
         """
-        t = qkv.shape[0]
-        qk_size = self.q_size + self.kv_size
-        if self.rotary_emb.rotate_heads_(positions, qkv, self.num_heads + self.num_kv_heads):
-            return qkv[:, :self.q_size], qkv[:, self.q_size:qk_size], qkv[:, qk_size:]
-        heads = qkv[:, :qk_size].view(t, self.num_heads + self.num_kv_heads, self.head_dim)
-        heads = self.rotary_emb.rotate(positions, heads)
-        return (heads[:, :self.num_heads].reshape(t, self.q_size),
-                heads[:, self.num_heads:].reshape(t, self.kv_size), qkv[:, qk_size:])
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return q, k, v
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         q, k, v = self.rotate_qk(positions, self.qkv_proj(hidden_states))
@@ -169,6 +165,8 @@ class LlamaModel(nn.Module):
         self._own_layers = list(self.layers)[self.start_layer:self.end_layer]
         self._fused: Optional[FusedDecode] = None
         self._fused_key: Any = False  # the first layer's packed qkv weight when checked
+        # The native layer call is a CPU kernel: decided once, like the custom ops.
+        self._fused_allowed = current_platform.is_cpu()
         self.norm = (RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
                      if self.is_last_stage else PPMissingLayer())
 
@@ -213,7 +211,7 @@ class LlamaModel(nn.Module):
     def _fused_decode(self) -> Optional[FusedDecode]:
         """The native decode-layer runner (None where it does not apply), rebuilt
         whenever the weights were (re)packed since the last check."""
-        if not self._own_layers or torch.is_grad_enabled():
+        if not self._fused_allowed or not self._own_layers or torch.is_grad_enabled():
             return None
         key = packed_weight_of(self._own_layers[0])
         if key is not self._fused_key:

@@ -27,8 +27,8 @@ class Qwen3Attention(LlamaAttention):
         t = qkv.shape[0]
         q = self.q_norm(q.reshape(t, self.num_heads, self.head_dim))
         k = self.k_norm(k.reshape(t, self.num_kv_heads, self.head_dim))
-        q, k = self.rotary_emb.rotate(positions, q), self.rotary_emb.rotate(positions, k)
-        return q.view(t, self.q_size), k.view(t, self.kv_size), v
+        q, k = self.rotary_emb(positions, q, k)
+        return q.reshape(t, self.q_size), k.reshape(t, self.kv_size), v
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):
