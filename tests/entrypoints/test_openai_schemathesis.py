@@ -14,8 +14,9 @@ LIMITS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 2, "min_tokens": 4,
           "logprobs": 5, "top_logprobs": 5, "prompt_logprobs": 5}
 
 
-# Fields refused by design (400): positive cases drop them half of the time so that
-# random sampling settings reach the engine instead of stopping at the refusal.
+# Fields refused by design (400) or that usually fail validation when random (grammars,
+# tools): positive cases drop them half of the time so that random sampling settings
+# reach the engine instead of stopping at the refusal.
 REFUSED = ("model", "response_format", "use_beam_search", "length_penalty", "best_of",
            "priority", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
            "structured_outputs", "logits_processors", "bad_words", "cache_salt",

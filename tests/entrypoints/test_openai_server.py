@@ -196,9 +196,10 @@ def test_chat_content_parts_and_refusals(http, model_name):
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}
     r = http.post("/v1/chat/completions", json=image)
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content.0"
-    for body, param in (({"response_format": {"type": "json_object"}}, "response_format"),
+    for body, param in (({"response_format": {"type": "json_schema"}},
+                         "response_format.json_schema"),
                         ({"tools": [{"type": "function", "function": {"name": "f"}}]},
-                         "tools"),
+                         "tool_choice"),  # "auto" needs --enable-auto-tool-choice
                         ({"use_beam_search": True}, "use_beam_search"),
                         ({"best_of": 3}, "best_of")):
         r = http.post("/v1/chat/completions", json={"messages": CHAT, **body})

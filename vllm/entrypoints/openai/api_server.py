@@ -82,7 +82,10 @@ class ServerState:
             engine, self.models, response_role=getattr(args, "response_role", "assistant"),
             chat_template=load_chat_template(getattr(args, "chat_template", None)),
             trust_request_chat_template=bool(getattr(args, "trust_request_chat_template",
-                                                     False)), **common)
+                                                     False)),
+            enable_auto_tools=bool(getattr(args, "enable_auto_tool_choice", False)),
+            tool_parser=getattr(args, "tool_call_parser", None),
+            reasoning_parser=getattr(args, "reasoning_parser", None) or None, **common)
         self.completion = OpenAIServingCompletion(engine, self.models, **common)
         self.tokenization = OpenAIServingTokenization(engine, self.models, chat=self.chat,
                                                       **common)

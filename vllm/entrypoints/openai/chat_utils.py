@@ -83,8 +83,12 @@ def _content_text(content: Any, index: int) -> str:
 def apply_chat_template(tokenizer: Any, conversation: list[dict[str, Any]], *,
                         chat_template: Optional[str], add_generation_prompt: bool,
                         continue_final_message: bool,
-                        chat_template_kwargs: Optional[dict[str, Any]] = None) -> str:
-    """Render the conversation to prompt text; a template failure is the client's 400."""
+                        chat_template_kwargs: Optional[dict[str, Any]] = None,
+                        tools: Optional[list[dict[str, Any]]] = None) -> str:
+    """Render the conversation to prompt text; a template failure is the client's 400.
+
+    `tools` (OpenAI tool definitions) go to the template, which lists them for the model.
+    """
     kwargs = dict(chat_template_kwargs or {})
     reserved = sorted(_RESERVED_TEMPLATE_KWARGS & set(kwargs))
     if reserved:
@@ -103,7 +107,7 @@ def apply_chat_template(tokenizer: Any, conversation: list[dict[str, Any]], *,
         text = tokenizer.apply_chat_template(
             conversation, chat_template=template, tokenize=False,
             add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, **kwargs)
+            continue_final_message=continue_final_message, tools=tools or None, **kwargs)
     except Exception as e:  # noqa: BLE001 - jinja errors come from the client's input
         raise BadRequestError(f"Could not apply the chat template: {type(e).__name__}: {e}",
                               param="messages") from e

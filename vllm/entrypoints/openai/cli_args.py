@@ -122,6 +122,14 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     server.add_argument("--max-log-len", type=int, default=None,
                         help="Most prompt characters/ids printed in request logs "
                              "(default: unlimited).")
+    from vllm.entrypoints.openai.tool_parsers import ToolParserManager
+    server.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='Let the model call tools on its own (tool_choice "auto"); '
+                             "needs --tool-call-parser.")
+    server.add_argument("--tool-call-parser", type=str, default=None,
+                        choices=ToolParserManager.names(),
+                        help="How the model writes tool calls, to read them from its text "
+                             'with tool_choice "auto".')
     AsyncEngineArgs.add_cli_args(parser)
     _add(parser, server, "--disable-log-requests", action="store_true",
          help="Do not log each received request.")
@@ -134,6 +142,9 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
     """Fail fast, before loading the model, on flags that cannot work."""
     from vllm.entrypoints.openai.chat_utils import load_chat_template
     load_chat_template(args.chat_template)
+    if getattr(args, "enable_auto_tool_choice", False) and not getattr(
+            args, "tool_call_parser", None):
+        raise ValueError("--enable-auto-tool-choice requires --tool-call-parser.")
     if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
         raise ValueError("--ssl-keyfile and --ssl-certfile must be given together.")
     if args.shutdown_timeout < 0:

@@ -4,7 +4,8 @@ Field names and defaults follow OpenAI's API plus vLLM's extras. Requests accept
 fields (logged and ignored, as vLLM does), but a field that vLLM defines and this server
 does not implement is refused with a 400 naming it (`NOT_IMPLEMENTED_FIELDS`, the one list
 to shrink as features land) unless it carries vLLM's default, which changes nothing: a
-client that asks for JSON mode or tools must not silently get plain text.
+client that asks for something this server cannot do must not silently get something
+else.
 """
 from __future__ import annotations
 
@@ -65,8 +66,31 @@ class StreamOptions(OpenAIBaseModel):
     continuous_usage_stats: Optional[bool] = False
 
 
+class JsonSchemaResponseFormat(OpenAIBaseModel):
+    """OpenAI's response_format.json_schema: {name, description, schema, strict}."""
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, populate_by_name=True)
+    name: Optional[str] = None
+    description: Optional[str] = None
+    json_schema: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
 class ResponseFormat(OpenAIBaseModel):
-    type: str = "text"
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: Optional[JsonSchemaResponseFormat] = None
+
+
+class StructuredOutputsRequest(OpenAIBaseModel):
+    """vLLM's request field `structured_outputs` (the fields of StructuredOutputsParams)."""
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, populate_by_name=True)
+    json_schema: Optional[Union[str, dict[str, Any]]] = Field(default=None, alias="json")
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    structural_tag: Optional[str] = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
 
 
 class PromptTokensDetails(ResponseModel):
@@ -86,13 +110,8 @@ _UNSET = object()
 
 NOT_IMPLEMENTED_FIELDS: dict[str, tuple[Any, str]] = {
     # request field: (vLLM's default, which is accepted as a no-op; what is missing)
-    "guided_json": (None, "guided decoding (structured output)"),
-    "guided_regex": (None, "guided decoding (structured output)"),
-    "guided_choice": (None, "guided decoding (structured output)"),
-    "guided_grammar": (None, "guided decoding (structured output)"),
     "guided_decoding_backend": (None, "guided decoding (structured output)"),
     "guided_whitespace_pattern": (None, "guided decoding (structured output)"),
-    "structured_outputs": (None, "guided decoding (structured output)"),
     "logits_processors": (None, "custom logits processors"),
     "bad_words": (None, "bad_words"),
     "cache_salt": (None, "cache_salt"),
@@ -151,14 +170,15 @@ class SamplingFields(OpenAIBaseModel):
     truncation_side: Optional[Literal["left", "right"]] = None
     """With truncate_prompt_tokens: 'left' (default) drops the prompt's first tokens,
     'right' its last ones."""
+    # Structured outputs: vLLM's field, and its older guided_* names.
+    structured_outputs: Optional[StructuredOutputsRequest] = None
+    guided_json: Optional[Union[str, dict[str, Any]]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
     # vLLM extras this server knows but does not implement (refused when set).
     use_beam_search: bool = False
     length_penalty: float = 1.0
-    guided_json: Optional[Any] = None
-    guided_regex: Optional[Any] = None
-    guided_choice: Optional[Any] = None
-    guided_grammar: Optional[Any] = None
-    structured_outputs: Optional[Any] = None
     logits_processors: Optional[Any] = None
     bad_words: Optional[Any] = None
     cache_salt: Optional[Any] = None
@@ -181,9 +201,6 @@ class SamplingFields(OpenAIBaseModel):
 
     def unsupported_fields(self) -> Optional[tuple[str, str]]:
         """(field, reason) of the first field asking for something not implemented."""
-        if self.response_format is not None and self.response_format.type != "text":
-            return ("response_format", f"response_format type {self.response_format.type!r} "
-                    "(structured output) is not supported; only 'text' is.")
         if self.use_beam_search and not self._beam_search_route:
             return ("use_beam_search", "Beam search is only supported on /v1/completions.")
         if self.use_beam_search:
@@ -320,6 +337,28 @@ class ChatMessage(OpenAIBaseModel):
         return self  # message extras are legitimate template inputs, not ignored fields
 
 
+class FunctionDefinition(OpenAIBaseModel):
+    name: str = Field(min_length=1, max_length=256)
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    """The JSON schema of the arguments."""
+    strict: Optional[bool] = None
+
+
+class ChatCompletionToolsParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ChatCompletionNamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: ChatCompletionNamedFunction
+
+
 class ChatCompletionRequest(SamplingFields):
     # OpenAI: https://platform.openai.com/docs/api-reference/chat/create
     messages: list[ChatMessage]
@@ -327,9 +366,11 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Optional[int] = Field(default=0, ge=0)
     max_tokens: Optional[int] = None
     max_completion_tokens: Optional[int] = None
-    tools: Optional[list[Any]] = None
-    tool_choice: Optional[Union[str, dict[str, Any]]] = "none"
-    parallel_tool_calls: Optional[bool] = None
+    tools: Optional[list[ChatCompletionToolsParam]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"],
+                                ChatCompletionNamedToolChoiceParam]] = None
+    """Unset: "auto" when tools are given, else "none" (OpenAI's default)."""
+    parallel_tool_calls: Optional[bool] = True
     functions: Optional[list[Any]] = None
     function_call: Optional[Any] = None
     audio: Optional[Any] = None
@@ -346,11 +387,6 @@ class ChatCompletionRequest(SamplingFields):
     mm_processor_kwargs: Optional[Any] = None
 
     def unsupported_fields(self) -> Optional[tuple[str, str]]:
-        if self.tools:
-            return ("tools", "Tool calling is not supported.")
-        if self.tool_choice not in (None, "none", "auto"):
-            return ("tool_choice", "tool_choice other than 'none' is not supported (no tool "
-                    "calling).")
         if self.function_call not in (None, "none"):
             return ("function_call", "Function calling is not supported.")
         if self.modalities and any(m != "text" for m in self.modalities):
@@ -362,6 +398,12 @@ class ChatCompletionRequest(SamplingFields):
             return ("top_logprobs", "When using `top_logprobs`, `logprobs` must be set to "
                     "true.")
         return super().unsupported_fields()
+
+    @property
+    def effective_tool_choice(self) -> Union[str, ChatCompletionNamedToolChoiceParam]:
+        if self.tool_choice is None:
+            return "auto" if self.tools else "none"
+        return self.tool_choice
 
     @property
     def requested_max_tokens(self) -> Optional[int]:
@@ -385,11 +427,46 @@ class ChatCompletionLogProbs(ResponseModel):
     content: Optional[list[ChatCompletionLogProbsContent]] = None
 
 
+class FunctionCall(ResponseModel):
+    name: str
+    arguments: str
+    """The arguments as JSON text (OpenAI's format: a string, not an object)."""
+
+
+class ToolCall(ResponseModel):
+    id: str = Field(default_factory=lambda: f"chatcmpl-tool-{random_uuid()}")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(ResponseModel):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class DeltaToolCall(ResponseModel):
+    """A streamed piece of tool call `index`: id, type and name come in its first piece,
+    then `arguments` fragments whose concatenation is the arguments' JSON text."""
+    index: int
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: Optional[DeltaFunctionCall] = None
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class ChatResponseMessage(ResponseModel):
     role: str
     content: Optional[str] = None
-    reasoning_content: Optional[str] = None
-    tool_calls: list[Any] = Field(default_factory=list)
+    reasoning: Optional[str] = None
+    """The model's reasoning (with --reasoning-parser), apart from the answer."""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(ResponseModel):
@@ -417,6 +494,8 @@ class DeltaMessage(ResponseModel):
     """A streamed message delta; unset parts are omitted (OpenAI sends {} at the end)."""
     role: Optional[str] = None
     content: Optional[str] = None
+    reasoning: Optional[str] = None
+    tool_calls: Optional[list[DeltaToolCall]] = None
 
     @model_serializer(mode="wrap")
     def _drop_none(self, handler: Any) -> dict[str, Any]:
@@ -492,11 +571,9 @@ class TokenizeChatRequest(OpenAIBaseModel):
     return_token_strs: Optional[bool] = False
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
-    tools: Optional[list[Any]] = None
+    tools: Optional[list[ChatCompletionToolsParam]] = None
 
     def unsupported_fields(self) -> Optional[tuple[str, str]]:
-        if self.tools:
-            return ("tools", "Tool calling is not supported.")
         if self.add_generation_prompt and self.continue_final_message:
             return ("continue_final_message", "continue_final_message and "
                     "add_generation_prompt cannot both be true.")

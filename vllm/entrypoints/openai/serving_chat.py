@@ -1,7 +1,9 @@
 """POST /v1/chat/completions: messages -> chat template -> one engine request with n choices.
 
 Streaming follows OpenAI's chunk sequence: per choice a first chunk carrying the role, then
-content deltas, the last one with finish_reason; then an optional usage chunk and [DONE].
+content (and reasoning / tool-call) deltas, the last one with finish_reason; then an
+optional usage chunk and [DONE]. Reasoning and tool calls are read from each choice's
+text by chat_parsing.py (--reasoning-parser, --tool-call-parser, tool_choice).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import time
 from typing import Any, AsyncIterator, Optional, Union
 
 import vllm.envs as envs
+from vllm.entrypoints.openai.chat_parsing import ChoiceParser, ToolPlan
 from vllm.entrypoints.openai.chat_utils import (apply_chat_template,
                                                 check_request_chat_template,
                                                 conversation_from_messages)
@@ -28,8 +31,18 @@ class OpenAIServingChat(OpenAIServing):
 
     def __init__(self, *args: Any, response_role: str = "assistant",
                  chat_template: Optional[str] = None,
-                 trust_request_chat_template: bool = False, **kwargs: Any) -> None:
+                 trust_request_chat_template: bool = False,
+                 enable_auto_tools: bool = False, tool_parser: Optional[str] = None,
+                 reasoning_parser: Optional[str] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        from vllm.entrypoints.openai.tool_parsers import ToolParserManager
+        from vllm.reasoning import ReasoningParserManager
+        self.enable_auto_tools = enable_auto_tools
+        self.tool_parser_cls = (ToolParserManager.get_tool_parser(tool_parser)
+                                if tool_parser else None)
+        self.reasoning_parser = (
+            ReasoningParserManager.get_reasoning_parser(reasoning_parser)(self.tokenizer)
+            if reasoning_parser else None)
         self.response_role = response_role
         self.chat_template = chat_template
         self.trust_request_chat_template = trust_request_chat_template
@@ -48,7 +61,9 @@ class OpenAIServingChat(OpenAIServing):
                    chat_template=request.chat_template or self.chat_template,
                    add_generation_prompt=request.add_generation_prompt,
                    continue_final_message=request.continue_final_message,
-                   chat_template_kwargs=request.chat_template_kwargs)
+                   chat_template_kwargs=request.chat_template_kwargs,
+                   tools=[t.model_dump(exclude_none=True) for t in request.tools]
+                   if request.tools else None)
         if request.chat_template is not None and self.template_sandbox is not None:
             text = await self.template_sandbox.render(**job)
         else:
@@ -76,10 +91,15 @@ class OpenAIServingChat(OpenAIServing):
             "max_completion_tokens" if request.max_completion_tokens is not None
             else "max_tokens")
         top = request.top_logprobs or 0
+        plan = ToolPlan.build(request, self.tokenizer, self.tool_parser_cls,
+                              self.enable_auto_tools, self.structured_outputs_config)
+        if plan.mode == "auto":
+            request = plan.parser.adjust_request(request)
         params = self.sampling_params(request, max_tokens=max_tokens,
                                       logprobs=top if request.logprobs else None,
                                       prompt_logprobs=request.prompt_logprobs,
-                                      stream=bool(request.stream))
+                                      stream=bool(request.stream),
+                                      structured_outputs=plan.structured)
         request_id = f"chatcmpl-{request.request_id or random_uuid()}"
         try:
             stream = await self.add_request(request_id, prompt.engine_prompt(), params,
@@ -91,9 +111,9 @@ class OpenAIServingChat(OpenAIServing):
         role = self.response_role_for(request)
         if request.stream:
             return self._stream(request, prompt, outputs, request_id, created, model_name,
-                                role)
+                                role, plan)
         return await self._full(request, prompt, outputs, request_id, created, model_name,
-                                role)
+                                role, plan)
 
     def _echo_text(self, request: ChatCompletionRequest, role: str) -> str:
         last = request.messages[-1]
@@ -105,7 +125,7 @@ class OpenAIServingChat(OpenAIServing):
     # ------------------------------------------------------------ full body
     async def _full(self, request: ChatCompletionRequest, prompt: PromptInput, outputs: Any,
                     request_id: str, created: int, model_name: str,
-                    role: str) -> ChatCompletionResponse:
+                    role: str, plan: ToolPlan) -> ChatCompletionResponse:
         final = None
         try:
             async for output in outputs:
@@ -123,10 +143,19 @@ class OpenAIServingChat(OpenAIServing):
             if request.logprobs:
                 logprobs = self.chat_logprobs(c.token_ids, c.logprobs or [],
                                               request.top_logprobs or 0, as_ids)
+            parser = ChoiceParser(self.reasoning_parser, plan, request)
+            parsed = parser.parse(c.text)
+            content = parsed.content
+            if echo:
+                content = echo + (content or "")
             choices.append(ChatCompletionResponseChoice(
-                index=c.index, message=ChatResponseMessage(role=role, content=echo + c.text),
-                logprobs=logprobs, finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                index=c.index, message=ChatResponseMessage(
+                    role=role, content=content, reasoning=parsed.reasoning,
+                    tool_calls=parsed.tool_calls),
+                logprobs=logprobs, finish_reason=parser.finish_reason(c.finish_reason),
+                stop_reason=c.stop_reason,
                 token_ids=list(c.token_ids) if with_ids else None))
+        prompt_tokens = len(prompt.token_ids)
         return ChatCompletionResponse(
             id=request_id, created=created, model=model_name, choices=choices,
             usage=self.usage(len(prompt.token_ids), completion_tokens,
@@ -138,7 +167,7 @@ class OpenAIServingChat(OpenAIServing):
     # --------------------------------------------------------------- stream
     async def _stream(self, request: ChatCompletionRequest, prompt: PromptInput, outputs: Any,
                       request_id: str, created: int, model_name: str,
-                      role: str) -> AsyncIterator[str]:
+                      role: str, plan: ToolPlan) -> AsyncIterator[str]:
         prompt_tokens = len(prompt.token_ids)
         completion_tokens = cached_tokens = 0
         as_ids = bool(request.return_tokens_as_token_ids)
@@ -158,6 +187,7 @@ class OpenAIServingChat(OpenAIServing):
                     index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
                     stop_reason=stop_reason, token_ids=token_ids)]))
 
+        parsers = [ChoiceParser(self.reasoning_parser, plan, request) for _ in range(request.n)]
         try:
             for index in range(request.n):
                 first_ids = list(prompt.token_ids) if with_ids and index == 0 else None
@@ -177,8 +207,17 @@ class OpenAIServingChat(OpenAIServing):
                     if request.logprobs:
                         logprobs = self.chat_logprobs(c.token_ids, c.logprobs or [],
                                                       request.top_logprobs or 0, as_ids)
-                    yield chunk(c.index, DeltaMessage(content=c.text), logprobs,
-                                c.finish_reason, c.stop_reason,
+                    parser = parsers[c.index]
+                    final = c.finish_reason is not None
+                    reasoning, content, tool_deltas = parser.stream(c.text, final)
+                    if not (reasoning or content or tool_deltas or final or logprobs
+                            or with_ids):
+                        continue  # text held back (a marker may be starting)
+                    yield chunk(c.index, DeltaMessage(content=content or None,
+                                                      reasoning=reasoning or None,
+                                                      tool_calls=tool_deltas or None),
+                                logprobs, parser.finish_reason(c.finish_reason),
+                                c.stop_reason,
                                 token_ids=list(c.token_ids) if with_ids else None)
             if request.include_usage:
                 yield sse(ChatCompletionStreamResponse(

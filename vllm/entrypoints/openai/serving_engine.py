@@ -21,6 +21,8 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatComplet
                                               Logprob, PromptTokensDetails, SamplingFields,
                                               UsageInfo)
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
+from vllm.entrypoints.openai.structured_outputs import (check_structured_outputs,
+                                                        structured_outputs_from_request)
 from vllm.entrypoints.openai.tokenizer_pool import TokenizerPool
 
 logger = logging.getLogger(__name__)
@@ -182,9 +184,11 @@ class OpenAIServing:
     # ------------------------------------------------------------- sampling
     def sampling_params(self, request: SamplingFields, *, max_tokens: int,
                         logprobs: Optional[int], prompt_logprobs: Optional[int],
-                        stream: bool) -> Any:
+                        stream: bool, structured_outputs: Optional[tuple[Any, str]] = None
+                        ) -> Any:
         """Build SamplingParams; unset request fields take the model's generation defaults
-        (generation_config.json), then vLLM's."""
+        (generation_config.json), then vLLM's. `structured_outputs` (params, field name)
+        replaces the constraint the request's own fields ask for (tool_choice does)."""
         from vllm.sampling_params import RequestOutputKind, SamplingParams
         defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
                     "repetition_penalty": 1.0, "presence_penalty": 0.0,
@@ -215,10 +219,21 @@ class OpenAIServing:
             logit_bias=logit_bias, allowed_token_ids=request.allowed_token_ids,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
             **values)
+        if structured_outputs is None:
+            structured_outputs = structured_outputs_from_request(request)
+        if structured_outputs is not None:
+            so_params, so_param = structured_outputs
+            check_structured_outputs(so_params, so_param, self.structured_outputs_config)
+            kwargs["structured_outputs"] = so_params
         try:
             return SamplingParams(**kwargs)
         except (ValueError, TypeError) as e:
             raise BadRequestError(str(e), param=guess_param(str(e), request)) from e
+
+    @property
+    def structured_outputs_config(self) -> Any:
+        vllm_config = getattr(self.engine, "vllm_config", None)
+        return getattr(vllm_config, "structured_outputs_config", None)
 
     def _model_sampling_defaults(self) -> dict[str, Any]:
         """Sampling fields the model's generation_config.json sets (generation_config=auto),

@@ -1,0 +1,182 @@
+"""Chat output parsing: reasoning, then tool calls, per choice, whole or streamed.
+
+`ToolPlan` turns a request's `tools` / `tool_choice` / `parallel_tool_calls` into what
+the server does: nothing (none), parse the model's own format (auto, with
+--enable-auto-tool-choice and --tool-call-parser), or constrain the output by a JSON
+schema built from the tools (required: a list of {name, parameters}; named: that
+function's parameters) and read the calls from it. `ChoiceParser` applies the
+reasoning parser first; only the answer after the reasoning is read for tool calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from vllm.entrypoints.openai.errors import BadRequestError
+from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, DeltaToolCall, ToolCall)
+from vllm.entrypoints.openai.structured_outputs import check_structured_outputs
+from vllm.entrypoints.openai.tool_parsers import PartialCall, ToolCallStreamer, ToolParser
+from vllm.entrypoints.openai.tool_parsers.json_calls import call_from_object, load_json
+from vllm.reasoning import ReasoningParser, ReasoningStreamer
+from vllm.sampling_params import StructuredOutputsParams
+
+AUTO_NEEDS_FLAGS = ('"auto" tool choice requires --enable-auto-tool-choice and '
+                    '--tool-call-parser to be set')
+
+
+class RequiredToolParser(ToolParser):
+    """tool_choice "required": the output is a JSON list of {"name", "parameters"}."""
+
+    def adjust_request(self, request: Any) -> Any:
+        return request
+
+    def split(self, text: str, final: bool) -> tuple[str, Optional[str]]:
+        return "", text
+
+    def parse_calls(self, tool_text: str, final: bool) -> list[PartialCall]:
+        value = load_json(tool_text, final)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise ValueError("the required tool calls must be a JSON list")
+        return [call_from_object(item, final or i < len(value) - 1, ("parameters",))
+                for i, item in enumerate(value) if isinstance(item, dict)]
+
+
+class NamedToolParser(ToolParser):
+    """A named tool_choice: the whole output is that function's arguments."""
+
+    def __init__(self, tokenizer: Any, name: str) -> None:
+        super().__init__(tokenizer)
+        self.name = name
+
+    def adjust_request(self, request: Any) -> Any:
+        return request
+
+    def split(self, text: str, final: bool) -> tuple[str, Optional[str]]:
+        return "", text
+
+    def parse_calls(self, tool_text: str, final: bool) -> list[PartialCall]:
+        return [PartialCall(self.name, complete=final, arguments_text=tool_text)]
+
+
+def _tool_entry(tool: Any) -> dict[str, Any]:
+    params = tool.function.parameters or {"type": "object", "properties": {}}
+    return {"type": "object",
+            "properties": {"name": {"type": "string", "enum": [tool.function.name]},
+                           "parameters": params},
+            "required": ["name", "parameters"]}
+
+
+@dataclass
+class ToolPlan:
+    mode: str
+    """none | auto | required | named"""
+    parser: Optional[ToolParser] = None
+    structured: Optional[tuple[StructuredOutputsParams, str]] = None
+
+    @classmethod
+    def build(cls, request: ChatCompletionRequest, tokenizer: Any,
+              tool_parser_cls: Optional[type[ToolParser]], enable_auto: bool,
+              so_config: Any) -> "ToolPlan":
+        choice = request.effective_tool_choice
+        tools = request.tools or []
+        for i, tool in enumerate(tools):
+            if tool.function.parameters is not None:
+                check_structured_outputs(StructuredOutputsParams(json=tool.function.parameters),
+                                         f"tools.{i}.function.parameters", so_config)
+        if choice == "none":
+            return cls("none")
+        if not tools:
+            raise BadRequestError(f"tool_choice {_choice_name(choice)} needs tools.",
+                                  param="tools")
+        if choice == "auto":
+            if not enable_auto or tool_parser_cls is None:
+                raise BadRequestError(AUTO_NEEDS_FLAGS, param="tool_choice")
+            return cls("auto", parser=tool_parser_cls(tokenizer))
+        if _has_own_constraint(request):
+            raise BadRequestError(f"tool_choice {_choice_name(choice)} constrains the output "
+                                  "itself; it cannot be combined with response_format or "
+                                  "structured_outputs.", param="tool_choice")
+        if choice == "required":
+            schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                                      "items": {"anyOf": [_tool_entry(t) for t in tools]}}
+            if request.parallel_tool_calls is False:
+                schema["maxItems"] = 1
+            return cls("required", parser=RequiredToolParser(tokenizer),
+                       structured=(StructuredOutputsParams(json=schema), "tool_choice"))
+        name = choice.function.name
+        tool = next((t for t in tools if t.function.name == name), None)
+        if tool is None:
+            raise BadRequestError(f"Tool {name!r} named by tool_choice is not in tools.",
+                                  param="tool_choice")
+        params = tool.function.parameters or {"type": "object", "properties": {}}
+        return cls("named", parser=NamedToolParser(tokenizer, name),
+                   structured=(StructuredOutputsParams(json=params), "tool_choice"))
+
+
+def _choice_name(choice: Any) -> str:
+    return repr(choice) if isinstance(choice, str) else f"{{function: {choice.function.name}}}"
+
+
+def _has_own_constraint(request: Any) -> bool:
+    fmt = request.response_format
+    return (request.structured_outputs is not None or (fmt is not None and fmt.type != "text")
+            or any(getattr(request, n) is not None for n in
+                   ("guided_json", "guided_regex", "guided_choice", "guided_grammar")))
+
+
+@dataclass
+class ParsedChoice:
+    reasoning: Optional[str]
+    content: Optional[str]
+    tool_calls: list[ToolCall]
+
+
+class ChoiceParser:
+    """Reasoning and tool calls of one choice (fresh per choice)."""
+
+    def __init__(self, reasoning_parser: Optional[ReasoningParser], plan: ToolPlan,
+                 request: Any) -> None:
+        self.reasoning_parser = reasoning_parser
+        self.plan = plan
+        self.request = request
+        self._reasoning = ReasoningStreamer(reasoning_parser) if reasoning_parser else None
+        self._tools = (ToolCallStreamer(plan.parser, request) if plan.parser is not None
+                       else None)
+        self._called = False
+
+    @property
+    def tools_called(self) -> bool:
+        return self._called or (self._tools is not None and self._tools.tools_called)
+
+    def finish_reason(self, finish_reason: Optional[str]) -> Optional[str]:
+        """"tool_calls" when the model called tools (auto, required) and stopped."""
+        if finish_reason == "stop" and self.tools_called and self.plan.mode != "named":
+            return "tool_calls"
+        return finish_reason
+
+    def parse(self, text: str) -> ParsedChoice:
+        reasoning, content = None, text
+        if self.reasoning_parser is not None:
+            reasoning, content = self.reasoning_parser.extract_reasoning(text)
+            content = content or ""
+        if self.plan.parser is None:
+            return ParsedChoice(reasoning, content, [])
+        info = self.plan.parser.extract_tool_calls(content, self.request)
+        if info.tools_called:
+            self._called = True
+            return ParsedChoice(reasoning, info.content, info.tool_calls)
+        return ParsedChoice(reasoning, content, [])
+
+    def stream(self, delta_text: str, final: bool
+               ) -> tuple[str, str, list[DeltaToolCall]]:
+        """(reasoning delta, content delta, tool-call deltas) for new text."""
+        reasoning, content = "", delta_text
+        if self._reasoning is not None:
+            d = self._reasoning.feed(delta_text, final)
+            reasoning, content = d.reasoning, d.content
+        if self._tools is None:
+            return reasoning, content, []
+        content, tool_deltas = self._tools.feed(content, final)
+        return reasoning, content, tool_deltas
