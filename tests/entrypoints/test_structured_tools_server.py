@@ -154,8 +154,10 @@ def test_twenty_json_schemas_validate(client, model):
 
 def test_json_object_regex_choice_and_grammars(client, model):
     r = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Give me a JSON object."}],
-        temperature=1.0, max_tokens=300, response_format={"type": "json_object"})
+        model=model, messages=[{"role": "user", "content": 'Reply with a tiny JSON object '
+                                                           'such as {"a": 1}.'}],
+        temperature=0.5, seed=1, max_tokens=600, response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(r.choices[0].message.content), dict)
     r = client.completions.create(model=model, prompt="Phone number:", temperature=1.0,
                                   max_tokens=30,
