@@ -108,26 +108,27 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
-def _cache_key(cxx: str) -> str:
+def _cache_key(cxx: str, source: Path = SOURCE) -> str:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
                              timeout=30).stdout
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), version.encode(), " ".join(CXX_FLAGS).encode(),
+    for part in (source.read_bytes(), version.encode(), " ".join(CXX_FLAGS).encode(),
                  _cpu_flags().encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:16]
 
 
-def build_library() -> Path:
-    """Path of the built library, compiling it first if this key has no build yet.
+def build_library(source: Path = SOURCE) -> Path:
+    """Path of the built library of `source` (cpu_ops.cpp unless another kernel file
+    of this folder is named), compiling it first if this key has no build yet.
 
     The compiler writes to a temporary file that is renamed into place, so processes
     starting together (TP workers) never load a half-written library.
     """
     cxx = _compiler()
     out_dir = Path(envs.VLLM_CACHE_ROOT) / "native"
-    target = out_dir / f"cpu_ops-{_cache_key(cxx)}.so"
+    target = out_dir / f"{source.stem}-{_cache_key(cxx, source)}.so"
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -135,7 +136,7 @@ def build_library() -> Path:
     os.close(fd)
     try:
         logger.info("Building native CPU kernels (once; cached in %s)", out_dir)
-        proc = subprocess.run([cxx, *CXX_FLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
+        proc = subprocess.run([cxx, *CXX_FLAGS, "-o", tmp, str(source)], capture_output=True,
                               text=True, timeout=BUILD_TIMEOUT_S)
         if proc.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {proc.stderr.strip()[-2000:]}")

@@ -43,8 +43,10 @@ def divide(numerator: int, denominator: int, what: str) -> int:
 
 
 def _copy_checked(dst: torch.Tensor, src: torch.Tensor, name: str) -> None:
-    if dst.shape != src.shape and dst.numel() == src.numel() == 1:
-        src = src.reshape(dst.shape)  # a scalar scale saved as [] or [1]
+    if dst.shape != src.shape and (dst.numel() == src.numel() == 1
+                                   or (dst.dim() == src.dim() + 1 and dst.shape[0] == 1
+                                       and dst.shape[1:] == src.shape)):
+        src = src.reshape(dst.shape)  # a scalar saved as [] or [1]; one part of per-part data
     if dst.shape != src.shape:
         raise ValueError(f"shape mismatch loading {name}: checkpoint slice "
                          f"{tuple(src.shape)}, parameter {tuple(dst.shape)}.")
@@ -136,6 +138,9 @@ class ColumnParallelLinear(LinearBase):
         name = f"{self.prefix}[{part}]"
         if getattr(param, "shard_indexed", False):
             _copy_checked(param.data[part:part + 1], loaded_weight.reshape(1), name)
+            return
+        if getattr(param, "per_part", False):  # one row per part (e.g. each part's g_idx)
+            _copy_checked(param.data[part], loaded_weight, name)
             return
         dim = param.output_dim
         if dim is None:  # the same for every part (e.g. GPTQ's g_idx)

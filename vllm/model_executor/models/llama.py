@@ -306,7 +306,8 @@ class LlamaForCausalLM(nn.Module):
         if ignored:
             logger.warning("Ignored %d checkpoint tensors with no matching parameter: %s",
                            len(ignored), ", ".join(ignored[:8]))
-        missing = sorted(set(params) - loaded)
+        missing = sorted(n for n in set(params) - loaded
+                         if not getattr(params[n], "optional", False))
         if missing:
             raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters, "
                              f"e.g. {', '.join(missing[:5])}.")

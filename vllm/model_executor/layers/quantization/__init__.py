@@ -27,7 +27,8 @@ from vllm.model_executor.layers.quantization.base_config import (LinearMethodBas
                                                                  QuantizationConfig)
 
 _CONFIGS = {"fp8": "fp8.Fp8Config", "gguf": "gguf.GGUFConfig",
-            "compressed-tensors": "compressed_tensors.CompressedTensorsConfig"}
+            "compressed-tensors": "compressed_tensors.CompressedTensorsConfig",
+            "gptq": "gptq.GPTQConfig", "awq": "awq.AWQConfig"}
 QUANTIZATION_METHODS = tuple(_CONFIGS)
 """Values of `--quantization` / `quantization_config.quant_method` this build runs."""
 

@@ -16,7 +16,8 @@ tensor does not: a per-tensor scale). A dimension may hold the features packed
 parts by proportion, so every part's size must divide evenly, which the methods
 check when they create the weights. A parameter with `shard_indexed=True` holds one
 value per merged part (per-tensor scales of q, k and v): the loader writes part i
-into element i.
+into element i; one with `per_part=True` holds one row per part (GPTQ's g_idx of q, k
+and v), row i for part i.
 """
 from __future__ import annotations
 

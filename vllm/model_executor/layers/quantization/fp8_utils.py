@@ -9,9 +9,11 @@ accumulation; fp8 values and their pairwise products are exact in float32, so
 the paths differ only in summation order and the final rounding.
 
 CPU: `torch._scaled_mm` exists on CPU in this torch, but measured 10-30x slower than
-the bf16 GEMM at decode sizes (it converts through oneDNN each call), so the CPU
-path converts the fp8 weight to the activation dtype per call (exact: every fp8
-value is a bf16 value) and runs the ordinary GEMM on it.
+the bf16 GEMM at decode sizes (it converts through oneDNN each call). So on CPU, up
+to 8 rows (decode) go through the native fp8 kernel (vllm/native/quant_ops.cpp:
+fp8 weights widened to float32 in registers, reading 1 byte a weight); more rows
+(prefill), or without the native library, convert the fp8 weight to the activation
+dtype (exact: every fp8 value is a bf16 value) and run the ordinary GEMM.
 HPU: the shim's `cast_to_fp8_v2` / `fp8_gemm_v2` (Gaudi's ops; emulated off it).
 """
 from __future__ import annotations
@@ -69,6 +71,12 @@ def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
 def _cpu_fp8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor,
                   w_scale: torch.Tensor, bias: Optional[torch.Tensor],
                   out_dtype: torch.dtype) -> torch.Tensor:
+    from vllm.native import quant_ops
+    if quant_ops.fp8_supported(x_q):
+        out = quant_ops.gemm_fp8(x_q, w_q) * x_scale * w_scale
+        if bias is not None:
+            out = out + bias.float()
+        return out.to(out_dtype)
     compute = out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.float32
     out = F.linear(x_q.to(compute), w_q.to(compute)).float()
     out = out * x_scale.expand(out.shape[0], 1) * w_scale.float()

@@ -1,0 +1,194 @@
+// CPU kernels for quantized linear layers, called through ctypes (see quant_ops.py).
+//
+// Decode (a few rows) is bound by reading the weights, so these kernels read the
+// compact weights directly and widen a tile to float32 in registers: 4 bits a weight
+// for int4 (a quarter of bf16's bytes), 8 bits for fp8. Accumulation is float32.
+// Plain C ABI, built and cached by loader.py exactly like cpu_ops.cpp.
+//
+// int4 layout (int_weights.py): w [N, K/2] bytes; in each run of 32 inputs byte j holds
+// input j (low nibble) and input j+16 (high nibble); scales, zeros [N, G] float32.
+// out[m, n] = sum_g s[n,g] * (sum_{k in g} q[n,k] x[m,k] - z[n,g] * sum_{k in g} x[m,k]).
+//
+// fp8 layout: w [N, K] float8_e4m3fn bytes; x holds fp8 values already (as float32);
+// out[m, n] = sum_k x[m,k] * w[n,k] (the caller applies the scales).
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define VLLM_QUANT_AVX512 1
+#else
+#define VLLM_QUANT_AVX512 0
+#endif
+
+namespace {
+
+float fp8_e4m3_to_float(uint8_t b) {
+  const int e = (b >> 3) & 0xF, m = b & 7;
+  const float mag = e == 0 ? std::ldexp(static_cast<float>(m), -9)
+                           : std::ldexp(1.0f + m / 8.0f, e - 7);
+  return (b & 0x80) ? -mag : mag;
+}
+
+// Sums of x over each group: xs[m * G + g].
+void group_sums(const float* x, int64_t M, int64_t K, int64_t G, float* xs) {
+  const int64_t gs = K / G;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      float s = 0.f;
+      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) s += x[m * K + k];
+      xs[m * G + g] = s;
+    }
+}
+
+#if VLLM_QUANT_AVX512
+
+// 16 bytes -> the 32 int4 values of one run as two float vectors (inputs 0-15, 16-31).
+inline void load_run(const uint8_t* p, __m512& lo, __m512& hi) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask)));
+  hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)));
+}
+
+template <int M>
+void int4_row(const float* x, int64_t K, const uint8_t* w, const float* s, const float* z,
+              int64_t G, const float* xs, float bias, float* out, int64_t out_stride) {
+  const int64_t gs = K / G;
+  __m512 tot[M];
+  float corr[M];
+  for (int m = 0; m < M; ++m) { tot[m] = _mm512_setzero_ps(); corr[m] = 0.f; }
+  for (int64_t g = 0; g < G; ++g) {
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
+      __m512 lo, hi;
+      load_run(w + k / 2, lo, hi);
+      for (int m = 0; m < M; ++m) {
+        acc[m] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + m * K + k), acc[m]);
+        acc[m] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + m * K + k + 16), acc[m]);
+      }
+    }
+    const __m512 sv = _mm512_set1_ps(s[g]);
+    for (int m = 0; m < M; ++m) {
+      tot[m] = _mm512_fmadd_ps(acc[m], sv, tot[m]);
+      corr[m] += s[g] * z[g] * xs[m * G + g];
+    }
+  }
+  for (int m = 0; m < M; ++m) out[m * out_stride] = _mm512_reduce_add_ps(tot[m]) - corr[m] + bias;
+}
+
+// 16 fp8 e4m3 bytes -> 16 floats, exactly (normals by moving the bits into float32's
+// fields, subnormals as m * 2^-9; denormal-free, so DAZ settings cannot change them).
+inline __m512 fp8x16(const uint8_t* p) {
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i em = _mm512_and_si512(v, _mm512_set1_epi32(0x7F));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(v, _mm512_set1_epi32(0x80)), 24);
+  const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(1.0f / 512.0f));
+  const __mmask16 is_sub = _mm512_cmplt_epi32_mask(em, _mm512_set1_epi32(8));
+  const __m512 mag = _mm512_mask_blend_ps(is_sub, _mm512_castsi512_ps(normal), sub);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(mag), sign));
+}
+
+template <int M>
+void fp8_row(const float* x, int64_t K, const uint8_t* w, float* out, int64_t out_stride) {
+  __m512 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m512 wv = fp8x16(w + k);
+    for (int m = 0; m < M; ++m)
+      acc[m] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + m * K + k), acc[m]);
+  }
+  for (int m = 0; m < M; ++m) {
+    float r = _mm512_reduce_add_ps(acc[m]);
+    for (int64_t kk = k; kk < K; ++kk) r += fp8_e4m3_to_float(w[kk]) * x[m * K + kk];
+    out[m * out_stride] = r;
+  }
+}
+
+#endif  // VLLM_QUANT_AVX512
+
+void int4_row_scalar(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* s,
+                     const float* z, int64_t G, float bias, float* out, int64_t out_stride) {
+  const int64_t gs = K / G;
+  for (int64_t m = 0; m < M; ++m) {
+    float r = bias;
+    for (int64_t g = 0; g < G; ++g) {
+      float acc = 0.f;
+      for (int64_t k = g * gs; k < (g + 1) * gs; ++k) {
+        const uint8_t byte = w[(k / 32) * 16 + (k % 16)];
+        const int q = (k % 32) < 16 ? (byte & 0xF) : (byte >> 4);
+        acc += (q - z[g]) * x[m * K + k];
+      }
+      r += acc * s[g];
+    }
+    out[m * out_stride] = r;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int vllm_quant_ops_version() { return 1; }
+
+int vllm_quant_has_avx512() { return VLLM_QUANT_AVX512; }
+
+// x [M, K] float32 contiguous (M <= 8), K % 32 == 0, K % G == 0, (K / G) % 32 == 0.
+void vllm_gemm_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
+                    const float* scales, const float* zeros, int64_t G, const float* bias,
+                    float* out, int nthreads) {
+  std::vector<float> xs(M * G);
+  group_sums(x, M, K, G, xs.data());
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* wr = w + n * (K / 2);
+    const float* s = scales + n * G;
+    const float* z = zeros + n * G;
+    const float b = bias ? bias[n] : 0.f;
+#if VLLM_QUANT_AVX512
+    switch (M) {
+#define VLLM_INT4_CASE(R) \
+  case R: int4_row<R>(x, K, wr, s, z, G, xs.data(), b, out + n, N); break;
+      VLLM_INT4_CASE(1) VLLM_INT4_CASE(2) VLLM_INT4_CASE(3) VLLM_INT4_CASE(4)
+      VLLM_INT4_CASE(5) VLLM_INT4_CASE(6) VLLM_INT4_CASE(7) VLLM_INT4_CASE(8)
+#undef VLLM_INT4_CASE
+      default: int4_row_scalar(x, M, K, wr, s, z, G, b, out + n, N);
+    }
+#else
+    int4_row_scalar(x, M, K, wr, s, z, G, b, out + n, N);
+#endif
+  }
+}
+
+// x [M, K] float32 holding fp8 values (M <= 8); w [N, K] fp8 bytes; out [M, N] unscaled.
+void vllm_gemm_fp8(const float* x, int64_t M, int64_t K, const uint8_t* w, int64_t N,
+                   float* out, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* wr = w + n * K;
+#if VLLM_QUANT_AVX512
+    switch (M) {
+#define VLLM_FP8_CASE(R) \
+  case R: fp8_row<R>(x, K, wr, out + n, N); break;
+      VLLM_FP8_CASE(1) VLLM_FP8_CASE(2) VLLM_FP8_CASE(3) VLLM_FP8_CASE(4)
+      VLLM_FP8_CASE(5) VLLM_FP8_CASE(6) VLLM_FP8_CASE(7) VLLM_FP8_CASE(8)
+#undef VLLM_FP8_CASE
+      default: break;
+    }
+    if (M >= 1 && M <= 8) continue;
+#endif
+    for (int64_t m = 0; m < M; ++m) {
+      float r = 0.f;
+      for (int64_t k = 0; k < K; ++k) r += fp8_e4m3_to_float(wr[k]) * x[m * K + k];
+      out[m * N + n] = r;
+    }
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,95 @@
+"""Tensor-level wrappers of the quantized GEMM kernels (quant_ops.cpp).
+
+A separate library from cpu_ops (same loader, flags and cache) so the quantized
+kernels build and change on their own. `None` library (no compiler, disabled with
+VLLM_CPU_NATIVE_OPS=0, failed build): callers keep their torch path.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import subprocess
+import threading
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from vllm import envs
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("quant_ops.cpp")
+MAX_ROWS = 8
+_i64, _i32, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+_SIGNATURES = {
+    "vllm_gemm_int4": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i32),
+    "vllm_gemm_fp8": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _i32),
+}
+_lock = threading.Lock()
+_state: dict[str, Optional[ctypes.CDLL]] = {}
+
+
+def get_quant_lib() -> Optional[ctypes.CDLL]:
+    if "lib" not in _state:
+        with _lock:
+            if "lib" not in _state:
+                _state["lib"] = _load()
+    return _state["lib"]
+
+
+def _load() -> Optional[ctypes.CDLL]:
+    if not envs.VLLM_CPU_NATIVE_OPS:
+        return None
+    from vllm.native.loader import build_library
+    try:
+        lib = ctypes.CDLL(str(build_library(SOURCE)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        logger.warning("Native quantized kernels unavailable, dequantizing in torch: %s", e)
+        return None
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = list(argtypes), None
+    lib.vllm_quant_has_avx512.restype = ctypes.c_int
+    return lib
+
+
+def _rows_ok(x: torch.Tensor) -> bool:
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (x.device.type == "cpu" and 0 < rows <= MAX_ROWS
+            and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and get_quant_lib() is not None)
+
+
+def int4_supported(x: torch.Tensor, group_size: int) -> bool:
+    """Whether `gemm_int4` takes these activations and groups (runs of 32 inputs)."""
+    return group_size % 32 == 0 and _rows_ok(x)
+
+
+def gemm_int4(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+              bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """x [.., K] @ W^T (+ bias) for the int4 layout of int_weights.py; x's dtype."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k).float().contiguous()
+    m, n, g = x2.shape[0], w_q.shape[0], scales.shape[1]
+    out = torch.empty(m, n, dtype=torch.float32)
+    b = None if bias is None else bias.float().contiguous()
+    get_quant_lib().vllm_gemm_int4(x2.data_ptr(), m, k, w_q.data_ptr(), n, scales.data_ptr(),
+                                   zeros.data_ptr(), g, 0 if b is None else b.data_ptr(),
+                                   out.data_ptr(), torch.get_num_threads())
+    return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def fp8_supported(x: torch.Tensor) -> bool:
+    return _rows_ok(x)
+
+
+def gemm_fp8(x_q: torch.Tensor, w_q: torch.Tensor) -> torch.Tensor:
+    """x_q [M, K] fp8 @ w_q [N, K]^T in float32, unscaled (M <= MAX_ROWS)."""
+    x2 = x_q.float().contiguous()
+    m, k = x2.shape
+    n = w_q.shape[0]
+    out = torch.empty(m, n, dtype=torch.float32)
+    get_quant_lib().vllm_gemm_fp8(x2.data_ptr(), m, k, w_q.view(torch.uint8).data_ptr(), n,
+                                  out.data_ptr(), torch.get_num_threads())
+    return out
