@@ -117,7 +117,8 @@ def test_killed_worker_exits_nonzero_within_10s(tiny_model_factory):
     finally:
         srv.stop(signal.SIGKILL)
     thread.join(10)
-    log = srv.tail(200)
+    log = srv.tail(5000)
+    print(f"\n[engine death] server exited with {code} {took:.2f} s after its worker was killed")
     assert code != 0 and took < 10, (code, took, log)
     assert "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH" in log
     assert events[-1] == "[DONE]" and "error" in events[-2], events[-3:]

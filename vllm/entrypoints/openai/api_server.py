@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import hmac
 import logging
 import os
@@ -474,6 +475,10 @@ def run_server(args: argparse.Namespace) -> None:
             engine.shutdown()
     finally:
         sock.close()
+        # Everything is shut down: keep the interpreter's final garbage collection from
+        # walking every torch/transformers object (seconds on a busy machine, past a
+        # supervisor's grace period).
+        gc.freeze()
     if engine_died:
         sys.exit(1)  # a supervisor restarts the server (see vllm/entrypoints/launcher.py)
 
