@@ -111,9 +111,15 @@ class HPUModelRunner(ModelRunnerBase):
         from vllm.model_executor.model_loader import get_model
         start = time.perf_counter()
         self.model = get_model(self.vllm_config, device=self.device)
+        from vllm.lora.models import create_lora_manager
+        # Static shapes: rank-padded adapter slots, a [rows] slot tensor per pass.
+        self.lora_manager = create_lora_manager(self.model, self.vllm_config, self.device,
+                                                static_shapes=True)
         tensors = list(self.model.parameters()) + list(self.model.buffers())
         weight_bytes = sum(hpu.track_alloc(t) for t in tensors)
-        self.forward_module = prepare_forward_module(self.model, self.attn_impl, self.mode)
+        self.forward_module = prepare_forward_module(
+            self.model, self.attn_impl, self.mode,
+            lora_batch=self.lora_manager.batch if self.lora_manager else None)
         logger.info("Loading model weights took %s of device memory (%.2f s).",
                     format_bytes(weight_bytes), time.perf_counter() - start)
 
@@ -234,7 +240,8 @@ class HPUModelRunner(ModelRunnerBase):
         """The bucket's [B, vocab] logits (a fixed shape per bucket, also for the
         logits processors); the base picks the sampling rows after them."""
         batch: HPUBatch = fwd.platform_data
-        hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch))
+        hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch),
+                                         lora_slots=fwd.lora_mapping)
         rows = [i for i, s in enumerate(batch.seqs) if s.sample]
         if not rows:
             return PassOutput(hidden_states=hidden, sample_logits=None)
@@ -324,21 +331,34 @@ class HPUModelRunner(ModelRunnerBase):
     def _graphed(self, batch: HPUBatch) -> bool:
         return self.uses_hpu_graphs and (batch.is_prompt, batch.bucket) in self.graphed_buckets
 
+    def _lora_slot_tensor(self, batch: HPUBatch, slots: Optional[np.ndarray]
+                          ) -> Optional[torch.Tensor]:
+        """With LoRA, every pass (warmup and base-only ones too) carries a [rows] slot
+        tensor (-1: no adapter), so the graph signature never depends on the adapters."""
+        if self.lora_manager is None:
+            return None
+        if slots is None:
+            return torch.full((batch.input_ids.shape[0],), -1, dtype=torch.long,
+                              device=self.device)
+        return torch.from_numpy(slots).to(self.device)
+
     def _run_batch(self, batch: HPUBatch, use_graph: bool,
-                   kv_caches: Optional[list[torch.Tensor]] = None
+                   kv_caches: Optional[list[torch.Tensor]] = None,
+                   lora_slots: Optional[np.ndarray] = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward pass plus logits at the batch's [B] logits rows."""
         kv = self.kv_caches if kv_caches is None else kv_caches
+        lora = self._lora_slot_tensor(batch, lora_slots)
         phase = "prompt" if batch.is_prompt else "decode"
         label = f"{phase} {tuple(batch.bucket)}"
         signature = None if use_graph else (
             self.mode.value, bool(kv),
-            input_signature((batch.input_ids, batch.positions, batch.attn_metadata)))
+            input_signature((batch.input_ids, batch.positions, batch.attn_metadata, lora)))
         with self.profiler.record(phase, bucket=tuple(batch.bucket), real=batch.num_real,
                                   graph=use_graph), \
                 self.tracker.track_pass(label, signature):
             hidden = run_forward(self.forward_module, self.mode, use_graph, batch.input_ids,
-                                 batch.positions, batch.attn_metadata, kv)
+                                 batch.positions, batch.attn_metadata, kv, lora)
             logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         return hidden, logits
 
