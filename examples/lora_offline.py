@@ -17,6 +17,8 @@ def random_adapter(model_path: str, out_dir: str, seed: int) -> str:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
+    import peft.tuners.lora.inc as inc
+    inc.is_inc_available = lambda: False  # plain torch layers, whatever else is installed
     torch.manual_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(model_path)
     model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, init_lora_weights=False,
