@@ -29,6 +29,10 @@ def test_linear_ranges():
     assert linear_range(2, 32, 64) == [2, 4, 8, 16, 32, 64]
     assert linear_range(128, 128, 512) == [128, 256, 384, 512]
     assert linear_range(0, 8, 24) == [0, 8, 16, 24]
+    # min is the lowest bucket, also when step < min (the multiples below it are dropped)
+    assert linear_range(4, 2, 8) == [4, 6, 8]
+    assert linear_range(3, 2, 9) == [4, 6, 8]
+    assert linear_range(128, 64, 256) == [128, 192, 256]
 
 
 def test_exponential_known_lists():

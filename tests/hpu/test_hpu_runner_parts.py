@@ -158,6 +158,10 @@ def test_capture_orders():
     decode = [Bucket(1, 1, 8), Bucket(8, 1, 64), Bucket(2, 1, 8)]
     assert order_for_capture(decode, False, "max_bs") == [
         Bucket(8, 1, 64), Bucket(2, 1, 8), Bucket(1, 1, 8)]
+    # decode min_tokens: bs x blocks ascending (not by batch size alone)
+    decode = [Bucket(2, 1, 16), Bucket(4, 1, 4), Bucket(3, 1, 4), Bucket(1, 1, 64)]
+    assert order_for_capture(decode, False, "min_tokens") == [
+        Bucket(3, 1, 4), Bucket(4, 1, 4), Bucket(2, 1, 16), Bucket(1, 1, 64)]
     with pytest.raises(ValueError, match="VLLM_GRAPH_DECODE_STRATEGY"):
         order_for_capture(decode, False, "biggest")
 

@@ -37,6 +37,8 @@ def linear_range(bmin: int, bstep: int, bmax: int) -> list[int]:
 
     (2, 32, 64) -> 2 4 8 16 32 64; (128, 128, 512) -> 128 256 384 512.
     A min of 0 adds the value 0 and continues from `step` (0 cannot be doubled).
+    min is the lowest bucket: with step < min the multiples of step below min are
+    dropped, (4, 2, 8) -> 4 6 8.
     """
     _check_range(bmin, bstep, bmax)
     values = [0] if bmin == 0 else []
@@ -45,7 +47,7 @@ def linear_range(bmin: int, bstep: int, bmax: int) -> list[int]:
         values.append(v)
         v *= 2
     values.extend(range(bstep, bmax + 1, bstep))
-    return sorted(set(values))
+    return sorted({v for v in values if v >= bmin})
 
 
 def exponential_range(bmin: int, bstep: int, bmax: int, num: int) -> list[int]:

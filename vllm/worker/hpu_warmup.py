@@ -47,13 +47,17 @@ def bucket_tokens(is_prompt: bool, bucket: Bucket) -> int:
 
 
 def order_for_capture(buckets: list[Bucket], is_prompt: bool, strategy: str) -> list[Bucket]:
-    """min_tokens: fewest tokens first (many small graphs); max_bs: largest batch first."""
+    """min_tokens: smallest bs x seq first (many small graphs), where seq is the query
+    length of a prompt bucket and the KV blocks of a decode bucket, as Gaudi's runner
+    orders them; max_bs: largest batch first."""
     allowed = PROMPT_STRATEGIES if is_prompt else DECODE_STRATEGIES
     name = "VLLM_GRAPH_PROMPT_STRATEGY" if is_prompt else "VLLM_GRAPH_DECODE_STRATEGY"
     if strategy not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {strategy!r}.")
     if strategy == "min_tokens":
-        return sorted(buckets, key=lambda b: (bucket_tokens(is_prompt, b), b.num_blocks, b))
+        def bs_x_seq(b: Bucket) -> int:
+            return b.batch_size * (b.query_len if is_prompt else b.num_blocks)
+        return sorted(buckets, key=lambda b: (bs_x_seq(b), b))
     return sorted(buckets, key=lambda b: (-b.batch_size, b.query_len, b.num_blocks))
 
 
