@@ -150,9 +150,9 @@ def test_log_lines(caplog):
     text = caplog.text
     assert "Prompt bucket config (min, step, max_warmup) bs:[1, 2, 64], seq:[128, 128, 8192]" \
         in text
-    assert f"Generated {ctx.num_prompt_buckets} prompt buckets [bs, query, num_blocks]:" in text
+    assert f"Generated {ctx.num_prompt_buckets} prompt buckets: [(1, 128, 0), " in text
     assert "Decode bucket config (min, step, max_warmup) bs:[1, 2, 256]" in text
-    assert f"Generated {ctx.num_decode_buckets} decode buckets [bs, query, num_blocks]:" in text
+    assert f"Generated {ctx.num_decode_buckets} decode buckets: [(1, 1, 1), " in text
 
 
 @pytest.mark.parametrize("budget,max_len,exponential", [

@@ -87,17 +87,24 @@ WARMUP_ENV = {"PT_HPU_LAZY_MODE": "1", "VLLM_PROMPT_BS_BUCKET_MAX": "2",
               "VLLM_HPU_LOG_STEP_GRAPH_COMPILATION": "1"}
 WARMUP_LINES = [
     r"Prompt bucket config \(min, step, max_warmup\) bs:\[1, 2, 2\], seq:\[128, 128, 128\]",
-    r"Generated 2 prompt buckets \[bs, query, num_blocks\]: \[\(1, 128, 0\), \(2, 128, 0\)\]",
+    r"Generated 2 prompt buckets: \[\(1, 128, 0\), \(2, 128, 0\)\]",
     r"Free device memory: [\d.]+ \w+, [\d.]+ \w+ usable \(gpu_memory_utilization=0\.9\), "
     r"[\d.]+ \w+ reserved for HPUGraphs \(VLLM_GRAPH_RESERVED_MEM=0\.1\), [\d.]+ \w+ "
     r"reserved for KV cache",
-    r"Generated 4 decode buckets \[bs, query, num_blocks\]: "
+    r"Generated 4 decode buckets: "
     r"\[\(1, 1, 1\), \(1, 1, 16\), \(2, 1, 16\), \(4, 1, 16\)\]",
-    r"\[Warmup\]\[Prompt\]\[1/2\] batch_size:2 query_len:128 num_blocks:0 free_mem:[\d.]+ \w+",
-    r"\[Warmup\]\[Decode\]\[4/4\] batch_size:1 query_len:1 num_blocks:1 free_mem:",
-    r"\[Warmup\]\[Graph/Prompt\]\[1/2\] batch_size:1 query_len:128 num_blocks:0 free_mem:",
-    r"\[Warmup\]\[Graph/Decode\]\[1/4\] batch_size:4 query_len:1 num_blocks:16 free_mem:",
+    r"\[Warmup\]\[Prompt\]\[1/2\] batch_size:2 seq_len:128 free_mem:[\d.]+ \w+ num_blocks:0",
+    r"\[Warmup\]\[Decode\]\[4/4\] batch_size:1 seq_len:1 free_mem:[\d.]+ \w+ num_blocks:1",
+    r"\[Warmup\]\[Graph/Prompt\]\[1/2\] batch_size:1 seq_len:128 free_mem:[\d.]+ \w+ num_blocks:0",
+    r"\[Warmup\]\[Graph/Decode\]\[1/4\] batch_size:4 seq_len:1 free_mem:[\d.]+ \w+ num_blocks:16",
     r"Graph/Decode captured:4 \(100\.0%\) used_mem:",
+    r"Pre-loading model weights on hpu:0 took [\d.]+ \w+ of device memory \([\d.]+ \w+/"
+    r"[\d.]+ \w+ used\) and -?[\d.]+ \w+ of host memory \([\d.]+ \w+/[\d.]+ \w+ used\)",
+    r"Model profiling run took -?[\d.]+ \w+ of device memory \([\d.]+ \w+/[\d.]+ \w+ used\) "
+    r"and -?[\d.]+ \w+ of host memory \([\d.]+ \w+/[\d.]+ \w+ used\)",
+    r"# HPU blocks: 16, # CPU blocks: 0",
+    r"Using [\d.]+ \w+/[\d.]+ \w+ of free device memory for HPUGraphs, [\d.]+ \w+ for prompt "
+    r"and [\d.]+ \w+ for decode \(VLLM_GRAPH_PROMPT_RATIO=0\.3\)",
     r"Warmup finished in \d+ secs, allocated [\d.]+ \w+ of device memory",
 ]
 

@@ -22,15 +22,16 @@ EXPECTED_LINES = [
     r"HPU execution mode: HPU graphs \(PT_HPU_LAZY_MODE=1, enforce_eager=False\); "
     r"contiguous PA: True",
     r"Prompt bucket config \(min, step, max_warmup\) bs:\[1, 2, 2\], seq:\[128, 128, 128\]",
-    r"Generated 2 prompt buckets \[bs, query, num_blocks\]: \[\(1, 128, 0\), \(2, 128, 0\)\]",
+    r"Generated 2 prompt buckets: \[\(1, 128, 0\), \(2, 128, 0\)\]",
     r"Free device memory: [\d.]+ \w+, [\d.]+ \w+ usable \(gpu_memory_utilization=0\.9\), "
     r"[\d.]+ \w+ reserved for HPUGraphs \(VLLM_GRAPH_RESERVED_MEM=0\.1\), [\d.]+ \w+ "
     r"reserved for KV cache",
-    r"Generated \d+ decode buckets \[bs, query, num_blocks\]: ",
-    r"\[Warmup\]\[Prompt\]\[1/2\] batch_size:2 query_len:128 num_blocks:0 free_mem:[\d.]+ \w+",
-    r"\[Warmup\]\[Decode\]\[1/\d+\] batch_size:2 query_len:1 num_blocks:\d+ free_mem:",
-    r"\[Warmup\]\[Graph/Prompt\]\[2/2\] batch_size:2 query_len:128 num_blocks:0 free_mem:",
-    r"\[Warmup\]\[Graph/Decode\]\[1/\d+\] batch_size:2 query_len:1 num_blocks:\d+ free_mem:",
+    r"Generated \d+ decode buckets: ",
+    r"\[Warmup\]\[Prompt\]\[1/2\] batch_size:2 seq_len:128 free_mem:[\d.]+ \w+ num_blocks:0",
+    r"\[Warmup\]\[Decode\]\[1/\d+\] batch_size:2 seq_len:1 free_mem:[\d.]+ \w+ num_blocks:\d+",
+    r"\[Warmup\]\[Graph/Prompt\]\[2/2\] batch_size:2 seq_len:128 free_mem:[\d.]+ \w+ num_blocks:0",
+    r"\[Warmup\]\[Graph/Decode\]\[1/\d+\] batch_size:2 seq_len:1 free_mem:[\d.]+ \w+ "
+    r"num_blocks:\d+",
     r"Warmup finished in \d+ secs, allocated [\d.]+ \w+ of device memory",
 ]
 

@@ -47,9 +47,14 @@ class EngineCore:
                 "gpu_memory_utilization) or decrease max_model_len.")
         cfg.cache_config.num_gpu_blocks = num_blocks
         self.executor.initialize_cache(num_blocks)
+        # vLLM's wording ("# GPU blocks: N, # CPU blocks: M", the CPU backend's
+        # "# CPU blocks: N"); no swap space here, so an accelerator has 0 CPU blocks.
         device = cfg.device_config.device.upper()
-        logger.info("# %s blocks: %d (block size %d, %d tokens)", device, num_blocks, bs,
-                    num_blocks * bs)
+        tail = f" (block size {bs}, {num_blocks * bs} tokens)"
+        if device == "CPU":
+            logger.info("# CPU blocks: %d%s", num_blocks, tail)
+        else:
+            logger.info("# %s blocks: %d, # CPU blocks: 0%s", device, num_blocks, tail)
         logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_len,
                     num_blocks * bs / max_len)
         return num_blocks

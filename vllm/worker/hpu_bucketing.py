@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
 from vllm import envs
+from vllm.worker.hpu_log import log_bucket_config, log_generated_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -265,11 +266,10 @@ class HPUBucketingContext:
                    if self._prompt_fits(Bucket(b, q, c), q_prev, c_prev, query_cap)]
         self.prompt_buckets = sorted(buckets)
         self._lookup_cache.clear()
-        logger.info("Prompt bucket config (min, step, max_warmup) bs:%s, seq:%s, blocks:%s",
-                    bs_r.as_list(), seq_r.as_list(),
-                    ctx_r.as_list() if self.use_prompt_context else [0, 0, 0])
-        logger.info("Generated %d prompt buckets [bs, query, num_blocks]: %s",
-                    len(self.prompt_buckets), [tuple(b) for b in self.prompt_buckets])
+        blocks = ctx_r.as_list() if self.use_prompt_context else [0, 0, 0]
+        log_bucket_config("Prompt", bs_r.as_list(), "seq", seq_r.as_list(),
+                          f", blocks:{blocks}")
+        log_generated_buckets("Prompt", self.prompt_buckets)
         return self.prompt_buckets
 
     def _query_cap(self, seq_values: list[int]) -> int:
@@ -315,10 +315,9 @@ class HPUBucketingContext:
                    for n in block_values if b <= n]
         self.decode_buckets = sorted(buckets)
         self._lookup_cache.clear()
-        logger.info("Decode bucket config (min, step, max_warmup) bs:%s, block:%s",
-                    self.decode_bs_range.as_list(), self.decode_block_range.as_list())
-        logger.info("Generated %d decode buckets [bs, query, num_blocks]: %s",
-                    len(self.decode_buckets), [tuple(b) for b in self.decode_buckets])
+        log_bucket_config("Decode", self.decode_bs_range.as_list(), "block",
+                          self.decode_block_range.as_list())
+        log_generated_buckets("Decode", self.decode_buckets)
         return self.decode_buckets
 
     # ---- lookup ----

@@ -40,7 +40,8 @@ from vllm.worker.hpu_input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_de
                                         build_prompt_batch, decode_blocks_needed,
                                         dependency_levels, group_prompts, pad_slots)
 from vllm.worker.hpu_profiler import HPUProfiler
-from vllm.worker.hpu_warmup import HPUWarmup, format_bytes
+from vllm.worker.hpu_log import MemorySnapshot, log_profile_run, log_weights_loaded
+from vllm.worker.hpu_warmup import HPUWarmup
 from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.model_runner_base import ForwardPass, LogprobsRow, ModelRunnerBase, PassOutput
 
@@ -76,6 +77,8 @@ class HPUModelRunner(ModelRunnerBase):
         super().__init__(vllm_config, device)
         self.max_model_len = mc.max_model_len
         self.mode = ExecutionMode.select(hpu.is_lazy(), mc.enforce_eager)
+        self.device_label = "hpu:0"
+        """Device named in the log lines (the worker sets its own index)."""
         self.contiguous_pa = resolve_contiguous_pa(cc.enable_prefix_caching)
         chunked = sc.enable_chunked_prefill and sc.max_num_batched_tokens < mc.max_model_len
         self.bucketing = HPUBucketingContext(
@@ -109,19 +112,18 @@ class HPUModelRunner(ModelRunnerBase):
 
     def load_model(self) -> None:
         from vllm.model_executor.model_loader import get_model
-        start = time.perf_counter()
+        start, before = time.perf_counter(), MemorySnapshot.take()
         self.model = get_model(self.vllm_config, device=self.device)
         from vllm.lora.models import create_lora_manager
         # Static shapes: rank-padded adapter slots, a [rows] slot tensor per pass.
         self.lora_manager = create_lora_manager(self.model, self.vllm_config, self.device,
                                                 static_shapes=True)
-        tensors = list(self.model.parameters()) + list(self.model.buffers())
-        weight_bytes = sum(hpu.track_alloc(t) for t in tensors)
+        for t in list(self.model.parameters()) + list(self.model.buffers()):
+            hpu.track_alloc(t)
         self.forward_module = prepare_forward_module(
             self.model, self.attn_impl, self.mode,
             lora_batch=self.lora_manager.batch if self.lora_manager else None)
-        logger.info("Loading model weights took %s of device memory (%.2f s).",
-                    format_bytes(weight_bytes), time.perf_counter() - start)
+        log_weights_loaded(self.device_label, before, time.perf_counter() - start)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Per layer [2, (num_blocks + 1) * block_size, kv_heads, head_size], zeroed.
@@ -196,10 +198,11 @@ class HPUModelRunner(ModelRunnerBase):
         largest = max(self.bucketing.prompt_buckets, key=lambda b: (b.batch_size * b.query_len, b))
         bucket = Bucket(largest.batch_size, largest.query_len, 0)  # no cache to read yet
         batch = self._dummy_prompt_batch(bucket)
+        before = MemorySnapshot.take()
         with self.profiler.record("profile_run", bucket=tuple(bucket)):
             self._run_batch(batch, use_graph=False, kv_caches=[])
         hpu.synchronize()
-        logger.info("Profile run at prompt bucket %s done.", tuple(bucket))
+        log_profile_run(before, bucket)
 
     def warmup_model(self) -> None:
         """Compile every bucket (and capture HPU graphs) before serving."""

@@ -12,6 +12,7 @@ keeps running without a graph; memory one phase leaves over goes to the other.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from vllm import envs, hpu
 from vllm.worker.hpu_bucketing import Bucket
+from vllm.worker.hpu_log import format_bytes, log_graph_memory, log_warmup_step
 
 if TYPE_CHECKING:
     from vllm.worker.hpu_model_runner import HPUModelRunner
@@ -29,16 +31,6 @@ logger = logging.getLogger(__name__)
 
 PROMPT_STRATEGIES = ("min_tokens", "max_bs")
 DECODE_STRATEGIES = ("max_bs", "min_tokens")
-
-
-def format_bytes(num: float) -> str:
-    """1536 -> '1.5 KiB'; 3 * 2**30 -> '3 GiB'."""
-    value = float(num)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.4g} {unit}"
-        value /= 1024
-    return f"{value:.4g} TiB"
 
 
 def bucket_tokens(is_prompt: bool, bucket: Bucket) -> int:
@@ -139,15 +131,10 @@ class HPUWarmup:
                     format_bytes(max(0, free_start - self._free())),
                     runner.tracker.num_compiles_warmup)
 
-    def _log(self, phase: str, index: int, total: int, bucket: Bucket) -> None:
-        logger.info("[Warmup][%s][%d/%d] batch_size:%d query_len:%d num_blocks:%d free_mem:%s",
-                    phase, index, total, bucket.batch_size, bucket.query_len,
-                    bucket.num_blocks, format_bytes(self._free()))
-
     def _compile_phase(self, phase: str, is_prompt: bool, buckets: list[Bucket]) -> None:
         for i, bucket in enumerate(tqdm(buckets, desc=f"Warmup {phase.lower()} buckets",
                                         disable=None, leave=False), start=1):
-            self._log(phase, i, len(buckets), bucket)
+            log_warmup_step(phase, i, len(buckets), bucket)
             self.runner.run_dummy_batch(is_prompt, bucket, use_graph=False)
 
     def _capture_graphs(self, prompt: list[Bucket], decode: list[Bucket]) -> None:
@@ -158,14 +145,14 @@ class HPUWarmup:
         decode_budget = graph_mem - prompt_budget
         prompt_order = order_for_capture(prompt, True, envs.VLLM_GRAPH_PROMPT_STRATEGY)
         decode_order = order_for_capture(decode, False, envs.VLLM_GRAPH_DECODE_STRATEGY)
-        logger.info("Memory for HPU graphs: %s (prompt %s with VLLM_GRAPH_PROMPT_RATIO=%s, "
-                    "decode %s).", format_bytes(graph_mem), format_bytes(prompt_budget), ratio,
-                    format_bytes(decode_budget))
+        log_graph_memory(graph_mem, self._free(), prompt_budget, decode_budget, ratio)
         p = self._capture_phase("Prompt", True, prompt_order, prompt_budget)
         d = self._capture_phase("Decode", False, decode_order, decode_budget + p.left_bytes)
         if p.skipped and d.left_bytes > 0:
+            # The second prompt pass continues the first one's numbering (i/N of all).
             again = self._capture_phase("Prompt", True, p.skipped, d.left_bytes,
-                                        p.bytes_per_token)
+                                        p.bytes_per_token, first_index=len(p.captured) + 1,
+                                        total=len(prompt))
             p.captured += again.captured
             p.skipped = again.skipped
             p.used_bytes += again.used_bytes
@@ -178,13 +165,17 @@ class HPUWarmup:
                             "a graph): %s", phase, sorted(tuple(b) for b in res.skipped))
 
     def _capture_phase(self, phase: str, is_prompt: bool, buckets: list[Bucket],
-                       budget: int, bytes_per_token: Optional[float] = None) -> CaptureResult:
+                       budget: int, bytes_per_token: Optional[float] = None,
+                       first_index: int = 1, total: Optional[int] = None) -> CaptureResult:
+        """Capture in order within `budget`; log lines are numbered from `first_index`
+        out of `total` (default: these buckets)."""
         progress = tqdm(total=len(buckets), desc=f"Capturing {phase.lower()} graphs",
                         disable=None, leave=False)
-        counter = iter(range(1, len(buckets) + 1))
+        counter = itertools.count(first_index)
+        total = len(buckets) if total is None else total
 
         def capture(bucket: Bucket) -> int:
-            self._log(f"Graph/{phase}", next(counter), len(buckets), bucket)
+            log_warmup_step(f"Graph/{phase}", next(counter), total, bucket)
             before = self._free()
             self.runner.capture_graph(is_prompt, bucket)
             hpu.synchronize()

@@ -24,7 +24,8 @@ import torch
 
 from vllm import envs, hpu
 from vllm.worker.hpu_model_runner import HPUModelRunner
-from vllm.worker.hpu_warmup import format_bytes, graph_reserved_fraction
+from vllm.worker.hpu_log import format_bytes
+from vllm.worker.hpu_warmup import graph_reserved_fraction
 from vllm.worker.worker_base import WorkerBase
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class HPUWorker(WorkerBase):
         current_platform.seed_everything(self.vllm_config.model_config.seed)
         self.model_runner = HPUModelRunner(self.vllm_config,
                                            device=torch.device(hpu.torch_device_type()))
+        self.model_runner.device_label = f"hpu:{self.local_rank}"
         self.memory_budget: Optional[HPUMemoryBudget] = None
 
     def determine_num_available_blocks(self) -> int:
