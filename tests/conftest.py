@@ -62,10 +62,14 @@ def make_tiny_model(directory: str, arch: str, **overrides) -> str:
         "gemma3": transformers.Gemma3TextConfig,
         "phi3": transformers.Phi3Config,
         "granite": transformers.GraniteConfig,
+        "bloom": transformers.BloomConfig,
     }
     base = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                 rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    if arch == "bloom":  # no GQA, no RoPE: BloomConfig would keep the Llama fields as extras
+        base = dict(vocab_size=49152, hidden_size=64, n_layer=2, n_head=4,
+                    tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
     base.update(_ARCH_DEFAULTS.get(arch, {}))
     base.update(overrides)
     config = configs[arch](**base)

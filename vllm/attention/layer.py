@@ -35,12 +35,24 @@ class Attention(nn.Module):
     def __init__(self, num_heads: int, head_size: int, scale: float,
                  num_kv_heads: int | None = None, prefix: str = "",
                  logits_soft_cap: float | None = None,
-                 per_layer_sliding_window: int | None = None) -> None:
+                 per_layer_sliding_window: int | None = None,
+                 alibi_slopes: torch.Tensor | list[float] | None = None) -> None:
         super().__init__()
         self.logits_soft_cap = logits_soft_cap or None
         """Scores become `cap * tanh(scores / cap)` before the softmax (Gemma 2)."""
         self.sliding_window = per_layer_sliding_window or None
         """A query attends to itself and the `sliding_window - 1` tokens before it."""
+        slopes = None
+        if alibi_slopes is not None:
+            slopes = torch.as_tensor(alibi_slopes, dtype=torch.float32).reshape(-1)
+            if slopes.numel() != num_heads:
+                raise ValueError(f"alibi_slopes has {slopes.numel()} entries; expected one "
+                                 f"per head of this rank ({num_heads}).")
+        # A buffer (None without ALiBi), so it follows the model to its device; it is
+        # not part of the checkpoint.
+        self.register_buffer("alibi_slopes", slopes, persistent=False)
+        """[num_heads] float32 ALiBi slopes of this rank's heads: head h adds
+        `slope[h] * (k_pos - q_pos)` to its scores (BLOOM, MPT)."""
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
@@ -63,7 +75,8 @@ class Attention(nn.Module):
     def _causal_no_cache(self, query: torch.Tensor, key: torch.Tensor,
                          value: torch.Tensor) -> torch.Tensor:
         """All tokens form one sequence; no KV cache is read or written."""
-        if self.logits_soft_cap is not None or self.sliding_window is not None:
+        if (self.logits_soft_cap is not None or self.sliding_window is not None
+                or self.alibi_slopes is not None):
             return masked_attention(self, query, key, value, torch.arange(query.shape[0]),
                                     torch.arange(key.shape[0]))
         t = query.shape[0]

@@ -26,6 +26,12 @@ The remaining sequences ("prefills": a whole prompt or a chunk of one) go one by
 through `scaled_dot_product_attention`: causal when nothing precedes them in the
 cache, with an explicit mask over the gathered context otherwise. Slots, biases,
 masks and the value index are built once per step and shared by every layer.
+
+Layers with a sliding window, a logit soft-cap or ALiBi slopes take none of the
+paths above: the native decode kernel and `_decode` know no per-head bias, window
+or cap, so their decodes (and the native path's short prefills, which are decode
+rows too) go through `_masked_decode` and their prefills through
+`masked_attention`, both explicit float32 scores in torch ops.
 """
 from __future__ import annotations
 
@@ -278,9 +284,10 @@ class TorchSDPABackendImpl:
     @staticmethod
     def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 md: TorchSDPAMetadata, layer, query: torch.Tensor) -> torch.Tensor:
-        """Layers with a sliding window or attention soft-cap (Gemma, Mistral-7B-v0.1):
-        explicit scores in float32 (`masked_attention`); decodes read only the last
-        `sliding_window` tokens of their context."""
+        """Layers with a sliding window, attention soft-cap (Gemma, Mistral-7B-v0.1) or
+        ALiBi (BLOOM): explicit scores in float32 (`masked_attention`); decodes read
+        only the last `sliding_window` tokens of their context. The native decode
+        kernel takes no bias, so ALiBi decodes run here in torch ops."""
         out = torch.empty(query.shape[0], layer.num_heads * layer.head_size,
                           dtype=query.dtype, device=query.device)
         if md.num_decodes:
@@ -332,15 +339,17 @@ class TorchSDPABackendImpl:
 
 
 def _is_masked(layer) -> bool:
-    """A layer with a sliding window or a soft-cap (`Attention` attributes)."""
+    """A layer with a sliding window, a soft-cap or ALiBi (`Attention` attributes)."""
     return (getattr(layer, "sliding_window", None) is not None
-            or getattr(layer, "logits_soft_cap", None) is not None)
+            or getattr(layer, "logits_soft_cap", None) is not None
+            or getattr(layer, "alibi_slopes", None) is not None)
 
 
 def _masked_decode(q: torch.Tensor, kv_cache: torch.Tensor, md: TorchSDPAMetadata,
                    layer) -> torch.Tensor:
     """One query per row against its context, [n, hq, d] -> [n, hq * d], with the
-    layer's soft-cap and window. Each row gathers only the positions it may see: the
+    layer's soft-cap, window and ALiBi slopes (the row's query sits at position
+    `len - 1`). Each row gathers only the positions it may see: the
     last `sliding_window` of its context (all of it without a window), padded to the
     longest such span."""
     table, lens = md.decode_rows
@@ -359,6 +368,10 @@ def _masked_decode(q: torch.Tensor, kv_cache: torch.Tensor, md: TorchSDPAMetadat
     scores = torch.matmul(qq, kk.transpose(-1, -2)) * layer.scale     # [hkv, n, g, width]
     if layer.logits_soft_cap is not None:
         scores = torch.tanh(scores / layer.logits_soft_cap) * layer.logits_soft_cap
+    slopes = getattr(layer, "alibi_slopes", None)
+    if slopes is not None:
+        rel = (pos - (lens - 1)[:, None]).to(device=device, dtype=torch.float32)
+        scores = scores + slopes.view(hkv, 1, hq // hkv, 1) * rel[None, :, None, :]
     scores = scores.masked_fill(~valid.to(device)[None, :, None, :], float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), vv)             # [hkv, n, g, d]
     return out.permute(1, 0, 2, 3).reshape(n, hq * d).to(q.dtype)

@@ -1,17 +1,19 @@
 """Attention with explicit float32 scores: the reference path for layers with a sliding
-window or a logit soft-cap, shared by the no-cache path and the backends."""
+window, a logit soft-cap or ALiBi, shared by the no-cache path and the backends."""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
 
+from vllm.attention.ops.alibi import alibi_bias
+
 
 def masked_attention(layer: Any, query: torch.Tensor, key: torch.Tensor,
                      value: torch.Tensor, q_pos: torch.Tensor,
                      k_pos: torch.Tensor) -> torch.Tensor:
     """Attention of queries at positions `q_pos` [Tq] to keys at `k_pos` [Tk] (one
-    sequence), with the layer's soft-cap and sliding window, scores and softmax in
+    sequence), with the layer's soft-cap, sliding window and ALiBi slopes, scores and softmax in
     float32. query [Tq, H*D]; key/value [Tk, Hkv*D] or [Hkv, Tk, D]."""
     hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
     q = query.reshape(-1, hq, d).transpose(0, 1).float()
@@ -22,6 +24,9 @@ def masked_attention(layer: Any, query: torch.Tensor, key: torch.Tensor,
     scores = torch.matmul(q, k.transpose(1, 2)) * layer.scale
     if layer.logits_soft_cap is not None:
         scores = torch.tanh(scores / layer.logits_soft_cap) * layer.logits_soft_cap
+    slopes = getattr(layer, "alibi_slopes", None)
+    if slopes is not None:
+        scores = scores + alibi_bias(slopes, q_pos, k_pos).to(scores.device)
     allowed = k_pos[None, :] <= q_pos[:, None]
     if layer.sliding_window is not None:
         allowed &= k_pos[None, :] > q_pos[:, None] - layer.sliding_window

@@ -23,6 +23,7 @@ _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
     "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "BloomForCausalLM": ("bloom", "BloomForCausalLM"),
 }
 
 
