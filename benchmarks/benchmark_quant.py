@@ -51,8 +51,10 @@ def run_format(name: str, model: str, quantization, kv_cache_dtype: str, repeats
         best = max(best, DECODE_TOKENS / (time.perf_counter() - start))
     mib = weight_bytes(_model_of(llm)) / 2**20
     del llm
-    return {"format": name, "weights_mib": mib, "ppl": ppl, "tokens": len(lps),
-            "decode_tok_s": best}
+    row = {"format": name, "weights_mib": mib, "ppl": ppl, "tokens": len(lps),
+           "decode_tok_s": best}
+    print(f"[row] {row}", flush=True)  # each row as soon as it is measured (slow machines)
+    return row
 
 
 def main() -> None:
