@@ -5,7 +5,10 @@ There are no prefill or decode phases: each request needs
 (`max_num_batched_tokens`) is handed out to running requests, then to waiting
 ones, so long prompts chunk naturally. When the KV pool runs dry the most recently
 started running request is preempted by recompute: its blocks are freed, its
-progress reset, and it goes back to the front of the waiting queue.
+progress reset, and it goes back to the front of the waiting queue. The workers
+keep their state for it (token ids, seeded generator): it is not reported
+finished, and when it is scheduled again it is sent as a resumed cached request
+with its new block table.
 """
 from __future__ import annotations
 
@@ -110,6 +113,14 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_finished_requests(self) -> bool:
+        """Finished ids not yet sent to the workers (the next step must carry them)."""
+        return bool(self.finished_req_ids)
+
+    def has_requests(self) -> bool:
+        """Whether a step has anything to do: requests to run or finished ids to send."""
+        return self.has_unfinished_requests() or self.has_finished_requests()
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
 
@@ -140,7 +151,8 @@ class Scheduler:
             idx += 1
         # After a preemption the pool is tight: admit nobody new this step.
         if self.num_preemptions == preemptions_before:
-            budget = self._schedule_waiting(budget, num_scheduled, new_reqs, loras)
+            budget = self._schedule_waiting(budget, num_scheduled, new_reqs, cached_reqs,
+                                            loras)
 
         so_ids, bitmask = self._grammar_bitmask(num_scheduled)
         out = SchedulerOutput(
@@ -188,7 +200,6 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
-        self.finished_req_ids.add(request.request_id)  # workers drop its state
         logger.debug("Preempted request %s (recompute)", request.request_id)
 
     def _record_running(self, request, new_blocks, new_reqs, cached_reqs) -> None:
@@ -200,20 +211,22 @@ class Scheduler:
             new_token_ids=request.output_token_ids[-1:], num_tokens=request.num_tokens))
 
     def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int],
-                          new_reqs: list[NewRequestData], loras: set[int]) -> int:
+                          new_reqs: list[NewRequestData],
+                          cached_reqs: list[CachedRequestData], loras: set[int]) -> int:
         """Admit waiting requests in order; one whose adapter would need a slot beyond
         max_loras, or whose grammar is still compiling, waits (in place) while later
         ones may go ahead."""
         skipped: list[Request] = []
         try:
-            return self._admit_waiting(budget, num_scheduled, new_reqs, loras, skipped)
+            return self._admit_waiting(budget, num_scheduled, new_reqs, cached_reqs, loras,
+                                       skipped)
         finally:
             self.waiting.extendleft(reversed(skipped))
             self.num_deferred_reqs = len(skipped)
 
     def _admit_waiting(self, budget: int, num_scheduled: dict[str, int],
-                       new_reqs: list[NewRequestData], loras: set[int],
-                       skipped: list[Request]) -> int:
+                       new_reqs: list[NewRequestData], cached_reqs: list[CachedRequestData],
+                       loras: set[int], skipped: list[Request]) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if request.status == RequestStatus.WAITING_FOR_FSM:
@@ -239,6 +252,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(request)
+            resumed = request.status == RequestStatus.PREEMPTED
             request.status = RequestStatus.RUNNING
             if request.num_computed_tokens == 0:
                 self.kv_cache_manager.record_prefix_cache_lookup(request, num_computed)
@@ -249,6 +263,14 @@ class Scheduler:
             budget -= num_new
             if request.lora_int_id:
                 loras.add(request.lora_int_id)
+            if resumed:
+                cached_reqs.append(CachedRequestData(
+                    req_id=request.request_id,
+                    new_block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
+                    num_computed_tokens=num_computed,
+                    new_token_ids=list(request.output_token_ids),
+                    num_tokens=request.num_tokens, resumed_from_preemption=True))
+                continue
             new_reqs.append(NewRequestData(
                 req_id=request.request_id,
                 prompt_token_ids=request.prompt_token_ids,

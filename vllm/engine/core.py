@@ -67,12 +67,20 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, status)
 
     def step(self) -> list[EngineCoreOutput]:
-        if not self.scheduler.has_unfinished_requests():
+        """Schedule and run one batch.
+
+        A step that schedules no token still goes to the workers when requests
+        finished since the last one: that is how the workers learn to drop their
+        state for them.
+        """
+        if not self.scheduler.has_requests():
             return []
         scheduler_output = self.scheduler.schedule()
         failed = self.scheduler.take_failed_outputs()
         if scheduler_output.is_empty:
-            if not failed:
+            if scheduler_output.finished_req_ids:
+                self.executor.execute_model(scheduler_output)  # workers drop their states
+            elif not failed:
                 # Only requests whose grammars are compiling: wait for one, not spin.
                 self.scheduler.wait_for_grammars(GRAMMAR_WAIT_S)
             return failed
@@ -81,6 +89,11 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def has_work(self) -> bool:
+        """Whether `step` has anything to do: requests to run, or finished ids the
+        workers have not been sent yet (one more step is owed to them)."""
+        return self.scheduler.has_requests()
 
     def add_lora(self, lora_request) -> bool:
         return self.executor.add_lora(lora_request)

@@ -143,7 +143,9 @@ class LLMEngine:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.has_unfinished_requests()
+        """True while `step` must be called: requests in flight, or a step owed to the
+        workers to tell them which requests finished (see EngineCore.step)."""
+        return self.output_processor.has_unfinished_requests() or self.engine_core.has_work()
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()
