@@ -11,6 +11,7 @@ import torch
 from vllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.sampling_params import SamplingParams
 from vllm.worker.cpu_model_runner import CPUModelRunner
+from vllm.worker.gpu_model_runner import GPUModelRunner
 from vllm.worker.input_batch import InputBatch
 from vllm.worker.model_runner_base import prompt_logprob_rows
 from vllm.worker.request_state import CachedRequestState
@@ -119,8 +120,11 @@ def test_update_states_appends_tokens_sampled_on_another_rank(runner):
     assert runner.requests["a"].token_ids == [1, 2, 3, 77]
 
 
-def test_cpu_layout_rows_hold_each_requests_tokens(runner):
-    """Every request's rows carry its tokens, positions and cache slots, row-wise first."""
+@pytest.mark.parametrize("runner_cls", [CPUModelRunner, GPUModelRunner])
+def test_flat_layout_rows_hold_each_requests_tokens(runner_cls):
+    """Every request's rows carry its tokens, positions and cache slots, row-wise first
+    (the GPU runner's input preparation runs on any device: here the CPU)."""
+    runner = runner_cls(_config(), device="cpu")
     runner._update_states(_so(
         new=[_new("long", list(range(10, 20)), [5, 6, 7]),
              _new("chunk", list(range(30, 39)), [1, 2, 3], computed=4),
@@ -139,9 +143,12 @@ def test_cpu_layout_rows_hold_each_requests_tokens(runner):
         assert fwd.positions[rows].tolist() == positions
         slots = fwd.attn_metadata.slot_mapping[rows].tolist()
         assert slots == [st.block_ids[p // BS] * BS + p % BS for p in positions]
-    assert fwd.sample_req_ids == [r for r in fwd.req_ids]  # all reach their last token
-    assert [fwd.row_offsets[fwd.req_ids.index(r)] + fwd.num_tokens[fwd.req_ids.index(r)] - 1
-            for r in fwd.sample_req_ids] == fwd.platform_data
+    assert fwd.sample_req_ids == fwd.req_ids  # all reach their last token
+    assert fwd.platform_data == [fwd.row_offsets[i] + fwd.num_tokens[i] - 1
+                           for i in range(len(fwd.req_ids))]
+    if runner_cls is GPUModelRunner:  # no native kernel: only the decode is row-wise
+        assert fwd.attn_metadata.num_decodes == 1
+        assert [p.query_len for p in fwd.attn_metadata.prefills] == [10, 5]
 
 
 def test_prompt_logprob_rows_skip_positions_already_sent():

@@ -12,21 +12,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Iterator, Optional
+from typing import Iterator
 
 import torch
 
-from vllm.attention.backends.torch_sdpa import (NATIVE_PREFILL_MAX_LEN, TorchSDPABackendImpl,
-                                                build_metadata)
+from vllm.attention.backends.torch_sdpa import NATIVE_PREFILL_MAX_LEN, TorchSDPABackendImpl
 from vllm.config import VllmConfig
 from vllm.core.sched_output import SchedulerOutput
-from vllm.distributed.parallel_state import get_pp_group
-from vllm.forward_context import set_forward_context
 from vllm.native import cpu_ops
-from vllm.sequence import IntermediateTensors
-from vllm.worker.flat_layout import build_flat_layout
-from vllm.worker.kv_cache_alloc import zeroed_tensors
-from vllm.worker.model_runner_base import ForwardPass, ModelRunnerBase, PassOutput
+from vllm.worker.flat_layout import (build_flat_layout, flat_forward_pass, kv_cache_shape,
+                                     order_batch)
+from vllm.worker.model_runner_base import ForwardPass, ModelRunnerBase
 
 logger = logging.getLogger(__name__)
 
@@ -65,35 +61,9 @@ class CPUModelRunner(ModelRunnerBase):
         The list is indexed by global layer index; layers of other PP stages get an
         empty placeholder. Zero-filled so masked-out slots never hold NaNs.
         """
-        shape = (2, self._kv_heads_per_rank(), num_blocks * self.block_size,
-                 self.model_config.get_head_size())
-        owned = set(self._owned_layer_ids())
-        empty = torch.empty(0, dtype=self.dtype, device=self.device)
-        caches = iter(zeroed_tensors(shape, self.dtype, self.device, len(owned)))
-        self.kv_caches = [next(caches) if i in owned else empty
-                          for i in range(self.model_config.get_num_layers())]
-
-    # ------------------------------------------------------------ execute
-    def _execute_pass(self, fwd: ForwardPass) -> Optional[PassOutput]:
-        pp = get_pp_group()
-        intermediate = None
-        if not pp.is_first_rank:
-            intermediate = IntermediateTensors(pp.recv_tensor_dict(device=self.device))
-        with set_forward_context(fwd.attn_metadata, self.kv_caches, self.attn_impl):
-            hidden = self.model(fwd.input_ids, fwd.positions, intermediate)
-        if not pp.is_last_rank:
-            pp.send_tensor_dict(hidden.tensors)
-            return None
-        logits = None
-        if fwd.sample_req_ids:
-            logits = self.model.compute_logits(self._rows(hidden, fwd.platform_data))
-        return PassOutput(hidden_states=hidden, sample_logits=logits)
-
-    def _rows(self, hidden: torch.Tensor, indices: list[int]) -> torch.Tensor:
-        """hidden[indices]; no copy when they are all rows in order (a decode-only step)."""
-        if len(indices) == hidden.shape[0] and indices[-1] == len(indices) - 1:
-            return hidden
-        return hidden[torch.tensor(indices, device=self.device)]
+        self.kv_caches = self._allocate_kv_caches(kv_cache_shape(
+            num_blocks, self.block_size, self._kv_heads_per_rank(),
+            self.model_config.get_head_size()))
 
     # ------------------------------------------------------------- inputs
     def _is_row_wise(self, req_id: str, n: int) -> bool:
@@ -105,32 +75,17 @@ class CPUModelRunner(ModelRunnerBase):
         return (self.native_attention and
                 self.requests[req_id].num_computed_tokens + n <= NATIVE_PREFILL_MAX_LEN)
 
-    def _order_batch(self, so: SchedulerOutput) -> tuple[list[str], int]:
-        """(request order, how many of them are row-wise): decodes first, shortest
-        context first (the torch backend groups decodes of similar length), then
-        row-wise prefills, then the other prefills, each in scheduling order."""
-        decodes, short, rest = [], [], []
-        for r, n in so.num_scheduled_tokens.items():
-            (decodes if n == 1 else short if self._is_row_wise(r, n) else rest).append(r)
-        decodes.sort(key=lambda r: self.requests[r].num_computed_tokens)
-        return decodes + short + rest, len(decodes) + len(short)
-
     def _prepare_inputs(self, so: SchedulerOutput) -> list[ForwardPass]:
-        """One token-major pass without padding: row-wise requests first, then SDPA
-        prefills; `platform_data` is the list of sampling logits rows."""
-        req_ids, num_row_wise = self._order_batch(so)
+        """One token-major pass without padding (see flat_layout.py)."""
+        req_ids, num_row_wise = order_batch(self.requests, so.num_scheduled_tokens,
+                                            self._is_row_wise)
         flat = build_flat_layout(self.requests, req_ids, so.num_scheduled_tokens,
                                  num_row_wise, self.block_size)
-        md = build_metadata(torch.tensor(flat.slots, dtype=torch.long, device=self.device),
-                            flat.decode_block_table, flat.decode_seq_lens, flat.prefills,
-                            flat.prefill_block_ids, self.block_size, self.device,
-                            native=self.native_attention)
-        return [ForwardPass(
-            input_ids=torch.tensor(flat.token_ids, dtype=torch.long, device=self.device),
-            positions=torch.tensor(flat.positions, dtype=torch.long, device=self.device),
-            attn_metadata=md, req_ids=req_ids, row_offsets=flat.row_offsets,
-            num_tokens=flat.num_tokens, num_rows=len(flat.token_ids),
-            sample_req_ids=flat.sample_req_ids, platform_data=flat.logits_indices)]
+        return [flat_forward_pass(flat, req_ids, self.block_size, self.device,
+                                  self.native_attention, self._long_tensor)]
+
+    def _long_tensor(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The token-major, unpadded batch layout of the CPU and GPU runners (host side).
+"""The token-major, unpadded batch layout of the CPU and GPU runners.
 
 Every scheduled request contributes its new tokens as consecutive rows, in the
 order the runner chose. The first `num_row_wise` requests are attended row by row
@@ -10,11 +10,13 @@ this and why row-wise requests come first.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import numpy as np
+import torch
 
-from vllm.attention.backends.torch_sdpa import PrefillSeq
+from vllm.attention.backends.torch_sdpa import PrefillSeq, build_metadata
+from vllm.worker.model_runner_base import ForwardPass
 from vllm.worker.request_state import CachedRequestState
 
 
@@ -35,6 +37,18 @@ class FlatLayout:
     logits_indices: list[int] = field(default_factory=list)
     """Row of each sampling request's last new token."""
     sample_req_ids: list[str] = field(default_factory=list)
+
+
+def order_batch(requests: Mapping[str, CachedRequestState], num_scheduled: Mapping[str, int],
+                is_row_wise: Callable[[str, int], bool]) -> tuple[list[str], int]:
+    """(request order, how many of them are row-wise): decodes first, shortest
+    context first (the torch backend groups decodes of similar length), then the
+    other row-wise requests, then the SDPA prefills, each in scheduling order."""
+    decodes, short, rest = [], [], []
+    for r, n in num_scheduled.items():
+        (decodes if n == 1 else short if is_row_wise(r, n) else rest).append(r)
+    decodes.sort(key=lambda r: requests[r].num_computed_tokens)
+    return decodes + short + rest, len(decodes) + len(short)
 
 
 def build_flat_layout(requests: Mapping[str, CachedRequestState], req_ids: list[str],
@@ -92,3 +106,26 @@ def row_block_table(tables: list[tuple[list[int], int]], seq_lens: np.ndarray,
         table[row:row + count, :needed] = blocks[:needed]
         row += count
     return table
+
+
+def flat_forward_pass(flat: FlatLayout, req_ids: list[str], block_size: int,
+                      device: torch.device, native: bool,
+                      to_device: Callable[[list[int]], torch.Tensor]) -> ForwardPass:
+    """The pass of a flat layout: torch_sdpa metadata (native: the CPU kernel's form);
+    `platform_data` is the list of sampling logits rows. `to_device` turns a list of
+    ints into an int64 tensor on the device."""
+    md = build_metadata(to_device(flat.slots), flat.decode_block_table, flat.decode_seq_lens,
+                        flat.prefills, flat.prefill_block_ids, block_size, device,
+                        native=native)
+    return ForwardPass(
+        input_ids=to_device(flat.token_ids), positions=to_device(flat.positions),
+        attn_metadata=md, req_ids=req_ids, row_offsets=flat.row_offsets,
+        num_tokens=flat.num_tokens, num_rows=len(flat.token_ids),
+        sample_req_ids=flat.sample_req_ids, platform_data=flat.logits_indices)
+
+
+def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
+                   head_size: int) -> tuple[int, int, int, int]:
+    """torch_sdpa's head-major per-layer cache: [2, kv_heads, slots, head_size] (a
+    gather of slots gives each head's keys as one matrix)."""
+    return (2, num_kv_heads, num_blocks * block_size, head_size)

@@ -1,11 +1,11 @@
-"""The CUDA worker: the torch-ops runner on a GPU, KV cache sized by gpu_memory_utilization."""
+"""The CUDA worker: the GPU model runner, KV cache sized by gpu_memory_utilization."""
 from __future__ import annotations
 
 import logging
 
 import torch
 
-from vllm.worker.cpu_model_runner import CPUModelRunner
+from vllm.worker.gpu_model_runner import GPUModelRunner
 from vllm.worker.worker_base import WorkerBase
 
 logger = logging.getLogger(__name__)
@@ -19,7 +19,7 @@ class GPUWorker(WorkerBase):
         self.init_distributed("nccl")
         from vllm.platforms import current_platform
         current_platform.seed_everything(self.vllm_config.model_config.seed)
-        self.model_runner = CPUModelRunner(self.vllm_config, device=self.device)
+        self.model_runner = GPUModelRunner(self.vllm_config, device=self.device)
 
     def determine_num_available_blocks(self) -> int:
         """Blocks that fit in gpu_memory_utilization of the GPU after weights and activations.
@@ -35,7 +35,7 @@ class GPUWorker(WorkerBase):
             return max(1, cc.kv_cache_memory_bytes // block_bytes)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        self._profile_run()
+        self.model_runner.profile_run()
         free, total = torch.cuda.mem_get_info()
         peak = torch.cuda.max_memory_allocated()
         budget = total * cc.gpu_memory_utilization - (total - free) - \
@@ -43,13 +43,3 @@ class GPUWorker(WorkerBase):
         logger.info("GPU memory: total %.2f GiB, in use %.2f GiB, activation peak %.2f GiB",
                     total / 2**30, (total - free) / 2**30, peak / 2**30)
         return max(1, int(budget // block_bytes))
-
-    @torch.inference_mode()
-    def _profile_run(self) -> None:
-        sc = self.vllm_config.scheduler_config
-        n = min(sc.max_num_batched_tokens, self.vllm_config.model_config.max_model_len)
-        ids = torch.zeros(n, dtype=torch.long, device=self.device)
-        pos = torch.arange(n, device=self.device)
-        hidden = self.model_runner.model(ids, pos)
-        self.model_runner.model.compute_logits(hidden[-min(n, sc.max_num_seqs):])
-        torch.cuda.synchronize()

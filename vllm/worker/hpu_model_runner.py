@@ -42,7 +42,6 @@ from vllm.worker.hpu_input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_de
 from vllm.worker.hpu_profiler import HPUProfiler
 from vllm.worker.hpu_log import MemorySnapshot, log_profile_run, log_weights_loaded
 from vllm.worker.hpu_warmup import HPUWarmup
-from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.model_runner_base import ForwardPass, LogprobsRow, ModelRunnerBase, PassOutput
 
 logger = logging.getLogger(__name__)
@@ -135,8 +134,7 @@ class HPUModelRunner(ModelRunnerBase):
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}.")
         shape = (2, (num_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
                  self.model_config.get_head_size())
-        self.kv_caches = zeroed_tensors(shape, self.dtype, self.device,
-                                        self.model_config.get_num_layers())
+        self.kv_caches = self._allocate_kv_caches(shape)
         for cache in self.kv_caches:
             hpu.track_alloc(cache)
         self.num_kv_blocks = num_blocks

@@ -39,12 +39,15 @@ import torch
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+from vllm.forward_context import set_forward_context
 from vllm.lora.models import LoRAModelManager
 from vllm.sample.logprobs import compute_prompt_logprobs
 from vllm.sample.metadata import SamplingMetadata, greedy_sample, make_generator
 from vllm.sample.ops.bitmask import apply_grammar_bitmask
 from vllm.sample.sampler import Sampler
+from vllm.sequence import IntermediateTensors
 from vllm.worker.input_batch import InputBatch
+from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.request_state import CachedRequestState
 
 logger = logging.getLogger(__name__)
@@ -127,8 +130,24 @@ class ModelRunnerBase:
         raise NotImplementedError
 
     def _execute_pass(self, fwd: ForwardPass) -> Optional[PassOutput]:
-        """Run the model on one pass; None on a rank that is not the last PP stage."""
-        raise NotImplementedError
+        """Run the model on one pass; None on a rank that is not the last PP stage.
+
+        Default (CPU, GPU): `_forward`, then logits at the rows listed in
+        `fwd.platform_data` (one per sampling request).
+        """
+        hidden = self._forward(fwd)
+        if hidden is None:
+            return None
+        logits = None
+        if fwd.sample_req_ids:
+            logits = self.model.compute_logits(self._rows(hidden, fwd.platform_data))
+        return PassOutput(hidden_states=hidden, sample_logits=logits)
+
+    def _rows(self, hidden: torch.Tensor, indices: list[int]) -> torch.Tensor:
+        """hidden[indices]; no copy when they are all rows in order (a decode-only step)."""
+        if len(indices) == hidden.shape[0] and indices[-1] == len(indices) - 1:
+            return hidden
+        return hidden[torch.tensor(indices, device=hidden.device)]
 
     # ---------------------------------------------------------------- sizes
     def _kv_heads_per_rank(self) -> int:
@@ -152,6 +171,16 @@ class ModelRunnerBase:
         elem = torch.tensor([], dtype=self.dtype).element_size()
         return (2 * len(self._owned_layer_ids()) * self.block_size * self._kv_heads_per_rank()
                 * self.model_config.get_head_size() * elem)
+
+    def _allocate_kv_caches(self, shape: tuple[int, ...]) -> list[torch.Tensor]:
+        """One zeroed cache of `shape` per layer this rank owns, indexed by global layer
+        index; layers of other PP stages get an empty placeholder. Zeroed so that
+        masked-out or padding slots never hold NaNs (see kv_cache_alloc.py)."""
+        owned = set(self._owned_layer_ids())
+        empty = torch.empty(0, dtype=self.dtype, device=self.device)
+        caches = iter(zeroed_tensors(shape, self.dtype, self.device, len(owned)))
+        return [next(caches) if i in owned else empty
+                for i in range(self.model_config.get_num_layers())]
 
     @property
     def is_driver(self) -> bool:
@@ -201,6 +230,20 @@ class ModelRunnerBase:
             req_ids=req_ids, sampled_token_ids=[sampled.get(r, []) for r in req_ids],
             logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
             prompt_logprobs=prompt_lps)
+
+    def _forward(self, fwd: ForwardPass) -> Optional[torch.Tensor]:
+        """The model on one pass in its forward context, as a pipeline stage: receives
+        the previous stage's activations, sends its own on; None except on the last."""
+        pp = get_pp_group()
+        intermediate = None
+        if not pp.is_first_rank:
+            intermediate = IntermediateTensors(pp.recv_tensor_dict(device=self.device))
+        with set_forward_context(fwd.attn_metadata, self.kv_caches, self.attn_impl):
+            hidden = self.model(fwd.input_ids, fwd.positions, intermediate)
+        if not pp.is_last_rank:
+            pp.send_tensor_dict(hidden.tensors)
+            return None
+        return hidden
 
     def _update_states(self, so: SchedulerOutput) -> None:
         """Bring request states and the persistent batch in line with `so`."""
