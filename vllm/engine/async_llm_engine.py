@@ -24,6 +24,7 @@ from typing import Any, AsyncGenerator, Iterable, Optional, Union
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.metrics import StatsTracker
+from vllm.engine.protocol import EngineClient
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ class RequestStream:
         return as_aborted(self._last, empty=True)
 
 
-class AsyncLLMEngine:
+class AsyncLLMEngine(EngineClient):
     """asyncio front of LLMEngine: `generate()` streams RequestOutputs of one request."""
 
     def __init__(self, engine: Any, *, log_requests: bool = True, log_stats: bool = True,
@@ -217,8 +218,16 @@ class AsyncLLMEngine:
         logger.error("%s", dead)
         self._wake.set()
 
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.get_tokenizer()
+
     async def get_tokenizer(self) -> Any:
         return self.engine.get_tokenizer()
+
+    @property
+    def metrics_registry(self) -> Any:
+        return self.stats.registry
 
     async def get_model_config(self) -> Any:
         return self.model_config

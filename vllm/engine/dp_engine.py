@@ -32,6 +32,7 @@ from prometheus_client.metrics_core import Metric
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError, RequestStream
+from vllm.engine.protocol import EngineClient
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +46,8 @@ def build_async_engine(engine_args: AsyncEngineArgs, start_engine_loop: bool = T
     return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
 
 
-class DPAsyncLLMEngine:
-    """Several AsyncLLMEngine replicas with the AsyncLLMEngine interface the server uses."""
+class DPAsyncLLMEngine(EngineClient):
+    """Several AsyncLLMEngine replicas behind one EngineClient."""
 
     def __init__(self, replicas: list[AsyncLLMEngine]) -> None:
         if not replicas:
@@ -54,8 +55,6 @@ class DPAsyncLLMEngine:
         self.replicas = replicas
         self.model_config = replicas[0].model_config
         self.vllm_config = replicas[0].vllm_config
-        self.engine = replicas[0].engine
-        """Replica 0's LLMEngine: where the server takes the tokenizer from."""
         self.stats = DPStats(replicas)
         self._owner: dict[str, int] = {}
         """Replica of each outstanding request id."""
@@ -125,8 +124,16 @@ class DPAsyncLLMEngine:
             except EngineDeadError as e:
                 raise EngineDeadError(f"Data parallel replica {i}: {e}") from e
 
+    @property
+    def tokenizer(self) -> Any:
+        return self.replicas[0].tokenizer
+
     async def get_tokenizer(self) -> Any:
         return await self.replicas[0].get_tokenizer()
+
+    @property
+    def metrics_registry(self) -> Any:
+        return self.stats.registry
 
     async def get_model_config(self) -> Any:
         return self.model_config

@@ -28,7 +28,8 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import vllm.envs as envs
-from vllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
+from vllm.engine.async_llm_engine import EngineDeadError
+from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launcher import serve_http
 from vllm.entrypoints.openai.chat_utils import load_chat_template
 from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
@@ -63,10 +64,10 @@ connections to close before cancelling them."""
 class ServerState:
     """Everything the routes need, built once per app from the engine and the flags."""
 
-    def __init__(self, engine: AsyncLLMEngine, args: argparse.Namespace) -> None:
+    def __init__(self, engine: EngineClient, args: argparse.Namespace) -> None:
         self.engine = engine
         model_config = engine.model_config
-        tokenizer = copy_tokenizer(engine.engine.get_tokenizer())
+        tokenizer = copy_tokenizer(engine.tokenizer)
         self.models = OpenAIServingModels(list(model_config.served_model_name),
                                           model_config.model, model_config.max_model_len,
                                           engine=engine,
@@ -324,7 +325,7 @@ def _install_routes(app: FastAPI) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST
 
         from vllm.engine.metrics import render_metrics
-        registry = _state(raw_request).engine.stats.registry
+        registry = _state(raw_request).engine.metrics_registry
         return Response(render_metrics(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
@@ -376,7 +377,7 @@ def _install_lora_routes(app: FastAPI) -> None:
 
 
 # ----------------------------------------------------------------------- app
-def build_app(args: argparse.Namespace, engine: AsyncLLMEngine) -> FastAPI:
+def build_app(args: argparse.Namespace, engine: EngineClient) -> FastAPI:
     """The FastAPI app serving `engine`; one app per engine (own metrics registry)."""
 
     @asynccontextmanager
@@ -437,7 +438,7 @@ def _raise_keyboard_interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"terminated by signal {signum}")
 
 
-def _log_startup(engine: AsyncLLMEngine) -> None:
+def _log_startup(engine: EngineClient) -> None:
     from vllm.platforms import current_platform
     mc = engine.model_config
     device = getattr(getattr(engine.vllm_config, "device_config", None), "device", None)

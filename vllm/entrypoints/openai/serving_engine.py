@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, Sequence
 
-from vllm.engine.async_llm_engine import AsyncLLMEngine
+from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai.errors import (BadRequestError, NotFoundError, OpenAIError,
                                             ServiceUnavailableError)
 from vllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCompletionLogProbs,
@@ -47,7 +47,7 @@ class PromptInput:
 class OpenAIServing:
     """Base of the route handlers; holds the engine, the served names and a tokenizer copy."""
 
-    def __init__(self, engine: AsyncLLMEngine, models: OpenAIServingModels, *,
+    def __init__(self, engine: EngineClient, models: OpenAIServingModels, *,
                  tokenizer: Any, return_tokens_as_token_ids: bool = False,
                  tokenizer_pool: Optional[TokenizerPool] = None,
                  enable_prompt_tokens_details: bool = False) -> None:
