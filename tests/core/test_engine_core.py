@@ -32,22 +32,28 @@ def _core(**config) -> tuple[EngineCore, RecordingExecutor]:
     return core, core.executor
 
 
-def test_finished_ids_reach_workers_on_a_step_with_nothing_scheduled():
+def test_finished_ids_reach_workers_when_the_last_request_is_aborted():
     """Aborting the last request leaves nothing to schedule; its id must still reach
     the workers (their state for it would leak otherwise)."""
     core, executor = _core()
     core.add_request(make_request("a", prompt_len=4, max_tokens=8))
     core.step()
-    core.abort_requests(["a"])
-    assert not core.has_unfinished_requests()
-    assert core.has_work()  # one step is still owed to the workers
-    core.step()
+    core.abort_requests(["a"])  # no later step may come: the ids go at once
     assert executor.outputs[-1].finished_req_ids == {"a"}
     assert executor.outputs[-1].total_num_scheduled_tokens == 0
-    assert not core.has_work()
     before = len(executor.outputs)
     assert core.step() == []
     assert len(executor.outputs) == before  # nothing left to tell: no call
+
+
+def test_finished_ids_of_the_last_requests_reach_workers_after_their_step():
+    core, executor = _core()
+    core.add_request(make_request("a", prompt_len=4, max_tokens=2))
+    core.step()
+    core.step()  # a finishes (max_tokens=2); nothing else to run
+    assert not core.has_unfinished_requests()
+    assert executor.outputs[-1].finished_req_ids == {"a"}
+    assert executor.outputs[-1].total_num_scheduled_tokens == 0
 
 
 def test_finished_ids_reach_workers_when_only_waiting_requests_remain():

@@ -65,13 +65,22 @@ class EngineCore:
     def abort_requests(self, request_ids: Iterable[str],
                        status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         self.scheduler.finish_requests(request_ids, status)
+        self._flush_finished()
+
+    def _flush_finished(self) -> None:
+        """When no request is left to run, tell the workers at once which requests
+        finished (an empty step): no later step may come to carry the ids, and the
+        workers would keep those requests' states."""
+        if (self.scheduler.has_finished_requests()
+                and not self.scheduler.has_unfinished_requests()):
+            self.executor.execute_model(self.scheduler.schedule())
 
     def step(self) -> list[EngineCoreOutput]:
         """Schedule and run one batch.
 
         A step that schedules no token still goes to the workers when requests
         finished since the last one: that is how the workers learn to drop their
-        state for them.
+        state for them (see also `_flush_finished`).
         """
         if not self.scheduler.has_requests():
             return []
@@ -85,15 +94,12 @@ class EngineCore:
                 self.scheduler.wait_for_grammars(GRAMMAR_WAIT_S)
             return failed
         runner_output = self.executor.execute_model(scheduler_output)
-        return failed + self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self._flush_finished()
+        return failed + outputs
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
-
-    def has_work(self) -> bool:
-        """Whether `step` has anything to do: requests to run, or finished ids the
-        workers have not been sent yet (one more step is owed to them)."""
-        return self.scheduler.has_requests()
 
     def add_lora(self, lora_request) -> bool:
         return self.executor.add_lora(lora_request)

@@ -143,9 +143,7 @@ class LLMEngine:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        """True while `step` must be called: requests in flight, or a step owed to the
-        workers to tell them which requests finished (see EngineCore.step)."""
-        return self.output_processor.has_unfinished_requests() or self.engine_core.has_work()
+        return self.output_processor.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
         return self.output_processor.get_num_unfinished_requests()
