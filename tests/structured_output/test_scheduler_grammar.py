@@ -207,6 +207,7 @@ def test_preempted_request_keeps_its_grammar_state(model_dir, default_tokenizer)
     sched.running.remove(req)
     sched._preempt(req)  # recompute preemption: KV freed, output tokens kept
     so, _ = step(sched, {"c": digit})
-    assert so.scheduled_new_reqs[0].output_token_ids == [digit, digit]
+    resumed = so.scheduled_cached_reqs[0]  # workers kept its state: only a resume
+    assert resumed.resumed_from_preemption and resumed.new_token_ids == [digit, digit]
     so, outs = step(sched, {"c": 2})
     assert allowed(so, "c", 2) and outs["c"].finish_reason == "stop"
