@@ -67,8 +67,10 @@ class HPUAttentionImpl:
         has_cache = kv_cache is not None and kv_cache.numel() > 0
         if has_cache:
             write_to_kv_cache(k, v, kv_cache[0], kv_cache[1], md.slot_mapping)
+        slopes = getattr(layer, "alibi_slopes", None)
         masked = (getattr(layer, "sliding_window", None) is not None
-                  or getattr(layer, "logits_soft_cap", None) is not None)
+                  or getattr(layer, "logits_soft_cap", None) is not None
+                  or slopes is not None)
         if md.is_prompt and masked:
             out = self._prompt_masked(q, k, v, kv_cache if has_cache else None, md, layer)
         elif md.is_prompt:
@@ -78,15 +80,17 @@ class HPUAttentionImpl:
                 raise ValueError("HPU decode attention needs the KV cache.")
             out = flat_paged_attention(q, kv_cache[0], kv_cache[1], md.flat_pa, layer.scale,
                                        getattr(layer, "logits_soft_cap", None),
-                                       getattr(layer, "sliding_window", None))
+                                       getattr(layer, "sliding_window", None), slopes)
         return out.reshape(rows, hq * d)
 
     @staticmethod
     def _prompt_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        kv_cache: Optional[torch.Tensor], md: HPUAttentionMetadata,
                        layer) -> torch.Tensor:
-        """Prompt pass of a soft-capped or sliding-window layer: explicit masks over
-        the same (context +) new tokens `_prompt` uses."""
+        """Prompt pass of a soft-capped, sliding-window or ALiBi layer (FusedSDPA takes
+        no per-head bias): explicit scores over the same (context +) new tokens
+        `_prompt` uses."""
+        slopes = getattr(layer, "alibi_slopes", None)
         batch = md.query_lens.shape[0]
         seq = q.shape[0] // batch
         qb = q.view(batch, seq, q.shape[1], q.shape[2])
@@ -97,7 +101,7 @@ class HPUAttentionImpl:
             return prompt_attention_masked(qb, kb, vb, new, new, torch.ones_like(new,
                                                                             dtype=torch.bool),
                                            layer.scale, layer.logits_soft_cap,
-                                           layer.sliding_window)
+                                           layer.sliding_window, slopes)
         if kv_cache is None:
             raise ValueError("HPU prompt attention with a context needs the KV cache.")
         past_k = gather_context(kv_cache[0], md.context_block_list, md.block_size)
@@ -109,7 +113,7 @@ class HPUAttentionImpl:
                              torch.ones_like(new, dtype=torch.bool)), dim=1)
         return prompt_attention_masked(qb, torch.cat((past_k, kb), 1), torch.cat((past_v, vb), 1),
                                        q_pos, k_pos, k_valid, layer.scale,
-                                       layer.logits_soft_cap, layer.sliding_window)
+                                       layer.logits_soft_cap, layer.sliding_window, slopes)
 
     @staticmethod
     def _prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

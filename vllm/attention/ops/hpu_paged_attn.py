@@ -146,7 +146,8 @@ def _fetch_blocks(cache: torch.Tensor, block_list: Optional[torch.Tensor], num_b
 def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                          value_cache: torch.Tensor, metadata: FlatPAMetadata,
                          scale: float, logits_soft_cap: Optional[float] = None,
-                         sliding_window: Optional[int] = None) -> torch.Tensor:
+                         sliding_window: Optional[int] = None,
+                         alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Decode attention: query [B, Hq, D] -> [B, Hq, D] over each sequence's cached tokens.
 
     GQA groups the Hq // Hkv query heads of a KV head instead of repeating K/V.
@@ -158,6 +159,11 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     tokens before the last `sliding_window` of a sequence are masked, so a block row
     may be masked entirely: its maximum is taken as 0 for the exponent (its
     probabilities are 0) and its rescale factor is exp(-inf) = 0.
+
+    `alibi_slopes` [Hq] adds `slope * (pos - (seq_len - 1))` to each head's scores,
+    the positions of a block row coming from `block_offsets` (ALiBi: the query is the
+    sequence's last token). The bias is built from metadata tensors only, so the
+    graph shape stays the bucket's.
     """
     mapping = metadata.block_mapping                       # [N, B]
     num_blocks, batch = mapping.shape
@@ -179,8 +185,14 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     if logits_soft_cap is not None:
         scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
     scores = scores + metadata.block_bias.view(num_blocks, 1, 1, block_size)
-    if sliding_window is not None:
+    pos = None
+    if sliding_window is not None or alibi_slopes is not None:
         pos = metadata.block_offsets[:, None] + torch.arange(block_size, device=q.device)
+    if alibi_slopes is not None:
+        rel = (pos - (metadata.block_seq_lens[:, None] - 1)).to(scores.dtype)
+        slopes = alibi_slopes.to(scores.dtype).view(1, kv_heads, group, 1)
+        scores = scores + slopes * rel.view(num_blocks, 1, 1, block_size)
+    if sliding_window is not None:
         outside = pos <= (metadata.block_seq_lens[:, None] - 1 - sliding_window)
         scores = scores.masked_fill(outside.view(num_blocks, 1, 1, block_size), float("-inf"))
     block_max = scores.amax(dim=-1, keepdim=True)          # [N, Hkv, G, 1]
@@ -272,8 +284,10 @@ def prompt_attention_with_context(query: torch.Tensor, key: torch.Tensor,
 def prompt_attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor,
                             scale: float, logits_soft_cap: Optional[float],
-                            sliding_window: Optional[int]) -> torch.Tensor:
-    """Prefill for layers with a soft-cap or a sliding window, explicit float32 scores.
+                            sliding_window: Optional[int],
+                            alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Prefill for layers with a soft-cap, a sliding window or ALiBi slopes [Hq]
+    (`slope * (k_pos - q_pos)` added per head), explicit float32 scores.
 
     q [B, T, Hq, D], k/v [B, S, Hkv, D]; q_pos [B, T] and k_pos [B, S] are positions in
     the sequence, k_valid [B, S] marks keys that exist (context blocks beyond a
@@ -288,6 +302,9 @@ def prompt_attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if logits_soft_cap is not None:
         scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
+    if alibi_slopes is not None:
+        rel = (k_pos[:, None, :] - q_pos[:, :, None]).float()          # [B, T, S]
+        scores = scores + alibi_slopes.float().view(1, -1, 1, 1) * rel[:, None]
     allowed = k_valid[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])
     if sliding_window is not None:
         allowed &= k_pos[:, None, :] > q_pos[:, :, None] - sliding_window
