@@ -67,6 +67,10 @@ def test_tp2_and_pp2_match_single_process(tiny_model_factory, tmp_path):
         ("tp2-moe", tiny_model_factory("qwen2_moe"), 2, 1),
         # Soft-capped attention and logits, a window shorter than the prompt, tied head.
         ("tp2-gemma2", tiny_model_factory("gemma2", sliding_window=8), 2, 1),
+        # ALiBi, 6 heads: each rank takes 3 of the non-power-of-2 slopes; fused per-head qkv.
+        ("tp2-bloom", tiny_model_factory("bloom", n_head=6, hidden_size=96), 2, 1),
+        # 3 blocks split 2 + 1; the embedding LayerNorm on the first stage, tied LM head last.
+        ("pp2-bloom", tiny_model_factory("bloom", n_layer=3), 1, 2),
     ]
     expected = {name: full_prompt_logits(get_model_tp1(path), ids) for name, path, _, _ in cases}
     mp.spawn(_worker, args=(2, f"tcp://127.0.0.1:{_free_port()}",
