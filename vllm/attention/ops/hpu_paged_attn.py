@@ -189,9 +189,11 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     if sliding_window is not None or alibi_slopes is not None:
         pos = metadata.block_offsets[:, None] + torch.arange(block_size, device=q.device)
     if alibi_slopes is not None:
-        rel = (pos - (metadata.block_seq_lens[:, None] - 1)).to(scores.dtype)
-        slopes = alibi_slopes.to(scores.dtype).view(1, kv_heads, group, 1)
-        scores = scores + slopes * rel.view(num_blocks, 1, 1, block_size)
+        # Product in float32, rounded once: bf16 cannot hold positions past 256 exactly.
+        rel = (pos - (metadata.block_seq_lens[:, None] - 1)).float()
+        bias = alibi_slopes.float().view(1, kv_heads, group, 1) * rel.view(num_blocks, 1, 1,
+                                                                           block_size)
+        scores = scores + bias.to(scores.dtype)
     if sliding_window is not None:
         outside = pos <= (metadata.block_seq_lens[:, None] - 1 - sliding_window)
         scores = scores.masked_fill(outside.view(num_blocks, 1, 1, block_size), float("-inf"))
