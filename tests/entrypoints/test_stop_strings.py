@@ -77,5 +77,8 @@ def test_stop_spanning_token_boundary(client, model_name, api, stream):
     text, parts, last = call(client, model_name, stream, stop=stops)
     assert text == expected, (stop, base)
     assert last.finish_reason == "stop" and last.stop_reason == stop
-    if stream:
-        assert len(parts) > 2, parts  # really streamed in pieces
+    held_back = max(map(len, stops)) - 1
+    if stream and len(expected) > 2 * held_back:
+        # Really streamed in pieces (a match inside the hold-back window of the first
+        # characters legitimately arrives as one piece).
+        assert len(parts) > 2, parts
