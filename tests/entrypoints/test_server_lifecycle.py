@@ -23,8 +23,11 @@ from tests.entrypoints.conftest import RemoteServer
 SHUTDOWN_TIMEOUT_S = 3.0
 
 
-def server_args(model: str) -> list[str]:
-    return ["--model", model, "--dtype", "float32", "--max-model-len", "1024",
+LONG = 30000  # tokens no machine generates within the grace period
+
+
+def server_args(model: str, max_model_len: int = 1024) -> list[str]:
+    return ["--model", model, "--dtype", "float32", "--max-model-len", str(max_model_len),
             "--max-num-seqs", "16", "--kv-cache-memory-bytes", str(32 << 20),
             "--disable-log-requests", "--disable-uvicorn-access-log"]
 
@@ -61,11 +64,13 @@ def start_streams(url: str, lengths: list[int]) -> list[tuple[threading.Thread, 
 
 
 def test_sigterm_ends_every_stream_and_exits_in_grace(tiny_model_factory):
-    srv = RemoteServer(server_args(tiny_model_factory("llama")) +
+    model = tiny_model_factory("llama", max_position_embeddings=LONG + 64)
+    srv = RemoteServer(server_args(model, LONG + 64) +
                        ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)])
     try:
-        # 8 streams that finish well within the grace period, 8 that cannot.
-        streams = start_streams(srv.url, [12] * 8 + [1000] * 8)
+        # 8 streams that finish well within the grace period, 8 that cannot (on a fast,
+        # idle machine 8 x 1000 tokens of the tiny model did finish within 3 s).
+        streams = start_streams(srv.url, [12] * 8 + [LONG] * 8)
         srv.proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         time.sleep(0.3)
