@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
@@ -28,6 +28,7 @@ from torch import nn
 from vllm import hpu
 from vllm.attention import Attention
 from vllm.forward_context import set_forward_context
+from vllm.sequence import IntermediateTensors
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +71,19 @@ class HPUModelAdapter(nn.Module):
         """The LoRA layers' shared per-pass mapping (vllm/lora/punica.py), or None."""
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
-                kv_caches: list[torch.Tensor],
-                lora_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
+                kv_caches: list[torch.Tensor], lora_slots: Optional[torch.Tensor] = None,
+                intermediate_tensors: Optional[IntermediateTensors] = None
+                ) -> Union[torch.Tensor, IntermediateTensors]:
+        """Hidden states; on a pipeline stage before the last, its IntermediateTensors
+        (a later stage gets the previous one's as `intermediate_tensors`)."""
+        args = (input_ids, positions) if intermediate_tensors is None else (
+            input_ids, positions, intermediate_tensors)
         with set_forward_context(attn_metadata, kv_caches, self.attn_impl):
             if lora_slots is None or self.lora_batch is None:
-                return self.model(input_ids, positions)
+                return self.model(*args)
             self.lora_batch.set_indices(lora_slots)  # inside the graph: an input
             try:
-                return self.model(input_ids, positions)
+                return self.model(*args)
             finally:
                 self.lora_batch.clear()
 
@@ -124,20 +130,24 @@ def prepare_forward_module(model: nn.Module, attn_impl: Any, mode: ExecutionMode
 
 def run_forward(module: nn.Module, mode: ExecutionMode, use_graph: bool,
                 input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
-                kv_caches: list[torch.Tensor],
-                lora_slots: Optional[torch.Tensor] = None) -> torch.Tensor:
+                kv_caches: list[torch.Tensor], lora_slots: Optional[torch.Tensor] = None,
+                intermediate_tensors: Optional[IntermediateTensors] = None
+                ) -> Union[torch.Tensor, IntermediateTensors]:
     """One forward pass; in lazy modes the graph is cut before and after it.
 
-    `lora_slots` (`[rows]`, -1: no adapter) is passed on only when given, so a runner
-    without LoRA keeps the graph signature it always had."""
+    `lora_slots` (`[rows]`, -1: no adapter) and `intermediate_tensors` (a later
+    pipeline stage's input) are passed on only when given, so a runner without LoRA
+    or pipeline parallelism keeps the graph signature it always had."""
     extra = () if lora_slots is None else (lora_slots,)
+    kwargs: dict[str, Any] = ({} if intermediate_tensors is None else
+                              {"intermediate_tensors": intermediate_tensors})
     if mode.is_lazy:
         hpu.mark_step()
     if mode is ExecutionMode.HPU_GRAPHS:
-        hidden = module(input_ids, positions, attn_metadata, kv_caches, *extra,
+        hidden = module(input_ids, positions, attn_metadata, kv_caches, *extra, **kwargs,
                         bypass_hpu_graphs=not use_graph)
     else:
-        hidden = module(input_ids, positions, attn_metadata, kv_caches, *extra)
+        hidden = module(input_ids, positions, attn_metadata, kv_caches, *extra, **kwargs)
     if mode.is_lazy:
         hpu.mark_step()
     return hidden

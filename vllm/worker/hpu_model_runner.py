@@ -13,6 +13,10 @@ end of their known tokens are sampled. Request states, prompt logprobs, sampling
 and the output are the base's (`model_runner_base.py`): each bucketed batch is
 one `ForwardPass`.
 
+Pipeline parallel: every stage builds the same passes from the same SchedulerOutput;
+a later stage runs each pass on the previous stage's activations (received in the
+bucket's padded shape), an earlier one sends its own on and samples nothing.
+
 Block ids from the scheduler are logical; with contiguous paged attention the
 defragmenter maps them to physical ids, which is what every tensor here holds.
 The KV cache has one extra block at the end, the pad block, which padded rows
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -30,8 +34,10 @@ import torch
 from vllm import envs, hpu
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.hpu.fake_graphs import input_signature
 from vllm.sample.ops.bitmask import apply_token_bitmask_, rows_bitmask
+from vllm.sequence import IntermediateTensors
 from vllm.worker.hpu_bucketing import Bucket, HPUBucketingContext
 from vllm.worker.hpu_compile_tracker import CompileTracker
 from vllm.worker.hpu_defragmenter import HPUDefragmenter
@@ -69,10 +75,7 @@ class HPUModelRunner(ModelRunnerBase):
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device | str = "cpu") -> None:
         mc, cc = vllm_config.model_config, vllm_config.cache_config
-        sc, pc = vllm_config.scheduler_config, vllm_config.parallel_config
-        if pc.pipeline_parallel_size > 1:
-            raise ValueError("pipeline_parallel_size > 1 is not supported by the HPU runner "
-                             f"(got {pc.pipeline_parallel_size}); use tensor parallelism.")
+        sc = vllm_config.scheduler_config
         super().__init__(vllm_config, device)
         self.max_model_len = mc.max_model_len
         self.mode = ExecutionMode.select(hpu.is_lazy(), mc.enforce_eager)
@@ -181,6 +184,8 @@ class HPUModelRunner(ModelRunnerBase):
         exact shapes serving uses."""
         batch = self.dummy_batch(is_prompt, bucket)
         _, logits = self._run_batch(batch, use_graph=use_graph)
+        if logits is None:
+            return  # a pipeline stage before the last: no logits
         words = (self.model_config.vocab_size + 31) // 32
         self._apply_bitmask(logits, torch.full((bucket.batch_size, words), -1,
                                                dtype=torch.int32))
@@ -242,7 +247,9 @@ class HPUModelRunner(ModelRunnerBase):
         logits processors); the base picks the sampling rows after them."""
         batch: HPUBatch = fwd.platform_data
         hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch),
-                                         lora_slots=fwd.lora_mapping)
+                                         lora_slots=fwd.lora_mapping, serving=True)
+        if logits is None:
+            return None  # a pipeline stage before the last: its activations went on
         rows = [i for i, s in enumerate(batch.seqs) if s.sample]
         if not rows:
             return PassOutput(hidden_states=hidden, sample_logits=None)
@@ -278,7 +285,9 @@ class HPUModelRunner(ModelRunnerBase):
         if self.defragmenter is None:
             return
         used = {b for st in self.requests.values() for b in st.block_ids}
-        caches = [half for cache in self.kv_caches for half in (cache[0], cache[1])]
+        # Layers of other pipeline stages hold an empty placeholder.
+        caches = [half for cache in self.kv_caches if cache.numel()
+                  for half in (cache[0], cache[1])]
         self.defragmenter.defragment(used, caches)
 
     def _physical(self, block_ids: list[int]) -> list[int]:
@@ -343,23 +352,50 @@ class HPUModelRunner(ModelRunnerBase):
                               device=self.device)
         return torch.from_numpy(slots).to(self.device)
 
+    def _stage_input(self, batch: HPUBatch, serving: bool) -> Optional[IntermediateTensors]:
+        """A later pipeline stage's input: the previous stage's activations (serving) or,
+        in warmup and profiling, zeros of the same shape. Both have the bucket's padded
+        row count, because every stage lays the step out in the same bucketed passes."""
+        pp = get_pp_group()
+        if pp.is_first_rank:
+            return None
+        rows = batch.input_ids.shape[0]
+        if not serving:
+            return self.model.make_empty_intermediate_tensors(rows, self.dtype, self.device)
+        received = pp.recv_tensor_dict(device=self.device)
+        for name, t in received.items():
+            if t.shape[0] != rows:
+                raise RuntimeError(f"pipeline stage received {name} with {t.shape[0]} rows "
+                                   f"for a pass of {rows} rows (bucket {tuple(batch.bucket)}): "
+                                   "the stages laid the step out differently.")
+        return IntermediateTensors(received)
+
     def _run_batch(self, batch: HPUBatch, use_graph: bool,
                    kv_caches: Optional[list[torch.Tensor]] = None,
-                   lora_slots: Optional[np.ndarray] = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward pass plus logits at the batch's [B] logits rows."""
+                   lora_slots: Optional[np.ndarray] = None, serving: bool = False
+                   ) -> tuple[Any, Optional[torch.Tensor]]:
+        """Forward pass plus logits at the batch's [B] logits rows.
+
+        On a pipeline stage before the last: its IntermediateTensors, sent on to the
+        next stage when `serving`, and no logits (None)."""
         kv = self.kv_caches if kv_caches is None else kv_caches
         lora = self._lora_slot_tensor(batch, lora_slots)
+        intermediate = self._stage_input(batch, serving)
         phase = "prompt" if batch.is_prompt else "decode"
         label = f"{phase} {tuple(batch.bucket)}"
         signature = None if use_graph else (
             self.mode.value, bool(kv),
-            input_signature((batch.input_ids, batch.positions, batch.attn_metadata, lora)))
+            input_signature((batch.input_ids, batch.positions, batch.attn_metadata, lora,
+                             intermediate)))
         with self.profiler.record(phase, bucket=tuple(batch.bucket), real=batch.num_real,
                                   graph=use_graph), \
                 self.tracker.track_pass(label, signature):
             hidden = run_forward(self.forward_module, self.mode, use_graph, batch.input_ids,
-                                 batch.positions, batch.attn_metadata, kv, lora)
+                                 batch.positions, batch.attn_metadata, kv, lora, intermediate)
+            if not get_pp_group().is_last_rank:
+                if serving:
+                    get_pp_group().send_tensor_dict(hidden.tensors)
+                return hidden, None
             logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         return hidden, logits
 

@@ -208,7 +208,7 @@ class ModelRunnerBase:
                 if fwd.lora_mapping is not None:
                     self.lora_manager.clear_mapping()
             if out is None:
-                return None  # an earlier pipeline stage: the hidden states went on
+                continue  # an earlier pipeline stage: the hidden states went on
             if fwd.sample_req_ids:
                 logits = self.apply_logits_processors(
                     out.sample_logits, out.logits_req_ids or fwd.sample_req_ids,
