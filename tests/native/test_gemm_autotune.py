@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm.model_executor.layers import cpu_gemm, gemm_autotune
-from vllm.model_executor.layers.gemm_autotune import (NATIVE, ONEDNN, ROW_BUCKETS, TORCH,
-                                                      GemmPlan)
+from vllm.model_executor.layers.gemm_autotune import (FP32, NATIVE, ONEDNN, ROW_BUCKETS,
+                                                      TORCH, GemmPlan)
 from vllm.native import cpu_ops
 
 
@@ -81,6 +81,8 @@ def test_the_variable_forces_a_kernel_without_measuring(monkeypatch, tmp_path, v
     monkeypatch.setenv("VLLM_CPU_NATIVE_GEMM", value)
     monkeypatch.setattr(gemm_autotune, "choose", lambda *a: pytest.fail("measured"))
     plans = gemm_autotune.plan_shapes({(40, 64): torch.randn(40, 64).bfloat16()})
+    if kind not in gemm_autotune.available_kinds():  # oneDNN without bf16 (AVX2 CPUs)
+        kind = gemm_autotune.fallback_kind()
     assert plans[(40, 64)].kinds == (kind,) * len(ROW_BUCKETS)
     assert not (tmp_path / "gemm").exists()
 
@@ -134,3 +136,41 @@ def test_a_choice_from_unsteady_timings_is_used_but_not_stored(monkeypatch, tmp_
     assert len(plans[(40, 64)].kinds) == len(ROW_BUCKETS)
     path = gemm_autotune.cache_path(gemm_autotune.available_kinds())
     assert json.loads(path.read_text()) == {}
+
+
+def test_onednn_is_no_candidate_where_its_bf16_kernel_raises(monkeypatch, tmp_path):
+    """AVX2-only CPUs: torch's bf16 reorder raises; start-up must measure the rest."""
+    real_pack = gemm_autotune.pack
+
+    def pack(kind, weight):
+        if kind == ONEDNN:
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu "
+                               "support avx_ne_convert or avx512bw, avx512vl and avx512dq")
+        return real_pack(kind, weight)
+
+    monkeypatch.setattr(gemm_autotune, "pack", pack)
+    monkeypatch.setattr(gemm_autotune, "_PROBED", {})
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.delenv("VLLM_CPU_NATIVE_GEMM", raising=False)
+    kinds = gemm_autotune.available_kinds()
+    assert ONEDNN not in kinds and {TORCH, FP32} <= set(kinds)
+    assert gemm_autotune.fallback_kind() == TORCH
+    plans = gemm_autotune.plan_shapes({(40, 64): torch.randn(40, 64).bfloat16()})
+    assert ONEDNN not in plans[(40, 64)].kinds
+    monkeypatch.setenv("VLLM_CPU_NATIVE_GEMM", "0")
+    assert gemm_autotune.plan_shapes({(40, 64): torch.randn(40, 64).bfloat16()})[
+        (40, 64)].kinds == (TORCH,) * len(ROW_BUCKETS)
+
+
+def test_the_float32_kernel_matches_a_float_linear():
+    layer = _layer(n=48, k=96)
+    plan = cpu_gemm.pack_module(layer, GemmPlan((FP32,) * len(ROW_BUCKETS)))
+    assert plan.kinds == (FP32,) * len(ROW_BUCKETS) and set(layer.gemm_packs) == {FP32}
+    assert layer.gemm_packs[FP32].dtype == torch.float32
+    for rows in (1, 17, 300):
+        x = torch.randn(rows, 96).bfloat16()
+        ref = F.linear(x.double(), layer.weight.double(), layer.bias.double())
+        got = cpu_gemm.linear(layer, x, layer.weight, layer.bias)
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, 48)
+        # float32 accumulation, one rounding to bf16 at the end
+        torch.testing.assert_close(got.double(), ref, atol=1e-2, rtol=8e-3)

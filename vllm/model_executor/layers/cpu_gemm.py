@@ -10,6 +10,9 @@ gemm_autotune.py measured to be the fastest on this CPU for its shape at some ro
   per step: the winner at decode sizes, and at every size on CPUs without AMX;
 - oneDNN's blocked layout (`mkldnn._reorder_linear_weight`), whose packed kernel uses
   AMX where the CPU has it (2-3x the native kernel from ~16 rows up on such CPUs);
+- a float32 copy (`fp32`), the winner from a few rows up on AVX2-only CPUs, where
+  neither bf16 kernel exists and torch's own bf16 matmul is a scalar loop (the copy
+  doubles that weight's memory, so it is made only where the measurement chose it);
 - none: `F.linear` on the plain weight.
 
 Each call then goes to its row count's winner (`GemmPlan`). The packs are plain
@@ -27,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm.model_executor.layers import gemm_autotune
-from vllm.model_executor.layers.gemm_autotune import NATIVE, ONEDNN, TORCH, GemmPlan
+from vllm.model_executor.layers.gemm_autotune import FP32, NATIVE, ONEDNN, TORCH, GemmPlan
 from vllm.native import cpu_ops
 
 logger = logging.getLogger(__name__)
@@ -46,13 +49,15 @@ def packing_supported(weight: torch.Tensor) -> bool:
 
 def pack_module(module: nn.Module, plan: GemmPlan) -> GemmPlan:
     """Attach the packs `plan` needs to `module`; returns the plan actually used (a
-    kind whose pack cannot be made, e.g. the native one for an odd K, becomes oneDNN)."""
+    kind whose pack cannot be made, e.g. the native one for an odd K, becomes oneDNN,
+    or plain torch where oneDNN has no bf16 kernel)."""
     weight = module.weight.detach()
     packs = {}
+    fallback = gemm_autotune.fallback_kind()
     for kind in sorted(plan.needed - {TORCH}):
         packed = gemm_autotune.pack(kind, weight)
         if packed is None:
-            plan = GemmPlan(tuple(ONEDNN if k == kind else k for k in plan.kinds))
+            plan = GemmPlan(tuple(fallback if k == kind else k for k in plan.kinds))
             continue
         packs[kind] = packed
     if ONEDNN in plan.needed and ONEDNN not in packs:
@@ -118,4 +123,6 @@ def linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor,
             x2 = x2.contiguous()
         out = cpu_ops.gemm_bf16_packed(x2, packed, weight.shape[0], bias)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], weight.shape[0])
+    if kind == FP32:
+        return gemm_autotune.run(FP32, x, weight, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

@@ -9,8 +9,11 @@ weight shape `[N, K]` is timed with every candidate at a few row counts (`ROW_BU
 and each call then goes to the winner for its row count.
 
 Candidates: `native` (vllm/native's packed GEMM, AVX512-BF16 CPUs only), `onednn`
-(`torch.ops.mkldnn` on a weight reordered once) and `torch` (`F.linear` on the plain
-weight: no copy, the fallback). Results are cached per CPU model, thread count, torch
+(`torch.ops.mkldnn` on a weight reordered once; only where oneDNN has a bf16 kernel,
+which needs AVX512-BW/VL/DQ or AVX-NE-CONVERT: on AVX2-only CPUs its reorder raises),
+`fp32` (`F.linear` in float32 on a float32 copy of the weight: on AVX2-only CPUs
+torch's bf16 matmul falls back to a scalar loop, 20-50x slower than float32 from 16
+rows up) and `torch` (`F.linear` on the plain weight: no copy, the fallback). Results are cached per CPU model, thread count, torch
 version and kernel library under `$VLLM_CACHE_ROOT/gemm/`, so only the first start on
 a machine pays the measurement (a second or two for a small model).
 `VLLM_CPU_NATIVE_GEMM=1` / `0` force native / oneDNN instead of measuring.
@@ -38,7 +41,7 @@ from vllm.native import cpu_ops, loader
 
 logger = logging.getLogger(__name__)
 
-NATIVE, ONEDNN, TORCH = "native", "onednn", "torch"
+NATIVE, ONEDNN, FP32, TORCH = "native", "onednn", "fp32", "torch"
 ROW_BUCKETS = (1, 4, 16, 64, 256)
 """Row counts that are timed; a call with r rows uses the nearest one (log scale)."""
 _UPPER = [2, 8, 32, 128]  # inclusive upper row bound of each bucket but the last
@@ -70,13 +73,38 @@ def forced_kind() -> Optional[str]:
 
 
 def available_kinds() -> list[str]:
-    kinds = [TORCH]
-    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
-                                                         "_reorder_linear_weight"):
+    kinds = [TORCH, FP32]
+    if onednn_bf16_works():
         kinds.append(ONEDNN)
     if cpu_ops.gemm_supported():
         kinds.append(NATIVE)
     return kinds
+
+
+def onednn_bf16_works() -> bool:
+    """Whether oneDNN's packed bf16 linear runs on this CPU (probed once on a tiny
+    weight: torch raises on CPUs without the instructions its bf16 path needs)."""
+    ok = _PROBED.get(ONEDNN)
+    if ok is None:
+        ok = False
+        if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn,
+                                                             "_reorder_linear_weight"):
+            try:
+                w = torch.ones(16, 32, dtype=torch.bfloat16)
+                run(ONEDNN, torch.ones(2, 32, dtype=torch.bfloat16), w, pack(ONEDNN, w), None)
+                ok = True
+            except RuntimeError as e:
+                logger.info("oneDNN bf16 linear unavailable on this CPU: %s", e)
+        _PROBED[ONEDNN] = ok
+    return ok
+
+
+_PROBED: dict[str, bool] = {}
+
+
+def fallback_kind() -> str:
+    """The kernel taken where a chosen one cannot be used (forced or unpackable)."""
+    return ONEDNN if onednn_bf16_works() else TORCH
 
 
 def pack(kind: str, weight: torch.Tensor) -> Optional[torch.Tensor]:
@@ -85,6 +113,8 @@ def pack(kind: str, weight: torch.Tensor) -> Optional[torch.Tensor]:
         return cpu_ops.pack_bf16(weight)
     if kind == ONEDNN:
         return torch.ops.mkldnn._reorder_linear_weight(weight)
+    if kind == FP32:
+        return weight.float().contiguous()
     return None
 
 
@@ -95,6 +125,8 @@ def run(kind: str, x: torch.Tensor, weight: torch.Tensor, packed: Optional[torch
         return cpu_ops.gemm_bf16_packed(x, packed, weight.shape[0], bias)
     if kind == ONEDNN:
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    if kind == FP32:
+        return F.linear(x.float(), packed, None if bias is None else bias.float()).to(x.dtype)
     return F.linear(x, weight, bias)
 
 
@@ -187,7 +219,7 @@ def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int,
     forced = forced_kind()
     kinds = available_kinds()
     if forced is not None:
-        kind = forced if forced in kinds else (ONEDNN if ONEDNN in kinds else TORCH)
+        kind = forced if forced in kinds else fallback_kind()
         return {s: GemmPlan((kind,) * len(ROW_BUCKETS)) for s in weights}
     path = cache_path(kinds)
     cached = _load(path)
