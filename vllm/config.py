@@ -305,6 +305,9 @@ class ParallelConfig:
     """Number of pipeline stages."""
     data_parallel_size: int = 1
     """Number of engine replicas behind one server."""
+    data_parallel_rank: int = 0
+    """This replica's index among the data-parallel replicas (set for each replica by
+    the data-parallel engine); its ranks use devices rank * world_size onwards."""
     distributed_executor_backend: Optional[str] = None
     """Executor: uni (one process), mp (worker processes) or ray; default by world size."""
 
@@ -312,6 +315,9 @@ class ParallelConfig:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise ValueError(f"data_parallel_rank must be in [0, data_parallel_size="
+                             f"{self.data_parallel_size}), got {self.data_parallel_rank}.")
         if self.distributed_executor_backend not in (None, "uni", "mp", "ray"):
             raise ValueError(
                 f"distributed_executor_backend={self.distributed_executor_backend!r}; choose "

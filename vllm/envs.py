@@ -32,7 +32,11 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                            "overrides the recorded one when set at run time."),
     "VLLM_PLUGINS": (str, "", "Comma-separated names of plugins to load; empty loads all."),
     "VLLM_USE_FAKE_HPU": (_bool, False, "Run the HPU path on CPU with the vllm.hpu stand-ins."),
-    "VLLM_FAKE_HPU_MEMORY_GB": (float, 16.0, "Device memory the fake HPU reports, in GiB."),
+    "VLLM_FAKE_HPU_MEMORY_GB": (str, "16", "Device memory the fake HPU reports, in GiB: one "
+                                "number for every device, or a comma-separated list with one "
+                                "value per device index (e.g. '16,8')."),
+    "VLLM_FAKE_HPU_DEVICE_COUNT": (int, 8, "Devices (modules) the fake HPU has, as on an "
+                                   "8-module Gaudi node."),
     # ---- CPU ----
     "VLLM_CPU_KVCACHE_SPACE": (float, 0.0, "KV cache size on CPU in GiB; 0 means automatic "
                                "(4 GiB, at most what max_num_seqs full-length sequences need "

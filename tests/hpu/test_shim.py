@@ -123,11 +123,26 @@ def test_metric_localcontext_counts_compiles():
 
 
 def test_device_stand_ins(monkeypatch):
+    steps = hpu.mark_step_count()
     hpu.mark_step()
+    assert hpu.mark_step_count() == steps + 1
     hpu.synchronize()
-    hpu.set_device(0)
-    with pytest.raises(ValueError):
+    monkeypatch.setenv("VLLM_FAKE_HPU_DEVICE_COUNT", "2")
+    monkeypatch.setenv("VLLM_FAKE_HPU_MEMORY_GB", "4,2")
+    try:
         hpu.set_device(1)
+        assert hpu.current_device() == 1
+        assert hpu.mem_get_info()[1] == 2 << 30  # the current device's own size
+        hpu.set_device(torch.device("hpu"))  # no index: device 0
+        assert hpu.current_device() == 0 and hpu.mem_get_info()[1] == 4 << 30
+        with pytest.raises(ValueError, match="VLLM_FAKE_HPU_DEVICE_COUNT"):
+            hpu.set_device(2)
+        monkeypatch.setenv("VLLM_FAKE_HPU_DEVICE_COUNT", "3")
+        hpu.set_device(2)
+        with pytest.raises(ValueError, match="lists 2 devices; device index 2"):
+            hpu.mem_get_info()
+    finally:
+        hpu.set_device(0)
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
     assert hpu.is_lazy()
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")

@@ -46,6 +46,19 @@ def build_async_engine(engine_args: AsyncEngineArgs, start_engine_loop: bool = T
     return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
 
 
+def _build_replica(engine_args: AsyncEngineArgs, rank: int, start_engine_loop: bool,
+                   max_log_len: Optional[int]) -> AsyncLLMEngine:
+    """Replica `rank`: its config says which one it is, so its workers take their own
+    devices (see WorkerBase.device_index) instead of all starting at device 0."""
+    from vllm.engine.llm_engine import LLMEngine
+    config = engine_args.create_engine_config()
+    config.parallel_config = dataclasses.replace(config.parallel_config, data_parallel_rank=rank)
+    engine = LLMEngine(config, log_stats=not engine_args.disable_log_stats)
+    return AsyncLLMEngine(engine, log_requests=not engine_args.disable_log_requests,
+                          log_stats=not engine_args.disable_log_stats,
+                          max_log_len=max_log_len, start_engine_loop=start_engine_loop)
+
+
 class DPAsyncLLMEngine(EngineClient):
     """Several AsyncLLMEngine replicas behind one EngineClient."""
 
@@ -75,8 +88,8 @@ class DPAsyncLLMEngine(EngineClient):
         engine_args.create_engine_config()  # bad flags fail here, before any replica starts
         logger.info("Starting %d data parallel engine replicas.", dp)
 
-        def build(_: int) -> AsyncLLMEngine:
-            return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
+        def build(rank: int) -> AsyncLLMEngine:
+            return _build_replica(engine_args, rank, start_engine_loop, max_log_len)
 
         with ThreadPoolExecutor(max_workers=dp, thread_name_prefix="vllm-dp-init") as pool:
             futures = [pool.submit(build, i) for i in range(dp)]

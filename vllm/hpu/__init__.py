@@ -7,11 +7,12 @@ be exercised and tested off hardware:
 
 | name | real | fake |
 |---|---|---|
-| mark_step() | htcore.mark_step | no-op (ops run eagerly) |
+| mark_step() | htcore.mark_step | counted no-op (ops run eagerly; `mark_step_count()`) |
 | is_lazy() | utils.internal.is_lazy | PT_HPU_LAZY_MODE == 1 |
 | wrap_in_hpu_graph(m, ...) | hpu.wrap_in_hpu_graph | counts captures/replays per signature |
-| synchronize(), set_device(), device_count() | torch.hpu.* | no-op / one device |
-| mem_get_info() | torch.hpu.mem_get_info | VLLM_FAKE_HPU_MEMORY_GB minus `track_alloc`ed bytes |
+| synchronize() | torch.hpu.synchronize | no-op |
+| set_device(), current_device(), device_count() | torch.hpu.* | VLLM_FAKE_HPU_DEVICE_COUNT devices, one current per process |
+| mem_get_info() | torch.hpu.mem_get_info | the current device's VLLM_FAKE_HPU_MEMORY_GB minus `track_alloc`ed bytes |
 | FusedSDPA, FusedRMSNorm, apply_rotary_pos_emb | hpex kernels | torch equivalents |
 | mixture_of_experts | torch.ops.hpu.mixture_of_experts | all experts, routing-weighted (vllm/hpu/moe.py) |
 | metric_localcontext(name) | hpu.metrics | graph_compilation counts `record_compile` |
@@ -37,8 +38,9 @@ def _want_fake() -> bool:
 _FAKE = _want_fake()
 
 if _FAKE:
-    from vllm.hpu.fake_device import (device_count, is_lazy, mark_step, mem_get_info,
-                                      metric_localcontext, set_device, synchronize)
+    from vllm.hpu.fake_device import (current_device, device_count, is_lazy, mark_step,
+                                      mark_step_count, mem_get_info, metric_localcontext,
+                                      set_device, synchronize)
     from vllm.hpu.fake_graphs import graph_stats, wrap_in_hpu_graph
     from vllm.hpu.fake_kernels import (FusedRMSNorm, FusedSDPA, RotaryPosEmbeddingMode,
                                        apply_rotary_pos_emb)
@@ -46,9 +48,9 @@ if _FAKE:
     from vllm.hpu import fp8_ops as hpu_ops
 else:  # pragma: no cover - needs a Gaudi image
     from vllm.hpu.real import (FusedRMSNorm, FusedSDPA, RotaryPosEmbeddingMode,
-                               apply_rotary_pos_emb, device_count, is_lazy, mark_step,
-                               mem_get_info, metric_localcontext, set_device, synchronize,
-                               wrap_in_hpu_graph)
+                               apply_rotary_pos_emb, current_device, device_count,
+                               is_lazy, mark_step, mem_get_info, metric_localcontext,
+                               set_device, synchronize, wrap_in_hpu_graph)
     from vllm.hpu.moe import real_mixture_of_experts as mixture_of_experts
 
     import torch as _torch
@@ -56,6 +58,9 @@ else:  # pragma: no cover - needs a Gaudi image
 
     def graph_stats(module):  # type: ignore[no-redef]
         raise ValueError("graph_stats is only kept by the fake HPU graph recorder.")
+
+    def mark_step_count() -> int:  # type: ignore[no-redef]
+        raise ValueError("mark_step_count is only kept by the fake HPU.")
 
 
 def is_fake_hpu() -> bool:
@@ -70,9 +75,9 @@ def torch_device_type() -> str:
 
 __all__ = [
     "FusedRMSNorm", "FusedSDPA", "hpu_ops", "RotaryPosEmbeddingMode", "apply_rotary_pos_emb",
-    "compile_count", "device_count", "graph_stats", "is_fake_hpu", "is_lazy", "mark_step",
-    "mem_get_info", "metric_localcontext", "mixture_of_experts", "record_compile",
-    "reset_compile_stats", "reset_tracked_memory", "set_device", "synchronize",
-    "torch_device_type",
-    "track_alloc", "track_free", "tracked_bytes", "wrap_in_hpu_graph",
+    "compile_count", "current_device", "device_count", "graph_stats", "is_fake_hpu",
+    "is_lazy", "mark_step", "mark_step_count", "mem_get_info", "metric_localcontext",
+    "mixture_of_experts", "record_compile", "reset_compile_stats", "reset_tracked_memory",
+    "set_device", "synchronize", "torch_device_type", "track_alloc", "track_free",
+    "tracked_bytes", "wrap_in_hpu_graph",
 ]

@@ -1,8 +1,13 @@
 """Plain-Python stand-ins for the Gaudi device calls (`htcore`, `torch.hpu`, metrics).
 
-Off hardware the "HPU" is the CPU: there is no lazy graph to cut, nothing runs
-asynchronously, and there is one device. Each function keeps the real signature so
-callers are written once for both modes.
+Off hardware the "HPU" is the CPU: there is no lazy graph to cut and nothing runs
+asynchronously. The node has VLLM_FAKE_HPU_DEVICE_COUNT devices; like the real
+runtime, a process works on one of them, chosen by `set_device` (default 0), and
+`current_device()` tells which, so tests can check that ranks and data-parallel
+replicas pick distinct devices (each device can have its own memory size, see
+memory.py). `mark_step()` calls are counted (`mark_step_count()`), so tests can check
+that the graph is cut where lazy mode needs it. Each function keeps the real
+signature so callers are written once for both modes.
 """
 from __future__ import annotations
 
@@ -10,15 +15,27 @@ import contextlib
 import time
 from typing import Any, Iterator
 
+import torch
+
 from vllm import envs
 from vllm.hpu import compile_stats, memory
 
 METRIC_NAMES = ("graph_compilation", "cpu_fallback")
 
 
+_mark_steps = 0
+_current_device = 0
+
+
 def mark_step(device_str: str = "", sync: bool = False) -> None:
-    """Real: flush the accumulated lazy graph. Fake: ops already ran eagerly."""
-    return None
+    """Real: flush the accumulated lazy graph. Fake: ops already ran eagerly; counted."""
+    global _mark_steps
+    _mark_steps += 1
+
+
+def mark_step_count() -> int:
+    """How many times `mark_step` was called in this process (fake HPU only)."""
+    return _mark_steps
 
 
 def is_lazy() -> bool:
@@ -32,19 +49,31 @@ def synchronize() -> None:
 
 
 def set_device(device: Any = 0) -> None:
-    """The fake device has exactly one card, index 0."""
-    index = device if isinstance(device, int) else getattr(device, "index", 0) or 0
-    if index != 0:
-        raise ValueError(f"the fake HPU has one device (index 0), got {device!r}.")
+    """Work on device `device` (an index, or a torch.device; "hpu" without an index
+    means device 0) from now on in this process."""
+    global _current_device
+    if isinstance(device, int):
+        index = device
+    else:
+        index = torch.device(device).index or 0
+    if not 0 <= index < device_count():
+        raise ValueError(f"the fake HPU has {device_count()} devices "
+                         f"(VLLM_FAKE_HPU_DEVICE_COUNT), got device {device!r}.")
+    _current_device = index
+
+
+def current_device() -> int:
+    return _current_device
 
 
 def device_count() -> int:
-    return 1
+    return envs.VLLM_FAKE_HPU_DEVICE_COUNT
 
 
 def mem_get_info() -> tuple[int, int]:
-    """(free, total): VLLM_FAKE_HPU_MEMORY_GB minus what `memory.track_alloc` holds."""
-    return memory.fake_mem_get_info()
+    """(free, total) of the current device: its VLLM_FAKE_HPU_MEMORY_GB minus what
+    `memory.track_alloc` holds."""
+    return memory.fake_mem_get_info(_current_device)
 
 
 class FakeMetric:

@@ -1,7 +1,8 @@
 """Device memory accounting for the fake HPU.
 
 The fake device has `VLLM_FAKE_HPU_MEMORY_GB` GiB (read on every call, so tests
-can change it). Its "allocator" is this ledger: the runner reports what it puts on
+can change it; a comma-separated list gives each device index its own size, so the
+ranks of a test can see different memory). Its "allocator" is this ledger: the runner reports what it puts on
 the device (weights, KV caches) with `track_alloc`, and `mem_get_info()` returns
 `(total - tracked, total)`. Plain CPU tensors are not tracked automatically, which
 keeps the numbers deterministic and independent of the host.
@@ -85,16 +86,26 @@ def tracked_bytes() -> int:
         return _tracked_bytes
 
 
-def fake_total_bytes() -> int:
-    gb = envs.VLLM_FAKE_HPU_MEMORY_GB
+def fake_total_bytes(device_index: int = 0) -> int:
+    """Total bytes of fake device `device_index` (see the module doc)."""
+    text = envs.VLLM_FAKE_HPU_MEMORY_GB
+    try:
+        sizes = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError("VLLM_FAKE_HPU_MEMORY_GB must be a number of GiB or a comma-separated "
+                         f"list of them, got {text!r}.") from None
+    if len(sizes) > 1 and device_index >= len(sizes):
+        raise ValueError(f"VLLM_FAKE_HPU_MEMORY_GB={text!r} lists {len(sizes)} devices; device "
+                         f"index {device_index} has no size.")
+    gb = sizes[device_index] if len(sizes) > 1 else sizes[0]
     if gb <= 0:
         raise ValueError(f"VLLM_FAKE_HPU_MEMORY_GB must be > 0, got {gb}.")
     return int(gb * _GIB)
 
 
-def fake_mem_get_info() -> tuple[int, int]:
-    """(free, total) bytes of the fake device."""
-    total = fake_total_bytes()
+def fake_mem_get_info(device_index: int = 0) -> tuple[int, int]:
+    """(free, total) bytes of fake device `device_index`."""
+    total = fake_total_bytes(device_index)
     return max(0, total - tracked_bytes()), total
 
 

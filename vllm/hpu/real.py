@@ -29,6 +29,10 @@ def device_count() -> int:
     return torch.hpu.device_count()
 
 
+def current_device() -> int:
+    return torch.hpu.current_device()
+
+
 def mem_get_info() -> tuple[int, int]:
     """(free, total) bytes of the current HPU."""
     free, total = torch.hpu.mem_get_info()
@@ -36,5 +40,5 @@ def mem_get_info() -> tuple[int, int]:
 
 
 __all__ = ["FusedRMSNorm", "FusedSDPA", "RotaryPosEmbeddingMode", "apply_rotary_pos_emb",
-           "device_count", "is_lazy", "mark_step", "mem_get_info", "metric_localcontext",
+           "current_device", "device_count", "is_lazy", "mark_step", "mem_get_info", "metric_localcontext",
            "set_device", "synchronize", "wrap_in_hpu_graph"]

@@ -14,7 +14,7 @@ logger = logging.getLogger(__name__)
 class GPUWorker(WorkerBase):
 
     def init_device(self) -> None:
-        self.device = torch.device(f"cuda:{self.local_rank}")
+        self.device = torch.device(f"cuda:{self.device_index}")
         torch.cuda.set_device(self.device)
         self.init_distributed("nccl")
         from vllm.platforms import current_platform

@@ -58,17 +58,43 @@ class HPUMemoryBudget:
 class HPUWorker(WorkerBase):
 
     def init_device(self) -> None:
-        if not hpu.is_fake_hpu():
-            hpu.set_device(self.local_rank)
-            if self.vllm_config.parallel_config.world_size > 1:
-                importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers hccl
+        """Take this rank's module, then join the process groups.
+
+        One module per process: `set_device` picks it by index (see `_select_device`),
+        and tensors go to `torch.device("hpu")` without an index, which then means
+        that module (as in Gaudi's own vLLM backends).
+        """
+        self.selected_device = self._select_device()
+        if not hpu.is_fake_hpu() and self.vllm_config.parallel_config.world_size > 1:
+            importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers hccl
         self.init_distributed("gloo" if hpu.is_fake_hpu() else "hccl")
         from vllm.platforms import current_platform
         current_platform.seed_everything(self.vllm_config.model_config.seed)
         self.model_runner = HPUModelRunner(self.vllm_config,
                                            device=torch.device(hpu.torch_device_type()))
-        self.model_runner.device_label = f"hpu:{self.local_rank}"
+        self.model_runner.device_label = f"hpu:{self.selected_device}"
         self.memory_budget: Optional[HPUMemoryBudget] = None
+
+    def _select_device(self) -> int:
+        """`device_index` (local rank, after the earlier data-parallel replicas' devices),
+        or 0 when the runtime shows this process a single module: Ray's HPU resource
+        gives each actor its own module through HABANA_VISIBLE_MODULES."""
+        index, count = self.device_index, hpu.device_count()
+        if index >= count == 1:
+            logger.info("Rank %d: one visible HPU module (HABANA_VISIBLE_MODULES); using it "
+                        "instead of index %d.", self.rank, index)
+            index = 0
+        elif index >= count:
+            raise ValueError(f"rank {self.rank} needs HPU module {index} (data_parallel_rank x "
+                             f"world_size + local rank) but {count} are visible; lower "
+                             "tensor_parallel_size x pipeline_parallel_size x "
+                             "data_parallel_size.")
+        hpu.set_device(index)
+        return index
+
+    def get_device_index(self) -> int:
+        """The module the HPU runtime (or the fake HPU) says this process works on."""
+        return hpu.current_device()
 
     def determine_num_available_blocks(self) -> int:
         """KV blocks (pad block excluded) from the memory budget (see module doc)."""

@@ -28,6 +28,18 @@ class WorkerBase:
     def init_device(self) -> None:
         raise NotImplementedError
 
+    @property
+    def device_index(self) -> int:
+        """This rank's device on its node. Data-parallel replicas run on one node side
+        by side, so replica r's ranks take the devices r * world_size onwards:
+        index = data_parallel_rank * world_size + local_rank."""
+        pc = self.vllm_config.parallel_config
+        return pc.data_parallel_rank * pc.world_size + self.local_rank
+
+    def get_device_index(self) -> int:
+        """The device this worker runs on (an RPC: replicas and ranks can be checked)."""
+        return self.device_index
+
     def init_distributed(self, backend: str) -> None:
         """Set up process groups when there is more than one rank."""
         pc = self.vllm_config.parallel_config
