@@ -91,6 +91,9 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_CONTIGUOUS_PA": (_bool, True, "Contiguous paged attention (used when prefix caching "
                            "is off)."),
     "VLLM_DEFRAG_THRESHOLD": (int, 32, "Defragment when max_used - num_used exceeds this."),
+    "VLLM_HPU_FSDPA_GQA": (str, "native", "Grouped-query K/V for FusedSDPA: native (current "
+                           "Gaudi software takes fewer KV heads) or repeat (expand K/V with "
+                           "repeat_interleave, as older software needed)."),
 }
 
 for _kind in ("PROMPT", "DECODE"):

@@ -44,29 +44,47 @@ def plan_defrag(used_block_ids: Iterable[int], threshold: int,
     return moves if max_moves is None else moves[:max_moves]
 
 
+def swap_bucket(num_moves: int) -> int:
+    """Moves padded to a power of two, at least 8: one compiled swap shape per bucket."""
+    return max(8, 1 << max(0, num_moves - 1).bit_length())
+
+
+def swap_buckets(max_moves: int) -> list[int]:
+    """Every bucket `swap_bucket` returns for 1..max_moves moves (what warmup runs)."""
+    return sorted({swap_bucket(n) for n in range(1, max_moves + 1)})
+
+
 def swap_blocks(caches: Sequence[torch.Tensor], moves: Sequence[tuple[int, int]],
-                block_size: int, pad_block_id: Optional[int] = None) -> None:
+                block_size: int, pad_block_id: Optional[int] = None,
+                bucket: Optional[int] = None) -> None:
     """Swap the contents of blocks src <-> dst in every cache [num_slots, H, D].
 
-    With `pad_block_id` the move list is padded to a power of two (at least 8) with
-    no-op self-swaps of the pad block, so Gaudi compiles few swap shapes.
+    Each cache is a whole tensor (K and V are separate), and the swap reads and
+    writes it by slot index (`index_select` / `index_copy_` on dim 0), never through
+    a view, so it is safe inside a captured graph. With `pad_block_id` the move
+    list is padded to `bucket` moves (default `swap_bucket(len(moves))`) with no-op
+    self-swaps of the pad block, so Gaudi compiles one swap shape per bucket. The
+    sources and destinations of a plan are disjoint, so the order does not matter.
     """
-    if not moves:
+    if not moves and bucket is None:
         return
     src = [s for s, _ in moves]
     dst = [d for _, d in moves]
     if pad_block_id is not None:
-        target = max(8, 1 << (len(moves) - 1).bit_length())
+        target = swap_bucket(len(moves)) if bucket is None else bucket
+        if target < len(moves):
+            raise ValueError(f"{len(moves)} moves do not fit a swap bucket of {target}.")
         src += [pad_block_id] * (target - len(moves))
         dst += [pad_block_id] * (target - len(moves))
+    offsets = torch.arange(block_size)
+    src_slots = (torch.tensor(src, dtype=torch.long)[:, None] * block_size + offsets).view(-1)
+    dst_slots = (torch.tensor(dst, dtype=torch.long)[:, None] * block_size + offsets).view(-1)
     for cache in caches:
-        blocks = cache.view(-1, block_size, *cache.shape[1:])
-        src_t = torch.tensor(src, dtype=torch.long, device=cache.device)
-        dst_t = torch.tensor(dst, dtype=torch.long, device=cache.device)
-        src_data = blocks.index_select(0, src_t)
-        dst_data = blocks.index_select(0, dst_t)
-        blocks.index_copy_(0, dst_t, src_data)
-        blocks.index_copy_(0, src_t, dst_data)
+        src_t, dst_t = src_slots.to(cache.device), dst_slots.to(cache.device)
+        src_data = cache.index_select(0, src_t)
+        dst_data = cache.index_select(0, dst_t)
+        cache.index_copy_(0, dst_t, src_data)
+        cache.index_copy_(0, src_t, dst_data)
 
 
 class HPUDefragmenter:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from vllm import envs, hpu
+from vllm.attention.backends.hpu_attn import HPUKVCache
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.distributed.parallel_state import get_pp_group
@@ -48,6 +49,7 @@ from vllm.worker.hpu_input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_de
 from vllm.worker.hpu_profiler import HPUProfiler
 from vllm.worker.hpu_log import MemorySnapshot, log_profile_run, log_weights_loaded
 from vllm.worker.hpu_warmup import HPUWarmup
+from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.model_runner_base import ForwardPass, LogprobsRow, ModelRunnerBase, PassOutput
 
 logger = logging.getLogger(__name__)
@@ -128,24 +130,34 @@ class HPUModelRunner(ModelRunnerBase):
         log_weights_loaded(self.device_label, before, time.perf_counter() - start)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Per layer [2, (num_blocks + 1) * block_size, kv_heads, head_size], zeroed.
+        """Per layer an `HPUKVCache`: separate K and V tensors of
+        [(num_blocks + 1) * block_size, kv_heads, head_size], zeroed.
 
         The extra last block is the pad block. Zeroed so that padding rows, which
-        read blocks nobody wrote, never meet NaN garbage.
+        read blocks nobody wrote, never meet NaN garbage. Layers of other pipeline
+        stages get None.
         """
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}.")
-        shape = (2, (num_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
+        shape = ((num_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
                  self.model_config.get_head_size())
-        self.kv_caches = self._allocate_kv_caches(shape)
-        for cache in self.kv_caches:
-            hpu.track_alloc(cache)
+        owned = self._owned_layer_ids()
+        halves = iter(zeroed_tensors(shape, self.dtype, self.device, 2 * len(owned)))
+        caches = {i: HPUKVCache(next(halves), next(halves)) for i in owned}
+        self.kv_caches = [caches.get(i) for i in range(self.model_config.get_num_layers())]
+        for cache in caches.values():
+            hpu.track_alloc(cache.key_cache)
+            hpu.track_alloc(cache.value_cache)
         self.num_kv_blocks = num_blocks
         self.pad_block_id = num_blocks
         self.bucketing.generate_decode_buckets(num_blocks)
         if self.contiguous_pa:
             self.defragmenter = HPUDefragmenter(num_blocks, self.block_size,
                                                 pad_block_id=self.pad_block_id)
+
+    def _cache_tensors(self) -> list[torch.Tensor]:
+        """Every K and V tensor of this rank (what the defragmenter swaps blocks in)."""
+        return [t for cache in self.kv_caches if cache is not None for t in cache]
 
     # ----------------------------------------------------------- dummy passes
     def _dummy_prompt_batch(self, bucket: Bucket) -> HPUBatch:
@@ -285,10 +297,7 @@ class HPUModelRunner(ModelRunnerBase):
         if self.defragmenter is None:
             return
         used = {b for st in self.requests.values() for b in st.block_ids}
-        # Layers of other pipeline stages hold an empty placeholder.
-        caches = [half for cache in self.kv_caches if cache.numel()
-                  for half in (cache[0], cache[1])]
-        self.defragmenter.defragment(used, caches)
+        self.defragmenter.defragment(used, self._cache_tensors())
 
     def _physical(self, block_ids: list[int]) -> list[int]:
         if self.defragmenter is None:

@@ -16,6 +16,12 @@ padded to the same bucket.
 
 K/V of every row are written to the cache first; padding rows write into the pad
 block (the extra last block of each cache), so they never touch real data.
+
+The cache of a layer is an `HPUKVCache`: K and V are two separate tensors, not the
+two halves of one `[2, ...]` tensor. Inside a captured HPU graph an in-place write
+(`index_copy_`) into a view of a bigger tensor makes the graph depend on the view's
+base and offset; writing into whole tensors keeps each cache write a plain graph
+input/output, which is what Gaudi's graph capture handles without copies.
 """
 from __future__ import annotations
 
@@ -23,11 +29,25 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from vllm.attention.ops.hpu_paged_attn import (FlatPAMetadata, flat_paged_attention,
+from vllm import envs
+from vllm.attention.ops.hpu_paged_attn import (FlatPAMetadata, check_fsdpa_gqa,
+                                               flat_paged_attention,
                                                gather_context, prompt_attention,
                                                prompt_attention_masked,
                                                prompt_attention_with_context,
                                                write_to_kv_cache)
+
+
+class HPUKVCache(NamedTuple):
+    """One layer's KV cache: two separate `[(num_blocks + 1) * block_size, kv_heads,
+    head_size]` tensors (slot-major; the last block is the pad block).
+
+    A NamedTuple so an HPU graph keyed on the layer caches sees two tensors (hashed by
+    shape), and so code written for the old `[2, ...]` tensor (`cache[0]`, `cache[1]`)
+    reads the same.
+    """
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
 
 
 class HPUAttentionMetadata(NamedTuple):
@@ -53,20 +73,25 @@ class HPUAttentionMetadata(NamedTuple):
 class HPUAttentionImpl:
     """forward(layer, q, k, v, kv_cache, metadata), as `vllm.attention.Attention` calls it.
 
-    `kv_cache` is the layer's `[2, (num_blocks + 1) * block_size, kv_heads, head_size]`
-    tensor, or None/empty during the profile run (prompt passes only).
+    `kv_cache` is the layer's `HPUKVCache`, or None during the profile run (prompt
+    passes only). How FusedSDPA gets grouped-query K/V (VLLM_HPU_FSDPA_GQA) is read
+    once, when the backend is built.
     """
 
+    def __init__(self) -> None:
+        self.fsdpa_gqa = check_fsdpa_gqa(envs.VLLM_HPU_FSDPA_GQA)
+
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: Optional[torch.Tensor], md: HPUAttentionMetadata) -> torch.Tensor:
+                kv_cache: Optional[HPUKVCache], md: HPUAttentionMetadata) -> torch.Tensor:
         rows = query.shape[0]
         hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
         q = query.view(rows, hq, d)
         k = key.view(rows, hkv, d)
         v = value.view(rows, hkv, d)
-        has_cache = kv_cache is not None and kv_cache.numel() > 0
+        has_cache = kv_cache is not None and kv_cache.key_cache.numel() > 0
         if has_cache:
-            write_to_kv_cache(k, v, kv_cache[0], kv_cache[1], md.slot_mapping)
+            write_to_kv_cache(k, v, kv_cache.key_cache, kv_cache.value_cache,
+                              md.slot_mapping)
         slopes = getattr(layer, "alibi_slopes", None)
         masked = (getattr(layer, "sliding_window", None) is not None
                   or getattr(layer, "logits_soft_cap", None) is not None
@@ -74,18 +99,20 @@ class HPUAttentionImpl:
         if md.is_prompt and masked:
             out = self._prompt_masked(q, k, v, kv_cache if has_cache else None, md, layer)
         elif md.is_prompt:
-            out = self._prompt(q, k, v, kv_cache if has_cache else None, md, layer.scale)
+            out = self._prompt(q, k, v, kv_cache if has_cache else None, md, layer.scale,
+                               self.fsdpa_gqa)
         else:
             if not has_cache:
                 raise ValueError("HPU decode attention needs the KV cache.")
-            out = flat_paged_attention(q, kv_cache[0], kv_cache[1], md.flat_pa, layer.scale,
+            out = flat_paged_attention(q, kv_cache.key_cache, kv_cache.value_cache, md.flat_pa,
+                                       layer.scale,
                                        getattr(layer, "logits_soft_cap", None),
                                        getattr(layer, "sliding_window", None), slopes)
         return out.reshape(rows, hq * d)
 
     @staticmethod
     def _prompt_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       kv_cache: Optional[torch.Tensor], md: HPUAttentionMetadata,
+                       kv_cache: Optional[HPUKVCache], md: HPUAttentionMetadata,
                        layer) -> torch.Tensor:
         """Prompt pass of a soft-capped, sliding-window or ALiBi layer (FusedSDPA takes
         no per-head bias): explicit scores over the same (context +) new tokens
@@ -104,8 +131,8 @@ class HPUAttentionImpl:
                                            layer.sliding_window, slopes)
         if kv_cache is None:
             raise ValueError("HPU prompt attention with a context needs the KV cache.")
-        past_k = gather_context(kv_cache[0], md.context_block_list, md.block_size)
-        past_v = gather_context(kv_cache[1], md.context_block_list, md.block_size)
+        past_k = gather_context(kv_cache.key_cache, md.context_block_list, md.block_size)
+        past_v = gather_context(kv_cache.value_cache, md.context_block_list, md.block_size)
         past = torch.arange(past_k.shape[1], device=q.device)[None, :].expand(batch, -1)
         q_pos = md.context_lens[:, None] + new
         k_pos = torch.cat((past, q_pos), dim=1)
@@ -117,8 +144,8 @@ class HPUAttentionImpl:
 
     @staticmethod
     def _prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                kv_cache: Optional[torch.Tensor], md: HPUAttentionMetadata,
-                scale: float) -> torch.Tensor:
+                kv_cache: Optional[HPUKVCache], md: HPUAttentionMetadata,
+                scale: float, gqa_mode: str = "native") -> torch.Tensor:
         """[B*T, H, D] rows -> [B, T, H, D] batch (the shapes give B and T)."""
         batch = md.query_lens.shape[0]
         seq = q.shape[0] // batch
@@ -126,9 +153,10 @@ class HPUAttentionImpl:
         kb = k.view(batch, seq, k.shape[1], k.shape[2])
         vb = v.view(batch, seq, v.shape[1], v.shape[2])
         if md.context_block_list is None:
-            return prompt_attention(qb, kb, vb, md.query_lens, scale)
+            return prompt_attention(qb, kb, vb, md.query_lens, scale, gqa_mode)
         if kv_cache is None:
             raise ValueError("HPU prompt attention with a context needs the KV cache.")
-        return prompt_attention_with_context(qb, kb, vb, kv_cache[0], kv_cache[1],
+        return prompt_attention_with_context(qb, kb, vb, kv_cache.key_cache,
+                                             kv_cache.value_cache,
                                              md.context_block_list, md.context_lens,
-                                             md.block_size, scale)
+                                             md.block_size, scale, gqa_mode)

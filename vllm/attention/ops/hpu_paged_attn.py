@@ -6,18 +6,23 @@ one row, a one-hot `block_mapping` [N, B] moves data between sequence rows and
 block rows with matmuls, and a softmax is assembled from per-block partial results.
 All shapes depend only on the bucket (padded batch size B, padded block count N).
 
-KV cache layout, per layer: K and V are each `[num_blocks * block_size, num_kv_heads,
-head_size]` (the engine's `[2, ...]` per-layer tensor is `kv_cache[0]`, `kv_cache[1]`).
+KV cache layout, per layer: K and V are two separate tensors, each `[num_blocks *
+block_size, num_kv_heads, head_size]` (`HPUKVCache` in the backend). Writes are
+`index_copy_` into the whole tensor, never into a view.
 Caches must be allocated zeroed (`torch.zeros`): padding rows read blocks that were
 never written, and 0 * NaN garbage would poison the matmuls.
 """
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple, Optional, Sequence
 
 import torch
 
 from vllm import hpu
+
+# torch marks index_reduce_ "beta" with a UserWarning on CPU; the op is what we want.
+warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")
 
 
 def write_to_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
@@ -143,6 +148,23 @@ def _fetch_blocks(cache: torch.Tensor, block_list: Optional[torch.Tensor], num_b
     return cache.view(-1, block_size, heads, dim).index_select(0, block_list)
 
 
+def grouped_max(block_max: torch.Tensor, block_groups: torch.Tensor,
+                batch: int) -> torch.Tensor:
+    """[B + 1, ...] maximum of `block_max` [N, ...] over the blocks of each sequence;
+    row B collects the padding blocks (group -1), rows without a block stay -inf.
+
+    `index_reduce_(..., "amax")` rather than `scatter_reduce(..., "amax")`: it reduces
+    whole rows by one [N] index vector (no index tensor expanded to the data's
+    shape), which is the form Gaudi's reference backend uses for this step and runs
+    on the device, where the scatter form is one of the ops likely to fall back to
+    the CPU. It is exact (a max), so the result equals softmax attention.
+    """
+    owner = torch.where(block_groups < 0, batch, block_groups)
+    seq_max = torch.full((batch + 1, *block_max.shape[1:]), float("-inf"),
+                         dtype=block_max.dtype, device=block_max.device)
+    return seq_max.index_reduce_(0, owner, block_max, "amax", include_self=True)
+
+
 def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                          value_cache: torch.Tensor, metadata: FlatPAMetadata,
                          scale: float, logits_soft_cap: Optional[float] = None,
@@ -205,11 +227,8 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     block_sum = probs.sum(dim=-1, keepdim=True)
     block_out = torch.matmul(probs, v)                     # [N, Hkv, G, D]
     # 4. sequence-wide maximum; padding rows reduce into an extra dump row B
+    seq_max = grouped_max(block_max, metadata.block_groups, batch)
     owner = torch.where(metadata.block_groups < 0, batch, metadata.block_groups)
-    seq_max = torch.full((batch + 1, kv_heads, group, 1), float("-inf"),
-                         dtype=scores.dtype, device=scores.device)
-    seq_max = seq_max.scatter_reduce(0, owner.view(-1, 1, 1, 1).expand_as(block_max),
-                                     block_max, reduce="amax", include_self=True)
     rescale = torch.exp(block_max - seq_max.index_select(0, owner))
     # 5-6. sum the rescaled pieces per sequence (block2batch) and normalise
     mapping_t = mapping.t()
@@ -224,15 +243,43 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
 # Prefill
 # ---------------------------------------------------------------------------
 
+FSDPA_GQA_MODES = ("native", "repeat")
+
+
+def check_fsdpa_gqa(mode: str) -> str:
+    """VLLM_HPU_FSDPA_GQA, validated (see `fsdpa_kv`)."""
+    if mode not in FSDPA_GQA_MODES:
+        raise ValueError(f"VLLM_HPU_FSDPA_GQA must be one of {FSDPA_GQA_MODES}, got {mode!r}.")
+    return mode
+
+
+def fsdpa_kv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             gqa_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """K/V [B, Hkv, S, D] as FusedSDPA should get them for a query [B, Hq, T, D].
+
+    "native": unchanged; current Gaudi software (like torch's SDPA with enable_gqa)
+    maps each group of Hq // Hkv query heads onto its KV head. "repeat": each KV
+    head repeated Hq // Hkv times (`repeat_interleave` on the head axis, so query
+    head h meets KV head h // group as in the native mapping), the form older
+    Gaudi software needed; it costs the expanded K/V copy.
+    """
+    group = query.shape[1] // key.shape[1]
+    if gqa_mode == "native" or group == 1:
+        return key, value
+    return key.repeat_interleave(group, dim=1), value.repeat_interleave(group, dim=1)
+
+
 def prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     query_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                     query_lens: torch.Tensor, scale: float,
+                     gqa_mode: str = "native") -> torch.Tensor:
     """Causal prefill without context: q [B, T, Hq, D], k/v [B, T, Hkv, D] -> [B, T, Hq, D].
 
     Right padding; `query_lens` [B] are the valid lengths (padded query rows give 0).
     """
-    out = hpu.FusedSDPA.apply(query.transpose(1, 2), key.transpose(1, 2),
-                              value.transpose(1, 2), None, 0.0, True, scale, "None", False,
-                              query_lens, "right")
+    q = query.transpose(1, 2)
+    k, v = fsdpa_kv(q, key.transpose(1, 2), value.transpose(1, 2), gqa_mode)
+    out = hpu.FusedSDPA.apply(q, k, v, None, 0.0, True, scale, "None", False, query_lens,
+                              "right")
     return out.transpose(1, 2)
 
 
@@ -262,7 +309,7 @@ def prompt_attention_with_context(query: torch.Tensor, key: torch.Tensor,
                                   value: torch.Tensor, key_cache: torch.Tensor,
                                   value_cache: torch.Tensor, context_block_list: torch.Tensor,
                                   context_lens: torch.Tensor, block_size: int,
-                                  scale: float) -> torch.Tensor:
+                                  scale: float, gqa_mode: str = "native") -> torch.Tensor:
     """Prefill after a context (prefix-cache hit or earlier chunk).
 
     q [B, T, Hq, D] and k/v [B, T, Hkv, D] are the new tokens (right padded);
@@ -278,8 +325,9 @@ def prompt_attention_with_context(query: torch.Tensor, key: torch.Tensor,
     k = torch.cat((past_k, key), dim=1).transpose(1, 2)            # [B, Hkv, S, D]
     v = torch.cat((past_v, value), dim=1).transpose(1, 2)
     mask = context_attention_mask(context_lens, past_k.shape[1], query.shape[1], query.dtype)
-    out = hpu.FusedSDPA.apply(query.transpose(1, 2), k, v, mask, 0.0, False, scale, "None",
-                              False, None, "right")
+    q = query.transpose(1, 2)
+    k, v = fsdpa_kv(q, k, v, gqa_mode)
+    out = hpu.FusedSDPA.apply(q, k, v, mask, 0.0, False, scale, "None", False, None, "right")
     return out.transpose(1, 2)
 
 
