@@ -90,3 +90,91 @@ def test_data_parallel_replicas_take_distinct_devices(tiny):
             assert asyncio.run(both()) == expected[:2]
         finally:
             engine.shutdown()
+
+
+def test_mark_step_before_every_collective_in_lazy_mode(monkeypatch):
+    """Lazy mode (the bridge's is_lazy()) cuts the graph before each all-reduce,
+    all-gather, pipeline send and receive; eager/compile mode adds no hook."""
+    import torch
+
+    from vllm import hpu
+    from vllm.distributed import parallel_state as ps
+    from vllm.worker.hpu_worker import before_collective
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
+    assert before_collective() is None
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    hook = before_collective()
+    assert hook is hpu.mark_step
+
+    seen: list[tuple[str, int]] = []
+
+    def record(name):
+        def op(*args, **kwargs):
+            seen.append((name, hpu.mark_step_count()))
+        return op
+
+    def recv_object_list(box, src, group):
+        seen.append(("recv_object_list", hpu.mark_step_count()))
+        box[0] = [("h", torch.float32, (2, 3))]
+
+    for name in ("all_reduce", "all_gather", "send", "send_object_list", "recv"):
+        monkeypatch.setattr(ps.dist, name, record(name))
+    monkeypatch.setattr(ps.dist, "recv_object_list", recv_object_list)
+    group = ps.GroupCoordinator(ranks=[0, 1], rank=0, device_group="dev", cpu_group="cpu",
+                                before_collective=hook)
+    start = hpu.mark_step_count()
+    x = torch.ones(2, 3)
+    group.all_reduce(x)
+    group.all_gather(x)
+    group.send_tensor_dict({"h": x})
+    group.recv_tensor_dict()
+    assert seen == [("all_reduce", start + 1), ("all_gather", start + 2),
+                    ("send_object_list", start + 3), ("send", start + 3),
+                    ("recv_object_list", start + 4), ("recv", start + 4)]
+
+    # The worker's hook reaches both groups.
+    ps.initialize_model_parallel(1, 1, before_collective=hook)
+    try:
+        assert ps.get_tp_group().before_collective is hook
+        assert ps.get_pp_group().before_collective is hook
+    finally:
+        ps.destroy_model_parallel()
+
+
+@pytest.mark.parametrize("bridge_lazy", [True, False])
+def test_lazy_collectives_follow_the_bridge_is_lazy(tiny, monkeypatch, bridge_lazy):
+    """PT_HPU_ENABLE_LAZY_COLLECTIVES is set for TP with HPU graphs when the bridge's
+    is_lazy() says lazy, whatever PT_HPU_LAZY_MODE reads (one source of truth)."""
+    import os
+
+    from vllm import hpu
+    from vllm.engine.arg_utils import EngineArgs
+    path, _ = tiny
+    env_lazy = "0" if bridge_lazy else "1"  # disagree with the bridge on purpose
+    with platform_env("hpu", PT_HPU_LAZY_MODE=env_lazy):
+        monkeypatch.setattr(hpu, "is_lazy", lambda: bridge_lazy)
+        EngineArgs(model=path, tensor_parallel_size=2, dtype="float32",
+                   max_model_len=512).create_engine_config()
+        assert os.environ["PT_HPU_ENABLE_LAZY_COLLECTIVES"] == (
+            "true" if bridge_lazy else "false")
+
+
+def test_ray_workers_get_the_gaudi_runtime_variables(monkeypatch):
+    """PT_HPU_* and HABANA_* travel to Ray workers with VLLM_*; the device assignment
+    (HABANA_VISIBLE_MODULES / _DEVICES) stays with each node and Ray."""
+    import os
+
+    from vllm.executor.ray_utils import vllm_env_vars
+    for name in list(os.environ):
+        if name.startswith(("VLLM_", "PT_HPU_", "HABANA_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("VLLM_SKIP_WARMUP", "true")
+    monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
+    monkeypatch.setenv("PT_HPU_ENABLE_LAZY_COLLECTIVES", "true")
+    monkeypatch.setenv("HABANA_LOGS", "/tmp/habana_logs")
+    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "0,1")
+    monkeypatch.setenv("HABANA_VISIBLE_DEVICES", "all")
+    monkeypatch.setenv("UNRELATED_SETTING", "1")
+    assert vllm_env_vars() == {"VLLM_SKIP_WARMUP": "true", "PT_HPU_LAZY_MODE": "1",
+                               "PT_HPU_ENABLE_LAZY_COLLECTIVES": "true",
+                               "HABANA_LOGS": "/tmp/habana_logs"}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,13 @@ class GroupCoordinator:
     device_group: Optional[Any] = None
     cpu_group: Optional[Any] = None
     name: str = field(default="")
+    before_collective: Optional[Callable[[], None]] = None
+    """Called before every device collective: Gaudi's lazy mode must cut the graph
+    (`mark_step`) so the tensors a collective reads exist (see `HPUWorker`)."""
+
+    def _prepare(self) -> None:
+        if self.before_collective is not None:
+            self.before_collective()
 
     @property
     def world_size(self) -> int:
@@ -70,6 +77,7 @@ class GroupCoordinator:
         """Sum `x` over the group, in place; returns `x`."""
         if self.world_size == 1:
             return x
+        self._prepare()
         dist.all_reduce(x, group=self.device_group)
         return x
 
@@ -77,6 +85,7 @@ class GroupCoordinator:
         """Concatenate every member's `x` along `dim`, in group order."""
         if self.world_size == 1:
             return x
+        self._prepare()
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
         dist.all_gather(parts, x, group=self.device_group)
@@ -101,6 +110,7 @@ class GroupCoordinator:
             raise RuntimeError(f"send_tensor_dict needs a group of 2 or more ranks "
                                f"({self.name or 'group'} has 1).")
         dst_rank = self.next_rank if dst is None else self.ranks[dst]
+        self._prepare()
         meta = [(k, t.dtype, tuple(t.shape)) for k, t in tensors.items()]
         dist.send_object_list([meta], dst=dst_rank, group=self.cpu_group)
         for _, t in tensors.items():
@@ -113,6 +123,7 @@ class GroupCoordinator:
             raise RuntimeError(f"recv_tensor_dict needs a group of 2 or more ranks "
                                f"({self.name or 'group'} has 1).")
         src_rank = self.prev_rank if src is None else self.ranks[src]
+        self._prepare()
         box: list[Any] = [None]
         dist.recv_object_list(box, src=src_rank, group=self.cpu_group)
         out: dict[str, torch.Tensor] = {}
@@ -168,8 +179,12 @@ def init_distributed_environment(world_size: int = 1, rank: int = 0,
 
 
 def initialize_model_parallel(tensor_model_parallel_size: int = 1,
-                              pipeline_model_parallel_size: int = 1) -> None:
-    """Create the TP and PP groups; every rank must call this with the same sizes."""
+                              pipeline_model_parallel_size: int = 1,
+                              before_collective: Optional[Callable[[], None]] = None) -> None:
+    """Create the TP and PP groups; every rank must call this with the same sizes.
+
+    `before_collective` (e.g. the HPU's `mark_step` in lazy mode) runs before each
+    device collective of both groups."""
     global _TP, _PP
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
     if tp < 1 or pp < 1:
@@ -184,14 +199,15 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                            "destroy_model_parallel() first.")
     if world == 1:
         _TP, _PP = _single("tp"), _single("pp")
-        return
-    rank = dist.get_rank()
-    backend = dist.get_backend()
-    tp_groups = [[p * tp + t for t in range(tp)] for p in range(pp)]
-    pp_groups = [[p * tp + t for p in range(pp)] for t in range(tp)]
-    _TP = _make_group("tp", tp_groups, rank, backend)
-    _PP = _make_group("pp", pp_groups, rank, backend)
-    logger.debug("rank %d: tp group %s, pp group %s", rank, _TP.ranks, _PP.ranks)
+    else:
+        rank = dist.get_rank()
+        backend = dist.get_backend()
+        tp_groups = [[p * tp + t for t in range(tp)] for p in range(pp)]
+        pp_groups = [[p * tp + t for p in range(pp)] for t in range(tp)]
+        _TP = _make_group("tp", tp_groups, rank, backend)
+        _PP = _make_group("pp", pp_groups, rank, backend)
+        logger.debug("rank %d: tp group %s, pp group %s", rank, _TP.ranks, _PP.ranks)
+    _TP.before_collective = _PP.before_collective = before_collective
 
 
 def _make_group(name: str, all_ranks: list[list[int]], rank: int,

@@ -160,9 +160,19 @@ def create_placement_group(world_size: int, device_key: str) -> Any:
     return pg
 
 
+WORKER_ENV_PREFIXES = ("VLLM_", "PT_HPU_", "HABANA_")
+"""Variables Ray workers get from the engine process: ours, and the Gaudi runtime's
+(lazy mode, lazy collectives, graph and logging settings), which must agree on every
+rank: a worker on another node does not inherit the engine's environment."""
+NODE_LOCAL_ENV_VARS = frozenset({"HABANA_VISIBLE_MODULES", "HABANA_VISIBLE_DEVICES"})
+"""Which devices a process may use is the business of its own node (the container
+runtime) and of Ray, which gives each actor its module: never copied."""
+
+
 def vllm_env_vars() -> dict[str, str]:
-    """VLLM_* variables of the engine process, for workers on other nodes."""
-    return {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}
+    """The engine process's WORKER_ENV_PREFIXES variables, without NODE_LOCAL_ENV_VARS."""
+    return {k: v for k, v in os.environ.items()
+            if k.startswith(WORKER_ENV_PREFIXES) and k not in NODE_LOCAL_ENV_VARS}
 
 
 def get_driver_ip() -> str:

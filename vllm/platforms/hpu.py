@@ -53,8 +53,11 @@ class HpuPlatform(Platform):
 
     def check_and_update_config(self, vllm_config: "VllmConfig") -> None:
         super().check_and_update_config(vllm_config)
+        from vllm import hpu
         parallel = vllm_config.parallel_config
-        lazy_graphs = envs.PT_HPU_LAZY_MODE == 1 and not vllm_config.model_config.enforce_eager
+        # The bridge's is_lazy() is the one source of truth for the mode (the runner's
+        # execution mode and the workers' mark_step before collectives use it too).
+        lazy_graphs = hpu.is_lazy() and not vllm_config.model_config.enforce_eager
         if parallel.world_size > 1 and lazy_graphs and not envs.PT_HPU_ENABLE_LAZY_COLLECTIVES:
             # Workers are spawned after this point, so they inherit the setting.
             os.environ["PT_HPU_ENABLE_LAZY_COLLECTIVES"] = "true"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -55,6 +55,12 @@ class HPUMemoryBudget:
                    kv_cache=kv_cache, margin=free - usable)
 
 
+def before_collective() -> Optional[Callable[[], None]]:
+    """`mark_step` in lazy mode (the bridge's `is_lazy()` decides): a collective must
+    see materialized tensors, not a pending lazy graph. None in eager/compile mode."""
+    return hpu.mark_step if hpu.is_lazy() else None
+
+
 class HPUWorker(WorkerBase):
 
     def init_device(self) -> None:
@@ -67,7 +73,8 @@ class HPUWorker(WorkerBase):
         self.selected_device = self._select_device()
         if not hpu.is_fake_hpu() and self.vllm_config.parallel_config.world_size > 1:
             importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers hccl
-        self.init_distributed("gloo" if hpu.is_fake_hpu() else "hccl")
+        self.init_distributed("gloo" if hpu.is_fake_hpu() else "hccl",
+                              before_collective=before_collective())
         from vllm.platforms import current_platform
         current_platform.seed_everything(self.vllm_config.model_config.seed)
         self.model_runner = HPUModelRunner(self.vllm_config,

@@ -7,7 +7,7 @@ the driver's output (rank 0 of the last pipeline stage's TP group) is returned.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Callable, Optional
 
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -40,15 +40,18 @@ class WorkerBase:
         """The device this worker runs on (an RPC: replicas and ranks can be checked)."""
         return self.device_index
 
-    def init_distributed(self, backend: str) -> None:
-        """Set up process groups when there is more than one rank."""
+    def init_distributed(self, backend: str,
+                         before_collective: Optional[Callable[[], None]] = None) -> None:
+        """Set up process groups when there is more than one rank (`before_collective`:
+        see `initialize_model_parallel`)."""
         pc = self.vllm_config.parallel_config
         if pc.world_size == 1:
             return
         from vllm.distributed import init_distributed_environment, initialize_model_parallel
         init_distributed_environment(pc.world_size, self.rank, self.distributed_init_method,
                                      self.local_rank, backend)
-        initialize_model_parallel(pc.tensor_parallel_size, pc.pipeline_parallel_size)
+        initialize_model_parallel(pc.tensor_parallel_size, pc.pipeline_parallel_size,
+                                  before_collective)
 
     def load_model(self) -> None:
         self.model_runner.load_model()
