@@ -77,6 +77,11 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     # ---- HPU (see HPU.md) ----
     "PT_HPU_LAZY_MODE": (int, 0, "1: lazy mode (HPU graphs); 0: eager / torch.compile."),
     "PT_HPU_ENABLE_LAZY_COLLECTIVES": (_bool, False, "Required for TP with HPU graphs."),
+    "PT_HPU_WEIGHT_SHARING": (_bool, True, "Gaudi bridge: share weights between host and "
+                              "device tensors; the HPU plugin sets 0 unless given."),
+    "RUNTIME_SCALE_PATCHING": (_bool, False, "Gaudi FP8: patch scales at run time (one "
+                               "graph for all scales); the HPU plugin sets 1 in eager / "
+                               "torch.compile mode unless given."),
     "VLLM_SKIP_WARMUP": (_bool, False, "Skip bucket warmup (first requests then compile)."),
     "VLLM_EXPONENTIAL_BUCKETING": (_bool, True, "Exponential buckets (default) or linear."),
     "VLLM_GRAPH_RESERVED_MEM": (float, 0.1, "Share of usable memory kept for HPU graphs."),

@@ -13,10 +13,18 @@ yet the model must run what a Gaudi runs (the hpex kernels), not the CPU-native 
 Plugins may replace a registered op with their own subclass (`register_oot`), as
 vLLM's out-of-tree platforms do; the replacement is built wherever the in-tree class
 is constructed, so models need no change.
+
+A platform may instead register just a forward function for an op
+(`register_forward(name, device)`): it is bound to every instance of the op and of
+its subclasses (e.g. the scaled rotary embeddings) built on that platform, in place
+of `forward_<device>`. The HPU kernels are bound this way by the HPU plugin's
+`register_ops()` (vllm/platforms/hpu_plugin.py), so the layers themselves carry no
+Gaudi code and a CPU process never imports it.
 """
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any, Callable, Optional
 
 from torch import nn
@@ -31,6 +39,8 @@ class CustomOp(nn.Module):
     """name -> in-tree class (`@CustomOp.register(name)`)."""
     oot_registry: dict[str, type["CustomOp"]] = {}
     """name -> out-of-tree replacement (`@CustomOp.register_oot(name)`)."""
+    platform_forwards: dict[str, dict[str, Callable[..., Any]]] = {}
+    """device name -> {op name -> forward(self, ...)} (`CustomOp.register_forward`)."""
     name: str = ""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "CustomOp":
@@ -66,6 +76,9 @@ class CustomOp(nn.Module):
     def dispatch_forward(self) -> Callable[..., Any]:
         """The bound method for the current platform (called once, at construction)."""
         from vllm.platforms import current_platform
+        registered = self.registered_forward(current_platform.device_name)
+        if registered is not None:
+            return registered
         if current_platform.is_hpu():
             return self.forward_hpu
         if current_platform.is_cpu():
@@ -73,6 +86,16 @@ class CustomOp(nn.Module):
         if current_platform.is_cuda():
             return self.forward_cuda
         return self.forward_oot
+
+    def registered_forward(self, device: str) -> Optional[Callable[..., Any]]:
+        """The function registered for `device` under this op's name (or the name of
+        the nearest registered base class), bound to this instance; else None."""
+        table = CustomOp.platform_forwards.get(device, {})
+        for klass in type(self).__mro__:
+            fn = table.get(klass.__dict__.get("name", ""))
+            if fn is not None:
+                return types.MethodType(fn, self)
+        return None
 
     @property
     def forward_method_name(self) -> str:
@@ -105,4 +128,17 @@ class CustomOp(nn.Module):
             logger.info("Custom op %r replaced by %s.%s", key, op_cls.__module__,
                         op_cls.__qualname__)
             return op_cls
+        return decorator
+
+    @classmethod
+    def register_forward(cls, name: str, device: str
+                         ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: `fn(self, ...)` is the forward of op `name` on platforms whose
+        `device_name` is `device` (ops built afterwards)."""
+        def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if name not in cls.op_registry:
+                raise ValueError(f"no custom op named {name!r}; known: "
+                                 f"{', '.join(sorted(cls.op_registry))}.")
+            cls.platform_forwards.setdefault(device, {})[name] = fn
+            return fn
         return decorator

@@ -40,10 +40,17 @@ def _detect_builtin() -> str:
         return env
     if envs.VLLM_USE_FAKE_HPU:
         return "hpu"
+    has_habana = importlib.util.find_spec("habana_frameworks") is not None
     recorded = _recorded_target()
+    if recorded == "hpu" and not has_habana:
+        # Visible, not silent: a +gaudi build off a Gaudi image runs the HPU code
+        # path on the CPU stand-ins (vllm/hpu); VLLM_TARGET_DEVICE=cpu picks the CPU.
+        logger.warning("This build targets Intel Gaudi but habana_frameworks is not "
+                       "installed: running the fake HPU (set VLLM_TARGET_DEVICE=cpu "
+                       "for the CPU platform).")
     if recorded in _BUILTIN:
         return recorded
-    if importlib.util.find_spec("habana_frameworks") is not None:
+    if has_habana:
         return "hpu"
     try:
         import torch

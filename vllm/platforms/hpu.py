@@ -35,6 +35,10 @@ class HpuPlatform(Platform):
         self.torch_device = hpu.torch_device_type()
         # HCCL exists only on Gaudi; the fake HPU's processes talk over gloo.
         self.dist_backend = "gloo" if self.is_fake else "hccl"
+        # The HPU kernels of the custom ops (also bound by the HPU build's
+        # `register_ops` plugin; this covers a platform chosen without entry points).
+        from vllm.model_executor.layers.hpu_ops import register_hpu_ops
+        register_hpu_ops()
 
     def default_block_size(self) -> int:
         return 128  # 16/32 under-use Gaudi's matrix engine

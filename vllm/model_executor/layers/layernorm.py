@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm import hpu
 from vllm.model_executor.custom_op import CustomOp
 from vllm.native import cpu_ops
 
@@ -26,7 +25,8 @@ class RMSNorm(CustomOp):
       computes HF's formula with HF's roundings; the residual form then works in place
       as vLLM's `fused_add_rms_norm` does: `residual` becomes the sum and `x` its norm
       (callers pass tensors they own).
-    - HPU: Gaudi's `FusedRMSNorm` kernel after the add.
+    - HPU: Gaudi's `FusedRMSNorm` kernel after the add (vllm/model_executor/layers/
+      hpu_ops.py, bound by the HPU plugin's `register_ops`).
     - elsewhere: `F.rms_norm`, one call instead of eight elementwise ops; in bf16 it
       rounds once at the end where HF rounds before the weight multiply.
     """
@@ -57,14 +57,6 @@ class RMSNorm(CustomOp):
                 cpu_ops.rms_norm(x, self.weight, self.variance_epsilon, residual=residual, out=x)
                 return x, residual
         return self.forward_native(x, residual)
-
-    def forward_hpu(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
-                    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        if residual is not None:
-            x = x + residual
-            residual = x
-        out = hpu.FusedRMSNorm.apply(x, self.weight, self.variance_epsilon)
-        return out if residual is None else (out, residual)
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"

@@ -13,7 +13,6 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from vllm import hpu
 from vllm.model_executor.custom_op import CustomOp
 from vllm.native import cpu_ops
 
@@ -29,7 +28,8 @@ class RotaryEmbedding(CustomOp):
     `forward(positions, query, key)` per platform (chosen once, see CustomOp):
     - CPU: the native kernel rotates query and key in place (one call when they are
       neighbouring views of a fused qkv projection) and returns them;
-    - HPU: Gaudi's `apply_rotary_pos_emb` kernel on cos/sin gathered by position;
+    - HPU: Gaudi's `apply_rotary_pos_emb` kernel on cos/sin gathered by position
+      (vllm/model_executor/layers/hpu_ops.py, bound by the HPU plugin's `register_ops`);
     - elsewhere: `rotate` in torch (new tensors).
     """
 
@@ -89,33 +89,6 @@ class RotaryEmbedding(CustomOp):
         if x.dim() == 3 and x.shape[2] == self.head_size and x.stride(1) == self.head_size:
             return x.view(x.shape[0], -1)
         return None
-
-    def forward_hpu(self, positions: torch.Tensor, query: torch.Tensor,
-                    key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Gaudi's kernel wants cos/sin at the full rotary width (halves or pairs
-        repeated, by mode) and rotates what it is given, so the pass-through part of
-        a partial rotary is split off here."""
-        cos, sin = self.cos_sin_cache.index_select(0, positions.view(-1)).chunk(2, dim=-1)
-        if self.is_neox_style:
-            mode = hpu.RotaryPosEmbeddingMode.BLOCKWISE
-            cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-        else:
-            mode = hpu.RotaryPosEmbeddingMode.PAIRWISE
-            cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [T, 1, rotary_dim]
-        return (self._hpu_rotate(query, cos, sin, mode),
-                self._hpu_rotate(key, cos, sin, mode))
-
-    def _hpu_rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                    mode: Any) -> torch.Tensor:
-        heads = x.reshape(x.shape[0], -1, self.head_size)
-        rd = self.rotary_dim
-        if rd == self.head_size:
-            out = hpu.apply_rotary_pos_emb(heads, cos, sin, None, 0, mode)
-        else:
-            rotated = hpu.apply_rotary_pos_emb(heads[..., :rd], cos, sin, None, 0, mode)
-            out = torch.cat((rotated, heads[..., rd:]), dim=-1)
-        return out.reshape(x.shape)
 
     def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Rotate every head of `x` [T, heads, head_size]; returns a new tensor.

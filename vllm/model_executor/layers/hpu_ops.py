@@ -1,0 +1,77 @@
+"""The HPU forward of each custom op: Gaudi's fused kernels, bound by `register_hpu_ops`.
+
+Kept apart from the layers so that a CPU process never imports the HPU stack
+(`vllm.hpu`, hence `habana_frameworks` on a Gaudi image), and so the binding is an
+explicit step: the HPU plugin's `register_ops()` entry point runs it in every process
+of an HPU build, and the HPU platform runs it when it is built (a platform chosen
+without the entry points: a source checkout, VLLM_USE_FAKE_HPU on a CPU build).
+Each function is the forward of its op (`self` is the layer) for the op and every
+subclass of it (see `CustomOp.register_forward`).
+
+Ops without an entry here (silu_and_mul: Gaudi's graph compiler fuses the two ops
+itself) run their `forward_hpu`, which defaults to `forward_native`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from vllm import hpu
+from vllm.model_executor.custom_op import CustomOp
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+
+def rms_norm_hpu(self: RMSNorm, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+                 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Gaudi's `FusedRMSNorm` after the residual add (same contract as RMSNorm)."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    out = hpu.FusedRMSNorm.apply(x, self.weight, self.variance_epsilon)
+    return out if residual is None else (out, residual)
+
+
+def rotary_embedding_hpu(self: RotaryEmbedding, positions: torch.Tensor,
+                         query: torch.Tensor, key: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaudi's kernel wants cos/sin at the full rotary width (halves or pairs
+    repeated, by mode) and rotates what it is given, so the pass-through part of
+    a partial rotary is split off in `_rotate_hpu`."""
+    cos, sin = self.cos_sin_cache.index_select(0, positions.view(-1)).chunk(2, dim=-1)
+    if self.is_neox_style:
+        mode = hpu.RotaryPosEmbeddingMode.BLOCKWISE
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    else:
+        mode = hpu.RotaryPosEmbeddingMode.PAIRWISE
+        cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [T, 1, rotary_dim]
+    return (_rotate_hpu(self, query, cos, sin, mode), _rotate_hpu(self, key, cos, sin, mode))
+
+
+def _rotate_hpu(rope: RotaryEmbedding, x: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, mode: Any) -> torch.Tensor:
+    heads = x.reshape(x.shape[0], -1, rope.head_size)
+    rd = rope.rotary_dim
+    if rd == rope.head_size:
+        out = hpu.apply_rotary_pos_emb(heads, cos, sin, None, 0, mode)
+    else:
+        rotated = hpu.apply_rotary_pos_emb(heads[..., :rd], cos, sin, None, 0, mode)
+        out = torch.cat((rotated, heads[..., rd:]), dim=-1)
+    return out.reshape(x.shape)
+
+
+HPU_FORWARDS: dict[str, Callable[..., Any]] = {
+    "rms_norm": rms_norm_hpu,
+    "rotary_embedding": rotary_embedding_hpu,
+}
+"""op name -> its HPU forward."""
+
+
+def register_hpu_ops() -> list[str]:
+    """Bind every HPU forward (idempotent; affects ops built afterwards); returns the
+    op names bound."""
+    for name, fn in HPU_FORWARDS.items():
+        CustomOp.register_forward(name, "hpu")(fn)
+    return sorted(HPU_FORWARDS)
