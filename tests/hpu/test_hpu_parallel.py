@@ -178,3 +178,60 @@ def test_ray_workers_get_the_gaudi_runtime_variables(monkeypatch):
     assert vllm_env_vars() == {"VLLM_SKIP_WARMUP": "true", "PT_HPU_LAZY_MODE": "1",
                                "PT_HPU_ENABLE_LAZY_COLLECTIVES": "true",
                                "HABANA_LOGS": "/tmp/habana_logs"}
+
+
+def test_graph_budget_is_the_minimum_over_tp_ranks(tiny, monkeypatch):
+    """A rank with room for every graph captures only what its TP peer's smaller graph
+    memory allows (the peer's budget fits one prompt graph of two), and every capture
+    counts the larger of the two ranks' measurements."""
+    from tests.hpu.conftest import runner_of
+    from vllm import hpu
+    from vllm.worker import hpu_warmup
+    from vllm.worker.hpu_bucketing import Bucket
+    path, expected = tiny
+
+    class PeerGroup:
+        """This rank plus a peer with 80 KiB of graph memory measuring 1 byte more."""
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, int]] = []
+
+        def all_reduce_int(self, value: int, op: str) -> int:
+            self.calls.append((op, value))
+            return min(value, 80 << 10) if op == "min" else max(value, value + 1)
+
+    env = dict(SMALL_BUCKETS, PT_HPU_LAZY_MODE="1", VLLM_SKIP_WARMUP="1",
+               VLLM_GRAPH_PROMPT_RATIO="0.5")
+    with platform_env("hpu", **env):
+        llm = make_llm(model=path, enable_prefix_caching=False, **TINY)
+        runner = runner_of(llm)
+        runner.mem_margin = hpu.mem_get_info()[0] - (4 << 20)  # 4 MiB here: all would fit
+        peers = PeerGroup()
+        monkeypatch.setattr(hpu_warmup, "get_tp_group", lambda: peers)
+        runner.warmup_model()
+        prompt_graphs = {b for p, b in runner.graphed_buckets if p}
+        decode_graphs = {b for p, b in runner.graphed_buckets if not p}
+        assert prompt_graphs == {Bucket(1, 128, 0)}
+        assert decode_graphs == set(runner.bucketing.decode_buckets)
+        assert peers.calls[0] == ("min", 4 << 20)
+        assert [op for op, _ in peers.calls[1:]] == ["max"] * len(runner.graphed_buckets)
+        assert _generate(llm) == expected
+        release(llm)
+
+
+@pytest.mark.timeout(240)
+def test_tp_ranks_with_different_memory_capture_the_same_buckets(tiny):
+    """Device 1 has no memory left after the weights (VLLM_FAKE_HPU_MEMORY_GB lists one
+    size per device): rank 0, with 16 GiB, captures no graph either, so no rank ever
+    replays a graph (and its collectives) while its peer runs eagerly."""
+    path, expected = tiny
+    with platform_env("hpu", PT_HPU_LAZY_MODE="1", VLLM_FAKE_HPU_MEMORY_GB="16,0.001",
+                      **SMALL_BUCKETS):
+        llm = make_llm(model=path, tensor_parallel_size=2, distributed_executor_backend="mp",
+                       **TINY)
+        executor = llm.llm_engine.engine_core.executor
+        assert executor.collective_rpc("get_device_index") == [0, 1]
+        assert _generate(llm) == expected
+        stats = executor.collective_rpc("get_compile_stats")
+        assert [s["num_graphed_buckets"] for s in stats] == [0, 0]
+        assert [s["num_compiles_after_warmup"] for s in stats] == [0, 0]
+        release(llm)

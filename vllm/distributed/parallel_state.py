@@ -81,6 +81,18 @@ class GroupCoordinator:
         dist.all_reduce(x, group=self.device_group)
         return x
 
+    def all_reduce_int(self, value: int, op: str = "sum") -> int:
+        """`value` reduced over the group ("sum", "min" or "max"), on the CPU group:
+        host-side numbers the ranks must agree on (e.g. a memory budget)."""
+        ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+        if op not in ops:
+            raise ValueError(f"op must be one of {sorted(ops)}, got {op!r}.")
+        if self.world_size == 1:
+            return int(value)
+        t = torch.tensor([int(value)], dtype=torch.int64)
+        dist.all_reduce(t, op=ops[op], group=self.cpu_group)
+        return int(t.item())
+
     def all_gather(self, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate every member's `x` along `dim`, in group order."""
         if self.world_size == 1:

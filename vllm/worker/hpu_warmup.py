@@ -9,6 +9,11 @@ captured in VLLM_GRAPH_PROMPT_STRATEGY order and decode buckets in
 VLLM_GRAPH_DECODE_STRATEGY order. A bucket whose estimated memory (tokens times
 the bytes per token measured so far in its phase) does not fit is skipped and
 keeps running without a graph; memory one phase leaves over goes to the other.
+
+With tensor parallelism the ranks must capture the same buckets (a graph holds the
+layers' collectives, so a rank replaying one while its peer runs eagerly would not
+match), so the graph memory is the minimum over the TP ranks' and each capture
+counts the most memory any rank measured: every rank then takes the same decisions.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from tqdm import tqdm
 
 from vllm import envs, hpu
+from vllm.distributed.parallel_state import get_tp_group
 from vllm.worker.hpu_bucketing import Bucket
 from vllm.worker.hpu_log import format_bytes, log_graph_memory, log_warmup_step
 
@@ -140,7 +146,8 @@ class HPUWarmup:
     def _capture_graphs(self, prompt: list[Bucket], decode: list[Bucket]) -> None:
         runner = self.runner
         ratio = _check_ratio("VLLM_GRAPH_PROMPT_RATIO", envs.VLLM_GRAPH_PROMPT_RATIO, True)
-        graph_mem = max(0, self._free() - runner.mem_margin)
+        graph_mem = get_tp_group().all_reduce_int(max(0, self._free() - runner.mem_margin),
+                                                  "min")
         prompt_budget = int(graph_mem * ratio)
         decode_budget = graph_mem - prompt_budget
         prompt_order = order_for_capture(prompt, True, envs.VLLM_GRAPH_PROMPT_STRATEGY)
@@ -180,7 +187,7 @@ class HPUWarmup:
             self.runner.capture_graph(is_prompt, bucket)
             hpu.synchronize()
             progress.update(1)
-            return before - self._free()
+            return get_tp_group().all_reduce_int(before - self._free(), "max")
 
         try:
             return capture_within_budget(buckets, budget,
