@@ -16,9 +16,8 @@ READ = re.compile(r"os\.getenv\(|os\.environ\.get\(|in os\.environ\b|os\.environ
 ALLOWED = {
     # Saves and restores a Ray variable it sets for the local cluster's processes.
     ("vllm/executor/ray_utils.py", "old_env = os.environ.get(var)"),
-    # Forwards the VLLM_* variables as given (unparsed) to workers on other nodes.
-    ("vllm/executor/ray_utils.py",
-     'return {k: v for k, v in os.environ.items() if k.startswith("VLLM_")}'),
+    # Forwards the VLLM_* / PT_HPU_* / HABANA_* variables as given (unparsed) to Ray workers.
+    ("vllm/executor/ray_utils.py", "return {k: v for k, v in os.environ.items()"),
 }
 
 
