@@ -14,7 +14,7 @@ from vllm.attention.backends import torch_sdpa
 from vllm.attention.backends.torch_sdpa import (PrefillSeq, TorchSDPABackendImpl,
                                                 build_metadata, context_slots,
                                                 group_decodes)
-from vllm.native import cpu_ops
+from vllm.native import cpu_ops, prefill_ops
 
 HQ, HKV, D, BS = 6, 2, 16, 4
 
@@ -43,12 +43,16 @@ def test_context_slots_follow_the_block_table():
     assert not slots[:, 6:].any() and valid.sum(1).tolist() == [6, 3]
 
 
-@pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])
+@pytest.mark.parametrize("native,flash", [(False, False), (True, False), (True, True)],
+                         ids=["torch", "native", "native-flash"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-def test_mixed_step_matches_dense_attention(dtype, tol, native):
-    """Decodes through the padded groups (torch) or the native kernel (vllm/native)."""
+def test_mixed_step_matches_dense_attention(dtype, tol, native, flash):
+    """Decodes through the padded groups (torch) or the native kernel (vllm/native);
+    prefills through SDPA or (flash) the native prefill kernel, in the same step."""
     if native and not cpu_ops.usable(torch.empty(0)):
         pytest.skip("native CPU kernels unavailable")
+    if flash and prefill_ops.get_prefill_lib() is None:
+        pytest.skip("native prefill kernel unavailable")
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     num_blocks = 64
@@ -76,7 +80,7 @@ def test_mixed_step_matches_dense_attention(dtype, tol, native):
         slot_map += [table[p // BS] * BS + p % BS for p in range(total - new, total)]
         if i >= 3:
             prefills.append(PrefillSeq(query_start=offset, query_len=new,
-                                       context_len=total - new))
+                                       context_len=total - new, flash=flash))
             prefill_blocks.append(table)
         offset += new
     decode_table = np.zeros((3, 5), dtype=np.int64)
@@ -86,6 +90,7 @@ def test_mixed_step_matches_dense_attention(dtype, tol, native):
                         np.array([s[0] for s in seqs[:3]]), prefills, prefill_blocks, BS, "cpu",
                         native=native)
     assert (md.decode_block_table is not None) == native
+    assert (md.flash is not None) == flash
     q, k, v = (torch.cat(x) for x in (q_rows, k_rows, v_rows))
     out = TorchSDPABackendImpl().forward(_Layer(), q.reshape(len(q), -1), k.reshape(len(k), -1),
                                          v.reshape(len(v), -1), cache, md)

@@ -1,21 +1,24 @@
 """The CPU model runner: token-major layout, torch_sdpa / native attention metadata.
 
 The batch is flattened token-major with no padding (`flat_layout.py`), row-wise
-requests first: every decode and, with the native kernel, every prefill of up to
-NATIVE_PREFILL_MAX_LEN tokens (see torch_sdpa.py for why), decodes ordered by
-context length. Logits are computed only at rows that sample (the last token of a
-request that has caught up with its known tokens); prompt logprobs, sampling and
-the output are the base's (`model_runner_base.py`).
+requests first: every decode and, with the native kernel, the prefills whose length
+bucket the start-up measurement (prefill_choice.py) gave to the paged decode kernel;
+decodes ordered by context length. Other prefills are marked for the native blocked
+prefill kernel or SDPA, again by that measurement. Logits are computed only at rows
+that sample (the last token of a request that has caught up with its known tokens);
+prompt logprobs, sampling and the output are the base's (`model_runner_base.py`).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
+from vllm.attention.backends import prefill_choice
+from vllm.attention.backends.prefill_choice import FLASH, ROWWISE, SDPA, PrefillPlan
 from vllm.attention.backends.torch_sdpa import NATIVE_PREFILL_MAX_LEN, TorchSDPABackendImpl
 from vllm.config import VllmConfig
 from vllm.core.sched_output import SchedulerOutput
@@ -37,6 +40,8 @@ class CPUModelRunner(ModelRunnerBase):
             self.device.type == "cpu" and self.dtype in cpu_ops.DTYPE_CODES
             and isinstance(self.attn_impl, TorchSDPABackendImpl)
             and cpu_ops.usable(torch.empty(0, dtype=self.dtype)))
+        self.prefill_plan: Optional[PrefillPlan] = None
+        """Prefill attention kernel by length, measured after loading (prefill_choice)."""
         if self.device.type == "cpu":
             keep_freed_memory_mapped()
 
@@ -49,6 +54,12 @@ class CPUModelRunner(ModelRunnerBase):
             if self.device.type == "cpu":
                 from vllm.model_executor.layers.cpu_gemm import pack_linear_weights
                 pack_linear_weights(self.model)
+        if self.native_attention:
+            tp = self.vllm_config.parallel_config.tensor_parallel_size
+            heads = max(1, self.model_config.hf_config.num_attention_heads // tp)
+            self.prefill_plan = prefill_choice.choose_plan(
+                heads, self._kv_heads_per_rank(), self.model_config.get_head_size(),
+                self.dtype)
         from vllm.lora.models import create_lora_manager
         self.lora_manager = create_lora_manager(self.model, self.vllm_config, self.device,
                                                 static_shapes=False)
@@ -66,14 +77,23 @@ class CPUModelRunner(ModelRunnerBase):
             self.model_config.get_head_size()))
 
     # ------------------------------------------------------------- inputs
+    def _prefill_kind(self, total_len: int) -> str:
+        """The attention kernel of a prefill whose sequence is `total_len` tokens long
+        after this step: the measured plan, or without the prefill kernel the fixed
+        rule (rowwise up to NATIVE_PREFILL_MAX_LEN tokens, then SDPA)."""
+        if not self.native_attention:
+            return SDPA
+        if self.prefill_plan is None:
+            return ROWWISE if total_len <= NATIVE_PREFILL_MAX_LEN else SDPA
+        return self.prefill_plan.kind_for(total_len)
+
     def _is_row_wise(self, req_id: str, n: int) -> bool:
         """Whether this request's n new tokens go through the paged single-query
-        kernel, one row per token: every decode, and with the native kernel also short
-        prefills (see NATIVE_PREFILL_MAX_LEN)."""
+        kernel, one row per token: every decode, and prefills where that kernel is
+        the choice for their length (`_prefill_kind`)."""
         if n == 1:
             return True
-        return (self.native_attention and
-                self.requests[req_id].num_computed_tokens + n <= NATIVE_PREFILL_MAX_LEN)
+        return self._prefill_kind(self.requests[req_id].num_computed_tokens + n) == ROWWISE
 
     def _prepare_inputs(self, so: SchedulerOutput) -> list[ForwardPass]:
         """One token-major pass without padding (see flat_layout.py)."""
@@ -81,6 +101,8 @@ class CPUModelRunner(ModelRunnerBase):
                                             self._is_row_wise)
         flat = build_flat_layout(self.requests, req_ids, so.num_scheduled_tokens,
                                  num_row_wise, self.block_size)
+        for seq in flat.prefills:
+            seq.flash = self._prefill_kind(seq.context_len + seq.query_len) == FLASH
         return [flat_forward_pass(flat, req_ids, self.block_size, self.device,
                                   self.native_attention, self._long_tensor)]
 

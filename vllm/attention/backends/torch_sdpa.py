@@ -22,8 +22,11 @@ cache by another. The runner then builds only the int32 block table and lengths,
 also sends short prefills that way, one row per token (NATIVE_PREFILL_MAX_LEN): in
 the metadata a "decode" is any row of that kernel.
 
-The remaining sequences ("prefills": a whole prompt or a chunk of one) go one by one
-through `scaled_dot_product_attention`: causal when nothing precedes them in the
+The remaining sequences ("prefills": a whole prompt or a chunk of one) go, where
+prefill_choice.py measured it fastest for their length, through the native blocked
+prefill kernel (vllm/native/prefill_ops.cpp: all of them in one call per layer,
+straight from the paged cache, context included); otherwise one by one through
+`scaled_dot_product_attention`: causal when nothing precedes them in the
 cache, with an explicit mask over the gathered context otherwise. Slots, biases,
 masks and the value index are built once per step and shared by every layer.
 
@@ -43,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm.attention.ops.masked_attention import masked_attention
-from vllm.native import cpu_ops
+from vllm.native import cpu_ops, prefill_ops
 
 
 @dataclass
@@ -57,6 +60,19 @@ class PrefillSeq:
     context_len > 0)."""
     mask: Optional[torch.Tensor] = None
     """[query_len, context_len + query_len] bool, True = may attend."""
+    flash: bool = False
+    """Attended by the native prefill kernel (prefill_choice.py chose it for its
+    length) instead of SDPA, in layers without a window, soft-cap or ALiBi."""
+
+
+@dataclass
+class FlashPrefills:
+    """The native prefill kernel's view of the step's `flash` prefills (int32)."""
+    block_table: torch.Tensor
+    """[num_flash, max_blocks] block ids of each sequence."""
+    query_start: torch.Tensor
+    query_len: torch.Tensor
+    context_len: torch.Tensor
 
 
 @dataclass
@@ -130,6 +146,8 @@ class TorchSDPAMetadata:
     decode_rows: Optional[tuple[torch.Tensor, torch.Tensor]] = None
     """(block table [num_decodes, max_blocks] int64, context lengths [num_decodes] int64)
     of the decodes, for layers with a sliding window or a soft-cap (`_masked_decode`)."""
+    flash: Optional[FlashPrefills] = None
+    """The prefills marked `flash`, for one native prefill kernel call per layer."""
 
 
 NATIVE_PREFILL_MAX_LEN = 512
@@ -227,6 +245,8 @@ def build_metadata(slot_mapping: torch.Tensor, decode_block_table: Optional[np.n
             bias = np.where(valid, np.float32(0.0), np.float32(-np.inf))
             group.bias = torch.from_numpy(bias).to(device)
         md.decode_groups.append(group)
+    if native:
+        md.flash = flash_prefills(prefills, prefill_block_ids, block_size)
     for seq, blocks in zip(prefills, prefill_block_ids):
         if seq.context_len == 0:
             continue
@@ -238,6 +258,23 @@ def build_metadata(slot_mapping: torch.Tensor, decode_block_table: Optional[np.n
         k_pos = torch.arange(total, device=device)[None, :]
         seq.mask = k_pos <= q_pos
     return md
+
+
+def flash_prefills(prefills: list[PrefillSeq], prefill_block_ids: Sequence[Sequence[int]],
+                   block_size: int) -> Optional[FlashPrefills]:
+    """The native prefill kernel's tensors for the prefills marked `flash` (None if none)."""
+    chosen = [(seq, blocks) for seq, blocks in zip(prefills, prefill_block_ids) if seq.flash]
+    if not chosen:
+        return None
+    need = [-(-(seq.context_len + seq.query_len) // block_size) for seq, _ in chosen]
+    table = np.zeros((len(chosen), max(need)), dtype=np.int32)
+    for row, ((_, blocks), n) in enumerate(zip(chosen, need)):
+        table[row, :n] = blocks[:n]
+    ints = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
+    return FlashPrefills(block_table=torch.from_numpy(table),
+                         query_start=ints([s.query_start for s, _ in chosen]),
+                         query_len=ints([s.query_len for s, _ in chosen]),
+                         context_len=ints([s.context_len for s, _ in chosen]))
 
 
 class TorchSDPABackendImpl:
@@ -270,7 +307,14 @@ class TorchSDPABackendImpl:
         for group in groups:
             out[group.start:group.end] = self._decode(q[group.start:group.end], k_cache,
                                                       v_cache, group, layer)
+        if md.flash is not None:
+            f = md.flash
+            prefill_ops.prefill_attention(query, kv_cache, f.block_table, f.query_start,
+                                          f.query_len, f.context_len, hq, md.block_size,
+                                          layer.scale, out)
         for seq in md.prefills:
+            if seq.flash and md.flash is not None:
+                continue
             s, e = seq.query_start, seq.query_start + seq.query_len
             if seq.context_len == 0:
                 out[s:e] = _sdpa(q[s:e], k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),

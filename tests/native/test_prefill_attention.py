@@ -1,0 +1,169 @@
+"""The blocked prefill attention kernel (vllm/native/prefill_ops.cpp) against a float64
+naive reference: ragged query lengths and tails of both tile sizes, contexts from prefix
+hits or earlier chunks, GQA, head sizes 64 / 128 / 80, float32 and bf16, a shuffled
+block table, strided query rows."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vllm.native import prefill_ops
+
+pytestmark = pytest.mark.skipif(prefill_ops.get_prefill_lib() is None,
+                                reason="native prefill kernel unavailable")
+
+BLOCK = 16
+
+
+def _reference(q: torch.Tensor, cache: torch.Tensor, table: list[list[int]],
+               starts: list[int], lens: list[int], ctxs: list[int], hq: int,
+               scale: float) -> torch.Tensor:
+    """Plain float64 softmax(q k^T * scale, causal) v per sequence and head."""
+    _, hkv, _, d = cache.shape
+    out = torch.zeros(q.shape[0], hq * d, dtype=torch.float64)
+    for blocks, s, n, c in zip(table, starts, lens, ctxs):
+        pos = torch.arange(c + n)
+        slots = torch.tensor(blocks)[pos // BLOCK] * BLOCK + pos % BLOCK
+        k = cache[0][:, slots].double()
+        v = cache[1][:, slots].double()
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            qh = q[s:s + n, h * d:(h + 1) * d].double()
+            scores = qh @ k[kh].T * scale
+            causal = pos[None, :] > (c + torch.arange(n))[:, None]
+            scores = scores.masked_fill(causal, -math.inf)
+            out[s:s + n, h * d:(h + 1) * d] = torch.softmax(scores, -1) @ v[kh]
+    return out
+
+
+def _case(dtype, hq, hkv, d, lens, ctxs, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-(c + n) // BLOCK) for n, c in zip(lens, ctxs)]
+    num_blocks = sum(need) + 3
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    table, used = [], 0
+    for k in need:
+        table.append(perm[used:used + k])
+        used += k
+    cache = torch.randn(2, hkv, num_blocks * BLOCK, d, generator=g).to(dtype)
+    total = sum(lens)
+    # q as a strided view into a wider fused projection (q | k | v), as in the models
+    qkv = torch.randn(total, (hq + 2 * hkv) * d, generator=g).to(dtype)
+    q = qkv[:, :hq * d]
+    width = max(need)
+    bt = torch.zeros(len(lens), width, dtype=torch.int32)
+    for i, blocks in enumerate(table):
+        bt[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    starts = [sum(lens[:i]) for i in range(len(lens))]
+    return q, cache, table, bt, starts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv,d", [(6, 2, 64), (4, 4, 128), (3, 1, 80)])
+def test_matches_float64_reference(dtype, hq, hkv, d):
+    # lengths: a single token, tails of 16-row and 32-key tiles, a 2-tile prompt;
+    # contexts: none, a block-aligned prefix hit, an unaligned earlier chunk
+    lens = [1, 17, 33, 40, 5]
+    ctxs = [0, 0, 32, 7, 45]
+    q, cache, table, bt, starts = _case(dtype, hq, hkv, d, lens, ctxs)
+    scale = d ** -0.5
+    out = torch.full((q.shape[0] + 2, hq * d), 7.0, dtype=dtype)
+    prefill_ops.prefill_attention(
+        q, cache, bt, torch.tensor(starts, dtype=torch.int32),
+        torch.tensor(lens, dtype=torch.int32), torch.tensor(ctxs, dtype=torch.int32),
+        hq, BLOCK, scale, out)
+    ref = _reference(q, cache, table, starts, lens, ctxs, hq, scale)
+    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=8e-3, rtol=8e-3)
+    torch.testing.assert_close(out[:q.shape[0]].double(), ref, **tol)
+    assert (out[q.shape[0]:] == 7.0).all()  # rows of no sequence are left alone
+
+
+def test_long_prompt_and_large_context():
+    """Many query tiles and key tiles, scores spread wide (the running max moves)."""
+    lens, ctxs = [300, 129], [0, 260]
+    q, cache, table, bt, starts = _case(torch.bfloat16, 6, 2, 64, lens, ctxs, seed=1)
+    q = q * 4  # sharper softmax: the online rescaling matters
+    out = torch.empty(q.shape[0], 6 * 64, dtype=torch.bfloat16)
+    prefill_ops.prefill_attention(
+        q, cache, bt, torch.tensor(starts, dtype=torch.int32),
+        torch.tensor(lens, dtype=torch.int32), torch.tensor(ctxs, dtype=torch.int32),
+        6, BLOCK, 0.125, out)
+    ref = _reference(q, cache, table, starts, lens, ctxs, 6, 0.125)
+    torch.testing.assert_close(out.double(), ref, atol=8e-3, rtol=8e-3)
+
+
+def test_bad_arguments_are_refused():
+    q, cache, _, bt, _ = _case(torch.float32, 2, 2, 64, [4], [0])
+    ints = torch.tensor([0], dtype=torch.int32)
+    with pytest.raises(ValueError, match="query_len"):
+        prefill_ops.prefill_attention(q, cache, bt, ints, torch.tensor([4]), ints, 2, BLOCK,
+                                      1.0, torch.empty(4, 128))
+    with pytest.raises(ValueError, match="dtype"):
+        prefill_ops.prefill_attention(q, cache, bt, ints, ints + 4, ints, 2, BLOCK, 1.0,
+                                      torch.empty(4, 128, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_engine_with_the_prefill_kernel_matches_transformers(tiny_model_factory, monkeypatch,
+                                                             dtype):
+    """Every prefill through the kernel (plan forced): fresh prompts, a prefix-cache hit
+    (context from cached blocks) and chunked prefill (context from earlier chunks) give
+    transformers' greedy tokens and prompt logprobs. head_dim 64 (hidden 256, 4 heads,
+    2 KV heads): GQA and the full-vector path."""
+    import transformers
+
+    from vllm import LLM, SamplingParams
+    from vllm.attention.backends import prefill_choice
+    from vllm.attention.backends.prefill_choice import FLASH, PrefillPlan
+
+    path = tiny_model_factory("llama", hidden_size=256, intermediate_size=256)
+    monkeypatch.setattr(prefill_choice, "choose_plan", lambda *a: PrefillPlan((FLASH,) * 4))
+    calls = []
+    real = prefill_ops.prefill_attention
+    monkeypatch.setattr(prefill_ops, "prefill_attention",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randint(0, 10000, (48,), generator=g).tolist()
+    prompts = [shared + torch.randint(0, 10000, (n,), generator=g).tolist()
+               for n in (5, 37, 90)] + [torch.randint(0, 10000, (21,), generator=g).tolist()]
+    llm = LLM(model=path, dtype=dtype, max_model_len=512, max_num_batched_tokens=64,
+              enable_prefix_caching=True, seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=6, prompt_logprobs=0)
+    first = llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)
+    rest = llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], params, use_tqdm=False)
+    assert calls, "the prefill kernel was never called"
+    hf_dtype = getattr(torch, dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=hf_dtype)
+    for prompt, out in zip(prompts, first + rest):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            ref = model.generate(ids, max_new_tokens=6, do_sample=False)[0, len(prompt):]
+            logits = model(ids).logits[0].float()
+        assert list(out.outputs[0].token_ids) == ref.tolist()
+        ref_lp = torch.log_softmax(logits[:-1], -1).gather(1, ids[0, 1:, None])[:, 0]
+        got = torch.tensor([next(iter(d.values())).logprob for d in out.prompt_logprobs[1:]])
+        tol = 1e-3 if dtype == "float32" else 0.1
+        torch.testing.assert_close(got, ref_lp, atol=tol, rtol=0)
+
+
+def test_the_plan_takes_the_fastest_kernel_per_length_and_no_rowwise_past_1024(
+        monkeypatch, tmp_path):
+    from vllm.attention.backends import prefill_choice
+    from vllm.attention.backends.prefill_choice import FLASH, ROWWISE, SDPA, plan_from
+
+    timings = [{ROWWISE: [1.0], FLASH: [2.0], SDPA: [3.0]},
+               {ROWWISE: [2.0], FLASH: [1.0], SDPA: [3.0]},
+               {ROWWISE: [1.0], FLASH: [3.0], SDPA: [2.0]}]
+    plan = plan_from(timings)
+    assert plan.kinds == (ROWWISE, FLASH, ROWWISE, SDPA)
+    assert [plan.kind_for(n) for n in (2, 64, 65, 256, 257, 1024, 1025, 8000)] == \
+        [ROWWISE, ROWWISE, FLASH, FLASH, ROWWISE, ROWWISE, SDPA, SDPA]
+    # measured once on this machine, then read back from the cache
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.setattr(prefill_choice.gemm_autotune, "stable", lambda samples: True)
+    first = prefill_choice.choose_plan(4, 2, 16, torch.float32)
+    assert first is not None and len(first.kinds) == 4 and first.kinds[-1] != ROWWISE
+    monkeypatch.setattr(prefill_choice, "measure", lambda *a: pytest.fail("measured again"))
+    assert prefill_choice.choose_plan(4, 2, 16, torch.float32) == first

@@ -1,0 +1,310 @@
+// Prefill attention over the paged KV cache, blocked flash-style (see prefill_ops.py).
+//
+// Why a kernel of its own: a prompt (or a chunk of one, after a prefix-cache hit or an
+// earlier chunk) of T new tokens attends causally to C + T cached positions. Row by
+// row through the decode kernel that reads every key and value once per query row,
+// T * (C + T) row reads per head; one scaled_dot_product_attention call per sequence
+// pays its fixed costs per sequence and, with a context, needs the context gathered
+// out of the cache first. Here a tile of QT query rows (times the query heads sharing
+// a KV head) is scored against tiles of KT keys read straight out of the cache through
+// the block table: each key and value row is read and converted once per query tile,
+// the scores live in a small buffer (online softmax: running max and sum per row), and
+// tiles wholly above the causal diagonal are never touched.
+//
+// Layouts: k_cache / v_cache are one layer's `[kv_heads, num_slots, head_size]`
+// halves (torch_sdpa.py's head-major cache); q rows `[tokens, >= hq * d]` with a row
+// stride; out rows `[tokens, hq * d]` with a row stride. Sequence s owns query rows
+// [query_start[s], query_start[s] + query_len[s]) at positions context_len[s] + r; its
+// K/V for those rows are already in the cache (written before attention).
+//
+// Numerics: scores, softmax and the P.V sums in float32; one rounding to the output
+// dtype at the end. Plain C++ with GCC vector types for the register-blocked products
+// (QK^T and P.V as small matrix blocks held in registers), so -O3 -march=native makes
+// AVX2 or AVX-512 code from the same source, no intrinsics.
+// The small helpers below mirror cpu_ops.cpp's (a separate library, built and cached
+// on its own by loader.py).
+//
+// dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16_t).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using bf16 = uint16_t;
+
+inline float to_f(float x) { return x; }
+inline float to_f(bf16 x) {
+  uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <typename T> inline T from_f(float x);
+template <> inline float from_f<float>(float x) { return x; }
+template <> inline bf16 from_f<bf16>(float x) {  // round to nearest even, as torch
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<bf16>(u >> 16);
+}
+
+// exp(x) for x <= 0 without libm, so loops calling it vectorize (cpu_ops.cpp's).
+inline float exp_nonpos(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+constexpr int64_t QT = 16;  // query rows (tokens) per tile, times the group's heads
+constexpr int64_t KT = 32;  // keys per tile: a score row is 4 vectors of 8 floats
+constexpr int MR = 3;       // query rows per register block: 3 x 4 accumulators + loads
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+// 8 floats (one AVX2 register; two halves of nothing on AVX-512, where the compiler
+// still emits 256-bit FMAs): GCC vector extensions keep the register blocks below in
+// registers on every x86 level without intrinsics.
+typedef float v8 __attribute__((vector_size(32)));
+inline v8 load8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store8(float* p, v8 v) { std::memcpy(p, &v, sizeof(v)); }
+inline v8 splat8(float x) { return v8{x, x, x, x, x, x, x, x}; }
+
+struct Seqs {
+  const int32_t* query_start;
+  const int32_t* query_len;
+  const int32_t* context_len;
+  const int32_t* block_table;
+  int64_t bt_stride;
+  int64_t block_size;
+};
+
+// Per-thread scratch: the tile's queries (pre-scaled), K transposed, V, scores, output
+// accumulators and the running max / sum of each of its M = rows * groups query rows.
+struct Scratch {
+  std::vector<float> q, kt, v, s, o, mx, sum;
+  std::vector<int64_t> slots;
+  Scratch(int64_t m, int64_t d)
+      : q(m * d), kt(d * KT), v(KT * d), s(m * KT), o(m * d), mx(m), sum(m), slots(KT) {}
+};
+
+// s[r][0:KT] = q[r] . kt[:, 0:KT] for R query rows: R x 4 accumulators stay in
+// registers while each transposed key row is loaded once for all R rows.
+template <int R>
+inline void qk_block(const float* q, int64_t d, const float* kt, float* s) {
+  v8 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < 4; ++u) acc[r][u] = splat8(0.0f);
+  for (int64_t c = 0; c < d; ++c) {
+    const float* k = kt + c * KT;
+    const v8 k0 = load8(k), k1 = load8(k + 8), k2 = load8(k + 16), k3 = load8(k + 24);
+    for (int r = 0; r < R; ++r) {
+      const v8 b = splat8(q[r * d + c]);
+      acc[r][0] += b * k0;
+      acc[r][1] += b * k1;
+      acc[r][2] += b * k2;
+      acc[r][3] += b * k3;
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < 4; ++u) store8(s + r * KT + 8 * u, acc[r][u]);
+}
+
+// o[r][c0 : c0 + 8 * NV] += sum_j p[r][j] * v[j][c0 : ...] for R rows.
+template <int R, int NV>
+inline void pv_block(const float* p, int64_t kn, const float* v, int64_t d, int64_t c0,
+                     float* o) {
+  v8 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < NV; ++u) acc[r][u] = load8(o + r * d + c0 + 8 * u);
+  for (int64_t j = 0; j < kn; ++j) {
+    v8 vv[NV];
+    for (int u = 0; u < NV; ++u) vv[u] = load8(v + j * d + c0 + 8 * u);
+    for (int r = 0; r < R; ++r) {
+      const v8 b = splat8(p[r * KT + j]);
+      for (int u = 0; u < NV; ++u) acc[r][u] += b * vv[u];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < NV; ++u) store8(o + r * d + c0 + 8 * u, acc[r][u]);
+}
+
+template <int R>
+inline void pv_rows(const float* p, int64_t kn, const float* v, int64_t d, float* o) {
+  int64_t c0 = 0;
+  for (; c0 + 32 <= d; c0 += 32) pv_block<R, 4>(p, kn, v, d, c0, o);
+  for (; c0 + 8 <= d; c0 += 8) pv_block<R, 1>(p, kn, v, d, c0, o);
+  for (; c0 < d; ++c0)  // head sizes that are not a multiple of 8
+    for (int r = 0; r < R; ++r) {
+      float a = o[r * d + c0];
+      for (int64_t j = 0; j < kn; ++j) a += p[r * KT + j] * v[j * d + c0];
+      o[r * d + c0] = a;
+    }
+}
+
+// Masks, exponentiates and folds one score row into its running max and sum; the
+// row's earlier output is rescaled. visible: keys of this tile the row may see.
+inline void online_softmax(float* s, int64_t visible, float& mx, float& sum, float* o,
+                           int64_t d) {
+  if (visible <= 0) {  // the whole tile lies above this row's diagonal
+    std::fill(s, s + KT, 0.0f);
+    return;
+  }
+  float tile_max = NEG_INF;
+  for (int64_t j = 0; j < visible; ++j) tile_max = s[j] > tile_max ? s[j] : tile_max;
+  const float new_max = tile_max > mx ? tile_max : mx;
+  const float alpha = mx == NEG_INF ? 0.0f : exp_nonpos(mx - new_max);
+  float tile_sum = 0.0f;
+#pragma omp simd reduction(+ : tile_sum)
+  for (int64_t j = 0; j < KT; ++j) {
+    const float e = j < visible ? exp_nonpos(s[j] - new_max) : 0.0f;
+    s[j] = e;
+    tile_sum += e;
+  }
+  mx = new_max;
+  sum = sum * alpha + tile_sum;
+  if (alpha != 1.0f) {
+#pragma omp simd
+    for (int64_t c = 0; c < d; ++c) o[c] *= alpha;
+  }
+}
+
+// One tile: rows [r0, r0 + rn) of sequence `i`, the `groups` query heads of KV head kh.
+// Row m = r * groups + g is query head kh * groups + g of token r0 + r.
+template <typename T>
+void prefill_tile(const T* q, int64_t q_stride, const T* kc, const T* vc, const Seqs& sq,
+                  int64_t i, int64_t kh, int64_t r0, int64_t rn, int64_t groups, int64_t d,
+                  float scale, T* out, int64_t out_stride, Scratch& w) {
+  const int64_t ctx = sq.context_len[i], qs = sq.query_start[i];
+  const int32_t* table = sq.block_table + i * sq.bt_stride;
+  const int64_t m_rows = rn * groups;
+  for (int64_t r = 0; r < rn; ++r) {
+    const T* qr = q + (qs + r0 + r) * q_stride + kh * groups * d;
+    for (int64_t g = 0; g < groups; ++g) {
+      float* dst = w.q.data() + (r * groups + g) * d;
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) dst[j] = to_f(qr[g * d + j]) * scale;
+    }
+  }
+  std::fill(w.o.begin(), w.o.begin() + m_rows * d, 0.0f);
+  std::fill(w.mx.begin(), w.mx.begin() + m_rows, NEG_INF);
+  std::fill(w.sum.begin(), w.sum.begin() + m_rows, 0.0f);
+  float* kt = w.kt.data();
+  float* vv = w.v.data();
+  float* sc = w.s.data();
+  float* qf = w.q.data();
+  float* of = w.o.data();
+  const int64_t end = ctx + r0 + rn;  // keys the tile's last row sees
+  for (int64_t k0 = 0; k0 < end; k0 += KT) {
+    const int64_t kn = std::min(KT, end - k0);
+    for (int64_t j = 0; j < kn; ++j) {
+      const int64_t p = k0 + j;
+      w.slots[j] = static_cast<int64_t>(table[p / sq.block_size]) * sq.block_size +
+                   p % sq.block_size;
+    }
+    for (int64_t j = 0; j < kn; ++j) {
+      const T* kr = kc + w.slots[j] * d;
+      const T* vr = vc + w.slots[j] * d;
+      for (int64_t c = 0; c < d; ++c) kt[c * KT + j] = to_f(kr[c]);
+#pragma omp simd
+      for (int64_t c = 0; c < d; ++c) vv[j * d + c] = to_f(vr[c]);
+    }
+    if (kn < KT)
+      for (int64_t c = 0; c < d; ++c) std::fill(kt + c * KT + kn, kt + c * KT + KT, 0.0f);
+    int64_t m = 0;
+    for (; m + MR <= m_rows; m += MR) qk_block<MR>(qf + m * d, d, kt, sc + m * KT);
+    for (; m < m_rows; ++m) qk_block<1>(qf + m * d, d, kt, sc + m * KT);
+    for (m = 0; m < m_rows; ++m) {
+      const int64_t visible = std::min(ctx + r0 + m / groups + 1 - k0, kn);
+      online_softmax(sc + m * KT, visible, w.mx[m], w.sum[m], of + m * d, d);
+    }
+    for (m = 0; m + MR <= m_rows; m += MR) pv_rows<MR>(sc + m * KT, kn, vv, d, of + m * d);
+    for (; m < m_rows; ++m) pv_rows<1>(sc + m * KT, kn, vv, d, of + m * d);
+  }
+  for (int64_t r = 0; r < rn; ++r) {
+    T* orow = out + (qs + r0 + r) * out_stride + kh * groups * d;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t m = r * groups + g;
+      const float inv = 1.0f / w.sum[m];
+      const float* om = of + m * d;
+      for (int64_t c = 0; c < d; ++c) orow[g * d + c] = from_f<T>(om[c] * inv);
+    }
+  }
+}
+
+template <typename T>
+void prefill_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
+                       int64_t num_slots, const Seqs& sq, int64_t num_seqs, int64_t hq,
+                       int64_t hkv, int64_t d, float scale, T* out, int64_t out_stride,
+                       int nthreads) {
+  const int64_t groups = hq / hkv;
+  // Work items (sequence, KV head, query tile), longest-context tiles first so the
+  // dynamic schedule ends with the cheap ones.
+  std::vector<int64_t> items;  // packed: seq, tile
+  for (int64_t i = 0; i < num_seqs; ++i)
+    for (int64_t t = (sq.query_len[i] + QT - 1) / QT - 1; t >= 0; --t) {
+      items.push_back(i);
+      items.push_back(t);
+    }
+  const int64_t n_items = static_cast<int64_t>(items.size()) / 2 * hkv;
+#pragma omp parallel num_threads(nthreads) if (n_items > 1)
+  {
+    Scratch w(QT * groups, d);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const int64_t pair = it / hkv, kh = it % hkv;
+      const int64_t i = items[2 * pair], r0 = items[2 * pair + 1] * QT;
+      const int64_t rn = std::min(QT, static_cast<int64_t>(sq.query_len[i]) - r0);
+      prefill_tile<T>(q, q_stride, k_cache + kh * num_slots * d, v_cache + kh * num_slots * d,
+                      sq, i, kh, r0, rn, groups, d, scale, out, out_stride, w);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int vllm_prefill_ops_version() { return 1; }
+
+void vllm_prefill_attention(int dtype, const void* q, int64_t q_stride, const void* k_cache,
+                            const void* v_cache, int64_t num_slots,
+                            const int32_t* block_table, int64_t bt_stride,
+                            const int32_t* query_start, const int32_t* query_len,
+                            const int32_t* context_len, int64_t num_seqs, int64_t hq,
+                            int64_t hkv, int64_t d, int64_t block_size, float scale,
+                            void* out, int64_t out_stride, int nthreads) {
+  const Seqs sq{query_start, query_len, context_len, block_table, bt_stride, block_size};
+  if (dtype == 0)
+    prefill_attention<float>(static_cast<const float*>(q), q_stride,
+                             static_cast<const float*>(k_cache),
+                             static_cast<const float*>(v_cache), num_slots, sq, num_seqs, hq,
+                             hkv, d, scale, static_cast<float*>(out), out_stride, nthreads);
+  else
+    prefill_attention<bf16>(static_cast<const bf16*>(q), q_stride,
+                            static_cast<const bf16*>(k_cache),
+                            static_cast<const bf16*>(v_cache), num_slots, sq, num_seqs, hq,
+                            hkv, d, scale, static_cast<bf16*>(out), out_stride, nthreads);
+}
+
+}  // extern "C"

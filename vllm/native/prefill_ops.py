@@ -1,0 +1,89 @@
+"""Tensor-level wrapper of the blocked prefill attention kernel (prefill_ops.cpp).
+
+A separate library from cpu_ops (same loader, flags and cache), so the prefill kernel
+builds and changes on its own. `None` library (no compiler, VLLM_CPU_NATIVE_OPS=0,
+failed build): `usable` is false and the torch_sdpa backend keeps its other paths.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import subprocess
+import threading
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from vllm import envs
+from vllm.native.cpu_ops import DTYPE_CODES, _no_output, _rows_ok, _torch_op
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("prefill_ops.cpp")
+_i64, _i32, _f32, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+_SIGNATURE = (_i32, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64,
+              _i64, _i64, _i64, _f32, _ptr, _i64, _i32)
+_lock = threading.Lock()
+_state: dict[str, Optional[ctypes.CDLL]] = {}
+
+
+def get_prefill_lib() -> Optional[ctypes.CDLL]:
+    if "lib" not in _state:
+        with _lock:
+            if "lib" not in _state:
+                _state["lib"] = _load()
+    return _state["lib"]
+
+
+def _load() -> Optional[ctypes.CDLL]:
+    if not envs.VLLM_CPU_NATIVE_OPS:
+        return None
+    from vllm.native.loader import build_library
+    try:
+        lib = ctypes.CDLL(str(build_library(SOURCE)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        logger.warning("Native prefill attention unavailable, using the other paths: %s", e)
+        return None
+    lib.vllm_prefill_attention.argtypes = list(_SIGNATURE)
+    lib.vllm_prefill_attention.restype = None
+    lib.vllm_prefill_ops_version.restype = ctypes.c_int
+    return lib
+
+
+def usable(kv_cache: torch.Tensor) -> bool:
+    """A contiguous float32/bf16 CPU cache and a loaded library."""
+    return (kv_cache.device.type == "cpu" and kv_cache.dtype in DTYPE_CODES
+            and kv_cache.is_contiguous() and get_prefill_lib() is not None)
+
+
+@_torch_op("prefill_attention", ("out",), _no_output)
+def prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                      query_start: torch.Tensor, query_len: torch.Tensor,
+                      context_len: torch.Tensor, num_heads: int, block_size: int,
+                      scale: float, out: torch.Tensor) -> None:
+    """Causal attention of each sequence's new rows to its paged context and itself.
+
+    query: [T, >= num_heads * head_size] (rows may be strided); kv_cache: one layer's
+    `[2, kv_heads, slots, head_size]`, already holding the new rows' K/V; block_table
+    [num_seqs, max_blocks] int32; query_start / query_len / context_len [num_seqs]
+    int32 (sequence s owns query rows [start, start + len) at positions context_len
+    + r); out: [T, num_heads * head_size], written at those rows.
+    """
+    _rows_ok(query, "query")
+    _rows_ok(out, "out")
+    _rows_ok(block_table, "block_table")
+    _, kv_heads, num_slots, head_size = kv_cache.shape
+    for name, t in (("block_table", block_table), ("query_start", query_start),
+                    ("query_len", query_len), ("context_len", context_len)):
+        if t.dtype != torch.int32 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous int32 tensor.")
+    if num_heads % kv_heads or query.dtype != kv_cache.dtype or out.dtype != query.dtype:
+        raise ValueError("num_heads must be a multiple of the cache's KV heads, and query, "
+                         "cache and out must share one dtype.")
+    get_prefill_lib().vllm_prefill_attention(
+        DTYPE_CODES[query.dtype], query.data_ptr(), query.stride(0), kv_cache[0].data_ptr(),
+        kv_cache[1].data_ptr(), num_slots, block_table.data_ptr(), block_table.stride(0),
+        query_start.data_ptr(), query_len.data_ptr(), context_len.data_ptr(),
+        query_len.shape[0], num_heads, kv_heads, head_size, block_size, scale, out.data_ptr(),
+        out.stride(0), torch.get_num_threads())
