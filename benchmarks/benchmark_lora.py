@@ -19,8 +19,10 @@ if __package__ in (None, ""):
 import argparse
 import gc
 import random
+import statistics
 import tempfile
 import time
+from typing import Optional
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -50,10 +52,13 @@ def run(llm, prompts, params, loras) -> float:
     return time.perf_counter() - start
 
 
-def report(label: str, elapsed: float, n: int, in_len: int, out_len: int) -> None:
+def report(label: str, elapsed: float, n: int, in_len: int, out_len: int,
+           samples: Optional[list] = None) -> None:
+    spread = ("" if not samples else " (runs: "
+              + ", ".join(f"{n * out_len / t:.1f}" for t in samples) + ")")
     print(f"[{label}] Throughput: {n / elapsed:.2f} requests/s, "
           f"{n * (in_len + out_len) / elapsed:.2f} total tokens/s, "
-          f"{n * out_len / elapsed:.2f} output tokens/s")
+          f"{n * out_len / elapsed:.2f} output tokens/s{spread}")
 
 
 def main() -> None:
@@ -71,13 +76,17 @@ def main() -> None:
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--kv-cache-mib", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=2,
-                        help="Runs of each workload; the best is reported.")
+                        help="Runs of each workload (interleaved); the median is reported.")
+    parser.add_argument("--adapter-base", default=None,
+                        help="Float model the random adapters are made on (same "
+                             "architecture), for a quantized --model; default --model.")
     parser.add_argument("--no-lora-engine", action="store_true",
                         help="Also time an engine started without --enable-lora.")
     args = parser.parse_args()
     model_path = resolve_model_path(args.model)
     tmp = tempfile.mkdtemp(prefix="lora-bench-")
-    paths = make_adapters(model_path, args.num_adapters, args.lora_rank, tmp)
+    adapter_base = resolve_model_path(args.adapter_base) if args.adapter_base else model_path
+    paths = make_adapters(adapter_base, args.num_adapters, args.lora_rank, tmp)
     loras = [LoRARequest(f"adapter{i}", i + 1, p) for i, p in enumerate(paths)]
     rng = random.Random(0)
     prompts = [{"prompt_token_ids": [rng.randrange(100, 20000) for _ in range(args.input_len)]}
@@ -93,19 +102,24 @@ def main() -> None:
               max_lora_rank=max(16, args.lora_rank), **engine_kwargs)
     run(llm, prompts[:8], params, mix[:8])  # warm up (and load every adapter once)
     run(llm, prompts[8:16], params, None)
-    base = min(run(llm, prompts, params, None) for _ in range(args.repeats))
-    mixed = min(run(llm, prompts, params, mix) for _ in range(args.repeats))
-    report("base model, LoRA engine", base, n, i_len, o_len)
-    report(f"{len(loras)} adapters mixed", mixed, n, i_len, o_len)
+    base_s, mixed_s = [], []
+    for _ in range(args.repeats):  # interleaved: a shared machine's load drifts
+        base_s.append(run(llm, prompts, params, None))
+        mixed_s.append(run(llm, prompts, params, mix))
+    base, mixed = statistics.median(base_s), statistics.median(mixed_s)
+    report("base model, LoRA engine", base, n, i_len, o_len, base_s)
+    report(f"{len(loras)} adapters mixed", mixed, n, i_len, o_len, mixed_s)
     print(f"adapters / base throughput: {base / mixed:.2f}x")
     del llm
     gc.collect()
     if args.no_lora_engine:
         plain = LLM(args.model, **engine_kwargs)
         run(plain, prompts[:8], params, None)
-        t = min(run(plain, prompts, params, None) for _ in range(args.repeats))
-        report("base model, engine without LoRA", t, n, i_len, o_len)
+        plain_s = [run(plain, prompts, params, None) for _ in range(args.repeats)]
+        t = statistics.median(plain_s)
+        report("base model, engine without LoRA", t, n, i_len, o_len, plain_s)
         print(f"adapters / engine without LoRA: {t / mixed:.2f}x")
+    print(f"(medians of {args.repeats} runs; load average now {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

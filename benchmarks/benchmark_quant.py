@@ -4,8 +4,12 @@ For each format the same model is loaded in bf16 (the CPU default), then:
 - weight memory: bytes of the model's parameters and buffers after loading;
 - perplexity of a fixed held-out text (benchmarks/data/heldout.txt), from the
   engine's own prompt_logprobs: exp(-mean log p(token | prefix));
-- batch-1 decode tokens/s: one request, greedy, DECODE_TOKENS new tokens (the best
-  of `--repeats` runs, after one warm-up run).
+- batch-1 decode tokens/s: one request, greedy, DECODE_TOKENS new tokens (the median
+  of `--repeats` runs after one warm-up run, over `--rounds` interleaved rounds; every
+  sample and the load average are printed, the machine may be shared).
+
+A `modules:` prefix on a format (e.g. `modules:int4=DIR`) turns the fused native decode
+layer (llama_fused.py) off for it: the same weights through the module path.
 
     python benchmarks/quantize_checkpoint.py HuggingFaceTB/SmolLM2-135M-Instruct \\
         /tmp/smollm2-w4a16 --scheme W4A16 --group-size 128
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import time
 
 HELDOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "heldout.txt")
@@ -30,29 +35,40 @@ def _model_of(llm):
     return worker.model_runner.model
 
 
-def run_format(name: str, model: str, quantization, kv_cache_dtype: str, repeats: int):
+def run_format(name: str, model: str, quantization, kv_cache_dtype: str, repeats: int,
+               perplexity: bool = True, fused: bool = True):
     from vllm import LLM, SamplingParams
     from vllm.model_executor.model_loader import weight_bytes
-    llm = LLM(model=model, quantization=quantization, dtype="bfloat16", max_model_len=2048,
-              kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=256 << 20)
-    text = open(HELDOUT).read()
-    out = llm.generate([text], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                       use_tqdm=False)[0]
-    ids = out.prompt_token_ids
-    lps = [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])]
-    ppl = math.exp(-sum(lps) / len(lps))
-    params = SamplingParams(temperature=0, max_tokens=DECODE_TOKENS, ignore_eos=True)
-    prompt = "The history of the printing press begins"
-    llm.generate([prompt], params, use_tqdm=False)
-    best = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
+    from vllm.model_executor.models import llama_fused
+    real_build = llama_fused.FusedDecode.build
+    if not fused:  # every decode step through the modules (the "before" of the fused layer)
+        llama_fused.FusedDecode.build = classmethod(lambda cls, layers: None)
+    try:
+        llm = LLM(model=model, quantization=quantization, dtype="bfloat16", max_model_len=2048,
+                  kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=256 << 20)
+        ppl, scored = math.nan, 0
+        if perplexity:
+            text = open(HELDOUT).read()
+            out = llm.generate([text], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                               use_tqdm=False)[0]
+            ids = out.prompt_token_ids
+            lps = [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])]
+            ppl, scored = math.exp(-sum(lps) / len(lps)), len(lps)
+        params = SamplingParams(temperature=0, max_tokens=DECODE_TOKENS, ignore_eos=True)
+        prompt = "The history of the printing press begins"
         llm.generate([prompt], params, use_tqdm=False)
-        best = max(best, DECODE_TOKENS / (time.perf_counter() - start))
-    mib = weight_bytes(_model_of(llm)) / 2**20
-    del llm
-    row = {"format": name, "weights_mib": mib, "ppl": ppl, "tokens": len(lps),
-           "decode_tok_s": best}
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            llm.generate([prompt], params, use_tqdm=False)
+            samples.append(DECODE_TOKENS / (time.perf_counter() - start))
+        mib = weight_bytes(_model_of(llm)) / 2**20
+        del llm
+    finally:
+        llama_fused.FusedDecode.build = real_build
+    row = {"format": name, "weights_mib": mib, "ppl": ppl, "tokens": scored,
+           "decode_tok_s": statistics.median(samples), "best": max(samples),
+           "samples": [round(x, 1) for x in samples], "load": os.getloadavg()[0]}
     print(f"[row] {row}", flush=True)  # each row as soon as it is measured (slow machines)
     return row
 
@@ -61,28 +77,62 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
     parser.add_argument("--format", action="append", default=[],
-                        help="bf16 | fp8 | fp8-channel | NAME=CHECKPOINT_DIR (repeatable)")
+                        help="bf16 | fp8 | fp8-channel | NAME=CHECKPOINT_DIR (repeatable); "
+                             "a 'modules:' prefix turns the fused decode layer off")
     parser.add_argument("--kv-cache-dtype", default="auto")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="Run the whole list of formats this many times, interleaved "
+                             "(a shared machine's load drifts); the table takes medians.")
+    parser.add_argument("--no-perplexity", action="store_true",
+                        help="Only weight memory and decode speed (perplexity is slow on "
+                             "CPUs without a fast bf16 GEMM).")
     args = parser.parse_args()
-    rows = []
-    for fmt in args.format or ["bf16", "fp8"]:
-        if "=" in fmt:
-            name, path = fmt.split("=", 1)
-            rows.append(run_format(name, path, None, args.kv_cache_dtype, args.repeats))
-            continue
-        if fmt == "fp8-channel":
+    rows: dict[str, list] = {}
+    for _ in range(args.rounds):
+        for fmt in args.format or ["bf16", "fp8"]:
+            rows.setdefault(fmt, []).append(_run_one(fmt, args))
+    _table([_merge(fmt, r) for fmt, r in rows.items()])
+
+
+def _run_one(fmt: str, args) -> dict:
+    fused = not fmt.startswith("modules:")
+    spec = fmt.split(":", 1)[1] if not fused else fmt
+    kw = dict(perplexity=not args.no_perplexity, fused=fused)
+    if "=" in spec:
+        name, path = spec.split("=", 1)
+        row = run_format(name, path, None, args.kv_cache_dtype, args.repeats, **kw)
+    else:
+        if spec == "fp8-channel":
             os.environ["VLLM_FP8_WEIGHT_SCALE"] = "channel"
-        quant = None if fmt == "bf16" else "fp8"
-        rows.append(run_format(fmt, args.model, quant, args.kv_cache_dtype, args.repeats))
+        quant = None if spec == "bf16" else "fp8"
+        row = run_format(spec, args.model, quant, args.kv_cache_dtype, args.repeats, **kw)
         os.environ.pop("VLLM_FP8_WEIGHT_SCALE", None)
+    row["format"] = fmt.split("=", 1)[0]
+    return row
+
+
+def _merge(fmt: str, runs: list[dict]) -> dict:
+    """One row per format: medians over rounds and repeats, every sample kept."""
+    samples = [x for r in runs for x in r["samples"]]
+    return dict(runs[0], decode_tok_s=statistics.median(samples), samples=samples,
+                load=[round(r["load"], 1) for r in runs])
+
+
+def _table(rows: list[dict]) -> None:
+    import platform
     base = rows[0]
-    print("| format | weights MiB | perplexity | vs first | batch-1 decode tok/s | vs first |")
-    print("|---|---|---|---|---|---|")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                if ln.startswith("model name")), platform.processor())
+    print(f"CPU: {cpu}; load average (1 min) at the end of each run shown per row")
+    print("| format | weights MiB | perplexity | vs first | batch-1 decode tok/s (median) "
+          "| vs first | samples | load |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['format']} | {r['weights_mib']:.1f} | {r['ppl']:.3f} | "
               f"{100 * (r['ppl'] / base['ppl'] - 1):+.1f}% | {r['decode_tok_s']:.1f} | "
-              f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x |")
+              f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x | {r['samples']} | "
+              f"{r['load']} |")
     print(f"({base['tokens']} scored tokens of {os.path.basename(HELDOUT)})")
 
 

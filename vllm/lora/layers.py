@@ -59,6 +59,7 @@ class LoRALinear(nn.Module):
 
     def set_slot(self, slot: int, weights: Optional[LoRALayerWeights]) -> None:
         """Put an adapter's weights for this layer into `slot` (None: no delta)."""
+        self.batch.weights_version += 1
         if not self.batch.static_shapes:
             self._dense.clear()
             packed = None if weights is None else weights.packed()

@@ -42,6 +42,11 @@ class LoRABatch:
         self.one_hot: Optional[torch.Tensor] = None
         self.active_slots: tuple[int, ...] = ()
         """Active-dense schedule: the pass's slots, in the column order of `one_hot`."""
+        self.token_slots: Optional[np.ndarray] = None
+        """Each row's slot (-1: base) of a host-scheduled pass, for native callers (the
+        fused CPU decode layer adds the deltas itself)."""
+        self.weights_version = 0
+        """Bumped whenever a layer's slot weights change (native callers hold pointers)."""
 
     DENSE_MAX_ROWS = 256
     """Passes up to this many rows use the active-dense schedule (unless one slice)."""
@@ -54,6 +59,7 @@ class LoRABatch:
         self.segments = []
         self.one_hot = None
         self.active_slots = ()
+        self.token_slots = None
 
     def set_segments(self, token_slots: np.ndarray, device: torch.device) -> None:
         """Host-side schedule of a pass (once per pass): active-dense for small passes,
@@ -61,6 +67,7 @@ class LoRABatch:
         self.clear()
         if token_slots.size == 0 or token_slots.max() < 0:
             return
+        self.token_slots = np.ascontiguousarray(token_slots, dtype=np.int64)
         slots = np.unique(token_slots[token_slots >= 0])
         rows0 = np.flatnonzero(token_slots == slots[0])
         single_slice = slots.size == 1 and rows0[-1] - rows0[0] + 1 == rows0.size

@@ -553,13 +553,77 @@ void gemm_packed(const bf16* x, int64_t x_stride, int64_t M, const bf16* packed,
 }
 
 
+#endif  // VLLM_HAVE_BF16_GEMM
+
 // ------------------------------------------------------------------ fused decode layer
-// One Llama-style decoder layer for a step of decodes only, bf16, packed weights: the
-// same kernels as above, called from here instead of from Python, so a layer costs
+// One Llama-style decoder layer for a step of decodes only, bf16 activations: the same
+// kernels the modules call, called from here instead of from Python, so a layer costs
 // one foreign call instead of a dozen module calls, wrappers and allocations.
+//
+// Each projection is a `Linear`: a function with the C signature below and its
+// context (int64 words). The bf16 packed GEMM (vllm_linear_bf16_packed, AVX512-BF16)
+// is one; quant_ops.cpp's vllm_int4_linear_bf16 is another, reached through its
+// address, so the fused layer runs exactly the product the module path runs for each
+// weight format, and the other steps (norms, rotary, attention) need no AVX-512.
+using LinearFn = void (*)(const int64_t* ctx, const bf16* x, int64_t x_stride, int64_t M,
+                          bf16* y, int64_t y_stride, int nthreads);
+
+struct Linear {
+  LinearFn fn;
+  const int64_t* ctx;
+  void operator()(const bf16* x, int64_t x_stride, int64_t M, bf16* y, int64_t y_stride,
+                  int nthreads) const {
+    fn(ctx, x, x_stride, M, y, y_stride, nthreads);
+  }
+};
+
+// ------------------------------------------------------------------ LoRA deltas
+// y[m] += T(T(x[m] A_s^T) B_s^T) for the slot s of row m (-1: none), rounded where the
+// module path (punica.py, active-dense) rounds: the shrink to bf16, the expand to bf16,
+// then the sum. Float32 sums in another order than torch's mm, so a result may differ
+// from the module path's in the last bit (tests compare tokens and logprobs to peft).
+// ctx: {N, K, slots, then per slot: A [r, K] bf16, B [N, r] bf16, r}; A = 0: the slot
+// does not adapt this projection. The scaling is folded into B (peft_loader.py).
+constexpr int64_t kMaxLoraRank = 1024;
+
+void lora_add(const int64_t* ctx, const int64_t* row_slots, const bf16* x, int64_t x_stride,
+              int64_t M, bf16* y, int64_t y_stride, int nthreads) {
+  const int64_t N = ctx[0], K = ctx[1], slots = ctx[2];
+  float t[kMaxLoraRank];
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t slot = row_slots[m];
+    if (slot < 0 || slot >= slots || ctx[3 + 3 * slot] == 0) continue;
+    const bf16* A = reinterpret_cast<const bf16*>(ctx[3 + 3 * slot]);
+    const bf16* B = reinterpret_cast<const bf16*>(ctx[4 + 3 * slot]);
+    const int64_t r = ctx[5 + 3 * slot];
+    const bf16* xm = x + m * x_stride;
+    for (int64_t j = 0; j < r; ++j) {
+      const bf16* a = A + j * K;
+      float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t k = 0; k < K; ++k) acc += to_f(xm[k]) * to_f(a[k]);
+      t[j] = round_to<bf16>(acc);
+    }
+    bf16* ym = y + m * y_stride;
+#pragma omp parallel for num_threads(nthreads) if (N * r >= 65536) schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const bf16* b = B + n * r;
+      float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t j = 0; j < r; ++j) acc += t[j] * to_f(b[j]);
+      ym[n] = from_f<bf16>(to_f(ym[n]) + round_to<bf16>(acc));
+    }
+  }
+}
+
 struct LayerWeights {
   const bf16 *in_norm, *post_norm;
-  const bf16 *qkv, *qkv_bias, *o, *o_bias, *gate_up, *gate_up_bias, *down, *down_bias;
+  Linear qkv, o, gate_up, down;
+};
+
+// Per projection (qkv, o, gate_up, down) the LoRA context, or null.
+struct LayerLoras {
+  const int64_t *qkv, *o, *gate_up, *down;
 };
 
 struct LayerShape {
@@ -578,13 +642,23 @@ struct DecodeBatch {
   int64_t bt_stride;
   const int32_t* seq_lens;
   int64_t block_size;
+  const int64_t* lora_slots;  // per row, -1: base model; null: no adapter in this step
 };
+
+// A projection and, when this step has adapters, its LoRA delta.
+inline void project(const Linear& lin, const int64_t* lora, const DecodeBatch& b,
+                    const bf16* x, int64_t x_stride, bf16* y, int64_t y_stride, int nthreads) {
+  lin(x, x_stride, b.n, y, y_stride, nthreads);
+  if (lora != nullptr && b.lora_slots != nullptr)
+    lora_add(lora, b.lora_slots, x, x_stride, b.n, y, y_stride, nthreads);
+}
 
 // hidden [n, H]: in = this layer's input (previous MLP output or embedding), out = its
 // MLP output. residual [n, H]: in = running residual (ignored when `first`), out = the
 // residual after this layer. ws: n * (qkv + q + 2 * inter + inter + H) elements.
 void llama_decode_layer(bf16* hidden, bf16* residual, int first, const LayerWeights& w,
-                        const LayerShape& s, const DecodeBatch& b, bf16* ws, int nthreads) {
+                        const LayerLoras& l, const LayerShape& s, const DecodeBatch& b,
+                        bf16* ws, int nthreads) {
   const int64_t n = b.n, H = s.hidden, d = s.head_size;
   const int64_t q_size = s.heads * d, kv_size = s.kv_heads * d;
   const int64_t qkv_n = q_size + 2 * kv_size;
@@ -599,7 +673,7 @@ void llama_decode_layer(bf16* hidden, bf16* residual, int first, const LayerWeig
   } else {
     rms_norm<bf16>(hidden, H, residual, H, w.in_norm, x, H, n, H, s.eps, nthreads);
   }
-  gemm_packed(x, H, n, w.qkv, qkv_n, H, w.qkv_bias, qkv, qkv_n, nthreads);
+  project(w.qkv, l.qkv, b, x, H, qkv, qkv_n, nthreads);
   rotary<bf16>(qkv, n, qkv_n, s.heads + s.kv_heads, d, s.rot_dim, b.positions, b.cos_sin,
                static_cast<int>(s.neox), nthreads);
   write_kv(reinterpret_cast<const char*>(qkv + q_size),
@@ -609,14 +683,13 @@ void llama_decode_layer(bf16* hidden, bf16* residual, int first, const LayerWeig
   decode_attention<bf16>(qkv, qkv_n, b.k_cache, b.v_cache, b.num_slots, b.block_table,
                          b.bt_stride, b.seq_lens, n, s.heads, s.kv_heads, d, b.block_size,
                          s.scale, attn, q_size, nthreads);
-  gemm_packed(attn, q_size, n, w.o, H, q_size, w.o_bias, hidden, H, nthreads);
+  project(w.o, l.o, b, attn, q_size, hidden, H, nthreads);
   rms_norm<bf16>(hidden, H, residual, H, w.post_norm, x, H, n, H, s.eps, nthreads);
-  gemm_packed(x, H, n, w.gate_up, 2 * s.inter, H, w.gate_up_bias, gate_up, 2 * s.inter,
-              nthreads);
+  project(w.gate_up, l.gate_up, b, x, H, gate_up, 2 * s.inter, nthreads);
   silu_and_mul<bf16>(gate_up, 2 * s.inter, act, s.inter, n, s.inter, nthreads);
-  gemm_packed(act, s.inter, n, w.down, H, s.inter, w.down_bias, hidden, H, nthreads);
+  project(w.down, l.down, b, act, s.inter, hidden, H, nthreads);
 }
-#endif  // VLLM_HAVE_BF16_GEMM
+
 
 }  // namespace
 
@@ -720,30 +793,47 @@ int vllm_gemm_bf16_packed(const void* x, int64_t x_stride, int64_t M, const void
 #endif
 }
 
+// The bf16 packed GEMM as a fused-layer Linear: ctx = {packed W, N, K, bias (0: none)}.
+void vllm_linear_bf16_packed(const int64_t* ctx, const bf16* x, int64_t x_stride, int64_t M,
+                             bf16* y, int64_t y_stride, int nthreads) {
+#if VLLM_HAVE_BF16_GEMM
+  gemm_packed(x, x_stride, M, reinterpret_cast<const bf16*>(ctx[0]), ctx[1], ctx[2],
+              reinterpret_cast<const bf16*>(ctx[3]), y, y_stride, nthreads);
+#else
+  (void)ctx; (void)x; (void)x_stride; (void)M; (void)y; (void)y_stride; (void)nthreads;
+#endif
+}
+
+int vllm_max_lora_rank() { return static_cast<int>(kMaxLoraRank); }
+
 // Arrays of pointers / sizes keep the foreign signature short (see llama_fused.py for
-// their order). Returns 0 without AVX512-BF16.
+// their order). wp: the two norm weights, then (function, context) of qkv, o, gate_up,
+// down. lora: null, or the four projections' LoRA contexts (each may be null).
 int vllm_llama_decode_layer(void* hidden, void* residual, int first, const void* const* wp,
                             const int64_t* shape, const float* fshape, const void* const* bp,
-                            const int64_t* bshape, void* workspace, int nthreads) {
-#if VLLM_HAVE_BF16_GEMM
+                            const int64_t* bshape, const void* const* lora, void* workspace,
+                            int nthreads) {
   auto c = [](const void* p) { return static_cast<const bf16*>(p); };
-  const LayerWeights w{c(wp[0]), c(wp[1]), c(wp[2]), c(wp[3]), c(wp[4]),
-                       c(wp[5]), c(wp[6]), c(wp[7]), c(wp[8]), c(wp[9])};
+  auto lin = [&](int i) {
+    return Linear{reinterpret_cast<LinearFn>(const_cast<void*>(wp[i])),
+                  static_cast<const int64_t*>(wp[i + 1])};
+  };
+  const LayerWeights w{c(wp[0]), c(wp[1]), lin(2), lin(4), lin(6), lin(8)};
+  auto lc = [&](int i) {
+    return lora == nullptr ? nullptr : static_cast<const int64_t*>(lora[i]);
+  };
+  const LayerLoras l{lc(0), lc(1), lc(2), lc(3)};
   const LayerShape s{shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], shape[6],
                      fshape[0], fshape[1]};
   const DecodeBatch b{bshape[0], static_cast<const int64_t*>(bp[0]), c(bp[1]),
                       static_cast<bf16*>(const_cast<void*>(bp[2])),
                       static_cast<bf16*>(const_cast<void*>(bp[3])), bshape[1],
                       static_cast<const int64_t*>(bp[4]), static_cast<const int32_t*>(bp[5]),
-                      bshape[2], static_cast<const int32_t*>(bp[6]), bshape[3]};
-  llama_decode_layer(static_cast<bf16*>(hidden), static_cast<bf16*>(residual), first, w, s, b,
-                     static_cast<bf16*>(workspace), nthreads);
+                      bshape[2], static_cast<const int32_t*>(bp[6]), bshape[3],
+                      static_cast<const int64_t*>(bp[7])};
+  llama_decode_layer(static_cast<bf16*>(hidden), static_cast<bf16*>(residual), first, w, l, s,
+                     b, static_cast<bf16*>(workspace), nthreads);
   return 1;
-#else
-  (void)hidden; (void)residual; (void)first; (void)wp; (void)shape; (void)fshape; (void)bp;
-  (void)bshape; (void)workspace; (void)nthreads;
-  return 0;
-#endif
 }
 
 }  // extern "C"

@@ -24,6 +24,14 @@
 #define VLLM_QUANT_AVX512 0
 #endif
 
+// AVX2 CPUs (no AVX-512): 8-wide int4 rows; anything else takes the scalar loop.
+#if !VLLM_QUANT_AVX512 && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VLLM_QUANT_AVX2 1
+#else
+#define VLLM_QUANT_AVX2 0
+#endif
+
 namespace {
 
 float fp8_e4m3_to_float(uint8_t b) {
@@ -31,6 +39,22 @@ float fp8_e4m3_to_float(uint8_t b) {
   const float mag = e == 0 ? std::ldexp(static_cast<float>(m), -9)
                            : std::ldexp(1.0f + m / 8.0f, e - 7);
   return (b & 0x80) ? -mag : mag;
+}
+
+float bf16_to_float(uint16_t v) {
+  const uint32_t u = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, as torch converts float to bfloat16 (NaN stays a NaN).
+uint16_t float_to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
 }
 
 // Sums of x over each group: xs[m * G + g].
@@ -113,6 +137,62 @@ void fp8_row(const float* x, int64_t K, const uint8_t* w, float* out, int64_t ou
 
 #endif  // VLLM_QUANT_AVX512
 
+#if VLLM_QUANT_AVX2
+
+inline float hsum8(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// 16 bytes -> the 32 int4 values of one run as four float vectors (inputs 0-7, 8-15,
+// 16-23, 24-31).
+inline void load_run8(const uint8_t* p, __m256* v) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(b, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+  v[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+  v[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  v[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+  v[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+// The AVX-512 row's formula (per group: sum q x, times the scale; the zero point times
+// the group's x sum subtracted once) on 8-wide vectors, two accumulators per row so
+// the FMA chains overlap.
+template <int M>
+void int4_row(const float* x, int64_t K, const uint8_t* w, const float* s, const float* z,
+              int64_t G, const float* xs, float bias, float* out, int64_t out_stride) {
+  const int64_t gs = K / G;
+  __m256 tot[M];
+  float corr[M];
+  for (int m = 0; m < M; ++m) { tot[m] = _mm256_setzero_ps(); corr[m] = 0.f; }
+  for (int64_t g = 0; g < G; ++g) {
+    __m256 a0[M], a1[M];
+    for (int m = 0; m < M; ++m) a0[m] = a1[m] = _mm256_setzero_ps();
+    for (int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
+      __m256 v[4];
+      load_run8(w + k / 2, v);
+      for (int m = 0; m < M; ++m) {
+        const float* xm = x + m * K + k;
+        a0[m] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(xm), a0[m]);
+        a1[m] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xm + 8), a1[m]);
+        a0[m] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xm + 16), a0[m]);
+        a1[m] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xm + 24), a1[m]);
+      }
+    }
+    const __m256 sv = _mm256_set1_ps(s[g]);
+    for (int m = 0; m < M; ++m) {
+      tot[m] = _mm256_fmadd_ps(_mm256_add_ps(a0[m], a1[m]), sv, tot[m]);
+      corr[m] += s[g] * z[g] * xs[m * G + g];
+    }
+  }
+  for (int m = 0; m < M; ++m) out[m * out_stride] = hsum8(tot[m]) - corr[m] + bias;
+}
+
+#endif  // VLLM_QUANT_AVX2
+
 void int4_row_scalar(const float* x, int64_t M, int64_t K, const uint8_t* w, const float* s,
                      const float* z, int64_t G, float bias, float* out, int64_t out_stride) {
   const int64_t gs = K / G;
@@ -151,7 +231,7 @@ void vllm_gemm_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, int6
     const float* s = scales + n * G;
     const float* z = zeros + n * G;
     const float b = bias ? bias[n] : 0.f;
-#if VLLM_QUANT_AVX512
+#if VLLM_QUANT_AVX512 || VLLM_QUANT_AVX2
     switch (M) {
 #define VLLM_INT4_CASE(R) \
   case R: int4_row<R>(x, K, wr, s, z, G, xs.data(), b, out + n, N); break;
@@ -164,6 +244,30 @@ void vllm_gemm_int4(const float* x, int64_t M, int64_t K, const uint8_t* w, int6
     int4_row_scalar(x, M, K, wr, s, z, G, b, out + n, N);
 #endif
   }
+}
+
+// The int4 linear of bf16 rows, as a layer calls it: y[m * y_stride + n] (bf16) = x rows
+// (bf16, x_stride apart) @ W^T + bias. ctx holds the layer as int64 words: {w_q, N, K,
+// scales, zeros, G, bias (bf16, 0: none)}. The arithmetic is vllm_gemm_int4's on the
+// float32 copies of x and bias (exact), rounded to bf16 to nearest even (torch's
+// .to(bfloat16)). The module path (quant_ops.gemm_int4) and the fused decode layer
+// (cpu_ops.cpp, through a function pointer) both call this, so they agree bit for bit.
+// M <= 8; the same shape conditions as vllm_gemm_int4.
+void vllm_int4_linear_bf16(const int64_t* ctx, const uint16_t* x, int64_t x_stride,
+                           int64_t M, uint16_t* y, int64_t y_stride, int nthreads) {
+  const auto* w = reinterpret_cast<const uint8_t*>(ctx[0]);
+  const int64_t N = ctx[1], K = ctx[2], G = ctx[5];
+  const auto* scales = reinterpret_cast<const float*>(ctx[3]);
+  const auto* zeros = reinterpret_cast<const float*>(ctx[4]);
+  const auto* bias = reinterpret_cast<const uint16_t*>(ctx[6]);
+  std::vector<float> xf(M * K), out(M * N), bf(bias ? N : 0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xf[m * K + k] = bf16_to_float(x[m * x_stride + k]);
+  for (int64_t n = 0; n < static_cast<int64_t>(bf.size()); ++n) bf[n] = bf16_to_float(bias[n]);
+  vllm_gemm_int4(xf.data(), M, K, w, N, scales, zeros, G, bias ? bf.data() : nullptr,
+                 out.data(), nthreads);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) y[m * y_stride + n] = float_to_bf16(out[m * N + n]);
 }
 
 // x [M, K] float32 holding fp8 values (M <= 8); w [N, K] fp8 bytes; out [M, N] unscaled.

@@ -25,7 +25,10 @@ _i64, _i32, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
     "vllm_gemm_int4": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i32),
     "vllm_gemm_fp8": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _i32),
+    "vllm_int4_linear_bf16": (_ptr, _ptr, _i64, _i64, _ptr, _i64, _i32),
 }
+Int4Ctx = ctypes.c_int64 * 7
+"""An int4 layer for `vllm_int4_linear_bf16`: w_q, N, K, scales, zeros, G, bias (bf16)."""
 _lock = threading.Lock()
 _state: dict[str, Optional[ctypes.CDLL]] = {}
 
@@ -66,10 +69,37 @@ def int4_supported(x: torch.Tensor, group_size: int) -> bool:
     return group_size % 32 == 0 and _rows_ok(x)
 
 
+def int4_ctx(w_q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+             bias: Optional[torch.Tensor]) -> Optional[ctypes.Array]:
+    """The layer as `vllm_int4_linear_bf16` reads it (raw pointers: the caller keeps the
+    tensors alive); None when the bias is not bf16 (that entry reads bf16 only)."""
+    if bias is not None and (bias.dtype != torch.bfloat16 or not bias.is_contiguous()):
+        return None
+    n, k2 = w_q.shape
+    return Int4Ctx(w_q.data_ptr(), n, 2 * k2, scales.data_ptr(), zeros.data_ptr(),
+                   scales.shape[1], 0 if bias is None else bias.data_ptr())
+
+
+def int4_linear_fn() -> int:
+    """Address of `vllm_int4_linear_bf16`, for native callers (the fused decode layer)."""
+    return ctypes.cast(get_quant_lib().vllm_int4_linear_bf16, ctypes.c_void_p).value
+
+
 def gemm_int4(x: torch.Tensor, w_q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
               bias: Optional[torch.Tensor]) -> torch.Tensor:
     """x [.., K] @ W^T (+ bias) for the int4 layout of int_weights.py; x's dtype."""
     k = x.shape[-1]
+    if x.dtype == torch.bfloat16:
+        ctx = int4_ctx(w_q, scales, zeros, bias)
+        if ctx is not None:
+            x2 = x.reshape(-1, k)
+            if x2.stride(-1) != 1:
+                x2 = x2.contiguous()
+            m, n = x2.shape[0], w_q.shape[0]
+            out = torch.empty(m, n, dtype=torch.bfloat16)
+            get_quant_lib().vllm_int4_linear_bf16(ctx, x2.data_ptr(), x2.stride(0), m,
+                                                  out.data_ptr(), n, torch.get_num_threads())
+            return out.reshape(*x.shape[:-1], n)
     x2 = x.reshape(-1, k).float().contiguous()
     m, n, g = x2.shape[0], w_q.shape[0], scales.shape[1]
     out = torch.empty(m, n, dtype=torch.float32)

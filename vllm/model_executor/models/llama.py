@@ -164,7 +164,7 @@ class LlamaModel(nn.Module):
         # A plain list (not registered) so the forward loop does no ModuleList slicing.
         self._own_layers = list(self.layers)[self.start_layer:self.end_layer]
         self._fused: Optional[FusedDecode] = None
-        self._fused_key: Any = False  # the first layer's packed qkv weight when checked
+        self._fused_key: Any = False  # (qkv module, its native weight) when checked
         # The native layer call is a CPU kernel: decided once, like the custom ops.
         self._fused_allowed = current_platform.is_cpu()
         self.norm = (RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -210,11 +210,13 @@ class LlamaModel(nn.Module):
 
     def _fused_decode(self) -> Optional[FusedDecode]:
         """The native decode-layer runner (None where it does not apply), rebuilt
-        whenever the weights were (re)packed since the last check."""
+        whenever the weights were (re)packed, or the layers wrapped (LoRA), since the
+        last check."""
         if not self._fused_allowed or not self._own_layers or torch.is_grad_enabled():
             return None
         key = packed_weight_of(self._own_layers[0])
-        if key is not self._fused_key:
+        old = self._fused_key
+        if not (isinstance(old, tuple) and all(a is b for a, b in zip(key, old))):
             self._fused, self._fused_key = FusedDecode.build(self._own_layers), key
         return self._fused
 
