@@ -80,9 +80,15 @@ def main() -> None:
     parser.add_argument("--adapter-base", default=None,
                         help="Float model the random adapters are made on (same "
                              "architecture), for a quantized --model; default --model.")
+    parser.add_argument("--no-fused-decode", action="store_true",
+                        help="Turn the fused native decode layer off (every step through "
+                             "the modules), to compare with it on.")
     parser.add_argument("--no-lora-engine", action="store_true",
                         help="Also time an engine started without --enable-lora.")
     args = parser.parse_args()
+    if args.no_fused_decode:
+        from vllm.model_executor.models import llama_fused
+        llama_fused.FusedDecode.build = classmethod(lambda cls, layers: None)
     model_path = resolve_model_path(args.model)
     tmp = tempfile.mkdtemp(prefix="lora-bench-")
     adapter_base = resolve_model_path(args.adapter_base) if args.adapter_base else model_path
