@@ -76,6 +76,7 @@ inline float exp_nonpos(float x) {
 constexpr int64_t QT = 16;  // query rows (tokens) per tile, times the group's heads
 constexpr int64_t KT = 32;  // keys per tile: a score row is 4 vectors of 8 floats
 constexpr int MR = 3;       // query rows per register block: 3 x 4 accumulators + loads
+static_assert(KT == 32, "score rows are handled as 4 vectors of 8");
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 // 8 floats (one AVX2 register; two halves of nothing on AVX-512, where the compiler
@@ -162,25 +163,54 @@ inline void pv_rows(const float* p, int64_t kn, const float* v, int64_t d, float
     }
 }
 
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+// exp_nonpos on 8 lanes: the same 2^n * p(r) split, n rounded to nearest with the
+// 1.5 * 2^23 trick (no libm call, so it stays in vector registers).
+inline v8 exp8_nonpos(v8 x) {
+  const v8 lo = splat8(-87.0f);
+  x = x < lo ? lo : x;
+  const v8 magic = splat8(12582912.0f);
+  const v8 n = (x * splat8(1.44269504088896341f) + magic) - magic;
+  const v8 r = (x - n * splat8(0.693145751953125f)) - n * splat8(1.428606765330187e-06f);
+  v8 p = splat8(1.0f / 720.0f);
+  p = p * r + splat8(1.0f / 120.0f);
+  p = p * r + splat8(1.0f / 24.0f);
+  p = p * r + splat8(1.0f / 6.0f);
+  p = p * r + splat8(0.5f);
+  p = p * r + splat8(1.0f);
+  p = p * r + splat8(1.0f);
+  const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+  return p * reinterpret_cast<const v8&>(bits);
+}
+
 // Masks, exponentiates and folds one score row into its running max and sum; the
-// row's earlier output is rescaled. visible: keys of this tile the row may see.
+// row's earlier output is rescaled. visible: keys of this tile the row may see (the
+// rest of the row, padding or above the diagonal, gets probability 0).
 inline void online_softmax(float* s, int64_t visible, float& mx, float& sum, float* o,
                            int64_t d) {
   if (visible <= 0) {  // the whole tile lies above this row's diagonal
     std::fill(s, s + KT, 0.0f);
     return;
   }
-  float tile_max = NEG_INF;
-  for (int64_t j = 0; j < visible; ++j) tile_max = s[j] > tile_max ? s[j] : tile_max;
+  for (int64_t j = visible; j < KT; ++j) s[j] = NEG_INF;
+  v8 s8[4];
+  for (int u = 0; u < 4; ++u) s8[u] = load8(s + 8 * u);
+  v8 m8 = s8[0];
+  for (int u = 1; u < 4; ++u) m8 = s8[u] > m8 ? s8[u] : m8;
+  float tile_max = m8[0];
+  for (int l = 1; l < 8; ++l) tile_max = m8[l] > tile_max ? m8[l] : tile_max;
   const float new_max = tile_max > mx ? tile_max : mx;
   const float alpha = mx == NEG_INF ? 0.0f : exp_nonpos(mx - new_max);
-  float tile_sum = 0.0f;
-#pragma omp simd reduction(+ : tile_sum)
-  for (int64_t j = 0; j < KT; ++j) {
-    const float e = j < visible ? exp_nonpos(s[j] - new_max) : 0.0f;
-    s[j] = e;
-    tile_sum += e;
+  v8 total = splat8(0.0f);
+  for (int u = 0; u < 4; ++u) {
+    v8 e = exp8_nonpos(s8[u] - splat8(new_max));
+    e = s8[u] == splat8(NEG_INF) ? splat8(0.0f) : e;
+    store8(s + 8 * u, e);
+    total += e;
   }
+  float tile_sum = 0.0f;
+  for (int l = 0; l < 8; ++l) tile_sum += total[l];
   mx = new_max;
   sum = sum * alpha + tile_sum;
   if (alpha != 1.0f) {
