@@ -163,7 +163,10 @@ def test_the_plan_takes_the_fastest_kernel_per_length_and_no_rowwise_past_1024(
     # measured once on this machine, then read back from the cache
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setattr(prefill_choice.gemm_autotune, "stable", lambda samples: True)
+    monkeypatch.setattr(prefill_choice, "_MEASURED", {})
     first = prefill_choice.choose_plan(4, 2, 16, torch.float32)
     assert first is not None and len(first.kinds) == 4 and first.kinds[-1] != ROWWISE
     monkeypatch.setattr(prefill_choice, "measure", lambda *a: pytest.fail("measured again"))
-    assert prefill_choice.choose_plan(4, 2, 16, torch.float32) == first
+    assert prefill_choice.choose_plan(4, 2, 16, torch.float32) == first  # this process
+    prefill_choice._MEASURED.clear()
+    assert prefill_choice.choose_plan(4, 2, 16, torch.float32) == first  # the disk cache
