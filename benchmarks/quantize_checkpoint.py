@@ -2,7 +2,15 @@
 
 Round-to-nearest with the library's own scale computation (`calculate_qparams`) for
 any of its preset schemes (FP8, FP8_DYNAMIC, W4A16, W4A16_ASYM, W8A16, ...); static
-activation scales come from one calibration text. The returned model is the
+activation scales come from one calibration text. `--kv-cache` adds an fp8 KV cache
+scheme: static per-tensor `k_scale` / `v_scale` per attention layer (the library's
+`kv_cache_scheme` config and `calculate_qparams` over the absolute maximum of the
+post-rotary K and of V on the same text), and the returned model then quantize-
+dequantizes K and V as the cache would (`attach_fp8_kv`). compressed-tensors 0.20 finds
+the attention modules to hook by a `past_key_values` argument that transformers 5
+renamed `cache`, so the K/V side is done here, through transformers' attention-function
+registry, which sees every layer's full K/V after the cache update. `--scheme none`
+quantizes only the KV cache. The returned model is the
 library's quantize-dequantize (QDQ) simulation (the tests' reference); `save_compressed`
 writes the compressed checkpoint the engine loads.
 
@@ -29,11 +37,15 @@ def _weight_range(weight: torch.Tensor, args) -> tuple[torch.Tensor, torch.Tenso
     return g.amin(-1), g.amax(-1)
 
 
-def quantize_with_library(float_dir: str, scheme: str, *, group_size: Optional[int] = None,
-                          weight_strategy: Optional[str] = None, ignore=("lm_head",)):
-    """(QDQ reference model, its tokenizer) for a compressed-tensors preset scheme."""
+def quantize_with_library(float_dir: str, scheme: Optional[str], *,
+                          group_size: Optional[int] = None,
+                          weight_strategy: Optional[str] = None, ignore=("lm_head",),
+                          kv_cache: bool = False):
+    """(QDQ reference model, its tokenizer) for a compressed-tensors preset scheme (None:
+    float weights), with an fp8 KV cache scheme when `kv_cache`."""
     import transformers
-    from compressed_tensors.quantization import (QuantizationConfig, apply_quantization_config,
+    from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
+                                                 apply_quantization_config,
                                                  preset_name_to_scheme)
     from compressed_tensors.quantization.utils import calculate_qparams
 
@@ -52,13 +64,14 @@ def quantize_with_library(float_dir: str, scheme: str, *, group_size: Optional[i
         model(tok(CALIBRATION_TEXT, return_tensors="pt").input_ids)
     for h in hooks:
         h.remove()
-    sch = preset_name_to_scheme(scheme, ["Linear"])
-    if group_size is not None:
-        sch.weights.group_size = group_size
-    if weight_strategy is not None:
-        sch.weights.strategy = weight_strategy
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": sch},
-                                                        ignore=list(ignore)))
+    if scheme is not None:
+        sch = preset_name_to_scheme(scheme, ["Linear"])
+        if group_size is not None:
+            sch.weights.group_size = group_size
+        if weight_strategy is not None:
+            sch.weights.strategy = weight_strategy
+        apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": sch},
+                                                            ignore=list(ignore)))
     with torch.no_grad():
         for name, module in model.named_modules():
             s = getattr(module, "quantization_scheme", None)
@@ -74,7 +87,63 @@ def quantize_with_library(float_dir: str, scheme: str, *, group_size: Optional[i
                 v = torch.tensor([amax[name]])
                 scale, _ = calculate_qparams(-v, v, ia)
                 module.input_scale.copy_(scale.reshape(module.input_scale.shape))
+    if kv_cache:
+        kv_args = QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False,
+                                   symmetric=True)
+        attach_fp8_kv(model, calibrate=(tok, kv_args))
     return model.eval(), tok
+
+
+_KV_STATE = "_fp8_kv_state"
+
+
+def _fp8_kv_attention(module, query, key, value, *args, **kwargs):
+    """transformers attention function: the SDPA one on K/V as an fp8 cache holds them
+    (or, while calibrating, recording their absolute maximum)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    state = getattr(module, _KV_STATE)
+    i = module.layer_idx
+    if state["amax"] is not None:
+        for part, x in (("k", key), ("v", value)):
+            state["amax"][(i, part)] = max(state["amax"].get((i, part), 0.0),
+                                           float(x.abs().max()))
+    else:
+        key = _qdq(key, state["scales"][(i, "k")], state["dtype"])
+        value = _qdq(value, state["scales"][(i, "v")], state["dtype"])
+    return sdpa_attention_forward(module, query, key, value, *args, **kwargs)
+
+
+def _qdq(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    fmax = float(torch.finfo(dtype).max)
+    return ((x.float() / scale).clamp(-fmax, fmax).to(dtype).float() * scale).to(x.dtype)
+
+
+@torch.no_grad()
+def attach_fp8_kv(model, calibrate=None, dtype: torch.dtype = torch.float8_e4m3fn) -> dict:
+    """Make `model` (transformers) attend to K/V quantize-dequantized to fp8 `dtype`.
+
+    Scales per layer: 1.0, or with `calibrate=(tokenizer, QuantizationArgs)` the
+    library's `calculate_qparams` over the calibration text's K/V range. Returns
+    {(layer, 'k' | 'v'): scale}, also kept on the model for `save_compressed`."""
+    from transformers import AttentionInterface
+    AttentionInterface.register("fp8_kv_sdpa", _fp8_kv_attention)
+    attns = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "k_proj")]
+    state = {"amax": {} if calibrate else None, "scales": {}, "dtype": dtype}
+    for m in attns:
+        setattr(m, _KV_STATE, state)
+    model.set_attn_implementation("fp8_kv_sdpa")
+    if calibrate:
+        from compressed_tensors.quantization.utils import calculate_qparams
+        tok, kv_args = calibrate
+        model(tok(CALIBRATION_TEXT, return_tensors="pt").input_ids)
+        for key, amax in state["amax"].items():
+            v = torch.tensor([amax])
+            state["scales"][key] = float(calculate_qparams(-v, v, kv_args)[0].reshape(()))
+        state["amax"] = None
+        model._fp8_kv_scheme = kv_args.model_dump(mode="json")
+    else:
+        state["scales"] = {(m.layer_idx, p): 1.0 for m in attns for p in ("k", "v")}
+    return state["scales"]
 
 
 def save_compressed(model, tok, out_dir: str) -> str:
@@ -82,11 +151,37 @@ def save_compressed(model, tok, out_dir: str) -> str:
     quantization_config)."""
     from compressed_tensors.compressors import ModelCompressor
     compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
+    if compressor is not None:
+        compressor.compress_model(model)
     model.save_pretrained(out_dir)
-    compressor.update_config(out_dir)
+    if compressor is not None:
+        compressor.update_config(out_dir)
     tok.save_pretrained(out_dir)
+    if getattr(model, "_fp8_kv_scheme", None) is not None:
+        _save_kv_scales(model, out_dir)
     return out_dir
+
+
+def _save_kv_scales(model, out_dir: str) -> None:
+    """Add `model.layers.N.self_attn.{k,v}_scale` (the names llm-compressor writes) and
+    `quantization_config.kv_cache_scheme` to a saved checkpoint."""
+    import json
+    import os
+    from safetensors.torch import load_file, save_file
+    state = next(getattr(m, _KV_STATE) for m in model.modules() if hasattr(m, _KV_STATE))
+    path = os.path.join(out_dir, "model.safetensors")
+    tensors = load_file(path)
+    for (i, part), scale in state["scales"].items():
+        tensors[f"model.layers.{i}.self_attn.{part}_scale"] = torch.tensor(scale)
+    save_file(tensors, path, metadata={"format": "pt"})
+    cfg_path = os.path.join(out_dir, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    qcfg = cfg.setdefault("quantization_config", {"quant_method": "compressed-tensors",
+                                                  "format": "dense", "config_groups": {}})
+    qcfg["kv_cache_scheme"] = model._fp8_kv_scheme
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
 
 
 def main() -> None:
@@ -95,10 +190,13 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--scheme", default="W4A16")
     parser.add_argument("--group-size", type=int, default=None)
+    parser.add_argument("--kv-cache", action="store_true",
+                        help="also an fp8 KV cache scheme (k_scale / v_scale per layer)")
     args = parser.parse_args()
     from vllm.config import resolve_model_path
-    model, tok = quantize_with_library(resolve_model_path(args.model), args.scheme,
-                                       group_size=args.group_size)
+    scheme = None if args.scheme.lower() == "none" else args.scheme
+    model, tok = quantize_with_library(resolve_model_path(args.model), scheme,
+                                       group_size=args.group_size, kv_cache=args.kv_cache)
     print(save_compressed(model, tok, args.out))
 
 

@@ -242,7 +242,9 @@ class CacheConfig:
     num_gpu_blocks_override: Optional[int] = None
     """Use exactly this many KV blocks (testing and debugging)."""
     cache_dtype: str = "auto"
-    """KV cache dtype: auto (the model dtype)."""
+    """KV cache dtype: auto (the model dtype), fp8 / fp8_e4m3 / fp8_inc (float8 e4m3),
+    fp8_e5m2; fp8 stores K and V divided by per-layer scales (the checkpoint's, else 1.0),
+    half the bytes of bf16."""
     swap_space: float = 0
     """CPU swap space in GiB (unused: preemption recomputes)."""
 
@@ -257,8 +259,8 @@ class CacheConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}.")
-        if self.cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype={self.cache_dtype!r} is not supported; use auto.")
+        from vllm.attention.fp8_kv import check_kv_cache_dtype
+        check_kv_cache_dtype(self.cache_dtype)
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive.")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:

@@ -1,5 +1,7 @@
-"""A quantized checkpoint served: the official openai client gets the same greedy
-tokens as transformers on the dequantized weights; /v1/models lists the model."""
+"""A quantized checkpoint served with an fp8 KV cache (`--kv-cache-dtype fp8`): the
+official openai client gets the same greedy tokens as transformers on the dequantized
+weights attending to fp8 quantize-dequantized K/V (scale 1.0: the checkpoint has none);
+/v1/models lists the model."""
 from __future__ import annotations
 
 import signal
@@ -25,7 +27,7 @@ def test_served_gptq_answers_openai_client(gptq_dir):
     import torch
     import transformers
     srv = RemoteServer(["--model", gptq_dir, "--dtype", "float32", "--max-model-len", "256",
-                        "--kv-cache-memory-bytes", str(32 << 20)])
+                        "--kv-cache-memory-bytes", str(32 << 20), "--kv-cache-dtype", "fp8"])
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0,
                                timeout=120)
@@ -36,6 +38,8 @@ def test_served_gptq_answers_openai_client(gptq_dir):
         tok = transformers.AutoTokenizer.from_pretrained(gptq_dir)
         ref = transformers.AutoModelForCausalLM.from_pretrained(gptq_dir + "-deq",
                                                                 dtype=torch.float32).eval()
+        from benchmarks.quantize_checkpoint import attach_fp8_kv
+        attach_fp8_kv(ref)
         expected = tok.decode(reference_greedy(ref, tok.encode(prompt), 8))
         assert out.choices[0].text == expected
     finally:

@@ -22,7 +22,7 @@ BS = 4
 def _config(max_num_seqs: int = 8):
     return SimpleNamespace(
         model_config=SimpleNamespace(torch_dtype=torch.float32),
-        cache_config=SimpleNamespace(block_size=BS),
+        cache_config=SimpleNamespace(block_size=BS, cache_dtype="auto"),
         scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
         parallel_config=SimpleNamespace(tensor_parallel_size=1))
 

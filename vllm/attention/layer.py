@@ -60,6 +60,11 @@ class Attention(nn.Module):
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads "
                              f"({self.num_kv_heads}).")
+        self.k_scale = 1.0
+        self.v_scale = 1.0
+        """Per-tensor dequantization scales of an fp8 KV cache (vllm/attention/fp8_kv.py):
+        the cache holds K / k_scale and V / v_scale. Set from the checkpoint by
+        layers/quantization/kv_cache.py; unused with a cache in the model dtype."""
         self.layer_name = prefix
         self.layer_idx = extract_layer_index(prefix) if prefix else 0
         self.impl = get_attn_backend()

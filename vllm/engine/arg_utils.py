@@ -123,6 +123,10 @@ class EngineArgs:
                 group.add_argument(flag, type=human_readable_int, default=default,
                                    help=help_text + " Accepts k/m (x1000) and K/M (x1024) "
                                    "suffixes, e.g. 4k or 32K.")
+            elif f.name == "kv_cache_dtype":
+                from vllm.attention.fp8_kv import KV_CACHE_DTYPES
+                group.add_argument(flag, type=str, default=default,
+                                   choices=list(KV_CACHE_DTYPES), help=help_text)
             elif f.name == "tokenizer_mode":
                 group.add_argument(flag, type=str, default=default, choices=["auto", "slow"],
                                    help=help_text)

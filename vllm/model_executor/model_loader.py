@@ -20,6 +20,7 @@ from torch import nn
 
 from vllm.model_executor.layers.quantization import (process_weights_after_loading,
                                                      quant_config_scope)
+from vllm.model_executor.layers.quantization.kv_cache import KVScales
 from vllm.model_executor.models.registry import ModelRegistry
 
 logger = logging.getLogger(__name__)
@@ -48,11 +49,14 @@ def get_model(vllm_config: Any, device: Union[str, torch.device] = "cpu") -> nn.
     with (torch.no_grad(), _default_dtype(model_config.torch_dtype), torch.device(device),
           quant_config_scope(quant_config)):
         model = model_cls(vllm_config=vllm_config)
+    kv_scales = KVScales()
     with torch.no_grad(), torch.device(device):
         if load_format == "dummy":
             _init_dummy_weights(model, model_config.seed)
         else:
-            model.load_weights(iterate_weights(model_config.model_path, load_format))
+            model.load_weights(kv_scales.filter(iterate_weights(model_config.model_path,
+                                                                load_format)))
+        kv_scales.apply(model, vllm_config.cache_config.cache_dtype)
         process_weights_after_loading(model)
     model.eval()
     logger.info("Loaded %s (%s) from %s in %.2f s (%s, %.1f M parameters, weights %.1f MiB"

@@ -14,11 +14,13 @@
 // loaded, so these loops run on torch's own thread pool. `nthreads` is passed in
 // (torch.get_num_threads()) because the OpenMP default is per calling thread.
 //
-// dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16_t).
+// dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16_t); KV caches also
+// 2 = float8_e4m3fn, 3 = float8_e5m2 (one byte, decoded through a 256-entry table).
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -46,6 +48,43 @@ inline float to_f(bf16 x) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+
+// fp8 KV cache elements. Reading one is a lookup in a 256-entry float table: exact,
+// NaN-preserving, and the same code for both formats; the per-tensor scales are
+// applied outside the token loops (K's folded into the softmax scale, V's into the
+// output), so the loops see the raw fp8 values.
+struct fp8_e4m3 { uint8_t bits; };
+struct fp8_e5m2 { uint8_t bits; };
+
+// Value of an fp8 byte with `mbits` mantissa bits and exponent bias `bias`; `ieee`:
+// e5m2 keeps IEEE infinities and NaNs at the top exponent, e4m3fn has only NaN at
+// S.1111.111 (its top exponent holds normal numbers).
+inline float decode_fp8(uint8_t b, int mbits, int bias, bool ieee) {
+  const int ebits = 7 - mbits;
+  const int e = (b >> mbits) & ((1 << ebits) - 1), m = b & ((1 << mbits) - 1);
+  const float sign = (b & 0x80) ? -1.0f : 1.0f;
+  const int top = (1 << ebits) - 1;
+  if (ieee && e == top) return m ? NAN : sign * INFINITY;
+  if (!ieee && e == top && m == (1 << mbits) - 1) return NAN;
+  const float frac = static_cast<float>(m) / static_cast<float>(1 << mbits);
+  return sign * (e ? std::ldexp(1.0f + frac, e - bias) : std::ldexp(frac, 1 - bias));
+}
+
+struct Fp8Tables {
+  float e4m3[256], e5m2[256];
+  Fp8Tables() {
+    for (int b = 0; b < 256; ++b) {
+      e4m3[b] = decode_fp8(static_cast<uint8_t>(b), 3, 7, false);
+      e5m2[b] = decode_fp8(static_cast<uint8_t>(b), 2, 15, true);
+    }
+  }
+};
+const Fp8Tables kFp8;
+
+inline float to_f(fp8_e4m3 x) { return kFp8.e4m3[x.bits]; }
+inline float to_f(fp8_e5m2 x) { return kFp8.e5m2[x.bits]; }
+inline const float* fp8_table(const fp8_e4m3*) { return kFp8.e4m3; }
+inline const float* fp8_table(const fp8_e5m2*) { return kFp8.e5m2; }
 
 template <typename T> inline T from_f(float x);
 template <> inline float from_f<float>(float x) { return x; }
@@ -216,14 +255,14 @@ inline void context_slots(const int32_t* table, int64_t len, int64_t block_size,
 }
 
 // scores[g * len + t] = scale * q_g . k_t, portable version.
-template <typename T>
-void qk_scores(const T* q, int64_t groups, int64_t d, const T* kbase, const int64_t* slots,
+template <typename T, typename C>
+void qk_scores(const T* q, int64_t groups, int64_t d, const C* kbase, const int64_t* slots,
                int64_t len, float scale, float* scores, float* qf,
                float* row) {
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t j = 0; j < d; ++j) qf[g * d + j] = to_f(q[g * d + j]) * scale;
   for (int64_t t = 0; t < len; ++t) {
-    const T* kr = kbase + slots[t] * d;
+    const C* kr = kbase + slots[t] * d;
 #pragma omp simd
     for (int64_t j = 0; j < d; ++j) row[j] = to_f(kr[j]);
     for (int64_t g = 0; g < groups; ++g) {
@@ -337,6 +376,14 @@ inline __m512 load16(const bf16* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
+// 16 fp8 bytes -> 16 floats: one gather from the format's table.
+template <typename F>
+inline __m512 load16_fp8(const F* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_i32gather_ps(_mm512_cvtepu8_epi32(raw), fp8_table(p), 4);
+}
+inline __m512 load16(const fp8_e4m3* p) { return load16_fp8(p); }
+inline __m512 load16(const fp8_e5m2* p) { return load16_fp8(p); }
 
 // pv_sum for GB heads and head_size 16 * CH with the accumulators in registers:
 // per token one conversion of the V row, then GB * CH fused multiply-adds.
@@ -399,12 +446,15 @@ void pv_dispatch(const float* p, int64_t groups, int64_t d, const T* vbase,
   pv_sum<T>(p, groups, d, vbase, slots, len, acc, row);
 }
 
-template <typename T>
-void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
+// q and out in the model dtype T; the caches in C (T itself, or fp8 with their
+// dequantization scales folded in by the caller: K's into `scale`, V's `v_scale`
+// multiplies the output).
+template <typename T, typename C>
+void decode_attention(const T* q, int64_t q_stride, const C* k_cache, const C* v_cache,
                       int64_t num_slots, const int32_t* block_table, int64_t bt_stride,
                       const int32_t* seq_lens, int64_t n, int64_t hq, int64_t hkv, int64_t d,
-                      int64_t block_size, float scale, T* out, int64_t out_stride,
-                      int nthreads) {
+                      int64_t block_size, float scale, float v_scale, T* out,
+                      int64_t out_stride, int nthreads) {
   const int64_t groups = hq / hkv;
 #pragma omp parallel num_threads(nthreads) if (n * hkv > 1)
   {
@@ -420,7 +470,7 @@ void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v
         scores.resize(groups * len);
         bool done = false;
 #if VLLM_HAVE_BF16_GEMM
-        if constexpr (sizeof(T) == 2) {
+        if constexpr (std::is_same_v<T, bf16> && std::is_same_v<C, bf16>) {
           if (d % 32 == 0 && d <= 256 && groups <= 16) {
             qk_scores_bf16(qh, groups, d, k_cache + kh * num_slots * d, slots.data(), len,
                            scale, scores.data());
@@ -429,14 +479,18 @@ void decode_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v
         }
 #endif
         if (!done)
-          qk_scores<T>(qh, groups, d, k_cache + kh * num_slots * d, slots.data(), len, scale,
-                       scores.data(), qf.data(), row.data());
+          qk_scores<T, C>(qh, groups, d, k_cache + kh * num_slots * d, slots.data(), len,
+                          scale, scores.data(), qf.data(), row.data());
         softmax_rows(scores.data(), groups, len);
-        pv_dispatch<T>(scores.data(), groups, d, v_cache + kh * num_slots * d, slots.data(),
+        pv_dispatch<C>(scores.data(), groups, d, v_cache + kh * num_slots * d, slots.data(),
                        len, acc.data(), row.data());
         for (int64_t g = 0; g < groups; ++g) {
           T* o = out + i * out_stride + (kh * groups + g) * d;
-          for (int64_t j = 0; j < d; ++j) o[j] = from_f<T>(acc[g * d + j]);
+          if constexpr (std::is_same_v<T, C>) {
+            for (int64_t j = 0; j < d; ++j) o[j] = from_f<T>(acc[g * d + j]);
+          } else {
+            for (int64_t j = 0; j < d; ++j) o[j] = from_f<T>(acc[g * d + j] * v_scale);
+          }
         }
       }
     }
@@ -680,9 +734,9 @@ void llama_decode_layer(bf16* hidden, bf16* residual, int first, const LayerWeig
            reinterpret_cast<const char*>(qkv + q_size + kv_size), qkv_n,
            reinterpret_cast<char*>(b.k_cache), reinterpret_cast<char*>(b.v_cache), b.num_slots,
            b.slot_mapping, n, s.kv_heads, d, sizeof(bf16), nthreads);
-  decode_attention<bf16>(qkv, qkv_n, b.k_cache, b.v_cache, b.num_slots, b.block_table,
-                         b.bt_stride, b.seq_lens, n, s.heads, s.kv_heads, d, b.block_size,
-                         s.scale, attn, q_size, nthreads);
+  decode_attention<bf16, bf16>(qkv, qkv_n, b.k_cache, b.v_cache, b.num_slots, b.block_table,
+                               b.bt_stride, b.seq_lens, n, s.heads, s.kv_heads, d,
+                               b.block_size, s.scale, 1.0f, attn, q_size, nthreads);
   project(w.o, l.o, b, attn, q_size, hidden, H, nthreads);
   rms_norm<bf16>(hidden, H, residual, H, w.post_norm, x, H, n, H, s.eps, nthreads);
   project(w.gate_up, l.gate_up, b, x, H, gate_up, 2 * s.inter, nthreads);
@@ -690,6 +744,28 @@ void llama_decode_layer(bf16* hidden, bf16* residual, int first, const LayerWeig
   project(w.down, l.down, b, act, s.inter, hidden, H, nthreads);
 }
 
+
+template <typename T>
+void decode_attention_cache(int cache_dtype, const void* q, int64_t q_stride,
+                            const void* k_cache, const void* v_cache, int64_t num_slots,
+                            const int32_t* block_table, int64_t bt_stride,
+                            const int32_t* seq_lens, int64_t n, int64_t hq, int64_t hkv,
+                            int64_t d, int64_t block_size, float scale, float v_scale,
+                            void* out, int64_t out_stride, int nthreads) {
+  const T* qt = static_cast<const T*>(q);
+  T* ot = static_cast<T*>(out);
+#define VLLM_DECODE(C)                                                                   \
+  decode_attention<T, C>(qt, q_stride, static_cast<const C*>(k_cache),                  \
+                         static_cast<const C*>(v_cache), num_slots, block_table, bt_stride, \
+                         seq_lens, n, hq, hkv, d, block_size, scale, v_scale, ot,         \
+                         out_stride, nthreads)
+  switch (cache_dtype) {
+    case 2: VLLM_DECODE(fp8_e4m3); break;
+    case 3: VLLM_DECODE(fp8_e5m2); break;
+    default: VLLM_DECODE(T); break;
+  }
+#undef VLLM_DECODE
+}
 
 }  // namespace
 
@@ -733,30 +809,32 @@ void vllm_silu_and_mul(int dtype, const void* x, int64_t x_stride, void* out,
                         out_stride, rows, d, nthreads);
 }
 
-void vllm_write_kv(int dtype, const void* k, const void* v, int64_t row_stride, void* k_cache,
-                   void* v_cache, int64_t num_slots, const int64_t* slots, int64_t tokens,
-                   int64_t kv_heads, int64_t head_size, int nthreads) {
+// cache_dtype: 0/1 the model dtype (K/V rows copied as they are), 2/3 fp8 (the rows
+// are already quantized, one byte per element).
+void vllm_write_kv(int cache_dtype, const void* k, const void* v, int64_t row_stride,
+                   void* k_cache, void* v_cache, int64_t num_slots, const int64_t* slots,
+                   int64_t tokens, int64_t kv_heads, int64_t head_size, int nthreads) {
+  const int64_t elem = cache_dtype == 0 ? 4 : (cache_dtype == 1 ? 2 : 1);
   write_kv(static_cast<const char*>(k), static_cast<const char*>(v), row_stride,
            static_cast<char*>(k_cache), static_cast<char*>(v_cache), num_slots, slots, tokens,
-           kv_heads, head_size, dtype == 1 ? 2 : 4, nthreads);
+           kv_heads, head_size, elem, nthreads);
 }
 
-void vllm_decode_attention(int dtype, const void* q, int64_t q_stride, const void* k_cache,
-                           const void* v_cache, int64_t num_slots, const int32_t* block_table,
-                           int64_t bt_stride, const int32_t* seq_lens, int64_t n, int64_t hq,
-                           int64_t hkv, int64_t d, int64_t block_size, float scale, void* out,
-                           int64_t out_stride, int nthreads) {
+// dtype: of q and out (0/1); cache_dtype: of the caches (the same, or 2/3 fp8).
+void vllm_decode_attention(int dtype, int cache_dtype, const void* q, int64_t q_stride,
+                           const void* k_cache, const void* v_cache, int64_t num_slots,
+                           const int32_t* block_table, int64_t bt_stride,
+                           const int32_t* seq_lens, int64_t n, int64_t hq, int64_t hkv,
+                           int64_t d, int64_t block_size, float scale, float v_scale,
+                           void* out, int64_t out_stride, int nthreads) {
   if (dtype == 1)
-    decode_attention<bf16>(static_cast<const bf16*>(q), q_stride,
-                           static_cast<const bf16*>(k_cache), static_cast<const bf16*>(v_cache),
-                           num_slots, block_table, bt_stride, seq_lens, n, hq, hkv, d,
-                           block_size, scale, static_cast<bf16*>(out), out_stride, nthreads);
+    decode_attention_cache<bf16>(cache_dtype, q, q_stride, k_cache, v_cache, num_slots,
+                                 block_table, bt_stride, seq_lens, n, hq, hkv, d, block_size,
+                                 scale, v_scale, out, out_stride, nthreads);
   else
-    decode_attention<float>(static_cast<const float*>(q), q_stride,
-                            static_cast<const float*>(k_cache),
-                            static_cast<const float*>(v_cache), num_slots, block_table,
-                            bt_stride, seq_lens, n, hq, hkv, d, block_size, scale,
-                            static_cast<float*>(out), out_stride, nthreads);
+    decode_attention_cache<float>(cache_dtype, q, q_stride, k_cache, v_cache, num_slots,
+                                  block_table, bt_stride, seq_lens, n, hq, hkv, d, block_size,
+                                  scale, v_scale, out, out_stride, nthreads);
 }
 
 int64_t vllm_packed_numel(int64_t N, int64_t K) {

@@ -27,6 +27,9 @@ from vllm import envs
 from vllm.native.loader import get_native_lib
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+CACHE_DTYPE_CODES = {**DTYPE_CODES, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
+"""KV cache dtypes of write_kv / decode_attention: the model's, or fp8 (see
+vllm/attention/fp8_kv.py)."""
 
 
 def supports(dtype: torch.dtype) -> bool:
@@ -194,7 +197,8 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
     """Store each token's K and V rows at its slot of a `[2, kv_heads, slots, head]` cache.
 
     key, value: [T, kv_heads * head_size], the same row stride (views of one fused
-    projection, or contiguous); slot_mapping: [T] int64.
+    projection, or contiguous), of the cache's dtype (an fp8 cache takes rows already
+    quantized); slot_mapping: [T] int64.
     """
     _rows_ok(key, "key")
     _rows_ok(value, "value")
@@ -203,7 +207,11 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
     _, kv_heads, num_slots, head_size = kv_cache.shape
     if not kv_cache.is_contiguous() or slot_mapping.dtype != torch.int64:
         raise ValueError("kv_cache must be contiguous and slot_mapping int64.")
-    get_native_lib().vllm_write_kv(DTYPE_CODES[key.dtype], key.data_ptr(), value.data_ptr(),
+    if key.dtype != kv_cache.dtype or value.dtype != kv_cache.dtype:
+        raise ValueError(f"key/value ({key.dtype}) must have the cache's dtype "
+                         f"({kv_cache.dtype}).")
+    get_native_lib().vllm_write_kv(CACHE_DTYPE_CODES[key.dtype], key.data_ptr(),
+                                   value.data_ptr(),
                                    key.stride(0), kv_cache[0].data_ptr(),
                                    kv_cache[1].data_ptr(), num_slots, slot_mapping.data_ptr(),
                                    key.shape[0], kv_heads, head_size, torch.get_num_threads())
@@ -212,11 +220,13 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
 @_torch_op("decode_attention", ("out",), _no_output)
 def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, num_heads: int, block_size: int, scale: float,
-                     out: torch.Tensor) -> None:
+                     out: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """One query per row against its paged context, written into `out` [n, hq * d].
 
     query: [n, >= num_heads * head_size]; block_table: [n, max_blocks] int32;
     seq_lens: [n] int32, each row's context length including its new token.
+    kv_cache: the query's dtype, or fp8 holding K / k_scale and V / v_scale (the
+    kernel reads fp8 through a table and applies the scales once per row).
     """
     _rows_ok(query, "query")
     _rows_ok(out, "out")
@@ -224,12 +234,17 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
     _, kv_heads, num_slots, head_size = kv_cache.shape
     if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         raise ValueError("block_table and seq_lens must be int32.")
+    if kv_cache.dtype != query.dtype and kv_cache.dtype not in CACHE_DTYPE_CODES:
+        raise ValueError(f"kv_cache dtype {kv_cache.dtype} is not supported.")
+    if kv_cache.dtype == query.dtype and (k_scale != 1.0 or v_scale != 1.0):
+        raise ValueError("k_scale/v_scale apply to fp8 caches only.")
     n = query.shape[0]
     get_native_lib().vllm_decode_attention(
-        DTYPE_CODES[query.dtype], query.data_ptr(), query.stride(0), kv_cache[0].data_ptr(),
-        kv_cache[1].data_ptr(), num_slots, block_table.data_ptr(), block_table.stride(0),
-        seq_lens.data_ptr(), n, num_heads, kv_heads, head_size, block_size, scale,
-        out.data_ptr(), out.stride(0), torch.get_num_threads())
+        DTYPE_CODES[query.dtype], CACHE_DTYPE_CODES[kv_cache.dtype], query.data_ptr(),
+        query.stride(0), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), num_slots,
+        block_table.data_ptr(), block_table.stride(0), seq_lens.data_ptr(), n, num_heads,
+        kv_heads, head_size, block_size, scale * k_scale, v_scale, out.data_ptr(),
+        out.stride(0), torch.get_num_threads())
 
 
 def gemm_supported() -> bool:

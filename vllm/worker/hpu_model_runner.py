@@ -78,6 +78,9 @@ class HPUModelRunner(ModelRunnerBase):
     def __init__(self, vllm_config: VllmConfig, device: torch.device | str = "cpu") -> None:
         mc, cc = vllm_config.model_config, vllm_config.cache_config
         sc = vllm_config.scheduler_config
+        if cc.cache_dtype != "auto":
+            raise ValueError(f"kv_cache_dtype={cc.cache_dtype!r} is not supported by the HPU "
+                             "runner yet; use auto.")
         super().__init__(vllm_config, device)
         self.max_model_len = mc.max_model_len
         self.mode = ExecutionMode.select(hpu.is_lazy(), mc.enforce_eager)

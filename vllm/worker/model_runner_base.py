@@ -36,6 +36,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from vllm.attention.fp8_kv import kv_cache_torch_dtype
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
@@ -114,6 +115,9 @@ class ModelRunnerBase:
         self.block_size = vllm_config.cache_config.block_size
         self.device = torch.device(device)
         self.dtype = self.model_config.torch_dtype
+        self.kv_cache_dtype = kv_cache_torch_dtype(vllm_config.cache_config.cache_dtype,
+                                                   self.dtype)
+        """The KV caches' dtype: the model's, or fp8 (vllm/attention/fp8_kv.py)."""
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs)
         self.sampler = Sampler()
@@ -168,7 +172,7 @@ class ModelRunnerBase:
 
     def get_kv_cache_block_bytes(self) -> int:
         """Bytes of one KV block across all layers this rank holds."""
-        elem = torch.tensor([], dtype=self.dtype).element_size()
+        elem = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
         return (2 * len(self._owned_layer_ids()) * self.block_size * self._kv_heads_per_rank()
                 * self.model_config.get_head_size() * elem)
 
@@ -177,8 +181,8 @@ class ModelRunnerBase:
         index; layers of other PP stages get an empty placeholder. Zeroed so that
         masked-out or padding slots never hold NaNs (see kv_cache_alloc.py)."""
         owned = set(self._owned_layer_ids())
-        empty = torch.empty(0, dtype=self.dtype, device=self.device)
-        caches = iter(zeroed_tensors(shape, self.dtype, self.device, len(owned)))
+        empty = torch.empty(0, dtype=self.kv_cache_dtype, device=self.device)
+        caches = iter(zeroed_tensors(shape, self.kv_cache_dtype, self.device, len(owned)))
         return [next(caches) if i in owned else empty
                 for i in range(self.model_config.get_num_layers())]
 

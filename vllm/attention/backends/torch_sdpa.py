@@ -35,6 +35,15 @@ paths above: the native decode kernel and `_decode` know no per-head bias, windo
 or cap, so their decodes (and the native path's short prefills, which are decode
 rows too) go through `_masked_decode` and their prefills through
 `masked_attention`, both explicit float32 scores in torch ops.
+
+An fp8 cache (`--kv-cache-dtype fp8`, vllm/attention/fp8_kv.py) stores K / k_scale and
+V / v_scale quantized; the native decode kernel reads it directly (a 256-entry table
+per format, scales applied once per row). Without the native kernel its decodes take
+`_masked_decode` (the gathered rows dequantized to float32: `embedding_bag` cannot
+read fp8); prefills take SDPA (the native prefill kernel reads float caches only) over
+the dequantized context; a prefill's own new K/V go through quantize-dequantize
+first, so every path attends to what the cache holds. The fused native decode layer
+(models/llama_fused.py) takes bf16 caches only.
 """
 from __future__ import annotations
 
@@ -45,6 +54,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vllm.attention.fp8_kv import dequantize_kv, is_fp8, quantize_kv
 from vllm.attention.ops.masked_attention import masked_attention
 from vllm.native import cpu_ops, prefill_ops
 
@@ -288,6 +298,8 @@ class TorchSDPABackendImpl:
         k = key.view(num_tokens, hkv, d)
         v = value.view(num_tokens, hkv, d)
         k_cache, v_cache = kv_cache[0], kv_cache[1]
+        if is_fp8(kv_cache.dtype):
+            return self._forward_fp8(layer, query, key, value, kv_cache, md)
         if self._native_write(key, value, kv_cache):
             cpu_ops.write_kv(key, value, kv_cache, md.slot_mapping)
         else:
@@ -312,17 +324,39 @@ class TorchSDPABackendImpl:
             prefill_ops.prefill_attention(query, kv_cache, f.block_table, f.query_start,
                                           f.query_len, f.context_len, hq, md.block_size,
                                           layer.scale, out)
-        for seq in md.prefills:
-            if seq.flash and md.flash is not None:
-                continue
-            s, e = seq.query_start, seq.query_start + seq.query_len
-            if seq.context_len == 0:
-                out[s:e] = _sdpa(q[s:e], k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
-                                 None, layer.scale, causal=True)
-            else:
-                kk = k_cache.index_select(1, seq.slots)
-                vv = v_cache.index_select(1, seq.slots)
-                out[s:e] = _sdpa(q[s:e], kk, vv, seq.mask, layer.scale, causal=False)
+        _prefills(out, q, k, v, kv_cache, md, layer, skip_flash=md.flash is not None)
+        return out
+
+    def _forward_fp8(self, layer, query: torch.Tensor, key: torch.Tensor,
+                     value: torch.Tensor, kv_cache: torch.Tensor,
+                     md: TorchSDPAMetadata) -> torch.Tensor:
+        """forward() for an fp8 cache: store quantized K/V, attend to them dequantized."""
+        num_tokens, cache_dtype = query.shape[0], kv_cache.dtype
+        hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+        kq = quantize_kv(key.reshape(num_tokens, hkv * d), layer.k_scale, cache_dtype)
+        vq = quantize_kv(value.reshape(num_tokens, hkv * d), layer.v_scale, cache_dtype)
+        if kv_cache.device.type == "cpu" and kv_cache.is_contiguous() and cpu_ops.supports(
+                query.dtype):
+            cpu_ops.write_kv(kq, vq, kv_cache, md.slot_mapping)
+        else:  # index_copy_ has no fp8 kernel: copy the bytes
+            cache_bytes = kv_cache.view(torch.uint8)
+            for i, rows in enumerate((kq, vq)):
+                cache_bytes[i].index_copy_(1, md.slot_mapping, rows.view(torch.uint8).view(
+                    num_tokens, hkv, d).transpose(0, 1))
+        q = query.view(num_tokens, hq, d)
+        k = dequantize_kv(kq, layer.k_scale, query.dtype).view(num_tokens, hkv, d)
+        v = dequantize_kv(vq, layer.v_scale, query.dtype).view(num_tokens, hkv, d)
+        if _is_masked(layer):
+            return self._masked(q, k, v, kv_cache, md, layer, query)
+        out = torch.empty(num_tokens, hq * d, dtype=query.dtype, device=query.device)
+        nd = md.num_decodes
+        if nd and md.decode_block_table is not None:
+            cpu_ops.decode_attention(query[:nd], kv_cache, md.decode_block_table,
+                                     md.decode_seq_lens, hq, md.block_size, layer.scale,
+                                     out[:nd], layer.k_scale, layer.v_scale)
+        elif nd:
+            out[:nd] = _masked_decode(q[:nd], kv_cache, md, layer)
+        _prefills(out, q, k, v, kv_cache, md, layer, skip_flash=False)
         return out
 
     @staticmethod
@@ -345,9 +379,10 @@ class TorchSDPABackendImpl:
                                             q_pos, q_pos)
             else:
                 k_pos = torch.arange(seq.context_len + seq.query_len, device=q.device)
-                out[s:e] = masked_attention(layer, q[s:e], kv_cache[0].index_select(1, seq.slots),
-                                            kv_cache[1].index_select(1, seq.slots), q_pos,
-                                            k_pos)
+                out[s:e] = masked_attention(layer, q[s:e],
+                                            _read(kv_cache, 0, seq.slots, layer, q.dtype),
+                                            _read(kv_cache, 1, seq.slots, layer, q.dtype),
+                                            q_pos, k_pos)
         return out
 
     @staticmethod
@@ -382,6 +417,34 @@ class TorchSDPABackendImpl:
         return out.view(hkv, nd, groups * d).transpose(0, 1).reshape(nd, hkv * groups * d)
 
 
+def _read(kv_cache: torch.Tensor, which: int, slots: torch.Tensor, layer,
+          dtype: torch.dtype) -> torch.Tensor:
+    """K (which=0) or V (1) rows of `slots`, [kv_heads, len(slots), head_size]: as
+    stored, or dequantized to `dtype` from an fp8 cache."""
+    rows = kv_cache[which].index_select(1, slots)
+    if not is_fp8(rows.dtype):
+        return rows
+    return dequantize_kv(rows, layer.k_scale if which == 0 else layer.v_scale, dtype)
+
+
+def _prefills(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              kv_cache: torch.Tensor, md: TorchSDPAMetadata, layer, skip_flash: bool) -> None:
+    """Each prefill (q/k/v [T, heads, d] of this step) into its rows of `out`: causal
+    SDPA on its own K/V without context, else SDPA over the gathered context.
+    skip_flash: leave out those the native prefill kernel did."""
+    for seq in md.prefills:
+        if skip_flash and seq.flash:
+            continue
+        s, e = seq.query_start, seq.query_start + seq.query_len
+        if seq.context_len == 0:
+            out[s:e] = _sdpa(q[s:e], k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
+                             None, layer.scale, causal=True)
+        else:
+            kk = _read(kv_cache, 0, seq.slots, layer, q.dtype)
+            vv = _read(kv_cache, 1, seq.slots, layer, q.dtype)
+            out[s:e] = _sdpa(q[s:e], kk, vv, seq.mask, layer.scale, causal=False)
+
+
 def _is_masked(layer) -> bool:
     """A layer with a sliding window, a soft-cap or ALiBi (`Attention` attributes)."""
     return (getattr(layer, "sliding_window", None) is not None
@@ -406,8 +469,8 @@ def _masked_decode(q: torch.Tensor, kv_cache: torch.Tensor, md: TorchSDPAMetadat
     pos = torch.where(valid, pos, 0)
     slots = (table.gather(1, pos // md.block_size) * md.block_size + pos % md.block_size)
     slots = slots.reshape(-1).to(device)
-    kk = kv_cache[0].index_select(1, slots).view(hkv, n, width, d).float()
-    vv = kv_cache[1].index_select(1, slots).view(hkv, n, width, d).float()
+    kk = _read(kv_cache, 0, slots, layer, torch.float32).view(hkv, n, width, d).float()
+    vv = _read(kv_cache, 1, slots, layer, torch.float32).view(hkv, n, width, d).float()
     qq = q.view(n, hkv, hq // hkv, d).permute(1, 0, 2, 3).float()    # [hkv, n, g, d]
     scores = torch.matmul(qq, kk.transpose(-1, -2)) * layer.scale     # [hkv, n, g, width]
     if layer.logits_soft_cap is not None:

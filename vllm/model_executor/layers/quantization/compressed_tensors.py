@@ -9,8 +9,10 @@ Supported schemes (one `config_groups` entry per scheme, matched to layers by
 - `pack-quantized` W4A16 / W8A16: int weights packed 8 (or 4) per int32 along the
   input, `group` (any group size dividing the input) or `channel` scales, symmetric
   or with `weight_zero_point`, optional `weight_g_idx` (activation ordering).
-Anything else (sparsity, transforms, other formats, dynamic per-tensor activations)
-fails at start with the field that asks for it.
+A `kv_cache_scheme` must be static per-tensor fp8 (its scales are read by
+kv_cache.py and used with `--kv-cache-dtype fp8`). Anything else (sparsity,
+transforms, other formats, dynamic per-tensor activations) fails at start with the
+field that asks for it.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from vllm.model_executor.layers.quantization.base_config import (LinearMethodBas
                                                                  all_or_none, check_field,
                                                                  checkpoint_names)
 from vllm.model_executor.layers.quantization.fp8 import Fp8CheckpointLinearMethod
+from vllm.model_executor.layers.quantization.kv_cache import check_kv_cache_scheme
 
 _METHOD = "compressed-tensors"
 
@@ -109,11 +112,16 @@ class CompressedTensorsConfig(QuantizationConfig):
                 raise ValueError(f"quantization_config.{field} is not supported (only dense "
                                  "quantized weights).")
         groups = config.get("config_groups")
-        if not isinstance(groups, dict) or not groups:
+        kv_scheme = config.get("kv_cache_scheme")
+        if kv_scheme is not None:
+            check_kv_cache_scheme(kv_scheme)
+        if groups is None and kv_scheme is not None:
+            groups = {}  # a KV-cache-only checkpoint: float weights
+        if not isinstance(groups, dict) or not (groups or kv_scheme):
             raise ValueError("quantization_config.config_groups is missing or empty.")
         fmt = config.get("format") or ""
         schemes = [_Scheme(name, group, fmt) for name, group in groups.items()]
-        return cls(schemes, list(config.get("ignore") or []), config.get("kv_cache_scheme"))
+        return cls(schemes, list(config.get("ignore") or []), kv_scheme)
 
     def _scheme_for(self, name: str) -> Optional[_Scheme]:
         if _matches(name, [p for p in self.ignore if p != "Linear"]):
@@ -150,4 +158,6 @@ class CompressedTensorsConfig(QuantizationConfig):
             else:
                 parts.append(f"int{s.num_bits} group {s.group_size} "
                              f"{'sym' if s.symmetric else 'asym'}")
+        if self.kv_cache_scheme is not None:
+            parts.append("fp8 KV cache scales")
         return f"{self.name} ({'; '.join(parts)})"
