@@ -11,18 +11,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_side_by_side_run_reports_both_engines(tiny_model_factory):
+    """Offline batch1 and the served workload (each engine's OpenAI server, streamed
+    token-id prompts): every row of the final table, with the load average."""
     model = tiny_model_factory("llama")
     env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", TOKENIZERS_PARALLELISM="false",
                VLLM_CPU_KVCACHE_SPACE="0.25")
     proc = subprocess.run(
         [sys.executable, os.path.join("benchmarks", "compare_vllm_cpu.py"), "--model", model,
-         "--vllm-cpu-python", sys.executable, "--workloads", "batch1", "--output-len", "4"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+         "--vllm-cpu-python", sys.executable, "--workloads", "batch1", "served-mixed64",
+         "--output-len", "4", "--max-concurrency", "8"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert re.search(r"^CPU: .+; \d+ logical CPUs; model ", proc.stdout, re.M), proc.stdout
-    rows = re.findall(r"^\| batch1 \(rep 0\) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x \|$",
-                      proc.stdout, re.M)
-    assert len(rows) == 1, proc.stdout
-    ours, theirs, ratio = map(float, rows[0])
-    assert ours > 0 and theirs > 0
-    assert abs(ratio - ours / theirs) < 0.01 + 0.05 * ratio  # printed rounded
+    rows = re.findall(r"^\| ([\w-]+) \(rep 0\) \| ([\w /]+) \| ([\d.]+) \| ([\d.]+) \| "
+                      r"([\d.]+)x \| [\d.]+/[\d.]+/[\d.]+ \|$", proc.stdout, re.M)
+    assert [(r[0], r[1]) for r in rows] == [
+        ("batch1", "output tok/s"), ("served-mixed64", "output tok/s"),
+        ("served-mixed64", "TTFT p50 ms"), ("served-mixed64", "TPOT p50 ms")], proc.stdout
+    for _, _, ours, theirs, ratio in rows:
+        ours, theirs, ratio = float(ours), float(theirs), float(ratio)
+        assert ours > 0 and theirs > 0
+        assert abs(ratio - ours / theirs) < 0.01 + 0.05 * ratio  # printed rounded
