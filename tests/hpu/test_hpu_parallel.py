@@ -235,3 +235,27 @@ def test_tp_ranks_with_different_memory_capture_the_same_buckets(tiny):
         assert [s["num_graphed_buckets"] for s in stats] == [0, 0]
         assert [s["num_compiles_after_warmup"] for s in stats] == [0, 0]
         release(llm)
+
+
+def test_fake_hpu_ranks_share_the_host_cores():
+    """Fake HPU ranks (TP=2 x DP=2) take a quarter of the cores each instead of the
+    engine's thread count (forked ranks that inherited 2 threads after the engine ran
+    OpenMP work hung in their first parallel region)."""
+    import os
+
+    import torch
+
+    from vllm.config import ParallelConfig
+    from vllm.worker.hpu_worker import HPUWorker
+
+    class _Config:
+        parallel_config = ParallelConfig(tensor_parallel_size=2, data_parallel_size=2)
+
+    threads = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0))
+    try:
+        torch.set_num_threads(cores + 3)
+        HPUWorker(_Config(), local_rank=1, rank=1)._share_host_cores()
+        assert torch.get_num_threads() == max(1, cores // 4)
+    finally:
+        torch.set_num_threads(threads)

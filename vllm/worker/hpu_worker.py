@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -71,6 +72,8 @@ class HPUWorker(WorkerBase):
         that module (as in Gaudi's own vLLM backends).
         """
         self.selected_device = self._select_device()
+        if hpu.is_fake_hpu():
+            self._share_host_cores()
         if not hpu.is_fake_hpu() and self.vllm_config.parallel_config.world_size > 1:
             importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers hccl
         self.init_distributed("gloo" if hpu.is_fake_hpu() else "hccl",
@@ -81,6 +84,23 @@ class HPUWorker(WorkerBase):
                                            device=torch.device(hpu.torch_device_type()))
         self.model_runner.device_label = f"hpu:{self.selected_device}"
         self.memory_budget: Optional[HPUMemoryBudget] = None
+
+    def _share_host_cores(self) -> None:
+        """Fake HPU: the "devices" are the host's cores, shared by every rank of every
+        data-parallel replica, so each rank takes its share as torch threads, as CPU
+        ranks do (one rank keeps what it has), instead of the engine process's count.
+
+        Inheriting that count hung forked ranks: once the engine has run OpenMP work
+        with 2 threads, a forked child waits forever in its first parallel region
+        (GNU OpenMP's thread pool does not survive fork). With one thread per rank
+        (the share on small hosts) no pool is used; with larger shares, start the
+        workers with spawn if the engine process already ran torch work."""
+        pc = self.vllm_config.parallel_config
+        ranks = pc.world_size * pc.data_parallel_size
+        if ranks > 1:
+            cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else os.cpu_count() or 1)
+            torch.set_num_threads(max(1, cores // ranks))
 
     def _select_device(self) -> int:
         """`device_index` (local rank, after the earlier data-parallel replicas' devices),
