@@ -13,14 +13,17 @@ while attention and the glue between layers run eagerly. Attention reads the
 per-pass metadata from the forward context, a global that changes every step;
 tracing it would recompile every step. Identical layers share their compiled
 code, so a bucket costs one compile per region type. On the fake HPU the backend
-is dynamo's "eager" (it traces and guards exactly like a real backend, but
-inductor's C++ code generation would take minutes per bucket on a CPU).
+is `fake_hpu_backend` (vllm/hpu/fake_compile.py): dynamo traces and guards exactly
+as with a real backend and the graph runs eagerly (inductor's C++ code generation
+would take minutes per bucket on a CPU); during warmup (`warmup_context`) its
+regions return zeros of their traced shapes instead of doing the CPU arithmetic.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
-from typing import Any, Optional, Union
+from typing import Any, Callable, ContextManager, Optional, Union
 
 import torch
 from torch import nn
@@ -28,6 +31,7 @@ from torch import nn
 from vllm import hpu
 from vllm.attention import Attention
 from vllm.forward_context import set_forward_context
+from vllm.hpu.fake_compile import fake_hpu_backend, shape_only_regions
 from vllm.sequence import IntermediateTensors
 
 logger = logging.getLogger(__name__)
@@ -50,9 +54,26 @@ class ExecutionMode(enum.Enum):
         return self in (ExecutionMode.HPU_GRAPHS, ExecutionMode.LAZY)
 
 
-def compile_backend() -> str:
-    """Gaudi's dynamo backend on hardware; dynamo's 'eager' backend on the fake HPU."""
-    return "eager" if hpu.is_fake_hpu() else "hpu_backend"
+CompileBackend = Union[str, Callable[..., Any]]
+
+
+def compile_backend() -> CompileBackend:
+    """Gaudi's dynamo backend on hardware; `fake_hpu_backend` on the fake HPU."""
+    return fake_hpu_backend if hpu.is_fake_hpu() else "hpu_backend"
+
+
+def backend_name(backend: CompileBackend) -> str:
+    return backend if isinstance(backend, str) else backend.__name__
+
+
+def warmup_context(mode: ExecutionMode) -> ContextManager[None]:
+    """Wraps the warmup's dummy passes: on the fake HPU in torch.compile mode the
+    compiled regions trace and guard every bucket shape but skip the arithmetic
+    (nothing of it is kept; on Gaudi it is nearly free, on the CPU it was most of
+    the warmup); anywhere else a no-op."""
+    if mode is ExecutionMode.TORCH_COMPILE and hpu.is_fake_hpu():
+        return shape_only_regions()
+    return contextlib.nullcontext()
 
 
 class HPUModelAdapter(nn.Module):
@@ -101,7 +122,7 @@ def _raise_recompile_limits(limit: int) -> None:
             setattr(config, name, max(getattr(config, name), limit))
 
 
-def compile_regions(module: nn.Module, backend: str, max_shapes: int = 1024) -> int:
+def compile_regions(module: nn.Module, backend: CompileBackend, max_shapes: int = 1024) -> int:
     """Compile (in place) the largest submodules without attention; returns how many."""
     _raise_recompile_limits(max_shapes)
     count = 0
@@ -124,7 +145,7 @@ def prepare_forward_module(model: nn.Module, attn_impl: Any, mode: ExecutionMode
         backend = compile_backend()
         regions = compile_regions(model, backend)
         logger.info("torch.compile (backend %r, dynamic=False): %d regions compiled per "
-                    "bucket shape; attention runs eagerly.", backend, regions)
+                    "bucket shape; attention runs eagerly.", backend_name(backend), regions)
     return adapter
 
 

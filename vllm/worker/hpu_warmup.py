@@ -2,7 +2,9 @@
 
 Phase 1 runs one dummy batch per bucket, largest first (so an out-of-memory shows
 up at once), prompt buckets then decode buckets: each run is the compile that
-serving would otherwise pay for. Phase 2 (HPU graph mode only) captures graphs.
+serving would otherwise pay for (on the fake HPU in torch.compile mode the
+compiled regions skip their arithmetic meanwhile, see `warmup_context`).
+Phase 2 (HPU graph mode only) captures graphs.
 The memory left for graphs (free memory minus the margin kept by
 gpu_memory_utilization) is split by VLLM_GRAPH_PROMPT_RATIO; prompt buckets are
 captured in VLLM_GRAPH_PROMPT_STRATEGY order and decode buckets in
@@ -28,6 +30,7 @@ from tqdm import tqdm
 from vllm import envs, hpu
 from vllm.distributed.parallel_state import get_tp_group
 from vllm.worker.hpu_bucketing import Bucket
+from vllm.worker.hpu_execution import warmup_context
 from vllm.worker.hpu_log import format_bytes, log_graph_memory, log_warmup_step
 
 if TYPE_CHECKING:
@@ -124,8 +127,9 @@ class HPUWarmup:
                                                        runner.block_size), b))
         decode = sorted(runner.bucketing.decode_buckets, reverse=True,
                         key=lambda b: (b.batch_size * b.num_blocks, b))
-        self._compile_phase("Prompt", True, prompt)
-        self._compile_phase("Decode", False, decode)
+        with warmup_context(runner.mode):
+            self._compile_phase("Prompt", True, prompt)
+            self._compile_phase("Decode", False, decode)
         if runner.uses_hpu_graphs:
             self._capture_graphs(prompt, decode)
         hpu.synchronize()
