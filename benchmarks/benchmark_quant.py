@@ -9,12 +9,14 @@ For each format the same model is loaded in bf16 (the CPU default), then:
   sample and the load average are printed, the machine may be shared).
 
 A `modules:` prefix on a format (e.g. `modules:int4=DIR`) turns the fused native decode
-layer (llama_fused.py) off for it: the same weights through the module path.
+layer (llama_fused.py) off for it: the same weights through the module path. A `+kv8`
+suffix (e.g. `bf16+kv8`, `fp8+kv8`) runs that format with `--kv-cache-dtype fp8`
+(the checkpoint's KV scales if it has any, else 1.0).
 
     python benchmarks/quantize_checkpoint.py HuggingFaceTB/SmolLM2-135M-Instruct \\
         /tmp/smollm2-w4a16 --scheme W4A16 --group-size 128
     python benchmarks/benchmark_quant.py --format bf16 --format fp8 \\
-        --format int4=/tmp/smollm2-w4a16
+        --format int4=/tmp/smollm2-w4a16 --format bf16+kv8 --format fp8+kv8
 """
 from __future__ import annotations
 
@@ -99,16 +101,19 @@ def _run_one(fmt: str, args) -> dict:
     fused = not fmt.startswith("modules:")
     spec = fmt.split(":", 1)[1] if not fused else fmt
     kw = dict(perplexity=not args.no_perplexity, fused=fused)
+    kv_cache_dtype = args.kv_cache_dtype
+    if spec.endswith("+kv8"):
+        spec, kv_cache_dtype = spec[:-len("+kv8")], "fp8"
     if "=" in spec:
         name, path = spec.split("=", 1)
-        row = run_format(name, path, None, args.kv_cache_dtype, args.repeats, **kw)
+        row = run_format(name, path, None, kv_cache_dtype, args.repeats, **kw)
     else:
         if spec == "fp8-channel":
             os.environ["VLLM_FP8_WEIGHT_SCALE"] = "channel"
         quant = None if spec == "bf16" else "fp8"
-        row = run_format(spec, args.model, quant, args.kv_cache_dtype, args.repeats, **kw)
+        row = run_format(spec, args.model, quant, kv_cache_dtype, args.repeats, **kw)
         os.environ.pop("VLLM_FP8_WEIGHT_SCALE", None)
-    row["format"] = fmt.split("=", 1)[0]
+    row["format"] = fmt.split("=", 1)[0] + ("+kv8" if fmt.endswith("+kv8") else "")
     return row
 
 

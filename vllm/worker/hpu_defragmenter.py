@@ -18,6 +18,8 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from vllm.attention.fp8_kv import FP8_DTYPES
+
 from vllm import envs
 
 logger = logging.getLogger(__name__)
@@ -80,6 +82,8 @@ def swap_blocks(caches: Sequence[torch.Tensor], moves: Sequence[tuple[int, int]]
     src_slots = (torch.tensor(src, dtype=torch.long)[:, None] * block_size + offsets).view(-1)
     dst_slots = (torch.tensor(dst, dtype=torch.long)[:, None] * block_size + offsets).view(-1)
     for cache in caches:
+        if cache.dtype in FP8_DTYPES:  # a byte copy (CPU torch has no fp8 index_copy_)
+            cache = cache.view(torch.uint8)
         src_t, dst_t = src_slots.to(cache.device), dst_slots.to(cache.device)
         src_data = cache.index_select(0, src_t)
         dst_data = cache.index_select(0, dst_t)

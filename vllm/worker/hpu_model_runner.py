@@ -78,9 +78,6 @@ class HPUModelRunner(ModelRunnerBase):
     def __init__(self, vllm_config: VllmConfig, device: torch.device | str = "cpu") -> None:
         mc, cc = vllm_config.model_config, vllm_config.cache_config
         sc = vllm_config.scheduler_config
-        if cc.cache_dtype != "auto":
-            raise ValueError(f"kv_cache_dtype={cc.cache_dtype!r} is not supported by the HPU "
-                             "runner yet; use auto.")
         super().__init__(vllm_config, device)
         self.max_model_len = mc.max_model_len
         self.mode = ExecutionMode.select(hpu.is_lazy(), mc.enforce_eager)
@@ -145,7 +142,7 @@ class HPUModelRunner(ModelRunnerBase):
         shape = ((num_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
                  self.model_config.get_head_size())
         owned = self._owned_layer_ids()
-        halves = iter(zeroed_tensors(shape, self.dtype, self.device, 2 * len(owned)))
+        halves = iter(zeroed_tensors(shape, self.kv_cache_dtype, self.device, 2 * len(owned)))
         caches = {i: HPUKVCache(next(halves), next(halves)) for i in owned}
         self.kv_caches = [caches.get(i) for i in range(self.model_config.get_num_layers())]
         for cache in caches.values():

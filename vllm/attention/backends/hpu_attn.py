@@ -22,6 +22,10 @@ two halves of one `[2, ...]` tensor. Inside a captured HPU graph an in-place wri
 (`index_copy_`) into a view of a bigger tensor makes the graph depend on the view's
 base and offset; writing into whole tensors keeps each cache write a plain graph
 input/output, which is what Gaudi's graph capture handles without copies.
+
+With an fp8 cache (vllm/attention/fp8_kv.py) the new K/V are cast to fp8 with the
+layer's scales before the write, and every attention reads them back dequantized:
+the prompt's own new K/V too (`_fp8_kv`), as on CPU.
 """
 from __future__ import annotations
 
@@ -30,8 +34,10 @@ from typing import NamedTuple, Optional
 import torch
 
 from vllm import envs
+from vllm.attention.fp8_kv import is_fp8
 from vllm.attention.ops.hpu_paged_attn import (FlatPAMetadata, check_fsdpa_gqa,
-                                               flat_paged_attention,
+                                               dequantize_kv, flat_paged_attention,
+                                               quantize_kv,
                                                gather_context, prompt_attention,
                                                prompt_attention_masked,
                                                prompt_attention_with_context,
@@ -89,7 +95,10 @@ class HPUAttentionImpl:
         k = key.view(rows, hkv, d)
         v = value.view(rows, hkv, d)
         has_cache = kv_cache is not None and kv_cache.key_cache.numel() > 0
-        if has_cache:
+        scales = None
+        if has_cache and is_fp8(kv_cache.key_cache.dtype):
+            k, v, scales = _fp8_kv(layer, k, v, kv_cache, md.slot_mapping)
+        elif has_cache:
             write_to_kv_cache(k, v, kv_cache.key_cache, kv_cache.value_cache,
                               md.slot_mapping)
         slopes = getattr(layer, "alibi_slopes", None)
@@ -97,23 +106,25 @@ class HPUAttentionImpl:
                   or getattr(layer, "logits_soft_cap", None) is not None
                   or slopes is not None)
         if md.is_prompt and masked:
-            out = self._prompt_masked(q, k, v, kv_cache if has_cache else None, md, layer)
+            out = self._prompt_masked(q, k, v, kv_cache if has_cache else None, md, layer,
+                                      scales)
         elif md.is_prompt:
             out = self._prompt(q, k, v, kv_cache if has_cache else None, md, layer.scale,
-                               self.fsdpa_gqa)
+                               self.fsdpa_gqa, scales)
         else:
             if not has_cache:
                 raise ValueError("HPU decode attention needs the KV cache.")
             out = flat_paged_attention(q, kv_cache.key_cache, kv_cache.value_cache, md.flat_pa,
                                        layer.scale,
                                        getattr(layer, "logits_soft_cap", None),
-                                       getattr(layer, "sliding_window", None), slopes)
+                                       getattr(layer, "sliding_window", None), slopes,
+                                       scales)
         return out.reshape(rows, hq * d)
 
     @staticmethod
     def _prompt_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        kv_cache: Optional[HPUKVCache], md: HPUAttentionMetadata,
-                       layer) -> torch.Tensor:
+                       layer, scales=None) -> torch.Tensor:
         """Prompt pass of a soft-capped, sliding-window or ALiBi layer (FusedSDPA takes
         no per-head bias): explicit scores over the same (context +) new tokens
         `_prompt` uses."""
@@ -133,6 +144,9 @@ class HPUAttentionImpl:
             raise ValueError("HPU prompt attention with a context needs the KV cache.")
         past_k = gather_context(kv_cache.key_cache, md.context_block_list, md.block_size)
         past_v = gather_context(kv_cache.value_cache, md.context_block_list, md.block_size)
+        if scales is not None:
+            past_k = dequantize_kv(past_k, scales[0], q.dtype)
+            past_v = dequantize_kv(past_v, scales[1], q.dtype)
         past = torch.arange(past_k.shape[1], device=q.device)[None, :].expand(batch, -1)
         q_pos = md.context_lens[:, None] + new
         k_pos = torch.cat((past, q_pos), dim=1)
@@ -145,7 +159,7 @@ class HPUAttentionImpl:
     @staticmethod
     def _prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: Optional[HPUKVCache], md: HPUAttentionMetadata,
-                scale: float, gqa_mode: str = "native") -> torch.Tensor:
+                scale: float, gqa_mode: str = "native", scales=None) -> torch.Tensor:
         """[B*T, H, D] rows -> [B, T, H, D] batch (the shapes give B and T)."""
         batch = md.query_lens.shape[0]
         seq = q.shape[0] // batch
@@ -159,4 +173,22 @@ class HPUAttentionImpl:
         return prompt_attention_with_context(qb, kb, vb, kv_cache.key_cache,
                                              kv_cache.value_cache,
                                              md.context_block_list, md.context_lens,
-                                             md.block_size, scale, gqa_mode)
+                                             md.block_size, scale, gqa_mode, scales)
+
+
+def _fp8_kv(layer, k: torch.Tensor, v: torch.Tensor, kv_cache: HPUKVCache,
+            slot_mapping: torch.Tensor):
+    """Write K/V to an fp8 cache; (K, V as the cache gives them back, the layer's
+    (k_scale, v_scale) tensors for the reads)."""
+    scales = getattr(layer, "_hpu_kv_scales", None)
+    if scales is None or scales[0].device != k.device:
+        as_t = lambda x: torch.tensor(x, dtype=torch.float32, device=k.device)  # noqa: E731
+        scales = (as_t(layer.k_scale), as_t(layer.v_scale), as_t(1.0 / layer.k_scale),
+                  as_t(1.0 / layer.v_scale))
+        layer._hpu_kv_scales = scales  # built once: constant inputs of every graph
+    cache_dtype = kv_cache.key_cache.dtype
+    kq = quantize_kv(k, scales[2], cache_dtype)
+    vq = quantize_kv(v, scales[3], cache_dtype)
+    write_to_kv_cache(kq, vq, kv_cache.key_cache, kv_cache.value_cache, slot_mapping)
+    return (dequantize_kv(kq, scales[0], k.dtype), dequantize_kv(vq, scales[1], v.dtype),
+            scales[:2])

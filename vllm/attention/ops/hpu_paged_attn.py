@@ -11,6 +11,11 @@ block_size, num_kv_heads, head_size]` (`HPUKVCache` in the backend). Writes are
 `index_copy_` into the whole tensor, never into a view.
 Caches must be allocated zeroed (`torch.zeros`): padding rows read blocks that were
 never written, and 0 * NaN garbage would poison the matmuls.
+
+An fp8 cache (`--kv-cache-dtype fp8`, vllm/attention/fp8_kv.py) holds K / k_scale and
+V / v_scale cast by the Gaudi op `cast_to_fp8_v2` (`quantize_kv`); every read gathers
+the fp8 blocks first and converts only those with `cast_from_fp8` (`dequantize_kv`),
+so the cache is read at one byte per element.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 
 from vllm import hpu
+from vllm.attention.fp8_kv import FP8_DTYPES
 
 # torch marks index_reduce_ "beta" with a UserWarning on CPU; the op is what we want.
 warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")
@@ -30,9 +36,28 @@ def write_to_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
     """Store K/V [T, H, D] at `slot = block_id * block_size + pos % block_size`.
 
     Padded tokens must map to the pad block's slots so they never overwrite real data.
+    fp8 rows (already quantized) are copied as bytes: a view of the whole tensor, and
+    torch on CPU (the fake HPU) has no fp8 index_copy_.
     """
+    if key_cache.dtype in FP8_DTYPES:
+        key_cache, value_cache = key_cache.view(torch.uint8), value_cache.view(torch.uint8)
+        key, value = key.view(torch.uint8), value.view(torch.uint8)
     key_cache.index_copy_(0, slot_mapping, key)
     value_cache.index_copy_(0, slot_mapping, value)
+
+
+def quantize_kv(x: torch.Tensor, inv_scale: torch.Tensor, cache_dtype: torch.dtype
+                ) -> torch.Tensor:
+    """x * inv_scale (= x / scale) saturated to the fp8 cache dtype (Gaudi's cast)."""
+    return hpu.hpu_ops.cast_to_fp8_v2(x, inv_scale, False, False, cache_dtype)[0]
+
+
+def dequantize_kv(x: torch.Tensor, scale: Optional[torch.Tensor],
+                  dtype: torch.dtype) -> torch.Tensor:
+    """Cache rows in `dtype`: fp8 ones times their scale, others as they are."""
+    if x.dtype not in FP8_DTYPES:
+        return x
+    return hpu.hpu_ops.cast_from_fp8(x, scale, dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -169,7 +194,9 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                          value_cache: torch.Tensor, metadata: FlatPAMetadata,
                          scale: float, logits_soft_cap: Optional[float] = None,
                          sliding_window: Optional[int] = None,
-                         alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         alibi_slopes: Optional[torch.Tensor] = None,
+                         kv_scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+                         ) -> torch.Tensor:
     """Decode attention: query [B, Hq, D] -> [B, Hq, D] over each sequence's cached tokens.
 
     GQA groups the Hq // Hkv query heads of a KV head instead of repeating K/V.
@@ -186,6 +213,9 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     the positions of a block row coming from `block_offsets` (ALiBi: the query is the
     sequence's last token). The bias is built from metadata tensors only, so the
     graph shape stays the bucket's.
+
+    `kv_scales` (k_scale, v_scale): dequantization scales of fp8 caches, applied to
+    the gathered blocks.
     """
     mapping = metadata.block_mapping                       # [N, B]
     num_blocks, batch = mapping.shape
@@ -200,6 +230,9 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     # 2. the blocks' keys and values
     k = _fetch_blocks(key_cache, metadata.block_list, num_blocks, block_size)
     v = _fetch_blocks(value_cache, metadata.block_list, num_blocks, block_size)
+    if kv_scales is not None:
+        k = dequantize_kv(k, kv_scales[0], query.dtype)
+        v = dequantize_kv(v, kv_scales[1], query.dtype)
     k = k.permute(0, 2, 3, 1)                              # [N, Hkv, D, bs]
     v = v.permute(0, 2, 1, 3)                              # [N, Hkv, bs, D]
     # 3. per-block partial softmax
@@ -309,7 +342,9 @@ def prompt_attention_with_context(query: torch.Tensor, key: torch.Tensor,
                                   value: torch.Tensor, key_cache: torch.Tensor,
                                   value_cache: torch.Tensor, context_block_list: torch.Tensor,
                                   context_lens: torch.Tensor, block_size: int,
-                                  scale: float, gqa_mode: str = "native") -> torch.Tensor:
+                                  scale: float, gqa_mode: str = "native",
+                                  kv_scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+                                  ) -> torch.Tensor:
     """Prefill after a context (prefix-cache hit or earlier chunk).
 
     q [B, T, Hq, D] and k/v [B, T, Hkv, D] are the new tokens (right padded);
@@ -319,9 +354,13 @@ def prompt_attention_with_context(query: torch.Tensor, key: torch.Tensor,
     length are masked and the new part is causal. Padded query rows stay finite
     (they see at least the first new token) and are ignored by the caller.
     `block_size` is a constant of the engine, so it does not multiply graphs.
+    `kv_scales`: as in flat_paged_attention (fp8 caches).
     """
     past_k = gather_context(key_cache, context_block_list, block_size)
     past_v = gather_context(value_cache, context_block_list, block_size)
+    if kv_scales is not None:
+        past_k = dequantize_kv(past_k, kv_scales[0], query.dtype)
+        past_v = dequantize_kv(past_v, kv_scales[1], query.dtype)
     k = torch.cat((past_k, key), dim=1).transpose(1, 2)            # [B, Hkv, S, D]
     v = torch.cat((past_v, value), dim=1).transpose(1, 2)
     mask = context_attention_mask(context_lens, past_k.shape[1], query.shape[1], query.dtype)
