@@ -82,7 +82,8 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "RUNTIME_SCALE_PATCHING": (_bool, False, "Gaudi FP8: patch scales at run time (one "
                                "graph for all scales); the HPU plugin sets 1 in eager / "
                                "torch.compile mode unless given."),
-    "VLLM_SKIP_WARMUP": (_bool, False, "Skip bucket warmup (first requests then compile)."),
+    "VLLM_SKIP_WARMUP": (_bool, False, "Skip bucket warmup (first requests then compile; "
+                         "HPU graphs are captured on first use)."),
     "VLLM_EXPONENTIAL_BUCKETING": (_bool, True, "Exponential buckets (default) or linear."),
     "VLLM_GRAPH_RESERVED_MEM": (float, 0.1, "Share of usable memory kept for HPU graphs."),
     "VLLM_GRAPH_PROMPT_RATIO": (float, 0.3, "Share of graph memory given to prompt graphs."),

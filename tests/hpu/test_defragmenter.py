@@ -61,3 +61,30 @@ def test_threshold_from_env(monkeypatch):
     monkeypatch.setenv("VLLM_DEFRAG_THRESHOLD", "-1")
     with pytest.raises(ValueError, match="VLLM_DEFRAG_THRESHOLD"):
         HPUDefragmenter(16, 4)
+
+
+def test_swaps_run_in_buckets_inside_the_tracker():
+    """4 moves run as one swap of the 8-pair bucket, inside `track(8)`; K and V are
+    swapped as whole tensors; a bucket smaller than the plan is refused."""
+    from vllm.worker.hpu_defragmenter import swap_bucket, swap_buckets
+    bs, n = 2, 40
+    k, v = torch.randn((n + 1) * bs, 1, 2), torch.randn((n + 1) * bs, 1, 2)
+    seen = []
+
+    class Track:
+        def __init__(self, bucket):
+            seen.append(bucket)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    defrag = HPUDefragmenter(n, bs, threshold=2, pad_block_id=n)
+    assert defrag.defragment([0, 30, 31, 35, 39], [k, v], track=Track) == 4
+    assert seen == [8]
+    assert [swap_bucket(m) for m in (1, 8, 9, 17, 64)] == [8, 8, 16, 32, 64]
+    assert swap_buckets(64) == [8, 16, 32, 64]
+    with pytest.raises(ValueError, match="do not fit"):
+        swap_blocks([k], [(1, 2)] * 9, bs, pad_block_id=n, bucket=8)

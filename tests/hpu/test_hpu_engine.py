@@ -127,7 +127,8 @@ def _staggered(engine, prompts: dict[int, list[int]]) -> dict[int, list[int]]:
 def test_warmup_then_serving_compiles_nothing(reference, caplog):
     """Warmup (HPU graphs, default block size 128) logs every bucket; a mixed workload
     inside the limits then compiles nothing, and a prompt past the warmed range warns
-    once, adds one bucket and compiles once."""
+    once, adds one bucket and captures its graph (compiling it and its logits gather
+    once)."""
     prompts, expected = reference
     with platform_env("hpu", **WARMUP_ENV), caplog.at_level(logging.INFO, logger="vllm"):
         llm = make_llm(enable_prefix_caching=False, max_num_seqs=4, num_gpu_blocks_override=16)
@@ -155,10 +156,14 @@ def test_warmup_then_serving_compiles_nothing(reference, caplog):
         warnings = [r for r in caplog.records if "was not warmed up" in r.getMessage()]
         assert len(warnings) == 1
         assert runner.bucketing.fallback_buckets == [Bucket(1, 256, 0)]
-        assert runner.num_compiles_after_warmup == 1
-        assert re.search(r"Step \d+: 1 graph compilation\(s\) \[prompt \(1, 256, 0\): 1\]",
-                         caplog.text)
+        # The fallback bucket's graph is captured, and its logits gather (a new hidden
+        # shape) compiles too: two compiles, once.
+        assert (True, Bucket(1, 256, 0)) in runner.graphed_buckets
+        assert runner.num_compiles_after_warmup == 2
+        assert runner.tracker.compiled_labels[True] == ["prompt (1, 256, 0)", "logits (1,)"]
+        assert re.search(r"Step \d+: 2 graph compilation\(s\) \[prompt \(1, 256, 0\): 1, "
+                         r"logits \(1,\): 1", caplog.text)
         compile_stats = llm.llm_engine.engine_core.executor.worker.get_compile_stats()
-        assert compile_stats["num_compiles_after_warmup"] == 1
+        assert compile_stats["num_compiles_after_warmup"] == 2
         assert compile_stats["execution_mode"] == "HPU graphs"
         release(llm)

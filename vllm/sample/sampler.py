@@ -17,7 +17,7 @@ from vllm.sample.metadata import SamplingMetadata, greedy_sample
 from vllm.sample.ops.logit_masks import (apply_allowed_token_mask, apply_logit_bias,
                                          apply_min_tokens)
 from vllm.sample.ops.penalties import apply_penalties
-from vllm.sample.ops.topk_topp import apply_min_p, apply_top_k_top_p
+from vllm.sample.ops.topk_topp import apply_min_p, apply_top_k_top_p, apply_top_k_top_p_sorted
 
 
 @dataclass
@@ -30,7 +30,14 @@ class Sampler(nn.Module):
     """Stateless: all per-request state (history, generators) comes in the metadata.
 
     The logits tensor belongs to the sampler once passed: it may be modified in place.
+    With `static_shapes` (HPU) top-k / top-p take the full-sort path, whose shapes
+    depend only on the logits' (the default path looks at a window first and sorts
+    the rows it did not resolve: data-dependent shapes and a host sync).
     """
+
+    def __init__(self, static_shapes: bool = False) -> None:
+        super().__init__()
+        self.static_shapes = static_shapes
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != metadata.num_rows:
@@ -65,15 +72,16 @@ class Sampler(nn.Module):
                                      pen.repetition, pen.frequency, pen.presence)
         return logits
 
-    @staticmethod
-    def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         greedy = None if md.all_random else greedy_sample(logits)
         if md.all_greedy:
             return greedy
         logits = logits.div_(md.temperature.unsqueeze(1))
         if md.min_p is not None:
             logits = apply_min_p(logits, md.min_p)
-        if md.top_k is not None or md.top_p is not None:
+        if self.static_shapes and md.top_k is not None and md.top_p is not None:
+            logits = apply_top_k_top_p_sorted(logits, md.top_k, md.top_p)
+        elif md.top_k is not None or md.top_p is not None:
             logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         sampled = random_sample(probs, md.generators)

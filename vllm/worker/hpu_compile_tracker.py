@@ -1,8 +1,11 @@
-"""Counts graph compilations per forward pass, before and after warmup.
+"""Counts graph compilations per step, before and after warmup.
 
 On Gaudi every new input signature of a forward pass is a graph compile (seconds
 to minutes, in the middle of a request). Warmup compiles every bucket up front;
-after it, a healthy server compiles nothing. This tracker measures each pass with
+after it, a healthy server compiles nothing. Everything a step runs on the device is
+measured: each forward pass, the logits gather, the structured-output bitmask, the
+sampler, the prompt-logprob gathers and the defragmenter's swaps. This tracker
+measures each of them with
 `metric_localcontext("graph_compilation")` (Gaudi's own counter on hardware; on
 the fake HPU it counts new signatures recorded with `record_compile`, which the
 fake HPU graphs do per capture and this tracker does for passes run without a
@@ -48,6 +51,9 @@ class CompileTracker:
         self.num_cpu_fallbacks = 0
         self.num_steps = 0
         self._step: list[PassRecord] = []
+        self.compiled_labels: dict[bool, list[str]] = {False: [], True: []}
+        """Labels of the passes and calls that compiled, during (False) and after (True)
+        warmup: what a compile after warmup was (a forward bucket, a sampler shape...)."""
 
     @contextlib.contextmanager
     def track_pass(self, label: str, signature: Optional[Hashable]) -> Iterator[None]:
@@ -65,6 +71,8 @@ class CompileTracker:
         record = PassRecord(label, int(_metric_value(compiles, "TotalNumber")),
                             int(_metric_value(fallbacks, "TotalNumber")),
                             dict(_metric_value(fallbacks, "FallbackOps") or {}))
+        if record.compiles:
+            self.compiled_labels[self.warmup_done].append(label)
         if self.warmup_done:
             self.num_compiles_after_warmup += record.compiles
         else:

@@ -14,7 +14,8 @@ before building attention metadata.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Optional, Sequence
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Iterable, Optional, Sequence
 
 import torch
 
@@ -115,15 +116,22 @@ class HPUDefragmenter:
     def resolve_table(self, block_table: Sequence[int]) -> list[int]:
         return [self.to_physical[b] for b in block_table]
 
-    def defragment(self, used_logical_ids: Iterable[int],
-                   caches: Sequence[torch.Tensor]) -> int:
-        """Compact if needed; returns the number of blocks moved."""
+    def defragment(self, used_logical_ids: Iterable[int], caches: Sequence[torch.Tensor],
+                   track: Callable[[int], ContextManager] = lambda bucket: nullcontext()
+                   ) -> int:
+        """Compact if needed; returns the number of blocks moved.
+
+        The swap runs inside `track(bucket)` (the runner's compile tracker), where
+        `bucket` is the padded number of moves (the swap's shape)."""
         used = list(used_logical_ids)
         used_physical = [self.to_physical[b] for b in used]
         moves = plan_defrag(used_physical, self.threshold, self.max_moves)
         if not moves:
             return 0
-        swap_blocks(caches, moves, self.block_size, self.pad_block_id)
+        bucket = len(moves) if self.pad_block_id is None else swap_bucket(len(moves))
+        with track(bucket):
+            swap_blocks(caches, moves, self.block_size, self.pad_block_id, bucket=bucket
+                        if self.pad_block_id is not None else None)
         for src, dst in moves:
             a, b = self.to_logical[src], self.to_logical[dst]
             self.to_physical[a], self.to_physical[b] = dst, src

@@ -37,20 +37,26 @@ from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.hpu.fake_graphs import input_signature
+from vllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
+from vllm.sample.metadata import greedy_sample
 from vllm.sample.ops.bitmask import apply_token_bitmask_, rows_bitmask
+from vllm.sample.sampler import Sampler, SamplerOutput
 from vllm.sequence import IntermediateTensors
 from vllm.worker.hpu_bucketing import Bucket, HPUBucketingContext
 from vllm.worker.hpu_compile_tracker import CompileTracker
-from vllm.worker.hpu_defragmenter import HPUDefragmenter
+from vllm.worker.hpu_defragmenter import HPUDefragmenter, swap_blocks, swap_buckets
 from vllm.worker.hpu_execution import ExecutionMode, prepare_forward_module, run_forward
 from vllm.worker.hpu_input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_decode_batch,
                                         build_prompt_batch, decode_blocks_needed,
                                         dependency_levels, group_prompts, pad_slots)
 from vllm.worker.hpu_profiler import HPUProfiler
+from vllm.worker.hpu_sampling import (logprobs_bucket, logprobs_buckets, padded_rows,
+                                      sampler_signature, static_metadata, warmup_metadata)
 from vllm.worker.hpu_log import MemorySnapshot, log_profile_run, log_weights_loaded
 from vllm.worker.hpu_warmup import HPUWarmup
 from vllm.worker.kv_cache_alloc import zeroed_tensors
-from vllm.worker.model_runner_base import ForwardPass, LogprobsRow, ModelRunnerBase, PassOutput
+from vllm.worker.model_runner_base import (ForwardPass, LogprobsRow, ModelRunnerBase, PassOutput,
+                                           PromptLogprobs)
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +97,13 @@ class HPUModelRunner(ModelRunnerBase):
             use_prompt_context=cc.enable_prefix_caching or chunked,
             contiguous_pa=self.contiguous_pa)
         self.tracker = CompileTracker()
+        self.sampler = Sampler(static_shapes=True)
+        self.capture_on_first_use = False
+        """VLLM_SKIP_WARMUP with HPU graphs: a bucket's graph is captured when first run."""
+        self.num_graph_captures = 0
+        self.num_graph_replays = 0
+        self._graph_keys: set = set()
+        self._warmed_samplers: set = set()
         self.profiler = HPUProfiler()
         self.graphed_buckets: set[tuple[bool, Bucket]] = set()
         self.forward_module: Optional[torch.nn.Module] = None
@@ -195,12 +208,53 @@ class HPUModelRunner(ModelRunnerBase):
         """One warmup pass (forward, logits and the structured-output bitmask) in the
         exact shapes serving uses."""
         batch = self.dummy_batch(is_prompt, bucket)
-        _, logits = self._run_batch(batch, use_graph=use_graph)
+        hidden, logits = self._run_batch(batch, use_graph=use_graph)
         if logits is None:
             return  # a pipeline stage before the last: no logits
         words = (self.model_config.vocab_size + 31) // 32
         self._apply_bitmask(logits, torch.full((bucket.batch_size, words), -1,
                                                dtype=torch.int32))
+        self._warm_sampling(batch, hidden, logits)
+
+    def _warm_sampling(self, batch: HPUBatch, hidden: torch.Tensor,
+                       logits: torch.Tensor) -> None:
+        """The sampler (argmax and full, every logprob bucket) at the bucket's batch
+        size, and with a prompt bucket its prompt-logprob gather and computation for
+        every logprob bucket; each shape once (buckets share batch sizes)."""
+        vocab = logits.shape[-1]
+        k_buckets = logprobs_buckets(self.model_config.max_logprobs, vocab)
+        key = ("sampler", tuple(logits.shape))
+        if key not in self._warmed_samplers:
+            self._warmed_samplers.add(key)
+            self._run_argmax(logits.clone())
+            for k in [None] + k_buckets:
+                md = warmup_metadata(logits.shape[0], vocab, k, logits.device)
+                self._run_sampler(logits.clone(), md)
+        if not batch.is_prompt:
+            return
+        width = batch.row_stride
+        gather = ("prompt_logprobs_gather", tuple(hidden.shape), width)
+        if gather in self._warmed_samplers:
+            return
+        self._warmed_samplers.add(gather)
+        rows = self._prompt_gather(hidden, torch.arange(width, device=hidden.device))
+        if ("prompt_logprobs_head", width) in self._warmed_samplers:
+            return  # the head and the logprobs of this width are warm already
+        self._warmed_samplers.add(("prompt_logprobs_head", width))
+        logits = self._prompt_head(rows)
+        target = torch.zeros(width, dtype=torch.long, device=hidden.device)
+        logprobs = self._prompt_log_softmax(logits)
+        for k in k_buckets:
+            self._prompt_logprobs_of(logits, target, k, logprobs)
+
+    def warmup_defragmenter(self) -> None:
+        """Every swap bucket of the defragmenter, as no-op swaps of the pad block."""
+        if self.defragmenter is None or not self.defragmenter.max_moves:
+            return
+        for bucket in swap_buckets(self.defragmenter.max_moves):
+            with self._track_swap(bucket):
+                swap_blocks(self._cache_tensors(), [], self.block_size, self.pad_block_id,
+                            bucket=bucket)
 
     def capture_graph(self, is_prompt: bool, bucket: Bucket) -> None:
         """Record the HPU graph of a bucket; later passes in it replay the graph."""
@@ -221,12 +275,16 @@ class HPUModelRunner(ModelRunnerBase):
 
     def warmup_model(self) -> None:
         """Compile every bucket (and capture HPU graphs) before serving."""
+        self.capture_on_first_use = False  # warmed: graphs follow the memory budget
         with self.profiler.record("warmup"):
             HPUWarmup(self).run()
 
     def skip_warmup(self) -> None:
+        """No warmup; with HPU graphs each bucket's graph is captured on first use."""
         logger.warning("VLLM_SKIP_WARMUP is set: buckets compile on first use while "
-                       "serving (expect slow first requests).")
+                       "serving (expect slow first requests)%s.",
+                       "; HPU graphs are captured on first use" if self.uses_hpu_graphs else "")
+        self.capture_on_first_use = self.uses_hpu_graphs
         self.tracker.finish_warmup()
 
     # ---------------------------------------------------------------- execute
@@ -288,16 +346,123 @@ class HPUModelRunner(ModelRunnerBase):
         with self.tracker.track_pass(f"bitmask {tuple(bitmask.shape)}", signature):
             apply_token_bitmask_(logits, bitmask.to(logits.device))
 
-    def _sample(self, logits: torch.Tensor, req_ids: list[str]
-                ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
-        with self.profiler.record("sample", rows=len(req_ids)):
-            return super()._sample(logits, req_ids)
+    def _sample_passes(self, pending: list[tuple[ForwardPass, PassOutput, torch.Tensor]]
+                       ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
+        """Each pass sampled on its bucket's [B, vocab] logits (see hpu_sampling.py):
+        no gather of the sampling rows, one warmed sampler shape per batch size."""
+        sampled: dict[str, list[int]] = {}
+        logprobs: dict[str, LogprobsRow] = {}
+        with self.profiler.record("sample", rows=sum(len(p[0].sample_req_ids)
+                                                     for p in pending)):
+            for fwd, _, logits in pending:
+                batch: HPUBatch = fwd.platform_data
+                rows = {i: s.req_id for i, s in enumerate(batch.seqs) if s.sample}
+                tokens, lps = self._sample_bucket(logits, rows)
+                sampled.update(tokens)
+                logprobs.update(lps)
+        return sampled, logprobs
+
+    def _sample_bucket(self, logits: torch.Tensor, rows: dict[int, str]
+                       ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
+        """Sample all B rows of `logits` (dummy greedy rows where nobody samples), keep
+        the rows of `rows` (bucket row -> request)."""
+        req_ids = list(rows.values())
+        lp_all = None
+        if all(self.input_batch.takes_argmax(r) for r in req_ids):
+            tokens_all = self._run_argmax(logits).tolist()
+        else:
+            sampling_rows = padded_rows({i: self.input_batch.sampling_row(r)
+                                         for i, r in rows.items()}, logits.shape[0])
+            out = self._run_sampler(logits, static_metadata(sampling_rows, logits.shape[-1],
+                                                            logits.device))
+            tokens_all = out.sampled_token_ids.tolist()
+            lp = out.logprobs_tensors
+            if lp is not None:
+                lp_all = (lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
+                          lp.selected_token_ranks.tolist())
+        index = list(rows)
+        lp_lists = None if lp_all is None else tuple([col[i] for i in index] for col in lp_all)
+        return self._record_samples(req_ids, [tokens_all[i] for i in index], lp_lists)
+
+    def _run_argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        signature = sampler_signature(logits, None)
+        with self.tracker.track_pass(f"argmax {tuple(logits.shape)}", signature):
+            return greedy_sample(logits)
+
+    def _run_sampler(self, logits: torch.Tensor, md) -> SamplerOutput:
+        signature = sampler_signature(logits, md)
+        with self.tracker.track_pass(f"sampler {tuple(logits.shape)}", signature):
+            return self.sampler(logits, md)
+
+    def _prompt_logprobs_rows(self, fwd: ForwardPass, hidden: torch.Tensor, rows: list[int],
+                              targets: list[int], num_logprobs: int) -> PromptLogprobs:
+        """Rows padded to the bucket's query length, K to its logprob bucket; the
+        result cut back to the real rows and the K asked for."""
+        batch: HPUBatch = fwd.platform_data
+        width = max(len(rows), batch.row_stride if batch.is_prompt else 1)
+        ids, lps, ranks = self._prompt_logprobs_padded(hidden, rows, targets, num_logprobs,
+                                                       width)
+        n, k = len(rows), num_logprobs + 1
+        return [r[:k] for r in ids[:n]], [r[:k] for r in lps[:n]], ranks[:n]
+
+    def _prompt_logprobs_padded(self, hidden: torch.Tensor, rows: list[int],
+                                targets: list[int], num_logprobs: int,
+                                width: int) -> PromptLogprobs:
+        """Prompt logprobs on `width` rows: `rows`, then repeats of the last one."""
+        pad = width - len(rows)
+        index = torch.tensor(rows + rows[-1:] * pad, device=hidden.device)
+        logits = self._prompt_logits(hidden, index)
+        target = torch.tensor(targets + [0] * pad, device=hidden.device)
+        t = self._prompt_logprobs_of(logits, target, num_logprobs)
+        return (t.logprob_token_ids.tolist(), t.logprobs.tolist(),
+                t.selected_token_ranks.tolist())
+
+    def _prompt_logits(self, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Logits at the `index` [width] rows of a pass."""
+        return self._prompt_head(self._prompt_gather(hidden, index))
+
+    def _prompt_gather(self, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """hidden[index], tracked per hidden shape and width."""
+        with self.tracker.track_pass(f"prompt logprobs gather {tuple(index.shape)}",
+                                     ("prompt_logprobs_gather", tuple(hidden.shape),
+                                      hidden.dtype, tuple(index.shape))):
+            return hidden.index_select(0, index)
+
+    def _prompt_head(self, rows: torch.Tensor) -> torch.Tensor:
+        """The LM head on [width, hidden] rows, tracked per width."""
+        with self.tracker.track_pass(f"prompt logprobs head {tuple(rows.shape)}",
+                                     ("prompt_logprobs_head", tuple(rows.shape), rows.dtype)):
+            return self.model.compute_logits(rows)
+
+    def _prompt_log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        with self.tracker.track_pass(f"prompt logprobs {tuple(logits.shape)}",
+                                     ("prompt_logprobs", tuple(logits.shape), logits.dtype)):
+            return compute_logprobs(logits)
+
+    def _prompt_logprobs_of(self, logits: torch.Tensor, target: torch.Tensor,
+                            num_logprobs: int, logprobs: Optional[torch.Tensor] = None
+                            ) -> LogprobsTensors:
+        """Prompt logprobs with K rounded up to its bucket: the log-softmax tracked per
+        width (or given, in warmup), the selection and top-K per width and bucket."""
+        k = logprobs_bucket(num_logprobs, self.model_config.vocab_size)
+        if logprobs is None:
+            logprobs = self._prompt_log_softmax(logits)
+        with self.tracker.track_pass(f"prompt logprobs top-k {tuple(logits.shape)} k={k}",
+                                     ("prompt_logprobs_topk", tuple(logprobs.shape), k)):
+            return gather_logprobs(logprobs, k, target)
 
     def _defragment(self) -> None:
         if self.defragmenter is None:
             return
         used = {b for st in self.requests.values() for b in st.block_ids}
-        self.defragmenter.defragment(used, self._cache_tensors())
+        self.defragmenter.defragment(used, self._cache_tensors(), track=self._track_swap)
+
+    def _track_swap(self, bucket: int):
+        """The tracker's context for a defragmenter swap of `bucket` block pairs."""
+        caches = self._cache_tensors()
+        signature = ("defrag_swap", bucket, len(caches),
+                     tuple(caches[0].shape) if caches else (), self.dtype)
+        return self.tracker.track_pass(f"defrag swap {bucket}", signature)
 
     def _physical(self, block_ids: list[int]) -> list[int]:
         if self.defragmenter is None:
@@ -348,7 +513,20 @@ class HPUModelRunner(ModelRunnerBase):
         return batches
 
     def _graphed(self, batch: HPUBatch) -> bool:
-        return self.uses_hpu_graphs and (batch.is_prompt, batch.bucket) in self.graphed_buckets
+        """Whether the pass runs through an HPU graph: a bucket captured at warmup, or,
+        captured now on first use, any bucket with VLLM_SKIP_WARMUP and a fallback
+        bucket beyond the warmed range."""
+        if not self.uses_hpu_graphs:
+            return False
+        key = (batch.is_prompt, batch.bucket)
+        if key in self.graphed_buckets:
+            return True
+        if self.capture_on_first_use or batch.bucket in self.bucketing.fallback_buckets:
+            logger.info("Capturing the HPU graph of %s bucket %s on first use.",
+                        "prompt" if batch.is_prompt else "decode", tuple(batch.bucket))
+            self.graphed_buckets.add(key)
+            return True
+        return False
 
     def _lora_slot_tensor(self, batch: HPUBatch, slots: Optional[np.ndarray]
                           ) -> Optional[torch.Tensor]:
@@ -396,17 +574,32 @@ class HPUModelRunner(ModelRunnerBase):
             self.mode.value, bool(kv),
             input_signature((batch.input_ids, batch.positions, batch.attn_metadata, lora,
                              intermediate)))
+        if use_graph:
+            self._count_graph_run((batch.is_prompt, batch.bucket, lora is not None, bool(kv)))
         with self.profiler.record(phase, bucket=tuple(batch.bucket), real=batch.num_real,
                                   graph=use_graph), \
                 self.tracker.track_pass(label, signature):
             hidden = run_forward(self.forward_module, self.mode, use_graph, batch.input_ids,
                                  batch.positions, batch.attn_metadata, kv, lora, intermediate)
-            if not get_pp_group().is_last_rank:
-                if serving:
-                    get_pp_group().send_tensor_dict(hidden.tensors)
-                return hidden, None
+        if not get_pp_group().is_last_rank:
+            if serving:
+                get_pp_group().send_tensor_dict(hidden.tensors)
+            return hidden, None
+        # The logits gather runs outside the graph: a shape of its own, tracked.
+        with self.tracker.track_pass(f"logits {tuple(batch.logits_indices.shape)}",
+                                     ("logits", tuple(hidden.shape), hidden.dtype,
+                                      tuple(batch.logits_indices.shape))):
             logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         return hidden, logits
+
+    def _count_graph_run(self, key: tuple) -> None:
+        """Graph captures (first run of a key) and replays, counted by the runner so
+        the numbers exist on hardware too (the fake graphs keep their own books)."""
+        if key in self._graph_keys:
+            self.num_graph_replays += 1
+        else:
+            self._graph_keys.add(key)
+            self.num_graph_captures += 1
 
     # ------------------------------------------------------------------ stats
     def get_compile_stats(self) -> dict:
@@ -416,5 +609,7 @@ class HPUModelRunner(ModelRunnerBase):
                      num_prompt_buckets=self.bucketing.num_prompt_buckets,
                      num_decode_buckets=self.bucketing.num_decode_buckets,
                      num_fallback_buckets=len(self.bucketing.fallback_buckets),
-                     num_graphed_buckets=len(self.graphed_buckets))
+                     num_graphed_buckets=len(self.graphed_buckets),
+                     num_graph_captures=self.num_graph_captures,
+                     num_graph_replays=self.num_graph_replays)
         return stats

@@ -2,7 +2,10 @@
 
 Phase 1 runs one dummy batch per bucket, largest first (so an out-of-memory shows
 up at once), prompt buckets then decode buckets: each run is the compile that
-serving would otherwise pay for (on the fake HPU in torch.compile mode the
+serving would otherwise pay for, for the forward and everything after it in the
+step: the logits gather, the structured-output bitmask, the sampler (argmax and
+full, every logprob bucket) and the prompt-logprob gathers (see hpu_sampling.py);
+then the defragmenter's swap buckets (on the fake HPU in torch.compile mode the
 compiled regions skip their arithmetic meanwhile, see `warmup_context`).
 Phase 2 (HPU graph mode only) captures graphs.
 The memory left for graphs (free memory minus the margin kept by
@@ -130,6 +133,7 @@ class HPUWarmup:
         with warmup_context(runner.mode):
             self._compile_phase("Prompt", True, prompt)
             self._compile_phase("Decode", False, decode)
+        runner.warmup_defragmenter()
         if runner.uses_hpu_graphs:
             self._capture_graphs(prompt, decode)
         hpu.synchronize()

@@ -200,8 +200,7 @@ class ModelRunnerBase:
         self._update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
-        sample_ids: list[str] = []
-        sample_logits: list[torch.Tensor] = []
+        pending: list[tuple[ForwardPass, PassOutput, torch.Tensor]] = []
         prompt_lps: dict[str, PromptLogprobs] = {}
         for fwd in self._prepare_inputs(scheduler_output):
             fwd.lora_mapping = self.prepare_lora_mapping(fwd)
@@ -217,18 +216,11 @@ class ModelRunnerBase:
                 logits = self.apply_logits_processors(
                     out.sample_logits, out.logits_req_ids or fwd.sample_req_ids,
                     scheduler_output)
-                if out.sample_rows is not None:
-                    logits = logits.index_select(0, out.sample_rows)
-                sample_ids.extend(fwd.sample_req_ids)
-                sample_logits.append(logits)
+                pending.append((fwd, out, logits))
             self._prompt_logprobs(fwd, out.hidden_states, scheduler_output, prompt_lps)
         if not self.is_driver:
             return None
-        sampled: dict[str, list[int]] = {}
-        logprobs: dict[str, LogprobsRow] = {}
-        if sample_ids:
-            logits = sample_logits[0] if len(sample_logits) == 1 else torch.cat(sample_logits)
-            sampled, logprobs = self._sample(logits, sample_ids)
+        sampled, logprobs = self._sample_passes(pending)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         return ModelRunnerOutput(
             req_ids=req_ids, sampled_token_ids=[sampled.get(r, []) for r in req_ids],
@@ -285,12 +277,25 @@ class ModelRunnerBase:
         self.update_draft_tokens(so)
 
     # ------------------------------------------------------------- sampling
+    def _sample_passes(self, pending: list[tuple[ForwardPass, PassOutput, torch.Tensor]]
+                       ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
+        """Sample the step's passes (each: its logits after the processors): the
+        sampling rows of every pass gathered and joined, one sampler call. HPU
+        overrides this to sample each pass on its bucket's fixed shape."""
+        if not pending:
+            return {}, {}
+        parts, req_ids = [], []
+        for fwd, out, logits in pending:
+            parts.append(logits if out.sample_rows is None
+                         else logits.index_select(0, out.sample_rows))
+            req_ids.extend(fwd.sample_req_ids)
+        return self._sample(parts[0] if len(parts) == 1 else torch.cat(parts), req_ids)
+
     def _sample(self, logits: torch.Tensor, req_ids: list[str]
                 ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
         """Sample one token per row of `logits` (row i: request req_ids[i]), append it
         to the request's state; return the tokens and the asked-for logprobs."""
         batch = self.input_batch
-        logprobs: dict[str, LogprobsRow] = {}
         lp_lists = None
         if all(batch.takes_argmax(r) for r in req_ids):
             token_ids = greedy_sample(logits).tolist()
@@ -303,7 +308,15 @@ class ModelRunnerBase:
             if lp is not None:
                 lp_lists = (lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
                             lp.selected_token_ranks.tolist())
+        return self._record_samples(req_ids, token_ids, lp_lists)
+
+    def _record_samples(self, req_ids: list[str], token_ids: list[int],
+                        lp_lists: Optional[tuple[list, list, list]]
+                        ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
+        """Append token_ids[i] to request req_ids[i]; its logprobs (row i of `lp_lists`,
+        cut to the K it asked for) when it asked."""
         sampled: dict[str, list[int]] = {}
+        logprobs: dict[str, LogprobsRow] = {}
         for i, req_id in enumerate(req_ids):
             state = self.requests[req_id]
             state.append_token(token_ids[i])
@@ -327,18 +340,24 @@ class ModelRunnerBase:
             rows, targets, done = prompt_logprob_rows(
                 state, state.num_computed_tokens, so.num_scheduled_tokens[req_id], offset)
             if rows:
-                logits = self.model.compute_logits(
-                    hidden.index_select(0, torch.tensor(rows, device=hidden.device)))
-                t = compute_prompt_logprobs(logits, torch.tensor(targets, device=logits.device),
-                                            state.sampling_params.prompt_logprobs)
-                result[req_id] = (t.logprob_token_ids.tolist(), t.logprobs.tolist(),
-                                  t.selected_token_ranks.tolist())
+                result[req_id] = self._prompt_logprobs_rows(
+                    fwd, hidden, rows, targets, state.sampling_params.prompt_logprobs)
                 state.num_prompt_logprobs_sent = (state.num_computed_tokens + rows[-1]
                                                   - offset + 1)
             else:
                 result[req_id] = ([], [], [])
             if done:
                 state.wants_prompt_logprobs = False
+
+    def _prompt_logprobs_rows(self, fwd: ForwardPass, hidden: torch.Tensor, rows: list[int],
+                              targets: list[int], num_logprobs: int) -> PromptLogprobs:
+        """Logprobs of `targets` (and the top `num_logprobs`) at hidden rows `rows`."""
+        logits = self.model.compute_logits(
+            hidden.index_select(0, torch.tensor(rows, device=hidden.device)))
+        t = compute_prompt_logprobs(logits, torch.tensor(targets, device=logits.device),
+                                    num_logprobs)
+        return (t.logprob_token_ids.tolist(), t.logprobs.tolist(),
+                t.selected_token_ranks.tolist())
 
     # ---------------------------------------------------------- feature hooks
     def update_draft_tokens(self, so: SchedulerOutput) -> None:

@@ -56,6 +56,20 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],
     return logits.masked_fill_(logits < threshold, float("-inf"))
 
 
+def apply_top_k_top_p_sorted(logits: torch.Tensor, top_k: torch.Tensor,
+                             top_p: torch.Tensor) -> torch.Tensor:
+    """The cut of `apply_top_k_top_p` in static shapes (HPU graphs): every row fully
+    sorted, no host sync, no data-dependent branch. `top_k` (0: off) and `top_p`
+    (1: off) are [N] tensors for every row."""
+    vocab_size = logits.shape[-1]
+    k = torch.where((top_k <= 0) | (top_k >= vocab_size), torch.full_like(top_k, vocab_size),
+                    top_k)
+    values = logits.sort(dim=-1, descending=True).values
+    # The window is the whole row, so every k lies in it: full_lse is never selected.
+    threshold, _ = _threshold(values, k, top_p, values[:, :1], vocab_size)
+    return logits.masked_fill_(logits < threshold, float("-inf"))
+
+
 def _threshold(values: torch.Tensor, k: torch.Tensor, top_p: torch.Tensor,
                full_lse: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Smallest kept logit per row, from each row's top-W logits in descending order.

@@ -1,0 +1,138 @@
+"""Sampling on the HPU in bucketed shapes, so every sampler graph is warmed and counted.
+
+On Gaudi each new input shape of the sampler (or of a logprob gather) is a graph
+compile, just like a new forward shape. The CPU path samples a `[num_sampled, V]`
+gather of the passes' logits with metadata whose optional tensors come and go with
+the requests' parameters: dozens of shapes. Here instead:
+
+- every pass is sampled on its own bucket's `[B, V]` logits (no gather): rows that
+  do not sample (padding, a prompt chunk before its end) get a dummy greedy row;
+- the random-path tensors (temperature, greedy mask, top-k, top-p, min-p) are
+  always present, with neutral values (top_k 0, top_p 1, min_p 0) where unused, so
+  a batch has one of two shapes: "argmax" (every row takes the raw argmax) or
+  "full";
+- the top-K of logprobs is computed for K rounded up to a power of two
+  (`logprobs_bucket`), and each request keeps its own K;
+- the sparse (row, token) lists of penalties, min_tokens and logit_bias are padded
+  to a power of two by repeating their first entry (a no-op: the penalty and
+  min_tokens ops recompute and write the same value, and the repeated bias adds 0).
+
+Warmup runs the argmax and full sampler, the logprob buckets and prompt logprobs at
+every bucket size (see hpu_warmup.py). Penalties, min_tokens, logit_bias and
+allowed_token_ids are not warmed: their first use at a size costs one compile,
+bounded by the power-of-two padding, and the compile tracker reports it.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, Hashable, Optional, Sequence
+
+import torch
+
+from vllm.sample.metadata import PenaltyInputs, SamplingMetadata, SamplingRow
+from vllm.sampling_params import SamplingParams
+
+DUMMY_ROW = SamplingRow(SamplingParams(temperature=0.0), (), ())
+"""What a row that samples nothing (padding, an unfinished prompt chunk) is given."""
+
+
+def pow2_at_least(n: int, minimum: int = 1) -> int:
+    return max(minimum, 1 << max(0, n - 1).bit_length())
+
+
+def logprobs_bucket(num_logprobs: Optional[int], vocab_size: int) -> Optional[int]:
+    """The top-K actually computed for a batch whose largest request asks for
+    `num_logprobs` (None: no logprobs; 0: the sampled token only)."""
+    if num_logprobs is None or num_logprobs == 0:
+        return num_logprobs
+    return min(pow2_at_least(num_logprobs), vocab_size)
+
+
+def logprobs_buckets(max_logprobs: int, vocab_size: int) -> list[int]:
+    """Every bucket `logprobs_bucket` gives for 0..max_logprobs (what warmup runs);
+    `max_logprobs` < 0 (no cap) warms up to 20, vLLM's default cap."""
+    top = max_logprobs if max_logprobs >= 0 else 20
+    return sorted({logprobs_bucket(k, vocab_size) for k in range(0, top + 1)})
+
+
+def _pad_index(t: torch.Tensor, size: int, fill: Optional[torch.Tensor] = None
+               ) -> torch.Tensor:
+    """`t` [P] padded to `size` with its first entry (or with `fill`)."""
+    if t.shape[0] == size:
+        return t
+    pad = (t[:1] if fill is None else fill).expand(size - t.shape[0])
+    return torch.cat([t, pad])
+
+
+def _pad_pairs(tensors: Sequence[torch.Tensor], fills: Sequence[Optional[torch.Tensor]]
+               ) -> tuple[torch.Tensor, ...]:
+    size = pow2_at_least(tensors[0].shape[0], 8)
+    return tuple(_pad_index(t, size, f) for t, f in zip(tensors, fills))
+
+
+def static_metadata(rows: Sequence[SamplingRow], vocab_size: int,
+                    device: torch.device | str) -> SamplingMetadata:
+    """`SamplingMetadata.build` for a bucket's rows, in the fixed shapes of the module
+    doc (never the all-greedy or all-random shortcuts: one "full" shape)."""
+    md = SamplingMetadata.build(rows, vocab_size, device)
+    n = md.num_rows
+    if md.temperature is None:
+        md.temperature = torch.ones(n, dtype=torch.float32, device=device)
+    if md.greedy_mask is None:
+        md.greedy_mask = torch.full((n,), md.all_greedy, dtype=torch.bool, device=device)
+    if md.top_k is None:
+        md.top_k = torch.zeros(n, dtype=torch.int64, device=device)
+    if md.top_p is None:
+        md.top_p = torch.ones(n, dtype=torch.float32, device=device)
+    if md.min_p is None:
+        md.min_p = torch.zeros(n, dtype=torch.float32, device=device)
+    md.all_greedy = md.all_random = False
+    md.max_num_logprobs = logprobs_bucket(md.max_num_logprobs, vocab_size)
+    if md.penalties is not None and md.penalties.rows.numel() == 0:
+        md.penalties = None  # penalized rows that have seen no token yet: nothing to do
+    if md.penalties is not None:
+        p = md.penalties
+        md.penalties = PenaltyInputs(*_pad_pairs(
+            (p.rows, p.token_ids, p.output_counts, p.repetition, p.frequency, p.presence),
+            (None,) * 6))
+    if md.min_tokens_mask is not None:
+        md.min_tokens_mask = _pad_pairs(md.min_tokens_mask, (None, None))
+    if md.logit_bias is not None:
+        rows_t, tokens, values = md.logit_bias
+        md.logit_bias = _pad_pairs((rows_t, tokens, values),
+                                   (None, None, values.new_zeros(1)))
+    return md
+
+
+def _signature(value: Any) -> Hashable:
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.dtype)
+    if isinstance(value, (tuple, list)):
+        return tuple(_signature(v) for v in value)
+    if isinstance(value, PenaltyInputs):
+        return _signature(tuple(getattr(value, f.name) for f in fields(value)))
+    if isinstance(value, dict):
+        return "generators"  # per-row draws of one fixed shape [V]; not a graph input
+    return value
+
+
+def sampler_signature(logits: torch.Tensor, md: Optional[SamplingMetadata]) -> Hashable:
+    """What a sampler graph is keyed on: the logits' shape and every metadata field's
+    shape (or value, for flags and the logprob bucket). None: the argmax path."""
+    if md is None:
+        return ("argmax", _signature(logits))
+    return ("sampler", _signature(logits),
+            tuple((f.name, _signature(getattr(md, f.name))) for f in fields(md)))
+
+
+def padded_rows(rows: dict[int, SamplingRow], batch_size: int) -> list[SamplingRow]:
+    """One row per bucket row: `rows[i]` where given, DUMMY_ROW elsewhere."""
+    return [rows.get(i, DUMMY_ROW) for i in range(batch_size)]
+
+
+def warmup_metadata(batch_size: int, vocab_size: int, num_logprobs: Optional[int],
+                    device: torch.device | str) -> SamplingMetadata:
+    """The "full" metadata of a dummy batch (one random row, logprobs as given)."""
+    params = SamplingParams(temperature=1.0, logprobs=num_logprobs)
+    rows = {0: SamplingRow(params, (), ())}
+    return static_metadata(padded_rows(rows, batch_size), vocab_size, device)
