@@ -461,7 +461,8 @@ class HPUModelRunner(ModelRunnerBase):
         """The tracker's context for a defragmenter swap of `bucket` block pairs."""
         caches = self._cache_tensors()
         signature = ("defrag_swap", bucket, len(caches),
-                     tuple(caches[0].shape) if caches else (), self.dtype)
+                     tuple(caches[0].shape) if caches else (),
+                     caches[0].dtype if caches else None)
         return self.tracker.track_pass(f"defrag swap {bucket}", signature)
 
     def _physical(self, block_ids: list[int]) -> list[int]:
