@@ -643,28 +643,42 @@ constexpr int64_t kMaxLoraRank = 1024;
 void lora_add(const int64_t* ctx, const int64_t* row_slots, const bf16* x, int64_t x_stride,
               int64_t M, bf16* y, int64_t y_stride, int nthreads) {
   const int64_t N = ctx[0], K = ctx[1], slots = ctx[2];
-  float t[kMaxLoraRank];
+  // Shrinks of every adapted row first, then one parallel expand over the outputs (one
+  // OpenMP region per projection, not per row: a region's barrier is what costs on a
+  // busy machine).
+  std::vector<float> t;
+  std::vector<int64_t> rows;
+  int64_t work = 0;
   for (int64_t m = 0; m < M; ++m) {
     const int64_t slot = row_slots[m];
     if (slot < 0 || slot >= slots || ctx[3 + 3 * slot] == 0) continue;
     const bf16* A = reinterpret_cast<const bf16*>(ctx[3 + 3 * slot]);
-    const bf16* B = reinterpret_cast<const bf16*>(ctx[4 + 3 * slot]);
     const int64_t r = ctx[5 + 3 * slot];
     const bf16* xm = x + m * x_stride;
+    rows.push_back(m);
+    t.resize(rows.size() * kMaxLoraRank);
+    float* tm = t.data() + (rows.size() - 1) * kMaxLoraRank;
     for (int64_t j = 0; j < r; ++j) {
       const bf16* a = A + j * K;
       float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
       for (int64_t k = 0; k < K; ++k) acc += to_f(xm[k]) * to_f(a[k]);
-      t[j] = round_to<bf16>(acc);
+      tm[j] = round_to<bf16>(acc);
     }
-    bf16* ym = y + m * y_stride;
-#pragma omp parallel for num_threads(nthreads) if (N * r >= 65536) schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const bf16* b = B + n * r;
+    work += N * r;
+  }
+  const int64_t count = static_cast<int64_t>(rows.size());
+#pragma omp parallel for num_threads(nthreads) if (work >= 65536) schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t m = rows[i], slot = row_slots[m];
+      const bf16* b = reinterpret_cast<const bf16*>(ctx[4 + 3 * slot]) + n * ctx[5 + 3 * slot];
+      const int64_t r = ctx[5 + 3 * slot];
+      const float* tm = t.data() + i * kMaxLoraRank;
       float acc = 0.0f;
 #pragma omp simd reduction(+ : acc)
-      for (int64_t j = 0; j < r; ++j) acc += t[j] * to_f(b[j]);
+      for (int64_t j = 0; j < r; ++j) acc += tm[j] * to_f(b[j]);
+      bf16* ym = y + m * y_stride;
       ym[n] = from_f<bf16>(to_f(ym[n]) + round_to<bf16>(acc));
     }
   }

@@ -13,11 +13,12 @@ below); after loading, every layer holds one layout, whatever the format:
   inputs are reordered so each group's inputs are consecutive; the layer then
   multiplies `x[:, w_perm]`, which is the same product.
 
-Products: on CPU, the native int4 kernel (vllm/native/quant_ops.cpp) for up to
-`NATIVE_MAX_ROWS` rows (decode: it reads 4 bits per weight, converting a tile in
-registers); otherwise, and for 8 bits, the weight is dequantized to the activation
-dtype and multiplied by the ordinary GEMM (prefill: the dequantization is paid once
-per step for many rows). On HPU, the shim's `convert_from_uint4` dequantizes on the
+Products: on CPU, the native int4 kernel (vllm/native/quant_ops.cpp, AVX-512 or AVX2
+rows, a scalar loop elsewhere) for up to `NATIVE_MAX_ROWS` rows (decode: it reads 4 bits
+per weight, converting a tile in registers); Llama-family decode steps call the same
+kernel from inside the fused native decode layer (models/llama_fused.py); otherwise,
+and for 8 bits, the weight is dequantized to the activation dtype and multiplied by the
+ordinary GEMM (prefill: the dequantization is paid once per step for many rows). On HPU, the shim's `convert_from_uint4` dequantizes on the
 fly before the matmul.
 
 Tensor parallelism is refused for these methods (the group and g_idx bookkeeping of
