@@ -53,6 +53,15 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     # ---- quantization ----
     "VLLM_FP8_WEIGHT_SCALE": (str, "tensor", "Scales of weights quantized by --quantization "
                               "fp8: 'tensor' (one per tensor, vLLM's default) or 'channel'."),
+    "QUANT_CONFIG": (str, "", "Path of the INC (Intel Neural Compressor) FP8 json config read "
+                     "by --quantization inc: mode MEASURE (calibration) or QUANTIZE."),
+    "RUNTIME_SCALE_PATCHING": (_opt_bool, None, "INC on HPU: 1 passes fp8 scales as runtime "
+                               "tensors (new scale values compile nothing), 0 bakes them into "
+                               "graphs as constants; unset: 1 in eager / torch.compile mode, "
+                               "0 in lazy mode."),
+    "PT_HPU_H2D_TRIVIAL_SCALES_MODE": (int, 0, "INC with runtime scale patching: 0 multiplies "
+                                       "by every scale; 1 drops scales equal to 1.0 in the "
+                                       "fp8 casts; 2 also in the fp8 GEMM (more graphs)."),
     # ---- server ----
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": (_bool, False, "Serve POST /v1/load_lora_adapter and "
                                          "/v1/unload_lora_adapter (local development only)."),

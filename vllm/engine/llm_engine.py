@@ -162,5 +162,21 @@ class LLMEngine:
         """Raise RuntimeError when a worker of the engine died or failed."""
         self.engine_core.check_health()
 
+    @property
+    def model_executor(self):
+        """The executor (vLLM's name: vLLM-Gaudi's calibration scripts end with
+        `llm.llm_engine.model_executor.shutdown()`)."""
+        return self.engine_core.executor
+
+    def finalize_calibration(self) -> list[Optional[str]]:
+        """INC MEASURE (`--quantization inc`, QUANT_CONFIG mode MEASURE): write the
+        statistics recorded so far (also done at shutdown); the json path per rank."""
+        return self.engine_core.executor.finalize_calibration()
+
+    def reload_quant_scales(self, dump_stats_path: Optional[str] = None) -> int:
+        """INC QUANTIZE: load the input scales of another measurement (default: the
+        QUANT_CONFIG's dump_stats_path, re-read) into the running model, in place."""
+        return self.engine_core.executor.reload_quant_scales(dump_stats_path)
+
     def shutdown(self) -> None:
         self.engine_core.shutdown()

@@ -52,6 +52,12 @@ class DistributedExecutorBase(ExecutorBase):
     def get_compile_stats(self) -> Optional[dict]:
         return self.collective_rpc("get_compile_stats", unique_reply_rank=self.driver_rank)[0]
 
+    def finalize_calibration(self) -> list[Optional[str]]:
+        return self.collective_rpc("finalize_calibration")
+
+    def reload_quant_scales(self, dump_stats_path: Optional[str] = None) -> int:
+        return min(self.collective_rpc("reload_quant_scales", (dump_stats_path,)))
+
     def determine_num_available_blocks(self) -> int:
         blocks = self.collective_rpc("determine_num_available_blocks")
         logger.debug("KV blocks per rank: %s", blocks)

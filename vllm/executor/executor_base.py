@@ -47,6 +47,14 @@ class ExecutorBase:
         """The driver worker's compile accounting (see WorkerBase.get_compile_stats)."""
         return None
 
+    def finalize_calibration(self) -> list[Optional[str]]:
+        """INC MEASURE: every rank writes its statistics now; their json paths."""
+        raise NotImplementedError
+
+    def reload_quant_scales(self, dump_stats_path: Optional[str] = None) -> int:
+        """INC QUANTIZE: every rank loads new input scales; layers changed per rank."""
+        raise NotImplementedError
+
     def shutdown(self) -> None:
         return None
 

@@ -36,5 +36,11 @@ class UniProcExecutor(ExecutorBase):
     def check_health(self) -> None:
         self.worker.check_health()
 
+    def finalize_calibration(self) -> list:
+        return [self.worker.finalize_calibration()]
+
+    def reload_quant_scales(self, dump_stats_path=None) -> int:
+        return self.worker.reload_quant_scales(dump_stats_path)
+
     def shutdown(self) -> None:
         self.worker.shutdown()

@@ -7,7 +7,8 @@ the first call with a signature is a "capture" (and a compile, see
 `compile_stats`), later calls are "replays". That is what lets tests assert that
 serving after warmup captures nothing new, and it makes the classic mistake
 visible: a Python scalar that varies per step (a length, a count) is part of the
-key, so every value is a new capture.
+key, so every value is a new capture. So are the constants the module's layers
+bake into a graph (graph_constants.py: e.g. fp8 scales passed as Python floats).
 
 Memory model: a captured graph keeps static output buffers, so each capture adds
 the bytes of its outputs to the fake device ledger (`memory.track_alloc`) until
@@ -17,12 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Optional
 
 import torch
 from torch import nn
 
 from vllm.hpu import compile_stats, memory
+from vllm.hpu.graph_constants import baked_constants
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +65,10 @@ def _output_bytes(out: Any) -> int:
 class FakeHPUGraphForward:
     """Replaces `module.forward`; counts captures and replays per input signature."""
 
-    def __init__(self, forward: Callable[..., Any], disable_tensor_cache: bool) -> None:
+    def __init__(self, forward: Callable[..., Any], disable_tensor_cache: bool,
+                 module: Optional[nn.Module] = None) -> None:
         self._forward = forward
+        self._module = module
         self.disable_tensor_cache = disable_tensor_cache
         self.signatures: dict[Hashable, int] = {}  # signature -> bytes held by the capture
         self.captures = 0
@@ -76,6 +80,8 @@ class FakeHPUGraphForward:
             self.bypassed += 1
             return self._forward(*args, **kwargs)
         sig = input_signature((args, kwargs))
+        if self._module is not None:
+            sig = (sig, baked_constants(self._module))
         out = self._forward(*args, **kwargs)
         if sig in self.signatures:
             self.replays += 1
@@ -104,7 +110,7 @@ def wrap_in_hpu_graph(module: nn.Module, disable_tensor_cache: bool = True) -> n
     """
     if isinstance(module.__dict__.get("forward"), FakeHPUGraphForward):
         return module
-    module.forward = FakeHPUGraphForward(module.forward, disable_tensor_cache)
+    module.forward = FakeHPUGraphForward(module.forward, disable_tensor_cache, module)
     return module
 
 

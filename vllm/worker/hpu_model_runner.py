@@ -37,6 +37,7 @@ from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.hpu.fake_graphs import input_signature
+from vllm.hpu.graph_constants import baked_constants
 from vllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
 from vllm.sample.metadata import greedy_sample
 from vllm.sample.ops.bitmask import apply_token_bitmask_, rows_bitmask
@@ -86,7 +87,9 @@ class HPUModelRunner(ModelRunnerBase):
         sc = vllm_config.scheduler_config
         super().__init__(vllm_config, device)
         self.max_model_len = mc.max_model_len
-        self.mode = ExecutionMode.select(hpu.is_lazy(), mc.enforce_eager)
+        self.mode = ExecutionMode.select(hpu.is_lazy(), mc.enforce_eager or self.calibrating)
+        """An INC measurement runs without graphs or compiled regions: its layers update
+        host-side statistics per pass (a calibration run is short; speed is moot)."""
         self.device_label = "hpu:0"
         """Device named in the log lines (the worker sets its own index)."""
         self.contiguous_pa = resolve_contiguous_pa(cc.enable_prefix_caching)
@@ -316,8 +319,9 @@ class HPUModelRunner(ModelRunnerBase):
         """The bucket's [B, vocab] logits (a fixed shape per bucket, also for the
         logits processors); the base picks the sampling rows after them."""
         batch: HPUBatch = fwd.platform_data
-        hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch),
-                                         lora_slots=fwd.lora_mapping, serving=True)
+        with self.calibration(self._real_rows(batch) if self.calibrating else None):
+            hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch),
+                                             lora_slots=fwd.lora_mapping, serving=True)
         if logits is None:
             return None  # a pipeline stage before the last: its activations went on
         rows = [i for i, s in enumerate(batch.seqs) if s.sample]
@@ -513,6 +517,14 @@ class HPUModelRunner(ModelRunnerBase):
                                                   self.device))
         return batches
 
+    def _real_rows(self, batch: HPUBatch) -> torch.Tensor:
+        """[rows] bool: True at the rows of real tokens (not bucket padding)."""
+        mask = torch.zeros(batch.input_ids.shape[0], dtype=torch.bool)
+        for i, seq in enumerate(batch.seqs):
+            n = seq.query_len if batch.is_prompt else 1
+            mask[i * batch.row_stride:i * batch.row_stride + n] = True
+        return mask.to(batch.input_ids.device)
+
     def _graphed(self, batch: HPUBatch) -> bool:
         """Whether the pass runs through an HPU graph: a bucket captured at warmup, or,
         captured now on first use, any bucket with VLLM_SKIP_WARMUP and a fallback
@@ -574,7 +586,8 @@ class HPUModelRunner(ModelRunnerBase):
         signature = None if use_graph else (
             self.mode.value, bool(kv),
             input_signature((batch.input_ids, batch.positions, batch.attn_metadata, lora,
-                             intermediate)))
+                             intermediate)),
+            baked_constants(self.model))
         if use_graph:
             self._count_graph_run((batch.is_prompt, batch.bucket, lora is not None, bool(kv)))
         with self.profiler.record(phase, bucket=tuple(batch.bucket), real=batch.num_real,

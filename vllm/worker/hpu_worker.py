@@ -180,6 +180,7 @@ class HPUWorker(WorkerBase):
         return self.model_runner.get_compile_stats()
 
     def shutdown(self) -> None:
+        super().shutdown()
         if self.model_runner is not None:
             path = self.model_runner.profiler.flush()
             if path:

@@ -29,6 +29,7 @@ each sits in the step.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -139,13 +140,44 @@ class ModelRunnerBase:
         Default (CPU, GPU): `_forward`, then logits at the rows listed in
         `fwd.platform_data` (one per sampling request).
         """
-        hidden = self._forward(fwd)
+        with self.calibration(valid_rows=None):  # no padding rows in this layout
+            hidden = self._forward(fwd)
         if hidden is None:
             return None
         logits = None
         if fwd.sample_req_ids:
             logits = self.model.compute_logits(self._rows(hidden, fwd.platform_data))
         return PassOutput(hidden_states=hidden, sample_logits=logits)
+
+    # ------------------------------------------------- quantization (INC)
+    def _inc_config(self) -> Any:
+        qc = getattr(self.model_config, "quant_config", None)
+        return qc if getattr(qc, "name", None) == "inc" else None
+
+    @property
+    def calibrating(self) -> bool:
+        """An INC MEASURE run (QUANT_CONFIG mode MEASURE): layers record max-abs."""
+        qc = self._inc_config()
+        return qc is not None and qc.measuring
+
+    def calibration(self, valid_rows: Optional[torch.Tensor]) -> contextlib.AbstractContextManager:
+        """Around a served pass: arms INC's recorder with the pass's real-token rows
+        (`[rows]` bool, None: all). Warmup and profiling passes never call it."""
+        if not self.calibrating:
+            return contextlib.nullcontext()
+        return self._inc_config().recorder.recording(valid_rows)
+
+    def finalize_calibration(self) -> Optional[str]:
+        """Write INC's measurement (MEASURE runs; None otherwise): the json path."""
+        qc = self._inc_config()
+        return qc.finalize_calibration() if qc is not None else None
+
+    def reload_quant_scales(self, dump_stats_path: Optional[str] = None) -> int:
+        """INC QUANTIZE: input scales from another measurement, written in place."""
+        qc = self._inc_config()
+        if qc is None:
+            raise ValueError("reload_quant_scales needs quantization='inc'.")
+        return qc.reload_scales(dump_stats_path)
 
     def _rows(self, hidden: torch.Tensor, indices: list[int]) -> torch.Tensor:
         """hidden[indices]; no copy when they are all rows in order (a decode-only step)."""

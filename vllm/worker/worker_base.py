@@ -87,5 +87,14 @@ class WorkerBase:
         """Graph-compile accounting of platforms that compile per shape (HPU); else None."""
         return None
 
+    def finalize_calibration(self) -> Optional[str]:
+        """INC MEASURE: write this rank's statistics now (INC's finalize_calibration)."""
+        runner = self.model_runner
+        return runner.finalize_calibration() if runner is not None else None
+
+    def reload_quant_scales(self, dump_stats_path: Optional[str] = None) -> int:
+        return self.model_runner.reload_quant_scales(dump_stats_path)
+
     def shutdown(self) -> None:
-        return None
+        """Shutdown ends an INC measurement run: its statistics are written here."""
+        self.finalize_calibration()

@@ -5,7 +5,7 @@
 | fp8 | `--quantization fp8` on a bf16/fp32 checkpoint | float8_e4m3fn, per-tensor or per-channel scale, quantized at load | native fp8 kernel (else dequantize to the model dtype) | fp8 GEMM of the shim |
 | compressed-tensors | checkpoint (`float-quantized` FP8, `pack-quantized` W4A16) | as saved | as fp8 / int4 | as fp8 / int4 |
 | gptq, awq | checkpoint | int4 (gptq also int8) with group scales | native int4 kernel (else dequantize) | dequantize on the fly |
-| inc | `--quantization inc` + QUANT_CONFIG | fp8 with measured scales | as fp8 | fp8 GEMM of the shim |
+| inc | `--quantization inc` + QUANT_CONFIG (INC's json; inc.py) | MEASURE: float, records max-abs; QUANTIZE: fp8 with measured static scales | as fp8 (static input scale) | cast_to_fp8_v2 + fp8_gemm_v2 of the shim |
 | gguf | a .gguf model | dequantized to float when converted | unquantized path | unquantized path |
 
 `build_quant_config(quantization, hf_config)` parses and validates everything at
@@ -28,7 +28,7 @@ from vllm.model_executor.layers.quantization.base_config import (LinearMethodBas
 
 _CONFIGS = {"fp8": "fp8.Fp8Config", "gguf": "gguf.GGUFConfig",
             "compressed-tensors": "compressed_tensors.CompressedTensorsConfig",
-            "gptq": "gptq.GPTQConfig", "awq": "awq.AWQConfig"}
+            "gptq": "gptq.GPTQConfig", "awq": "awq.AWQConfig", "inc": "inc.IncConfig"}
 QUANTIZATION_METHODS = tuple(_CONFIGS)
 """Values of `--quantization` / `quantization_config.quant_method` this build runs."""
 
