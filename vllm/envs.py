@@ -55,10 +55,6 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                               "fp8: 'tensor' (one per tensor, vLLM's default) or 'channel'."),
     "QUANT_CONFIG": (str, "", "Path of the INC (Intel Neural Compressor) FP8 json config read "
                      "by --quantization inc: mode MEASURE (calibration) or QUANTIZE."),
-    "RUNTIME_SCALE_PATCHING": (_opt_bool, None, "INC on HPU: 1 passes fp8 scales as runtime "
-                               "tensors (new scale values compile nothing), 0 bakes them into "
-                               "graphs as constants; unset: 1 in eager / torch.compile mode, "
-                               "0 in lazy mode."),
     "PT_HPU_H2D_TRIVIAL_SCALES_MODE": (int, 0, "INC with runtime scale patching: 0 multiplies "
                                        "by every scale; 1 drops scales equal to 1.0 in the "
                                        "fp8 casts; 2 also in the fp8 GEMM (more graphs)."),
@@ -88,9 +84,11 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "PT_HPU_ENABLE_LAZY_COLLECTIVES": (_bool, False, "Required for TP with HPU graphs."),
     "PT_HPU_WEIGHT_SHARING": (_bool, True, "Gaudi bridge: share weights between host and "
                               "device tensors; the HPU plugin sets 0 unless given."),
-    "RUNTIME_SCALE_PATCHING": (_bool, False, "Gaudi FP8: patch scales at run time (one "
-                               "graph for all scales); the HPU plugin sets 1 in eager / "
-                               "torch.compile mode unless given."),
+    "RUNTIME_SCALE_PATCHING": (_opt_bool, None, "Gaudi FP8 (--quantization inc): 1 passes "
+                               "scales as runtime tensors (one graph for all scales), 0 "
+                               "bakes them into graphs as constants; unset: 1 in eager / "
+                               "torch.compile mode (the HPU plugin also sets it), 0 in lazy "
+                               "mode."),
     "VLLM_SKIP_WARMUP": (_bool, False, "Skip bucket warmup (first requests then compile; "
                          "HPU graphs are captured on first use)."),
     "VLLM_EXPONENTIAL_BUCKETING": (_bool, True, "Exponential buckets (default) or linear."),
