@@ -168,7 +168,9 @@ def test_greedy_chat_matches_offline_llm(client, model_name):
     messages = [{"role": "user", "content": "Name three colors."}]
     server = client.chat.completions.create(model=model_name, messages=messages,
                                             max_tokens=12, temperature=0)
-    llm = LLM(max_num_seqs=4, max_model_len=2048, kv_cache_memory_bytes=64 << 20)
+    # 128 MiB holds 2048 tokens also where the default model runs in float32 (CPUs
+    # without native bf16 resolve the GGUF's float32 weights to float32).
+    llm = LLM(max_num_seqs=4, max_model_len=2048, kv_cache_memory_bytes=128 << 20)
     try:
         offline = llm.chat(messages, SamplingParams(max_tokens=12, temperature=0),
                            use_tqdm=False)
