@@ -148,3 +148,35 @@ def build_library(source: Path = SOURCE) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+_side_libs: dict[Path, Optional[ctypes.CDLL]] = {}
+_side_lock = threading.Lock()
+
+
+def load_side_library(source: Path, signatures: dict[str, tuple[list, object]],
+                      unavailable: str) -> Optional[ctypes.CDLL]:
+    """The library of a kernel file kept apart from cpu_ops (prefill_ops, quant_ops),
+    built and loaded once per process, its functions typed from `signatures`
+    ({name: (argtypes, restype)}). None when native ops are disabled or the build or
+    load fails; `unavailable` says in the one warning what the caller falls back to."""
+    if source not in _side_libs:
+        with _side_lock:
+            if source not in _side_libs:
+                _side_libs[source] = _load_side_library(source, signatures, unavailable)
+    return _side_libs[source]
+
+
+def _load_side_library(source: Path, signatures: dict[str, tuple[list, object]],
+                       unavailable: str) -> Optional[ctypes.CDLL]:
+    if not envs.VLLM_CPU_NATIVE_OPS:
+        return None
+    try:
+        lib = ctypes.CDLL(str(build_library(source)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        logger.warning("%s: %s", unavailable, e)
+        return None
+    for name, (argtypes, restype) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = list(argtypes), restype
+    return lib

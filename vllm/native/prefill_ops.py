@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import subprocess
-import threading
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from vllm import envs
 from vllm.native.cpu_ops import DTYPE_CODES, _no_output, _rows_ok, _torch_op
 
 logger = logging.getLogger(__name__)
@@ -24,31 +21,14 @@ SOURCE = Path(__file__).with_name("prefill_ops.cpp")
 _i64, _i32, _f32, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 _SIGNATURE = (_i32, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64,
               _i64, _i64, _i64, _f32, _ptr, _i64, _i32)
-_lock = threading.Lock()
-_state: dict[str, Optional[ctypes.CDLL]] = {}
+_SIGNATURES = {"vllm_prefill_attention": (_SIGNATURE, None),
+               "vllm_prefill_ops_version": ((), ctypes.c_int)}
 
 
 def get_prefill_lib() -> Optional[ctypes.CDLL]:
-    if "lib" not in _state:
-        with _lock:
-            if "lib" not in _state:
-                _state["lib"] = _load()
-    return _state["lib"]
-
-
-def _load() -> Optional[ctypes.CDLL]:
-    if not envs.VLLM_CPU_NATIVE_OPS:
-        return None
-    from vllm.native.loader import build_library
-    try:
-        lib = ctypes.CDLL(str(build_library(SOURCE)))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        logger.warning("Native prefill attention unavailable, using the other paths: %s", e)
-        return None
-    lib.vllm_prefill_attention.argtypes = list(_SIGNATURE)
-    lib.vllm_prefill_attention.restype = None
-    lib.vllm_prefill_ops_version.restype = ctypes.c_int
-    return lib
+    from vllm.native.loader import load_side_library
+    return load_side_library(SOURCE, _SIGNATURES,
+                             "Native prefill attention unavailable, using the other paths")
 
 
 def usable(kv_cache: torch.Tensor) -> bool:

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import subprocess
-import threading
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-from vllm import envs
 
 logger = logging.getLogger(__name__)
 
@@ -23,38 +20,20 @@ SOURCE = Path(__file__).with_name("quant_ops.cpp")
 MAX_ROWS = 8
 _i64, _i32, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
-    "vllm_gemm_int4": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i32),
-    "vllm_gemm_fp8": (_ptr, _i64, _i64, _ptr, _i64, _ptr, _i32),
-    "vllm_int4_linear_bf16": (_ptr, _ptr, _i64, _i64, _ptr, _i64, _i32),
+    "vllm_gemm_int4": ((_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _i32),
+                       None),
+    "vllm_gemm_fp8": ((_ptr, _i64, _i64, _ptr, _i64, _ptr, _i32), None),
+    "vllm_int4_linear_bf16": ((_ptr, _ptr, _i64, _i64, _ptr, _i64, _i32), None),
+    "vllm_quant_has_avx512": ((), ctypes.c_int),
 }
 Int4Ctx = ctypes.c_int64 * 7
 """An int4 layer for `vllm_int4_linear_bf16`: w_q, N, K, scales, zeros, G, bias (bf16)."""
-_lock = threading.Lock()
-_state: dict[str, Optional[ctypes.CDLL]] = {}
 
 
 def get_quant_lib() -> Optional[ctypes.CDLL]:
-    if "lib" not in _state:
-        with _lock:
-            if "lib" not in _state:
-                _state["lib"] = _load()
-    return _state["lib"]
-
-
-def _load() -> Optional[ctypes.CDLL]:
-    if not envs.VLLM_CPU_NATIVE_OPS:
-        return None
-    from vllm.native.loader import build_library
-    try:
-        lib = ctypes.CDLL(str(build_library(SOURCE)))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        logger.warning("Native quantized kernels unavailable, dequantizing in torch: %s", e)
-        return None
-    for name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = list(argtypes), None
-    lib.vllm_quant_has_avx512.restype = ctypes.c_int
-    return lib
+    from vllm.native.loader import load_side_library
+    return load_side_library(SOURCE, _SIGNATURES,
+                             "Native quantized kernels unavailable, dequantizing in torch")
 
 
 def _rows_ok(x: torch.Tensor) -> bool:
