@@ -38,7 +38,7 @@ def _model_of(llm):
 
 
 def run_format(name: str, model: str, quantization, kv_cache_dtype: str, repeats: int,
-               perplexity: bool = True, fused: bool = True):
+               perplexity: bool = True, fused: bool = True, decode: bool = True):
     from vllm import LLM, SamplingParams
     from vllm.model_executor.model_loader import weight_bytes
     from vllm.model_executor.models import llama_fused
@@ -58,9 +58,10 @@ def run_format(name: str, model: str, quantization, kv_cache_dtype: str, repeats
             ppl, scored = math.exp(-sum(lps) / len(lps)), len(lps)
         params = SamplingParams(temperature=0, max_tokens=DECODE_TOKENS, ignore_eos=True)
         prompt = "The history of the printing press begins"
-        llm.generate([prompt], params, use_tqdm=False)
+        if decode:
+            llm.generate([prompt], params, use_tqdm=False)
         samples = []
-        for _ in range(repeats):
+        for _ in range(repeats if decode else 0):
             start = time.perf_counter()
             llm.generate([prompt], params, use_tqdm=False)
             samples.append(DECODE_TOKENS / (time.perf_counter() - start))
@@ -69,7 +70,8 @@ def run_format(name: str, model: str, quantization, kv_cache_dtype: str, repeats
     finally:
         llama_fused.FusedDecode.build = real_build
     row = {"format": name, "weights_mib": mib, "ppl": ppl, "tokens": scored,
-           "decode_tok_s": statistics.median(samples), "best": max(samples),
+           "decode_tok_s": statistics.median(samples) if samples else math.nan,
+           "best": max(samples, default=math.nan),
            "samples": [round(x, 1) for x in samples], "load": os.getloadavg()[0]}
     print(f"[row] {row}", flush=True)  # each row as soon as it is measured (slow machines)
     return row
@@ -89,6 +91,9 @@ def main() -> None:
     parser.add_argument("--no-perplexity", action="store_true",
                         help="Only weight memory and decode speed (perplexity is slow on "
                              "CPUs without a fast bf16 GEMM).")
+    parser.add_argument("--no-decode", action="store_true",
+                        help="Only weight memory and perplexity (fp8 decode is very slow on "
+                             "CPUs without the AVX-512 kernels).")
     args = parser.parse_args()
     rows: dict[str, list] = {}
     for _ in range(args.rounds):
@@ -100,7 +105,9 @@ def main() -> None:
 def _run_one(fmt: str, args) -> dict:
     fused = not fmt.startswith("modules:")
     spec = fmt.split(":", 1)[1] if not fused else fmt
-    kw = dict(perplexity=not args.no_perplexity, fused=fused)
+    if args.no_perplexity and args.no_decode:
+        raise SystemExit("--no-perplexity and --no-decode leave nothing to measure.")
+    kw = dict(perplexity=not args.no_perplexity, fused=fused, decode=not args.no_decode)
     kv_cache_dtype = args.kv_cache_dtype
     if spec.endswith("+kv8"):
         spec, kv_cache_dtype = spec[:-len("+kv8")], "fp8"
@@ -113,14 +120,16 @@ def _run_one(fmt: str, args) -> dict:
         quant = None if spec == "bf16" else "fp8"
         row = run_format(spec, args.model, quant, kv_cache_dtype, args.repeats, **kw)
         os.environ.pop("VLLM_FP8_WEIGHT_SCALE", None)
-    row["format"] = fmt.split("=", 1)[0] + ("+kv8" if fmt.endswith("+kv8") else "")
+    row["format"] = fmt.split("=", 1)[0] + ("+kv8" if "=" in fmt and fmt.endswith("+kv8")
+                                            else "")
     return row
 
 
 def _merge(fmt: str, runs: list[dict]) -> dict:
     """One row per format: medians over rounds and repeats, every sample kept."""
     samples = [x for r in runs for x in r["samples"]]
-    return dict(runs[0], decode_tok_s=statistics.median(samples), samples=samples,
+    return dict(runs[0], decode_tok_s=statistics.median(samples) if samples else math.nan,
+                samples=samples,
                 load=[round(r["load"], 1) for r in runs])
 
 

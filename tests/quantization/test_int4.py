@@ -100,6 +100,64 @@ def test_gptq_matches_dequantized_transformers(tiny_float, tmp_path, bits, group
         _greedy_matches(path, ref, tok)
 
 
+@pytest.fixture(scope="module")
+def tiny_partial(tmp_path_factory) -> str:
+    """K = 192 (q/k/v/o, gate/up) and 320 (down): group 128 leaves a last group of 64."""
+    from tests.conftest import make_tiny_model
+    path = str(tmp_path_factory.mktemp("int") / "partial")
+    return make_tiny_model(path, "llama", hidden_size=192, intermediate_size=320,
+                           num_attention_heads=3, num_key_value_heads=1)
+
+
+@pytest.mark.parametrize("bits, desc_act, sym, greedy", [
+    (4, False, True, True), (4, True, False, False), (8, False, False, False)])
+def test_gptq_partial_last_group(tiny_partial, tmp_path, bits, desc_act, sym, greedy):
+    """GPTQ's shorter last group (ceil(K/128) scale rows, g_idx = k // 128, as AutoGPTQ
+    and GPTQModel write it for K = 192, 320): same logits and greedy tokens as
+    transformers on the dequantized weights, through the native int4 kernel."""
+    import transformers
+    path = write_gptq(tiny_partial, str(tmp_path / "gptq"), bits, 128, desc_act, sym)
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    ref = _hf(path + "-deq")
+    ids = _ids(tok)
+    model, ours = _engine_logits(path, ids)
+    down = model.model.layers[0].mlp.down_proj
+    assert down.w_scales.shape[1] == 5  # 320 inputs on the gcd(128, 320) = 64 grid
+    with torch.no_grad():
+        _close(ours, ref(ids[None]).logits[0])
+    if bits == 4:
+        from vllm.native import quant_ops
+        x = torch.randn(2, 320, generator=torch.Generator().manual_seed(0))
+        w = ref.model.layers[0].mlp.down_proj.weight.detach()
+        if quant_ops.int4_supported(x, 64):  # the decode kernel's rows on that grid
+            torch.testing.assert_close(down.quant_method.apply(down, x), x @ w.t(),
+                                       rtol=1e-5, atol=1e-4)
+    if greedy:
+        _greedy_matches(path, ref, tok)
+
+
+def test_compressed_tensors_refuses_partial_last_group(tiny_partial, tmp_path):
+    """The library itself will not quantize a 192-input layer with groups of 128, so such
+    a compressed-tensors checkpoint cannot be real: the engine names the layer."""
+    import json
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import quantize
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group",
+                            group_size=128)
+    with pytest.raises(ValueError, match="divisble|divisible"):  # the library's spelling
+        quantize(torch.randn(8, 192), torch.ones(8, 2), torch.zeros(8, 2), args)
+    ref, tok = quantize_with_library(tiny_partial, "W4A16", group_size=64)
+    path = save_compressed(ref, tok, str(tmp_path / "ct"))
+    cfg_path = os.path.join(path, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 128
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    with pytest.raises(ValueError, match=r"input size \(192\) of layer .*group_size 128"):
+        _engine_logits(path, torch.tensor([1, 2, 3]))
+
+
 @pytest.mark.parametrize("group", [32, 128])
 def test_awq_matches_dequantized_transformers(tiny_float, tmp_path, group):
     import transformers

@@ -1,6 +1,8 @@
 """`quant_method: gptq` checkpoints (AutoGPTQ / GPTQModel / optimum): 4 or 8 bits,
 any `group_size` of GROUP_SIZES, `desc_act` (activation order through `g_idx`),
-`sym` either way, checkpoint_format gptq (zeros stored minus one) or gptq_v2."""
+`sym` either way, checkpoint_format gptq (zeros stored minus one) or gptq_v2. An input
+size that is not a multiple of the group size has a shorter last group, as GPTQ
+writes it (ceil(K/group_size) scale rows, g_idx = k // group_size)."""
 from __future__ import annotations
 
 from typing import Any, Optional

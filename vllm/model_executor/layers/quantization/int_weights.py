@@ -8,7 +8,12 @@ below); after loading, every layer holds one layout, whatever the format:
   consecutive inputs from 16 bytes with one mask and one shift); 8-bit weights
   [N, K], one byte each. Values are unsigned (0..15 / 0..255).
 - `w_scales`, `w_zeros` float32 [N, G]: W[n, k] = (q[n, k] - zero) * scale of k's
-  group; groups are runs of `group_size` consecutive inputs.
+  group; groups are runs of K/G consecutive inputs, the same length for every group.
+  A checkpoint whose last group is shorter (GPTQ on an input size that is not a
+  multiple of the group size: AutoGPTQ / GPTQModel store ceil(K/group_size) scale rows
+  and g_idx = k // group_size) is held on the finer grid gcd(group_size, K), each
+  group's scale and zero repeated over its runs: the same weights, so the kernels keep
+  one uniform group length.
 - `w_perm` int64 [K] or absent: activation ordering (GPTQ desc_act, g_idx). The
   inputs are reordered so each group's inputs are consecutive; the layer then
   multiplies `x[:, w_perm]`, which is the same product.
@@ -26,6 +31,7 @@ split inputs is not implemented); the error names the method and layer.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -73,17 +79,30 @@ class IntWeightLinearMethod(LinearMethodBase):
         self.bits, self.group_size, self.prefix = bits, group_size, prefix
         self.on_hpu = on_hpu()
 
+    partial_last_group = False
+    """Whether the format stores a shorter last group when the input size is not a
+    multiple of the group size (GPTQ does; AWQ and compressed-tensors refuse to write
+    such checkpoints, so a loader of theirs refuses them too)."""
+
     def _check(self, layer: nn.Module, k: int, parts: list[int]) -> int:
-        """Validates the shapes; returns the group size in inputs."""
+        """Validates the shapes; returns the number of groups."""
         if getattr(layer, "tp_size", 1) > 1:
             raise ValueError(f"{self.method}: tensor_parallel_size > 1 is not supported "
                              f"(layer {self.prefix}).")
-        group = k if self.group_size == -1 else self.group_size
-        check_divisible(k, group, "input size", self.method, self.prefix)
+        group = self._group(k)
+        if k % group and not self.partial_last_group:
+            raise ValueError(f"{self.method}: input size ({k}) of layer {self.prefix} is not a "
+                             f"multiple of group_size {group}; {self.method} checkpoints have "
+                             "no shorter last group (quantize with a group size that divides "
+                             "it, or leave the layer unquantized with the checkpoint's ignore "
+                             "list).")
         check_divisible(k, 32 // self.bits, "input size", self.method, self.prefix)
         if self.bits == 4:
             check_divisible(k, 32, "input size", self.method, self.prefix)
-        return group
+        return -(-k // group)
+
+    def _group(self, k: int) -> int:
+        return k if self.group_size == -1 else self.group_size
 
     def unpack(self, layer: nn.Module
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
@@ -96,17 +115,19 @@ class IntWeightLinearMethod(LinearMethodBase):
             if name != "bias":
                 delattr(layer, name)
         n, k = q.shape
-        group = k // scales.shape[1]
+        group = self._group(k)
         perm = None
         if g_idx is not None:
             g_idx = g_idx.long()
             if not torch.equal(g_idx, torch.arange(k) // group):
                 perm = torch.sort(g_idx, stable=True).indices
                 counts = torch.bincount(g_idx, minlength=scales.shape[1])
-                if not bool((counts == group).all()):
+                if not torch.equal(counts, torch.bincount(torch.arange(k) // group)):
                     raise ValueError(f"{self.method}: g_idx of layer {self.prefix} does not "
-                                     f"give every group {group} inputs.")
+                                     f"give every group {group} inputs (the last one "
+                                     f"{k - (scales.shape[1] - 1) * group}).")
                 q = q[:, perm]
+        scales, zeros = uniform_groups(scales, zeros, group, k)
         w_q = pack_nibbles(q) if self.bits == 4 else q.to(torch.uint8).contiguous()
         layer.register_buffer("w_q", w_q, persistent=False)
         layer.register_buffer("w_scales", scales.float().contiguous(), persistent=False)
@@ -143,6 +164,18 @@ class IntWeightLinearMethod(LinearMethodBase):
         return F.linear(x, dequantize(layer).to(x.dtype), bias)
 
 
+def uniform_groups(scales: torch.Tensor, zeros: torch.Tensor, group: int, k: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, ceil(K/group)] scales and zeros with a shorter last group -> the same weights
+    on groups of gcd(group, K) inputs (unchanged when group divides K)."""
+    if k % group == 0:
+        return scales, zeros
+    sub = math.gcd(group, k)
+    repeat = group // sub
+    return (scales.repeat_interleave(repeat, 1)[:, :k // sub],
+            zeros.repeat_interleave(repeat, 1)[:, :k // sub])
+
+
 def dequantize(layer: nn.Module) -> torch.Tensor:
     """The layer's float32 weight [N, K] (inputs in `w_perm` order)."""
     q = unpack_nibbles(layer.w_q) if layer.w_bits == 4 else layer.w_q
@@ -167,6 +200,7 @@ class GPTQLinearMethod(IntWeightLinearMethod):
     checkpoint format stores zero - 1 (the v1 convention), "gptq_v2" the zero itself."""
 
     method = "gptq"
+    partial_last_group = True
 
     def __init__(self, bits: int, group_size: int, v2: bool, prefix: str) -> None:
         super().__init__(bits, group_size, prefix)
@@ -175,7 +209,7 @@ class GPTQLinearMethod(IntWeightLinearMethod):
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
                        params_dtype) -> None:
         k, n, per = input_size_per_partition, sum(output_partition_sizes), 32 // self.bits
-        groups = k // self._check(layer, k, output_partition_sizes)
+        groups = self._check(layer, k, output_partition_sizes)
         for size in output_partition_sizes:
             check_divisible(size, per, "output size", self.method, self.prefix)
         loader = layer.weight_loader
@@ -184,7 +218,7 @@ class GPTQLinearMethod(IntWeightLinearMethod):
         layer.scales = make_param((groups, n), torch.float32, 1, 0, loader)
         layer.g_idx = make_param((len(output_partition_sizes), k), torch.int32, None, None,
                                  loader, optional=True, per_part=True)
-        layer.g_idx.data.copy_((torch.arange(k) // (k // groups)).expand_as(layer.g_idx))
+        layer.g_idx.data.copy_((torch.arange(k) // self._group(k)).expand_as(layer.g_idx))
 
     def unpack(self, layer):
         q = unpack_int32(layer.qweight.data, self.bits, 0).t()
@@ -213,7 +247,7 @@ class AWQLinearMethod(IntWeightLinearMethod):
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
                        params_dtype) -> None:
         k, n = input_size_per_partition, sum(output_partition_sizes)
-        groups = k // self._check(layer, k, output_partition_sizes)
+        groups = self._check(layer, k, output_partition_sizes)
         for size in output_partition_sizes:
             check_divisible(size, 8, "output size", self.method, self.prefix)
         loader = layer.weight_loader
@@ -243,7 +277,7 @@ class CompressedTensorsWNA16Method(IntWeightLinearMethod):
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
                        params_dtype) -> None:
         k, n, per = input_size_per_partition, sum(output_partition_sizes), 32 // self.bits
-        groups = k // self._check(layer, k, output_partition_sizes)
+        groups = self._check(layer, k, output_partition_sizes)
         loader = layer.weight_loader
         layer.weight_packed = make_param((n, k // per), torch.int32, 0, 1, loader)
         layer.weight_scale = make_param((n, groups), torch.float32, 0, 1, loader)
