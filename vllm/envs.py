@@ -47,9 +47,11 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_CPU_NATIVE_OPS": (_bool, True, "Use the native CPU kernels (vllm/native, built once "
                             "with the system C++ compiler); 0 keeps every op in torch."),
     "VLLM_CPU_NATIVE_GEMM": (_opt_bool, None, "Kernel of the bf16 linear layers: unset or "
-                             "'auto' times the native AVX512-BF16 GEMM, oneDNN and torch per "
-                             "weight shape and row count at start-up (cached) and uses the "
-                             "fastest; 1 forces the native GEMM, 0 forces oneDNN."),
+                             "'auto' times the native GEMM (AVX512-BF16 or AVX2), oneDNN, a "
+                             "float32 copy and torch per weight shape and row count at "
+                             "start-up (cached) and uses the fastest; 1 forces the native "
+                             "GEMM, 0 forces oneDNN (the float32 copy where oneDNN has no "
+                             "bf16 kernel)."),
     # ---- quantization ----
     "VLLM_FP8_WEIGHT_SCALE": (str, "tensor", "Scales of weights quantized by --quantization "
                               "fp8: 'tensor' (one per tensor, vLLM's default) or 'channel'."),

@@ -64,7 +64,7 @@ def test_bf16_packed_experts_match_plain_linear():
     from vllm.model_executor.layers.cpu_gemm import PACKS_ATTR, drop_packed_weights
     from vllm.native import cpu_ops
     if not cpu_ops.gemm_supported():
-        pytest.skip("no AVX512-BF16 native GEMM on this CPU")
+        pytest.skip("no native bf16 GEMM on this CPU")
     torch.manual_seed(0)
     layer = FusedMoE(num_experts=4, top_k=2, hidden_size=64, intermediate_size=96,
                      params_dtype=torch.bfloat16)

@@ -2,7 +2,7 @@
 
 Both paths run the same kernels in the same order, so greedy tokens and their
 logprobs must be identical, for Llama (two head sizes, both attention code paths)
-and Qwen2 (projection biases), with bf16 weights (AVX512-BF16 CPUs) and with int4
+and Qwen2 (projection biases), with bf16 weights (AVX512-BF16 or AVX2 CPUs) and with int4
 weights (any CPU); Qwen3 (per-head q/k norms) must not take the fused path. With LoRA
 the native layer adds the adapters' deltas itself: same tokens as the module path.
 """
@@ -15,7 +15,7 @@ from vllm.model_executor.models import llama_fused
 from vllm.native import cpu_ops, quant_ops
 
 needs_bf16_gemm = pytest.mark.skipif(not cpu_ops.gemm_supported(),
-                                     reason="needs the native AVX512-BF16 kernels")
+                                     reason="needs the native bf16 GEMM")
 
 PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time, in a small"]
 

@@ -76,7 +76,7 @@ def test_a_corrupt_cache_is_measured_again(monkeypatch, tmp_path):
 @pytest.mark.parametrize("value,kind", [("0", ONEDNN), ("1", NATIVE)])
 def test_the_variable_forces_a_kernel_without_measuring(monkeypatch, tmp_path, value, kind):
     if kind == NATIVE and not cpu_ops.gemm_supported():
-        pytest.skip("no AVX512-BF16 on this CPU")
+        pytest.skip("no native GEMM (AVX512-BF16 or AVX2) on this CPU")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.setenv("VLLM_CPU_NATIVE_GEMM", value)
     monkeypatch.setattr(gemm_autotune, "choose", lambda *a: pytest.fail("measured"))
@@ -118,10 +118,11 @@ def test_three_dimensional_inputs_keep_their_shape():
 
 def test_an_odd_k_cannot_take_the_native_pack():
     if not cpu_ops.gemm_supported():
-        pytest.skip("no AVX512-BF16 on this CPU")
+        pytest.skip("no native GEMM (AVX512-BF16 or AVX2) on this CPU")
     layer = _layer(n=16, k=33)
     plan = cpu_gemm.pack_module(layer, GemmPlan((NATIVE,) * 5))
-    assert plan.kinds == (ONEDNN,) * 5 and set(layer.gemm_packs) == {ONEDNN}
+    fallback = gemm_autotune.fallback_kind()
+    assert plan.kinds == (fallback,) * 5 and set(layer.gemm_packs) == {fallback}
     x = torch.randn(3, 33).bfloat16()
     torch.testing.assert_close(cpu_gemm.linear(layer, x, layer.weight, layer.bias).float(),
                                F.linear(x.float(), layer.weight.float(), layer.bias.float()),
@@ -154,12 +155,12 @@ def test_onednn_is_no_candidate_where_its_bf16_kernel_raises(monkeypatch, tmp_pa
     monkeypatch.delenv("VLLM_CPU_NATIVE_GEMM", raising=False)
     kinds = gemm_autotune.available_kinds()
     assert ONEDNN not in kinds and {TORCH, FP32} <= set(kinds)
-    assert gemm_autotune.fallback_kind() == TORCH
+    assert gemm_autotune.fallback_kind() == FP32
     plans = gemm_autotune.plan_shapes({(40, 64): torch.randn(40, 64).bfloat16()})
     assert ONEDNN not in plans[(40, 64)].kinds
     monkeypatch.setenv("VLLM_CPU_NATIVE_GEMM", "0")
     assert gemm_autotune.plan_shapes({(40, 64): torch.randn(40, 64).bfloat16()})[
-        (40, 64)].kinds == (TORCH,) * len(ROW_BUCKETS)
+        (40, 64)].kinds == (FP32,) * len(ROW_BUCKETS)
 
 
 def test_the_float32_kernel_matches_a_float_linear():
@@ -174,3 +175,20 @@ def test_the_float32_kernel_matches_a_float_linear():
         assert got.dtype == torch.bfloat16 and got.shape == (rows, 48)
         # float32 accumulation, one rounding to bf16 at the end
         torch.testing.assert_close(got.double(), ref, atol=1e-2, rtol=8e-3)
+
+
+@pytest.mark.parametrize("flags,native_ops,expect", [
+    ({"avx512_bf16", "avx512f"}, "1", torch.bfloat16),
+    ({"amx_bf16"}, "0", torch.bfloat16),
+    ({"avx2", "fma"}, "1", torch.bfloat16),    # the AVX2 packed GEMM reads bf16 weights
+    ({"avx2", "fma"}, "0", torch.float32),     # no native kernels: torch's bf16 is scalar
+    ({"sse4_2"}, "1", torch.float32),
+])
+def test_auto_dtype_of_a_float32_checkpoint_follows_the_fast_kernel(monkeypatch, flags,
+                                                                    native_ops, expect):
+    from vllm.platforms import cpu
+    monkeypatch.setattr(cpu, "_cpu_flags", lambda: set(flags))
+    monkeypatch.setenv("VLLM_CPU_NATIVE_OPS", native_ops)
+    platform = cpu.CpuPlatform()
+    assert platform.resolve_auto_dtype(torch.float32) == expect
+    assert platform.supported_dtypes[0] == expect

@@ -31,10 +31,20 @@
 #endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-#include <omp.h>
 #define VLLM_HAVE_BF16_GEMM 1
 #else
 #define VLLM_HAVE_BF16_GEMM 0
+#endif
+
+// The packed bf16 GEMM exists in two builds: bf16 dot products (AVX512-BF16), or bf16
+// weights widened to float32 in registers and summed with FMA (AVX2, any x86 server of
+// the last decade). Both read the same packed layout.
+#if VLLM_HAVE_BF16_GEMM || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#include <omp.h>
+#define VLLM_HAVE_PACKED_GEMM 1
+#else
+#define VLLM_HAVE_PACKED_GEMM 0
 #endif
 
 namespace {
@@ -497,7 +507,7 @@ void decode_attention(const T* q, int64_t q_stride, const C* k_cache, const C* v
   }
 }
 
-#if VLLM_HAVE_BF16_GEMM
+#if VLLM_HAVE_PACKED_GEMM
 // ------------------------------------------------------------------ bf16 GEMM, packed W
 // W [N, K] repacked once (pack_vnni) as [N/16 blocks][K/2][16 lanes][2]: each 64-byte
 // vector holds one k-pair of 16 output features, the operand layout of VDPBF16PS. The
@@ -508,6 +518,13 @@ void decode_attention(const T* q, int64_t q_stride, const C* k_cache, const C* v
 // of 12 rows find the tile in L1/L2. On 2 cores this matches oneDNN from 64 rows up
 // (both near the bf16 peak) and beats it below (decode): 30 layers of SmolLM2-135M at
 // 1 / 16 rows took ~9 / ~14-16 ms against oneDNN's ~15 / ~20 ms.
+//
+// Without AVX512-BF16 (AVX2 + FMA) the same layout serves a float32 kernel: a 32-byte
+// load holds one k-pair of 8 features, each 32-bit word [w(k) | w(k+1)] bf16; shifting
+// the word left by 16 bits is w(k) as a float, clearing its low half w(k+1) (a bf16 is
+// the top half of a float). So every product is exact in float32, summed with FMA, and
+// a decode step reads 2 bytes a weight: half of what the float32 copy of gemm_autotune
+// reads, and batch-1 decode is memory-bound.
 
 constexpr int64_t kLanes = 16;
 
@@ -527,6 +544,7 @@ void pack_vnni(const bf16* w, int64_t N, int64_t K, bf16* out, int nthreads) {
   }
 }
 
+#if VLLM_HAVE_BF16_GEMM
 inline __m512 load_bias16(const bf16* bias, int64_t n0, int64_t N) {
   if (bias == nullptr) return _mm512_setzero_ps();
   const int64_t left = N - n0;
@@ -589,6 +607,70 @@ void gemm_blocks(const bf16* x, int64_t x_stride, int64_t M, const bf16* p, int6
   }
 }
 
+#else   // AVX2 + FMA
+
+inline __m256 load_bias8(const bf16* bias, int64_t n0, int64_t N) {
+  alignas(32) float tmp[8];
+  for (int64_t i = 0; i < 8; ++i)
+    tmp[i] = bias != nullptr && n0 + i < N ? to_f(bias[n0 + i]) : 0.0f;
+  return _mm256_load_ps(tmp);
+}
+
+// Rounds 8 sums to bf16 (nearest even, as torch) and stores those below N.
+inline void store8(bf16* y, int64_t n0, int64_t N, __m256 v) {
+  alignas(32) float tmp[8];
+  _mm256_store_ps(tmp, v);
+  for (int64_t i = 0; i < 8 && n0 + i < N; ++i) y[n0 + i] = from_f<bf16>(tmp[i]);
+}
+
+// MB rows against NB blocks of 16 features (2 * NB vectors of 8): MB * 2 * NB
+// accumulators, 2 * MB broadcast inputs and one weight vector pair in 16 registers.
+template <int MB, int NB>
+void gemm_tile(const bf16* x, int64_t x_stride, const bf16* p, int64_t block, int64_t pairs,
+               const __m256* bias, bf16* y, int64_t y_stride, int64_t n0, int64_t N) {
+  constexpr int V = 2 * NB;
+  const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xffff0000u));
+  __m256 acc[MB][V];
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < V; ++j) acc[m][j] = bias[j];
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    __m256 xe[MB], xo[MB];
+    for (int m = 0; m < MB; ++m) {
+      int32_t pair;
+      std::memcpy(&pair, x + m * x_stride + 2 * kp, 4);
+      const __m256i b = _mm256_set1_epi32(pair);
+      xe[m] = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+      xo[m] = _mm256_castsi256_ps(_mm256_and_si256(b, high));
+    }
+    for (int j = 0; j < V; ++j) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+          p + (j / 2) * block + kp * 2 * kLanes + (j % 2) * kLanes));
+      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+      const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(w, high));
+      for (int m = 0; m < MB; ++m) {
+        acc[m][j] = _mm256_fmadd_ps(xe[m], we, acc[m][j]);
+        acc[m][j] = _mm256_fmadd_ps(xo[m], wo, acc[m][j]);
+      }
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int j = 0; j < V; ++j) store8(y + m * y_stride, n0 + j * 8, N, acc[m][j]);
+}
+
+template <int MB, int NB>
+void gemm_blocks(const bf16* x, int64_t x_stride, int64_t M, const bf16* p, int64_t block,
+                 int64_t pairs, const __m256* bias, bf16* y, int64_t y_stride, int64_t n0,
+                 int64_t N) {
+  int64_t m = 0;
+  for (; m + MB <= M; m += MB)
+    gemm_tile<MB, NB>(x + m * x_stride, x_stride, p, block, pairs, bias, y + m * y_stride,
+                      y_stride, n0, N);
+  for (; m < M; ++m)
+    gemm_tile<1, NB>(x + m * x_stride, x_stride, p, block, pairs, bias, y + m * y_stride,
+                     y_stride, n0, N);
+}
+#endif  // VLLM_HAVE_BF16_GEMM
+
 void gemm_packed(const bf16* x, int64_t x_stride, int64_t M, const bf16* packed, int64_t N,
                  int64_t K, const bf16* bias, bf16* y, int64_t y_stride, int nthreads) {
   const int64_t pairs = K / 2, block = pairs * kLanes * 2, tiles = padded_n(N) / (2 * kLanes);
@@ -600,14 +682,20 @@ void gemm_packed(const bf16* x, int64_t x_stride, int64_t M, const bf16* packed,
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * 2 * kLanes;
       const bf16* p = packed + 2 * t * block;
+#if VLLM_HAVE_BF16_GEMM
       const __m512 b[2] = {load_bias16(bias, n0, N), load_bias16(bias, n0 + kLanes, N)};
       gemm_blocks<12, 2>(x, x_stride, M, p, block, pairs, b, y, y_stride, n0, N);
+#else
+      __m256 b[4];
+      for (int j = 0; j < 4; ++j) b[j] = load_bias8(bias, n0 + j * 8, N);
+      gemm_blocks<2, 2>(x, x_stride, M, p, block, pairs, b, y, y_stride, n0, N);
+#endif
     }
   }
 }
 
 
-#endif  // VLLM_HAVE_BF16_GEMM
+#endif  // VLLM_HAVE_PACKED_GEMM
 
 // ------------------------------------------------------------------ fused decode layer
 // One Llama-style decoder layer for a step of decodes only, bf16 activations: the same
@@ -787,7 +875,7 @@ extern "C" {
 
 int vllm_cpu_ops_version() { return 1; }
 
-int vllm_has_bf16_gemm() { return VLLM_HAVE_BF16_GEMM; }
+int vllm_has_bf16_gemm() { return VLLM_HAVE_PACKED_GEMM; }
 
 void vllm_rms_norm(int dtype, void* x, int64_t x_stride, void* residual, int64_t res_stride,
                    const void* w, void* out, int64_t out_stride, int64_t rows, int64_t d,
@@ -852,7 +940,7 @@ void vllm_decode_attention(int dtype, int cache_dtype, const void* q, int64_t q_
 }
 
 int64_t vllm_packed_numel(int64_t N, int64_t K) {
-#if VLLM_HAVE_BF16_GEMM
+#if VLLM_HAVE_PACKED_GEMM
   return padded_n(N) * K;
 #else
   (void)N; (void)K;
@@ -860,9 +948,9 @@ int64_t vllm_packed_numel(int64_t N, int64_t K) {
 #endif
 }
 
-// W [N, K] (K even) -> the layout of vllm_gemm_bf16_packed; returns 0 without AVX512-BF16.
+// W [N, K] (K even) -> the layout of vllm_gemm_bf16_packed; returns 0 without AVX512-BF16 or AVX2.
 int vllm_pack_bf16(const void* w, int64_t N, int64_t K, void* out, int nthreads) {
-#if VLLM_HAVE_BF16_GEMM
+#if VLLM_HAVE_PACKED_GEMM
   pack_vnni(static_cast<const bf16*>(w), N, K, static_cast<bf16*>(out), nthreads);
   return 1;
 #else
@@ -874,7 +962,7 @@ int vllm_pack_bf16(const void* w, int64_t N, int64_t K, void* out, int nthreads)
 int vllm_gemm_bf16_packed(const void* x, int64_t x_stride, int64_t M, const void* packed,
                           int64_t N, int64_t K, const void* bias, void* y, int64_t y_stride,
                           int nthreads) {
-#if VLLM_HAVE_BF16_GEMM
+#if VLLM_HAVE_PACKED_GEMM
   gemm_packed(static_cast<const bf16*>(x), x_stride, M, static_cast<const bf16*>(packed), N, K,
               static_cast<const bf16*>(bias), static_cast<bf16*>(y), y_stride, nthreads);
   return 1;
@@ -888,7 +976,7 @@ int vllm_gemm_bf16_packed(const void* x, int64_t x_stride, int64_t M, const void
 // The bf16 packed GEMM as a fused-layer Linear: ctx = {packed W, N, K, bias (0: none)}.
 void vllm_linear_bf16_packed(const int64_t* ctx, const bf16* x, int64_t x_stride, int64_t M,
                              bf16* y, int64_t y_stride, int nthreads) {
-#if VLLM_HAVE_BF16_GEMM
+#if VLLM_HAVE_PACKED_GEMM
   gemm_packed(x, x_stride, M, reinterpret_cast<const bf16*>(ctx[0]), ctx[1], ctx[2],
               reinterpret_cast<const bf16*>(ctx[3]), y, y_stride, nthreads);
 #else

@@ -248,7 +248,8 @@ def decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: t
 
 
 def gemm_supported() -> bool:
-    """A loaded library built with AVX512-BF16, and VLLM_CPU_NATIVE_GEMM not 0."""
+    """A loaded library with the packed bf16 GEMM (built where the CPU has AVX512-BF16,
+    or AVX2 + FMA), and VLLM_CPU_NATIVE_GEMM not 0."""
     cached = _GEMM.get("ok")
     if cached is None:
         lib = get_native_lib()
@@ -263,7 +264,7 @@ _GEMM: dict[str, bool] = {}
 
 def pack_bf16(weight: torch.Tensor) -> Optional[torch.Tensor]:
     """`weight` [N, K] (bf16, K even) in the layout of `gemm_bf16_packed`; None when the
-    library has no AVX512-BF16 kernels."""
+    library has no packed GEMM (see gemm_supported)."""
     n, k = weight.shape
     if k % 2 or weight.dtype != torch.bfloat16 or not gemm_supported():
         return None

@@ -7,14 +7,25 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
 
-def cpu_supports_bf16() -> bool:
-    """True when the CPU has native bf16 dot products (AVX512_BF16 / AMX)."""
+def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            line = next((line for line in f if line.startswith("flags")), "")
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return set()
+    return set(line.split(":", 1)[-1].split())
+
+
+def cpu_supports_bf16() -> bool:
+    """True when bf16 weights run fast here: native bf16 dot products (AVX512_BF16 /
+    AMX), or AVX2 + FMA with the native kernels on, whose packed GEMM widens bf16
+    weights to float32 in registers (vllm/native/cpu_ops.cpp). Without either, torch's
+    bf16 matmul is a scalar loop and float32 is the fast dtype."""
+    from vllm import envs
+    flags = _cpu_flags()
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        return True
+    return {"avx2", "fma"} <= flags and envs.VLLM_CPU_NATIVE_OPS
 
 
 class CpuPlatform(Platform):

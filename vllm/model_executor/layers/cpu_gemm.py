@@ -5,14 +5,15 @@ re-blocks it on every call: at decode batch sizes (a few rows) that reorder cost
 much as the product itself. So each linear weight is packed once, for the kernels that
 gemm_autotune.py measured to be the fastest on this CPU for its shape at some row count:
 
-- the native kernel's layout (vllm/native, AVX512-BF16 CPUs): k-pairs of 16 output
-  features per vector, the operand layout of VDPBF16PS. It streams the weight once
-  per step: the winner at decode sizes, and at every size on CPUs without AMX;
+- the native kernel's layout (vllm/native): k-pairs of 16 output features per vector,
+  the operand layout of VDPBF16PS on AVX512-BF16 CPUs; AVX2 CPUs widen the same pairs
+  to float32 in registers. It streams the weight once per step: the winner at decode
+  sizes, and at every size on CPUs without AMX;
 - oneDNN's blocked layout (`mkldnn._reorder_linear_weight`), whose packed kernel uses
   AMX where the CPU has it (2-3x the native kernel from ~16 rows up on such CPUs);
-- a float32 copy (`fp32`), the winner from a few rows up on AVX2-only CPUs, where
-  neither bf16 kernel exists and torch's own bf16 matmul is a scalar loop (the copy
-  doubles that weight's memory, so it is made only where the measurement chose it);
+- a float32 copy (`fp32`), for AVX2-only CPUs where oneDNN has no bf16 kernel and
+  torch's own bf16 matmul is a scalar loop (the copy doubles that weight's memory, so
+  it is made only where the measurement chose it, or as the fallback there);
 - none: `F.linear` on the plain weight.
 
 Each call then goes to its row count's winner (`GemmPlan`). The packs are plain
@@ -60,8 +61,8 @@ def pack_module(module: nn.Module, plan: GemmPlan) -> GemmPlan:
             plan = GemmPlan(tuple(fallback if k == kind else k for k in plan.kinds))
             continue
         packs[kind] = packed
-    if ONEDNN in plan.needed and ONEDNN not in packs:
-        packs[ONEDNN] = gemm_autotune.pack(ONEDNN, weight)
+    for kind in plan.needed - {TORCH} - set(packs):  # the fallback's pack
+        packs[kind] = gemm_autotune.pack(kind, weight)
     module.__dict__[PACKS_ATTR] = packs
     module.__dict__[PLAN_ATTR] = plan
     return plan

@@ -8,7 +8,8 @@ native kernel still wins at 1-4 rows (memory-bound decode). So at start-up each 
 weight shape `[N, K]` is timed with every candidate at a few row counts (`ROW_BUCKETS`),
 and each call then goes to the winner for its row count.
 
-Candidates: `native` (vllm/native's packed GEMM, AVX512-BF16 CPUs only), `onednn`
+Candidates: `native` (vllm/native's packed GEMM: bf16 dot products on AVX512-BF16
+CPUs, bf16 weights widened to float32 in registers on AVX2 CPUs), `onednn`
 (`torch.ops.mkldnn` on a weight reordered once; only where oneDNN has a bf16 kernel,
 which needs AVX512-BW/VL/DQ or AVX-NE-CONVERT: on AVX2-only CPUs its reorder raises),
 `fp32` (`F.linear` in float32 on a float32 copy of the weight: on AVX2-only CPUs
@@ -103,8 +104,10 @@ _PROBED: dict[str, bool] = {}
 
 
 def fallback_kind() -> str:
-    """The kernel taken where a chosen one cannot be used (forced or unpackable)."""
-    return ONEDNN if onednn_bf16_works() else TORCH
+    """The kernel taken where a chosen one cannot be used (forced or unpackable):
+    oneDNN, or where it has no bf16 kernel the float32 copy (torch's own bf16 matmul
+    is a scalar loop on those CPUs)."""
+    return ONEDNN if onednn_bf16_works() else FP32
 
 
 def pack(kind: str, weight: torch.Tensor) -> Optional[torch.Tensor]:

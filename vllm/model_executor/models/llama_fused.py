@@ -9,7 +9,7 @@ attention, SwiGLU) in the same order with the same roundings. Any other step, or
 layer that does not qualify, takes the module path; tests compare the two.
 
 Each projection reaches the native layer as a (function address, context) pair: bf16
-weights packed for the native GEMM (`vllm_linear_bf16_packed`, AVX512-BF16 CPUs) or
+weights packed for the native GEMM (`vllm_linear_bf16_packed`, AVX512-BF16 or AVX2) or
 int4 weights (GPTQ / AWQ / compressed-tensors W4A16 after loading, int_weights.py:
 `vllm_int4_linear_bf16` of quant_ops.cpp, the very function the module path calls, on
 any CPU). So a quantized model keeps the one-call layer, and reads 4 bits a weight.

@@ -160,7 +160,7 @@ class FusedMoE(nn.Module):
     def _packed_experts(self, x: torch.Tensor) -> Optional[list[tuple[torch.Tensor,
                                                                         torch.Tensor]]]:
         """Per-expert (w13, w2) packed for the native bf16 GEMM, built on first use (bf16
-        on a CPU with AVX512-BF16), as the dense layers' weights are (cpu_gemm.py): it
+        on CPUs with AVX512-BF16 or AVX2), as the dense layers' weights are (cpu_gemm.py): it
         avoids oneDNN re-blocking every expert weight at every call. Kept under the
         attribute `drop_packed_weights` clears, so reloading weights repacks."""
         packs = self.__dict__.get(PACKS_ATTR)
