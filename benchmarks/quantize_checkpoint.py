@@ -15,10 +15,20 @@ library's quantize-dequantize (QDQ) simulation (the tests' reference); `save_com
 writes the compressed checkpoint the engine loads.
 
     python benchmarks/quantize_checkpoint.py MODEL_DIR OUT_DIR --scheme W4A16 --group-size 128
+
+`--method gptq` (or `rtn`, the same grid without error compensation) writes a GPTQ
+checkpoint instead, with the project's own GPTQ (benchmarks/gptq.py), calibrated on
+benchmarks/data/corpus.txt (never on the perplexity text, heldout.txt); GPTQ's format
+also takes group sizes that do not divide a layer's input size (a shorter last group),
+which compressed-tensors refuses:
+
+    python benchmarks/quantize_checkpoint.py HuggingFaceTB/SmolLM2-135M-Instruct \
+        /tmp/smollm2-gptq-g128 --method gptq --group-size 128
 """
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Optional
 
 import torch
@@ -184,16 +194,71 @@ def _save_kv_scales(model, out_dir: str) -> None:
         json.dump(cfg, f, indent=2)
 
 
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
+
+
+def calibration_batches(tok, path: str = CORPUS, seq_len: int = 512,
+                        max_tokens: int = 4096) -> list[torch.Tensor]:
+    """The calibration text (comment and section lines dropped) as token sequences of
+    `seq_len`, at most `max_tokens` tokens in all."""
+    with open(path) as f:
+        text = "\n".join(ln for ln in f.read().splitlines()
+                         if not ln.startswith("#") and not ln.startswith("["))
+    ids = torch.tensor(tok(text).input_ids[:max_tokens])
+    return [ids[i:i + seq_len] for i in range(0, len(ids), seq_len) if len(ids[i:i + seq_len]) > 1]
+
+
+def quantize_gptq(float_dir: str, out_dir: str, method: str, args) -> str:
+    """GPTQ (or RTN on GPTQ's grid) of every decoder linear, written as a GPTQ checkpoint."""
+    import transformers
+
+    from benchmarks.gptq import GPTQArgs, quantize_model, save_gptq
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.float32)
+    tok = transformers.AutoTokenizer.from_pretrained(float_dir)
+    gargs = GPTQArgs(bits=args.bits, group_size=args.group_size or 128, sym=args.sym,
+                     act_order=args.act_order, damp=args.damp, mse_clip=args.mse_clip,
+                     true_sequential=args.true_sequential)
+    batches = calibration_batches(tok, args.calibration, max_tokens=args.calibration_tokens)
+    print(f"{method}: {sum(len(b) for b in batches)} calibration tokens of "
+          f"{os.path.basename(args.calibration)}, {gargs}", flush=True)
+    quantized = quantize_model(model.eval(), batches, gargs, method=method)
+    save_gptq(float_dir, out_dir, quantized, gargs)
+    tok.save_pretrained(out_dir)
+    return out_dir
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("out")
+    parser.add_argument("--method", choices=("library", "gptq", "rtn"), default="library",
+                        help="library: compressed-tensors round-to-nearest (--scheme); "
+                             "gptq / rtn: a GPTQ checkpoint (--bits, --group-size, --sym, "
+                             "--act-order)")
     parser.add_argument("--scheme", default="W4A16")
     parser.add_argument("--group-size", type=int, default=None)
     parser.add_argument("--kv-cache", action="store_true",
                         help="also an fp8 KV cache scheme (k_scale / v_scale per layer)")
+    parser.add_argument("--bits", type=int, choices=(4, 8), default=4)
+    parser.add_argument("--sym", action="store_true", help="gptq/rtn: symmetric grid")
+    parser.add_argument("--act-order", action="store_true",
+                        help="gptq: columns in decreasing Hessian diagonal order (desc_act)")
+    parser.add_argument("--damp", type=float, default=0.01)
+    parser.add_argument("--mse-clip", action="store_true",
+                        help="gptq/rtn: each group's range shrunk to the least squared error")
+    parser.add_argument("--true-sequential", action="store_true",
+                        help="gptq: a layer's linears one stage after another (qkv, o, "
+                             "gate/up, down), each calibrated through the quantized ones")
+    parser.add_argument("--calibration", default=CORPUS)
+    parser.add_argument("--calibration-tokens", type=int, default=4096)
     args = parser.parse_args()
     from vllm.config import resolve_model_path
+    if args.method != "library":
+        if args.kv_cache or args.scheme != "W4A16":
+            raise SystemExit("--kv-cache and --scheme belong to --method library.")
+        print(quantize_gptq(resolve_model_path(args.model), args.out, args.method, args))
+        return
     scheme = None if args.scheme.lower() == "none" else args.scheme
     model, tok = quantize_with_library(resolve_model_path(args.model), scheme,
                                        group_size=args.group_size, kv_cache=args.kv_cache)
