@@ -545,6 +545,8 @@ void pack_vnni(const bf16* w, int64_t N, int64_t K, bf16* out, int nthreads) {
 }
 
 #if VLLM_HAVE_BF16_GEMM
+using Vec = __m512;
+
 inline __m512 load_bias16(const bf16* bias, int64_t n0, int64_t N) {
   if (bias == nullptr) return _mm512_setzero_ps();
   const int64_t left = N - n0;
@@ -581,33 +583,8 @@ void gemm_tile(const bf16* x, int64_t x_stride, const bf16* p, int64_t block, in
     for (int j = 0; j < NB; ++j) store16(y + m * y_stride, n0 + j * kLanes, N, acc[m][j]);
 }
 
-// Rows [0, M) of x against NB blocks of W starting at `p` (features n0 ...), in groups
-// of MB rows, the last group smaller.
-template <int MB, int NB>
-void gemm_blocks(const bf16* x, int64_t x_stride, int64_t M, const bf16* p, int64_t block,
-                 int64_t pairs, const __m512* bias, bf16* y, int64_t y_stride, int64_t n0,
-                 int64_t N) {
-  int64_t m = 0;
-  for (; m + MB <= M; m += MB)
-    gemm_tile<MB, NB>(x + m * x_stride, x_stride, p, block, pairs, bias, y + m * y_stride,
-                      y_stride, n0, N);
-  if (m == M) return;
-  const bf16* xm = x + m * x_stride;
-  bf16* ym = y + m * y_stride;
-  switch (M - m) {
-#define VLLM_TAIL(R)                                                                  \
-    case R:                                                                             \
-      gemm_tile<(R < MB ? R : 1), NB>(xm, x_stride, p, block, pairs, bias, ym, y_stride, \
-                                      n0, N);                                           \
-      break;
-    VLLM_TAIL(1) VLLM_TAIL(2) VLLM_TAIL(3) VLLM_TAIL(4) VLLM_TAIL(5) VLLM_TAIL(6) VLLM_TAIL(7)
-    VLLM_TAIL(8) VLLM_TAIL(9) VLLM_TAIL(10) VLLM_TAIL(11)
-#undef VLLM_TAIL
-    default: break;
-  }
-}
-
 #else   // AVX2 + FMA
+using Vec = __m256;
 
 inline __m256 load_bias8(const bf16* bias, int64_t n0, int64_t N) {
   alignas(32) float tmp[8];
@@ -657,19 +634,33 @@ void gemm_tile(const bf16* x, int64_t x_stride, const bf16* p, int64_t block, in
     for (int j = 0; j < V; ++j) store8(y + m * y_stride, n0 + j * 8, N, acc[m][j]);
 }
 
+#endif  // VLLM_HAVE_BF16_GEMM
+
+// Rows [0, M) of x against NB blocks of W starting at `p` (features n0 ...), in groups
+// of MB rows, the last group smaller.
 template <int MB, int NB>
 void gemm_blocks(const bf16* x, int64_t x_stride, int64_t M, const bf16* p, int64_t block,
-                 int64_t pairs, const __m256* bias, bf16* y, int64_t y_stride, int64_t n0,
+                 int64_t pairs, const Vec* bias, bf16* y, int64_t y_stride, int64_t n0,
                  int64_t N) {
   int64_t m = 0;
   for (; m + MB <= M; m += MB)
     gemm_tile<MB, NB>(x + m * x_stride, x_stride, p, block, pairs, bias, y + m * y_stride,
                       y_stride, n0, N);
-  for (; m < M; ++m)
-    gemm_tile<1, NB>(x + m * x_stride, x_stride, p, block, pairs, bias, y + m * y_stride,
-                     y_stride, n0, N);
+  if (m == M) return;
+  const bf16* xm = x + m * x_stride;
+  bf16* ym = y + m * y_stride;
+  switch (M - m) {
+#define VLLM_TAIL(R)                                                                  \
+    case R:                                                                             \
+      gemm_tile<(R < MB ? R : 1), NB>(xm, x_stride, p, block, pairs, bias, ym, y_stride, \
+                                      n0, N);                                           \
+      break;
+    VLLM_TAIL(1) VLLM_TAIL(2) VLLM_TAIL(3) VLLM_TAIL(4) VLLM_TAIL(5) VLLM_TAIL(6) VLLM_TAIL(7)
+    VLLM_TAIL(8) VLLM_TAIL(9) VLLM_TAIL(10) VLLM_TAIL(11)
+#undef VLLM_TAIL
+    default: break;
+  }
 }
-#endif  // VLLM_HAVE_BF16_GEMM
 
 void gemm_packed(const bf16* x, int64_t x_stride, int64_t M, const bf16* packed, int64_t N,
                  int64_t K, const bf16* bias, bf16* y, int64_t y_stride, int nthreads) {
