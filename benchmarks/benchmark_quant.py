@@ -14,9 +14,12 @@ suffix (e.g. `bf16+kv8`, `fp8+kv8`) runs that format with `--kv-cache-dtype fp8`
 (the checkpoint's KV scales if it has any, else 1.0).
 
     python benchmarks/quantize_checkpoint.py HuggingFaceTB/SmolLM2-135M-Instruct \\
-        /tmp/smollm2-w4a16 --scheme W4A16 --group-size 128
+        /tmp/smollm2-gptq --method gptq --group-size 128 --act-order --mse-clip
     python benchmarks/benchmark_quant.py --format bf16 --format fp8 \\
-        --format int4=/tmp/smollm2-w4a16 --format bf16+kv8 --format fp8+kv8
+        --format int4=/tmp/smollm2-gptq --format bf16+kv8 --format fp8+kv8
+
+`--no-decode` measures only memory and perplexity (fp8 decode is very slow on CPUs
+without the AVX-512 kernels).
 """
 from __future__ import annotations
 

@@ -45,6 +45,11 @@ class GPTQArgs:
     mse_clip: bool = False
     """Shrink each group's min/max range to the candidate (1.0, 0.98, ... 0.8) that
     minimizes the group's squared rounding error (GPTQ's `mse` grid search)."""
+    static_groups: bool = False
+    """Every group's grid from the original weights, before any column is quantized,
+    groups staying runs of consecutive inputs (g_idx = k // group) even with
+    `act_order`: the checkpoint needs no input permutation at run time (the engine's
+    fused decode layer takes it), at the cost of grids that do not see the updates."""
     true_sequential: bool = False
     """Quantize a layer's linears in execution order (qkv, o, gate/up, down), each
     from inputs through the parts already quantized (one more calibration pass each)."""
@@ -121,19 +126,25 @@ def _quantize(w: torch.Tensor, h: Optional[torch.Tensor], args: GPTQArgs) -> Qua
     qmax = 2 ** args.bits - 1
     w = w.clone()
     perm = torch.arange(k)
+    groups = -(-k // group)
+    scales, zeros = torch.empty(groups, n), torch.empty(groups, n)
     if h is not None:
         h = h.clone()
         dead = torch.diag(h) == 0          # inputs never active: weight irrelevant
         h[dead, dead] = 1
         w[:, dead] = 0
+    static = args.static_groups and h is not None
+    if static:
+        for g in range(groups):
+            scales[g], zeros[g] = group_params(w[:, g * group:(g + 1) * group], args.bits,
+                                               args.sym, args.mse_clip)
+    if h is not None:
         if args.act_order:
             perm = torch.argsort(torch.diag(h), descending=True, stable=True)
             w, h = w[:, perm], h[perm][:, perm]
         h += args.damp * torch.diag(h).mean() * torch.eye(k, dtype=h.dtype)
         u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)),
                                   upper=True).float()
-    groups = -(-k // group)
-    scales, zeros = torch.empty(groups, n), torch.empty(groups, n)
     q = torch.empty(n, k)
     block = max(group, args.block // group * group) if group < k else args.block
     for b0 in range(0, k, block):
@@ -142,11 +153,11 @@ def _quantize(w: torch.Tensor, h: Optional[torch.Tensor], args: GPTQArgs) -> Qua
         err = torch.zeros_like(wb)
         for i in range(b1 - b0):
             col = b0 + i
-            if col % group == 0:  # the group's grid from its weights as updated so far
-                g = col // group
+            if col % group == 0 and not static:  # the grid from the updated weights
                 rest = torch.cat([wb[:, i:], w[:, b1:]], 1)[:, :group]
-                scales[g], zeros[g] = group_params(rest, args.bits, args.sym, args.mse_clip)
-            g = col // group
+                scales[col // group], zeros[col // group] = group_params(
+                    rest, args.bits, args.sym, args.mse_clip)
+            g = int(perm[col]) // group if static else col // group
             q[:, col], deq = _qdq(wb[:, i], scales[g], zeros[g], qmax)
             if h is None:
                 continue
@@ -157,6 +168,8 @@ def _quantize(w: torch.Tensor, h: Optional[torch.Tensor], args: GPTQArgs) -> Qua
             w[:, b1:] -= err @ u[b0:b1, b1:]
     g_idx = torch.empty(k, dtype=torch.int64)
     g_idx[perm] = torch.arange(k) // group   # group of each input, natural order
+    if static:
+        g_idx = torch.arange(k) // group
     q_nat = torch.empty_like(q)
     q_nat[:, perm] = q
     return QuantizedLinear(q_nat.long(), scales.half(), zeros.long(), g_idx)

@@ -23,7 +23,7 @@ also takes group sizes that do not divide a layer's input size (a shorter last g
 which compressed-tensors refuses:
 
     python benchmarks/quantize_checkpoint.py HuggingFaceTB/SmolLM2-135M-Instruct \
-        /tmp/smollm2-gptq-g128 --method gptq --group-size 128
+        /tmp/smollm2-gptq-g128 --method gptq --group-size 128 --act-order --mse-clip
 """
 from __future__ import annotations
 
@@ -218,7 +218,7 @@ def quantize_gptq(float_dir: str, out_dir: str, method: str, args) -> str:
     tok = transformers.AutoTokenizer.from_pretrained(float_dir)
     gargs = GPTQArgs(bits=args.bits, group_size=args.group_size or 128, sym=args.sym,
                      act_order=args.act_order, damp=args.damp, mse_clip=args.mse_clip,
-                     true_sequential=args.true_sequential)
+                     true_sequential=args.true_sequential, static_groups=args.static_groups)
     batches = calibration_batches(tok, args.calibration, max_tokens=args.calibration_tokens)
     print(f"{method}: {sum(len(b) for b in batches)} calibration tokens of "
           f"{os.path.basename(args.calibration)}, {gargs}", flush=True)
@@ -247,6 +247,9 @@ def main() -> None:
     parser.add_argument("--damp", type=float, default=0.01)
     parser.add_argument("--mse-clip", action="store_true",
                         help="gptq/rtn: each group's range shrunk to the least squared error")
+    parser.add_argument("--static-groups", action="store_true",
+                        help="gptq: group grids from the original weights, groups in input "
+                             "order even with --act-order (no permutation at run time)")
     parser.add_argument("--true-sequential", action="store_true",
                         help="gptq: a layer's linears one stage after another (qkv, o, "
                              "gate/up, down), each calibrated through the quantized ones")

@@ -30,15 +30,17 @@ def _output_error(x, w, deq) -> float:
     return float(((x @ (w - deq).t()) ** 2).mean())
 
 
-@pytest.mark.parametrize("k, group, sym, act_order", [
-    (256, 64, False, False), (192, 128, True, False), (192, 128, False, True),
-    (320, -1, False, False)])
-def test_gptq_lowers_output_error_vs_rtn(k, group, sym, act_order):
+@pytest.mark.parametrize("k, group, sym, act_order, static", [
+    (256, 64, False, False, False), (192, 128, True, False, False),
+    (192, 128, False, True, False), (320, -1, False, False, False),
+    (320, 128, False, True, True)])
+def test_gptq_lowers_output_error_vs_rtn(k, group, sym, act_order, static):
     x = _correlated_inputs(1024, k, seed=0)
     w = torch.randn(48, k, generator=torch.Generator().manual_seed(1)) * 0.05
     rec = HessianRecorder(k)
     rec(None, (x,))
-    args = GPTQArgs(bits=4, group_size=group, sym=sym, act_order=act_order, block=64)
+    args = GPTQArgs(bits=4, group_size=group, sym=sym, act_order=act_order, block=64,
+                    static_groups=static, mse_clip=static)
     gptq, rtn = gptq_quantize(w, rec.hessian(), args), rtn_quantize(w, args)
     for ql in (gptq, rtn):
         assert ql.q.min() >= 0 and ql.q.max() <= 15
@@ -51,8 +53,9 @@ def test_gptq_lowers_output_error_vs_rtn(k, group, sym, act_order):
     # and on inputs it did not see, from the same distribution
     x2 = _correlated_inputs(512, k, seed=1)
     assert _output_error(x2, w, gptq.dequantize()) < _output_error(x2, w, rtn.dequantize())
-    if act_order:  # groups follow decreasing diag(H), so g_idx is not k // group
-        assert not torch.equal(gptq.g_idx, torch.arange(k) // group)
+    if act_order:  # groups follow decreasing diag(H), so g_idx is not k // group,
+        # unless static groups keep them in input order
+        assert torch.equal(gptq.g_idx, torch.arange(k) // group) == static
 
 
 def test_gptq_checkpoint_loads_and_matches_transformers(tmp_path):
@@ -74,7 +77,8 @@ def test_gptq_checkpoint_loads_and_matches_transformers(tmp_path):
                                 intermediate_size=320, num_attention_heads=3,
                                 num_key_value_heads=1)
     args = argparse.Namespace(bits=4, group_size=128, sym=False, act_order=True, damp=0.01,
-                              mse_clip=True, true_sequential=True, calibration=None,
+                              mse_clip=True, true_sequential=True, static_groups=False,
+                              calibration=None,
                               calibration_tokens=512)
     from benchmarks import quantize_checkpoint
     args.calibration = quantize_checkpoint.CORPUS
