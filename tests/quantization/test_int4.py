@@ -132,6 +132,14 @@ def test_gptq_partial_last_group(tiny_partial, tmp_path, bits, desc_act, sym, gr
         if quant_ops.int4_supported(x, 64):  # the decode kernel's rows on that grid
             torch.testing.assert_close(down.quant_method.apply(down, x), x @ w.t(),
                                        rtol=1e-5, atol=1e-4)
+        # Gaudi's layout of the same layer (qweight [K/8, N] for convert_from_uint4,
+        # through the HPU shim): the same product
+        from vllm.model_executor.layers.quantization.int_weights import (
+            IntWeightLinearMethod, unpack_nibbles)
+        method = down.quant_method
+        IntWeightLinearMethod._hpu_layout(down, unpack_nibbles(down.w_q))
+        method.on_hpu = True
+        torch.testing.assert_close(method.apply(down, x), x @ w.t(), rtol=1e-5, atol=1e-4)
     if greedy:
         _greedy_matches(path, ref, tok)
 
