@@ -382,8 +382,7 @@ class HPUModelRunner(ModelRunnerBase):
             tokens_all = out.sampled_token_ids.tolist()
             lp = out.logprobs_tensors
             if lp is not None:
-                lp_all = (lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
-                          lp.selected_token_ranks.tolist())
+                lp_all = lp.tolists()
         index = list(rows)
         lp_lists = None if lp_all is None else tuple([col[i] for i in index] for col in lp_all)
         return self._record_samples(req_ids, [tokens_all[i] for i in index], lp_lists)
@@ -418,8 +417,7 @@ class HPUModelRunner(ModelRunnerBase):
         logits = self._prompt_logits(hidden, index)
         target = torch.tensor(targets + [0] * pad, device=hidden.device)
         t = self._prompt_logprobs_of(logits, target, num_logprobs)
-        return (t.logprob_token_ids.tolist(), t.logprobs.tolist(),
-                t.selected_token_ranks.tolist())
+        return t.tolists()
 
     def _prompt_logits(self, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Logits at the `index` [width] rows of a pass."""

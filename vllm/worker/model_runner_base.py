@@ -338,8 +338,7 @@ class ModelRunnerBase:
             token_ids = out.sampled_token_ids.tolist()
             lp = out.logprobs_tensors
             if lp is not None:
-                lp_lists = (lp.logprob_token_ids.tolist(), lp.logprobs.tolist(),
-                            lp.selected_token_ranks.tolist())
+                lp_lists = lp.tolists()
         return self._record_samples(req_ids, token_ids, lp_lists)
 
     def _record_samples(self, req_ids: list[str], token_ids: list[int],
@@ -388,8 +387,7 @@ class ModelRunnerBase:
             hidden.index_select(0, torch.tensor(rows, device=hidden.device)))
         t = compute_prompt_logprobs(logits, torch.tensor(targets, device=logits.device),
                                     num_logprobs)
-        return (t.logprob_token_ids.tolist(), t.logprobs.tolist(),
-                t.selected_token_ranks.tolist())
+        return t.tolists()
 
     # ---------------------------------------------------------- feature hooks
     def update_draft_tokens(self, so: SchedulerOutput) -> None:

@@ -208,17 +208,22 @@ class IncConfig(QuantizationConfig):
         return len(updates)
 
 
-class IncMeasureLinearMethod(LinearMethodBase):
-    """Float linear layer that feeds the max-abs recorder."""
-
-    def __init__(self, recorder: MaxAbsRecorder, name: str) -> None:
-        self.recorder = recorder
-        self.name = name
+class _IncLinearMethod(LinearMethodBase):
+    """Both INC runs load the checkpoint's float weight as it is: the measure run keeps
+    it, the quantized run converts it to fp8 after loading."""
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
                        params_dtype) -> None:
         layer.weight = make_param((sum(output_partition_sizes), input_size_per_partition),
                                   params_dtype, 0, 1, layer.weight_loader)
+
+
+class IncMeasureLinearMethod(_IncLinearMethod):
+    """Float linear layer that feeds the max-abs recorder."""
+
+    def __init__(self, recorder: MaxAbsRecorder, name: str) -> None:
+        self.recorder = recorder
+        self.name = name
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         self.recorder.set_weight(self.name, layer.weight.data)
@@ -231,7 +236,7 @@ class IncMeasureLinearMethod(LinearMethodBase):
         return out
 
 
-class IncQuantLinearMethod(LinearMethodBase):
+class IncQuantLinearMethod(_IncLinearMethod):
     """fp8 weight [N, K] with one weight scale, static input scale.
 
     Layer state after loading: `weight` (fp8), buffers `inc_input_scale`,
@@ -242,11 +247,6 @@ class IncQuantLinearMethod(LinearMethodBase):
     def __init__(self, config: IncConfig, name: str) -> None:
         self.config = config
         self.name = name
-
-    def create_weights(self, layer, input_size_per_partition, output_partition_sizes,
-                       params_dtype) -> None:
-        layer.weight = make_param((sum(output_partition_sizes), input_size_per_partition),
-                                  params_dtype, 0, 1, layer.weight_loader)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         cfg = self.config.cfg
