@@ -31,8 +31,8 @@ SUFFIX = {"cpu": "+cpu", "hpu": "+gaudi", "cuda": ""}
 HPU_ENTRY_POINTS = {
     # vLLM's plugin groups: the platform (applies the Gaudi runtime settings, returns
     # the platform class) and the general plugin that binds the HPU op kernels.
-    "vllm.platform_plugins": ["hpu = vllm.platforms.hpu_plugin:register"],
-    "vllm.general_plugins": ["hpu_custom_ops = vllm.platforms.hpu_plugin:register_ops"],
+    "vllm.platform_plugins": ["hpu = vllm.hpu.plugin:register"],
+    "vllm.general_plugins": ["hpu_custom_ops = vllm.hpu.plugin:register_ops"],
 }
 
 

@@ -111,7 +111,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.models import llama_fused
+    from vllm.native import fused_decode as llama_fused
     from vllm.native import cpu_ops
 
     llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))

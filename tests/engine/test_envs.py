@@ -38,8 +38,8 @@ def test_no_second_parser_in_vllm():
 
 
 def test_fake_hpu_spellings_agree_between_platform_and_shim():
-    code = ("from vllm import hpu; from vllm.platforms import current_platform; "
-            "print(current_platform.device_type, hpu.is_fake_hpu())")
+    code = ("from vllm.hpu import habana; from vllm.platforms import current_platform; "
+            "print(current_platform.device_type, habana.is_fake_hpu())")
     for value, expect in (("yes", "hpu True"), ("on", "hpu True"), ("0", "cpu")):
         env = dict(os.environ, VLLM_USE_FAKE_HPU=value, PYTHONPATH=ROOT)
         env.pop("VLLM_TARGET_DEVICE", None)

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from vllm.worker.hpu_bucketing import (Bucket, HPUBucketingContext, exponential_range,
+from vllm.hpu.bucketing import (Bucket, HPUBucketingContext, exponential_range,
                                        linear_range)
 
 ALL_BUCKET_VARS = [f"VLLM_{k}_{d}_BUCKET_{p}" for k in ("PROMPT", "DECODE")

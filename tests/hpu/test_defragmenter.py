@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm.worker.hpu_defragmenter import HPUDefragmenter, plan_defrag, swap_blocks
+from vllm.hpu.defragmenter import HPUDefragmenter, plan_defrag, swap_blocks
 
 
 def test_plan_only_above_threshold():
@@ -66,7 +66,7 @@ def test_threshold_from_env(monkeypatch):
 def test_swaps_run_in_buckets_inside_the_tracker():
     """4 moves run as one swap of the 8-pair bucket, inside `track(8)`; K and V are
     swapped as whole tensors; a bucket smaller than the plan is refused."""
-    from vllm.worker.hpu_defragmenter import swap_bucket, swap_buckets
+    from vllm.hpu.defragmenter import swap_bucket, swap_buckets
     bs, n = 2, 40
     k, v = torch.randn((n + 1) * bs, 1, 2), torch.randn((n + 1) * bs, 1, 2)
     seen = []

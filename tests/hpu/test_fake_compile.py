@@ -5,8 +5,8 @@ import torch
 import torch._dynamo
 from torch import nn
 
-from vllm.hpu import fake_compile
-from vllm.hpu.fake_compile import fake_hpu_backend, output_specs, shape_only_regions
+from vllm.hpu.habana import fake_compile
+from vllm.hpu.habana.fake_compile import fake_hpu_backend, output_specs, shape_only_regions
 
 
 class Block(nn.Module):

@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from vllm.attention.ops.hpu_paged_attn import (build_flat_pa_metadata, flat_paged_attention,
+from vllm.hpu.paged_attn import (build_flat_pa_metadata, flat_paged_attention,
                                                prompt_attention, prompt_attention_with_context,
                                                write_to_kv_cache)
-from vllm.hpu.fake_graphs import input_signature
+from vllm.hpu.graph_keys import input_signature
 
 HQ, HKV, D = 8, 2, 16
 

@@ -10,9 +10,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.hpu.conftest import SMALL_BUCKETS, make_llm, platform_env, release, runner_of
-from vllm import hpu
-from vllm.attention.backends.hpu_attn import HPUAttentionImpl, HPUKVCache
-from vllm.attention.ops.hpu_paged_attn import (build_flat_pa_metadata, flat_paged_attention,
+from vllm.hpu import habana
+from vllm.hpu.attention import HPUAttentionImpl, HPUKVCache
+from vllm.hpu.paged_attn import (build_flat_pa_metadata, flat_paged_attention,
                                                grouped_max, prompt_attention,
                                                prompt_attention_with_context)
 
@@ -120,8 +120,8 @@ class _SpySDPA:
 
 @pytest.mark.parametrize("mode", ["native", "repeat"])
 def test_fsdpa_gqa_modes_match_float64(mode, monkeypatch):
-    spy = _SpySDPA(hpu.FusedSDPA)
-    monkeypatch.setattr(hpu, "FusedSDPA", spy)
+    spy = _SpySDPA(habana.FusedSDPA)
+    monkeypatch.setattr(habana, "FusedSDPA", spy)
     torch.manual_seed(0)
     lens, t = [5, 12], 12
     q, k, v = torch.randn(2, t, HQ, D), torch.randn(2, t, HKV, D), torch.randn(2, t, HKV, D)

@@ -13,8 +13,9 @@ import re
 import pytest
 
 from tests.hpu.conftest import make_llm, platform_env, ragged_prompt_ids, release, runner_of
-from vllm import SamplingParams, hpu
-from vllm.worker.hpu_bucketing import Bucket
+from vllm import SamplingParams
+from vllm.hpu import habana
+from vllm.hpu.bucketing import Bucket
 
 # Ragged: within a block, exactly a block, several blocks, and longer than the
 # chunk budget of the chunked run (block sizes 16 and 128 below).
@@ -136,7 +137,7 @@ def test_warmup_then_serving_compiles_nothing(reference, caplog):
         log = caplog.text
         for pattern in WARMUP_LINES:
             assert re.search(pattern, log), pattern
-        stats = hpu.graph_stats(runner.forward_module)
+        stats = habana.graph_stats(runner.forward_module)
         captures, bypassed = stats.captures, stats.bypassed
         assert captures == len(runner.graphed_buckets) == 6
         assert runner.num_compiles_after_warmup == 0

@@ -56,7 +56,7 @@ def test_fake_hpu_fp8_kv_equals_cpu(case, tiny_model_factory):
 
 def test_flat_pa_reads_fp8_blocks():
     """flat PA on an fp8 cache equals flat PA on the dequantized float cache."""
-    from vllm.attention.ops.hpu_paged_attn import build_flat_pa_metadata, flat_paged_attention
+    from vllm.hpu.paged_attn import build_flat_pa_metadata, flat_paged_attention
     gen = torch.Generator().manual_seed(0)
     bs, blocks, hkv, hq, d = 16, 6, 2, 4, 32
     cache = (torch.randn(2, (blocks + 1) * bs, hkv, d, generator=gen) * 4).to(

@@ -6,8 +6,9 @@ import logging
 import pytest
 
 from tests.hpu.conftest import SMALL_BUCKETS, make_llm, platform_env, release, runner_of
-from vllm import SamplingParams, hpu
-from vllm.worker.hpu_bucketing import Bucket
+from vllm import SamplingParams
+from vllm.hpu import habana
+from vllm.hpu.bucketing import Bucket
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, " * 12,
            "Water boils at", "List three colors:"]
@@ -36,7 +37,7 @@ def test_execution_modes_match_cpu_and_compile_nothing_after_warmup(tiny, lazy, 
                                                                    monkeypatch):
     path, expected = tiny
     import torch._dynamo.utils as dynamo_utils
-    from vllm.hpu.fake_compile import OutputSpec
+    from vllm.hpu.habana.fake_compile import OutputSpec
     skipped = []  # region outputs returned as traced-shape zeros instead of computed
     materialize = OutputSpec.materialize
     monkeypatch.setattr(OutputSpec, "materialize",
@@ -76,7 +77,7 @@ def test_graphs_that_do_not_fit_run_without_a_graph(tiny, caplog):
         # hidden size 64, fp32: a graph keeps 256 bytes of output per token, so
         # prompt (1, 128) takes 32 KiB and (2, 128) 64 KiB; decode graphs take < 2 KiB.
         graph_budget = 80 << 10
-        runner.mem_margin = hpu.mem_get_info()[0] - graph_budget
+        runner.mem_margin = habana.mem_get_info()[0] - graph_budget
         runner.warmup_model()
         prompt_graphs = {b for p, b in runner.graphed_buckets if p}
         decode_graphs = {b for p, b in runner.graphed_buckets if not p}
@@ -84,7 +85,7 @@ def test_graphs_that_do_not_fit_run_without_a_graph(tiny, caplog):
         assert decode_graphs == set(runner.bucketing.decode_buckets)
         assert "Graph/Prompt not captured (no graph memory left; they run without a graph): " \
                "[(2, 128, 0)]" in caplog.text
-        stats = hpu.graph_stats(runner.forward_module)
+        stats = habana.graph_stats(runner.forward_module)
         bypassed = stats.bypassed
         assert _generate(llm, PROMPTS) == expected  # pairs of prompts use (2, 128, 0)
         assert stats.bypassed > bypassed

@@ -97,24 +97,24 @@ def test_mark_step_before_every_collective_in_lazy_mode(monkeypatch):
     all-gather, pipeline send and receive; eager/compile mode adds no hook."""
     import torch
 
-    from vllm import hpu
+    from vllm.hpu import habana
     from vllm.distributed import parallel_state as ps
-    from vllm.worker.hpu_worker import before_collective
+    from vllm.hpu.worker import before_collective
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "0")
     assert before_collective() is None
     monkeypatch.setenv("PT_HPU_LAZY_MODE", "1")
     hook = before_collective()
-    assert hook is hpu.mark_step
+    assert hook is habana.mark_step
 
     seen: list[tuple[str, int]] = []
 
     def record(name):
         def op(*args, **kwargs):
-            seen.append((name, hpu.mark_step_count()))
+            seen.append((name, habana.mark_step_count()))
         return op
 
     def recv_object_list(box, src, group):
-        seen.append(("recv_object_list", hpu.mark_step_count()))
+        seen.append(("recv_object_list", habana.mark_step_count()))
         box[0] = [("h", torch.float32, (2, 3))]
 
     for name in ("all_reduce", "all_gather", "send", "send_object_list", "recv"):
@@ -122,7 +122,7 @@ def test_mark_step_before_every_collective_in_lazy_mode(monkeypatch):
     monkeypatch.setattr(ps.dist, "recv_object_list", recv_object_list)
     group = ps.GroupCoordinator(ranks=[0, 1], rank=0, device_group="dev", cpu_group="cpu",
                                 before_collective=hook)
-    start = hpu.mark_step_count()
+    start = habana.mark_step_count()
     x = torch.ones(2, 3)
     group.all_reduce(x)
     group.all_gather(x)
@@ -147,12 +147,12 @@ def test_lazy_collectives_follow_the_bridge_is_lazy(tiny, monkeypatch, bridge_la
     is_lazy() says lazy, whatever PT_HPU_LAZY_MODE reads (one source of truth)."""
     import os
 
-    from vllm import hpu
+    from vllm.hpu import habana
     from vllm.engine.arg_utils import EngineArgs
     path, _ = tiny
     env_lazy = "0" if bridge_lazy else "1"  # disagree with the bridge on purpose
     with platform_env("hpu", PT_HPU_LAZY_MODE=env_lazy):
-        monkeypatch.setattr(hpu, "is_lazy", lambda: bridge_lazy)
+        monkeypatch.setattr(habana, "is_lazy", lambda: bridge_lazy)
         EngineArgs(model=path, tensor_parallel_size=2, dtype="float32",
                    max_model_len=512).create_engine_config()
         assert os.environ["PT_HPU_ENABLE_LAZY_COLLECTIVES"] == (
@@ -185,9 +185,9 @@ def test_graph_budget_is_the_minimum_over_tp_ranks(tiny, monkeypatch):
     memory allows (the peer's budget fits one prompt graph of two), and every capture
     counts the larger of the two ranks' measurements."""
     from tests.hpu.conftest import runner_of
-    from vllm import hpu
-    from vllm.worker import hpu_warmup
-    from vllm.worker.hpu_bucketing import Bucket
+    from vllm.hpu import habana
+    from vllm.hpu import warmup as hpu_warmup
+    from vllm.hpu.bucketing import Bucket
     path, expected = tiny
 
     class PeerGroup:
@@ -204,7 +204,7 @@ def test_graph_budget_is_the_minimum_over_tp_ranks(tiny, monkeypatch):
     with platform_env("hpu", **env):
         llm = make_llm(model=path, enable_prefix_caching=False, **TINY)
         runner = runner_of(llm)
-        runner.mem_margin = hpu.mem_get_info()[0] - (4 << 20)  # 4 MiB here: all would fit
+        runner.mem_margin = habana.mem_get_info()[0] - (4 << 20)  # 4 MiB here: all would fit
         peers = PeerGroup()
         monkeypatch.setattr(hpu_warmup, "get_tp_group", lambda: peers)
         runner.warmup_model()
@@ -246,7 +246,7 @@ def test_fake_hpu_ranks_share_the_host_cores():
     import torch
 
     from vllm.config import ParallelConfig
-    from vllm.worker.hpu_worker import HPUWorker
+    from vllm.hpu.worker import HPUWorker
 
     class _Config:
         parallel_config = ParallelConfig(tensor_parallel_size=2, data_parallel_size=2)

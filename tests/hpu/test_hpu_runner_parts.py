@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 import torch
 
-from vllm.attention.backends.hpu_attn import HPUAttentionImpl, HPUKVCache
-from vllm.worker.hpu_bucketing import Bucket
-from vllm.worker.hpu_compile_tracker import CompileTracker
-from vllm.worker.hpu_execution import ExecutionMode
-from vllm.worker.hpu_input_prep import (DecodeSeq, PromptSeq, build_decode_batch,
+from vllm.hpu.attention import HPUAttentionImpl, HPUKVCache
+from vllm.hpu.bucketing import Bucket
+from vllm.hpu.compile_tracker import CompileTracker
+from vllm.hpu.execution import ExecutionMode
+from vllm.hpu.input_prep import (DecodeSeq, PromptSeq, build_decode_batch,
                                         build_prompt_batch, decode_blocks_needed,
                                         dependency_levels, group_prompts)
-from vllm.worker.hpu_model_runner import resolve_contiguous_pa
-from vllm.worker.hpu_profiler import HPUProfiler
-from vllm.worker.hpu_warmup import (bucket_tokens, capture_within_budget, format_bytes,
+from vllm.hpu.model_runner import resolve_contiguous_pa
+from vllm.hpu.profiler import HPUProfiler
+from vllm.hpu.warmup import (bucket_tokens, capture_within_budget, format_bytes,
                                     order_for_capture)
-from vllm.worker.hpu_worker import HPUMemoryBudget
+from vllm.hpu.worker import HPUMemoryBudget
 
 BS = 4
 NUM_BLOCKS = 12  # the pad block is block 12

@@ -8,7 +8,7 @@ from vllm.sample.metadata import SamplingMetadata, SamplingRow, make_generator
 from vllm.sample.ops.topk_topp import apply_top_k_top_p, apply_top_k_top_p_sorted
 from vllm.sample.sampler import Sampler
 from vllm.sampling_params import SamplingParams
-from vllm.worker.hpu_sampling import (logprobs_bucket, logprobs_buckets, padded_rows,
+from vllm.hpu.sampling import (logprobs_bucket, logprobs_buckets, padded_rows,
                                       sampler_signature, static_metadata)
 
 V = 300

@@ -23,7 +23,7 @@ from packaging.requirements import Requirement
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# The stub image: just enough of habana_frameworks for vllm/hpu/real.py to import.
+# The stub image: just enough of habana_frameworks for vllm/hpu/habana/real.py to import.
 # Nothing in these tests runs a kernel; `is_lazy` reads PT_HPU_LAZY_MODE as the bridge.
 STUB_MODULES = {
     "habana_frameworks/__init__.py": "STUB = True\n",
@@ -124,8 +124,8 @@ def test_gaudi_image_builds_the_hpu_target_without_torch(hpu_build):
     assert not {"torch", "torchvision", "torchaudio"} & set(names), names
     # vLLM's plugin groups, for HPU builds only.
     entry_points = files["entry_points.txt"]
-    assert "[vllm.platform_plugins]\nhpu = vllm.platforms.hpu_plugin:register" in entry_points
-    assert ("[vllm.general_plugins]\nhpu_custom_ops = vllm.platforms.hpu_plugin:register_ops"
+    assert "[vllm.platform_plugins]\nhpu = vllm.hpu.plugin:register" in entry_points
+    assert ("[vllm.general_plugins]\nhpu_custom_ops = vllm.hpu.plugin:register_ops"
             in entry_points)
 
 
@@ -173,8 +173,8 @@ def test_installed_hpu_build_selects_the_hpu_platform_through_its_plugin(hpu_bui
     meta = hpu_build[2]
     listing, platform, settings = _run_installed(meta, stub_site, RUNTIME_PROBE,
                                                  PT_HPU_LAZY_MODE="1")
-    assert "name='hpu', value='vllm.platforms.hpu_plugin:register'" in listing
-    assert "name='hpu_custom_ops', value='vllm.platforms.hpu_plugin:register_ops'" in listing
+    assert "name='hpu', value='vllm.hpu.plugin:register'" in listing
+    assert "name='hpu_custom_ops', value='vllm.hpu.plugin:register_ops'" in listing
     assert platform == "hpu False rms_norm_hpu"
     assert settings == "['0', 'true', None] True"
 
@@ -189,7 +189,8 @@ def test_installed_hpu_build_compile_mode_keeps_user_settings(hpu_build, stub_si
 
 def test_installed_hpu_build_runs_on_cpu_without_gaudi_code(hpu_build, stub_site):
     """VLLM_TARGET_DEVICE=cpu at run time: the plugin stands aside and nothing of the
-    HPU stack (vllm.hpu, habana_frameworks) is imported by building the layers."""
+    HPU stack (the shim vllm.hpu.habana, habana_frameworks) is imported by building the
+    layers (the entry point itself lives in vllm.hpu.plugin, which imports neither)."""
     code = textwrap.dedent("""\
         import sys
         from vllm.platforms import current_platform
@@ -199,10 +200,10 @@ def test_installed_hpu_build_runs_on_cpu_without_gaudi_code(hpu_build, stub_site
         from vllm.model_executor.layers.rotary_embedding import get_rope
         names = [RMSNorm(8).forward_method_name, get_rope(8, 8, 16, 10000.0).forward_method_name]
         print("PROBE", current_platform.device_name, names,
-              [m for m in ("vllm.hpu", "habana_frameworks") if m in sys.modules])
+              [m for m in ("vllm.hpu.habana", "habana_frameworks") if m in sys.modules])
         """)
     out = _run_installed(hpu_build[2], stub_site, code, VLLM_TARGET_DEVICE="cpu")
-    assert out[-1] == "cpu ['forward_cpu', 'forward_cpu'] []"
+    assert out[-1] == "cpu ['rms_norm_cpu', 'rotary_embedding_cpu'] []"
 
 
 def test_detection_sees_site_packages_hidden_by_build_isolation(tmp_path, monkeypatch):

@@ -12,10 +12,11 @@ import re
 
 import pytest
 
-from vllm import hpu
-from vllm.worker import hpu_log
-from vllm.worker.hpu_bucketing import Bucket
-from vllm.worker.hpu_warmup import HPUWarmup
+from vllm.hpu import habana
+from vllm.hpu import log as hpu_log
+from vllm.hpu.bucketing import Bucket
+from vllm.hpu.execution import ExecutionMode
+from vllm.hpu.warmup import HPUWarmup, WarmupOps
 
 SIZE = r"-?[\d.]+ (?:B|KiB|MiB|GiB|TiB)"
 SEED_LINES = {
@@ -33,7 +34,7 @@ SEED_LINES = {
 
 
 def test_each_line_in_the_seed_wording(caplog):
-    with caplog.at_level(logging.INFO, logger="vllm.worker.hpu_log"):
+    with caplog.at_level(logging.INFO, logger="vllm.hpu.log"):
         hpu_log.log_bucket_config("Prompt", [1, 2, 4], "seq", [128, 128, 512],
                                   ", blocks:[0, 1, 4]")
         hpu_log.log_generated_buckets("Prompt", [Bucket(1, 128, 0), Bucket(2, 256, 1)])
@@ -59,12 +60,12 @@ class _Runner:
     """Captures cost 100 bytes per token of the fake device's memory."""
 
     def __init__(self, graph_budget: int) -> None:
-        self.mem_margin = hpu.mem_get_info()[0] - graph_budget
+        self.mem_margin = habana.mem_get_info()[0] - graph_budget
         self.held: list[int] = []
 
     def capture_graph(self, is_prompt: bool, bucket: Bucket) -> None:
         tokens = bucket.batch_size * (bucket.query_len if is_prompt else 1)
-        self.held.append(hpu.track_alloc(100 * tokens))
+        self.held.append(habana.track_alloc(100 * tokens))
 
 
 def test_second_prompt_capture_pass_continues_the_numbering(caplog, monkeypatch):
@@ -74,10 +75,15 @@ def test_second_prompt_capture_pass_continues_the_numbering(caplog, monkeypatch)
     runner = _Runner(graph_budget=80000)            # prompt gets 24000: (2, 128) waits
     try:
         with caplog.at_level(logging.INFO, logger="vllm"):
-            HPUWarmup(runner)._capture_graphs(prompt, decode)
+            ops = WarmupOps(prompt, decode, block_size=128, mode=ExecutionMode.HPU_GRAPHS,
+                            uses_hpu_graphs=True, mem_margin=runner.mem_margin,
+                            run_dummy_batch=lambda is_prompt, bucket: None,
+                            capture_graph=runner.capture_graph,
+                            warmup_defragmenter=lambda: None)
+            HPUWarmup(ops)._capture_graphs(prompt, decode)
     finally:
         for nbytes in runner.held:
-            hpu.track_free(nbytes)
+            habana.track_free(nbytes)
     steps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[Warmup]")]
     assert [s.split(" free_mem")[0] for s in steps] == [
         "[Warmup][Graph/Prompt][1/2] batch_size:1 seq_len:128",

@@ -8,7 +8,8 @@ import pytest
 
 from tests.hpu.conftest import (SMALL_BUCKETS, make_llm, platform_env, ragged_prompt_ids,
                                 release, runner_of)
-from vllm import SamplingParams, hpu
+from vllm import SamplingParams
+from vllm.hpu import habana
 
 LENGTHS = [3, 17, 40, 90, 120, 60, 33]
 ARGS = dict(max_model_len=512, max_num_seqs=4, block_size=16, kv_cache_memory_bytes=1 << 20)
@@ -75,14 +76,14 @@ def test_mixed_workload_compiles_nothing_after_warmup(tiny_model_factory, prefix
                 assert tracker.num_compiles_after_warmup == count
             else:
                 # Beyond the warmed prompt range (seq max 128): a fallback bucket, captured.
-                captures = hpu.graph_stats(runner.forward_module).captures
-                bypassed = hpu.graph_stats(runner.forward_module).bypassed
+                captures = habana.graph_stats(runner.forward_module).captures
+                bypassed = habana.graph_stats(runner.forward_module).bypassed
                 long_prompt = ragged_prompt_ids(llm.get_tokenizer(), [200])
                 _run(llm, long_prompt, [SamplingParams(temperature=0.0, max_tokens=2)])
                 fallback = [b for b in runner.bucketing.fallback_buckets if b.query_len > 1]
                 assert fallback and (True, fallback[0]) in runner.graphed_buckets
-                assert hpu.graph_stats(runner.forward_module).captures > captures
-                assert hpu.graph_stats(runner.forward_module).bypassed == bypassed
+                assert habana.graph_stats(runner.forward_module).captures > captures
+                assert habana.graph_stats(runner.forward_module).bypassed == bypassed
         finally:
             release(llm)
 
@@ -99,7 +100,7 @@ def test_skip_warmup_keeps_hpu_graphs(tiny_model_factory):
         try:
             runner = runner_of(llm)
             assert runner.graphed_buckets == set()
-            graphs = hpu.graph_stats(runner.forward_module)
+            graphs = habana.graph_stats(runner.forward_module)
             bypassed = graphs.bypassed  # the profile run (no KV cache yet)
             prompts = ragged_prompt_ids(llm.get_tokenizer(), LENGTHS[:4])
             _run(llm, prompts, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vllm.attention.ops.alibi import get_alibi_slopes
-from vllm.attention.ops.hpu_paged_attn import build_flat_pa_metadata, flat_paged_attention
+from vllm.hpu.paged_attn import build_flat_pa_metadata, flat_paged_attention
 from vllm.attention.ops.masked_attention import masked_attention
 
 

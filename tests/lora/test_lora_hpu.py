@@ -6,7 +6,8 @@ import pytest
 
 from tests.hpu.conftest import make_llm, platform_env, release, runner_of
 from tests.lora.conftest import ADAPTERS, MAX_TOKENS
-from vllm import SamplingParams, hpu
+from vllm import SamplingParams
+from vllm.hpu import habana
 from vllm.lora.request import LoRARequest
 
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -24,7 +25,7 @@ def test_adapters_switch_without_compiles(mode, qwen2_base, qwen2_adapters, qwen
                        num_gpu_blocks_override=16, enforce_eager=mode == "eager")
         runner = runner_of(llm)
         assert runner.tracker.warmup_done and runner.num_compiles_after_warmup == 0
-        captures = hpu.graph_stats(runner.forward_module).captures \
+        captures = habana.graph_stats(runner.forward_module).captures \
             if mode == "hpu-graphs" else None
         ids = {name: i + 1 for i, (name, _) in enumerate(ADAPTERS)}
 
@@ -52,5 +53,5 @@ def test_adapters_switch_without_compiles(mode, qwen2_base, qwen2_adapters, qwen
         assert runner.lora_manager.num_slot_loads > 5
         assert runner.num_compiles_after_warmup == 0
         if captures is not None:
-            assert hpu.graph_stats(runner.forward_module).captures == captures
+            assert habana.graph_stats(runner.forward_module).captures == captures
         release(llm)

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from tests.hpu.conftest import SMALL_BUCKETS, make_llm, platform_env, release
-from vllm import SamplingParams, hpu
+from vllm import SamplingParams
+from vllm.hpu import habana
 from vllm.model_executor.custom_op import CustomOp
 from vllm.native import cpu_ops, loader
 
@@ -57,11 +58,11 @@ def _count_kernels(monkeypatch) -> collections.Counter:
         return call
 
     for name in ("FusedRMSNorm", "FusedSDPA"):
-        kernel = getattr(hpu, name)
-        monkeypatch.setattr(hpu, name, type(name, (), {
+        kernel = getattr(habana, name)
+        monkeypatch.setattr(habana, name, type(name, (), {
             "apply": staticmethod(counted(name, kernel.apply))}))
-    monkeypatch.setattr(hpu, "apply_rotary_pos_emb",
-                        counted("apply_rotary_pos_emb", hpu.apply_rotary_pos_emb))
+    monkeypatch.setattr(habana, "apply_rotary_pos_emb",
+                        counted("apply_rotary_pos_emb", habana.apply_rotary_pos_emb))
     return calls
 
 
@@ -94,11 +95,12 @@ def test_fake_hpu_runs_the_hpex_kernels_and_cpu_the_native_ones(tiny_llama, monk
     hpu_out, hpu_calls, hpu_methods = _generate_counting(tiny_llama, monkeypatch, "hpu",
                                                          PT_HPU_LAZY_MODE="0",
                                                          **SMALL_BUCKETS)
-    assert cpu_methods == {"RMSNorm": "forward_cpu", "SiluAndMul": "forward_cpu",
-                           "RotaryEmbedding": "forward_cpu"}
-    # The HPU kernels bound by register_ops (vllm/model_executor/layers/hpu_ops.py);
-    # silu_and_mul has none (Gaudi's graph compiler fuses it): its forward_hpu.
-    assert hpu_methods == {"RMSNorm": "rms_norm_hpu", "SiluAndMul": "forward_hpu",
+    # The native kernels bound by the CPU platform (vllm/native/ops.py).
+    assert cpu_methods == {"RMSNorm": "rms_norm_cpu", "SiluAndMul": "silu_and_mul_cpu",
+                           "RotaryEmbedding": "rotary_embedding_cpu"}
+    # The HPU kernels bound by register_ops (vllm/hpu/ops.py);
+    # silu_and_mul has none (Gaudi's graph compiler fuses it): its forward_native.
+    assert hpu_methods == {"RMSNorm": "rms_norm_hpu", "SiluAndMul": "forward_native",
                            "RotaryEmbedding": "rotary_embedding_hpu"}
     for name in ("vllm_rms_norm", "vllm_rotary", "vllm_silu_and_mul", "vllm_write_kv",
                  "vllm_decode_attention"):
@@ -119,7 +121,7 @@ def test_the_implementation_is_chosen_once_from_the_platform():
     with platform_env("cpu"):
         on_cpu = RMSNorm(16)
     assert on_hpu.forward_method_name == "rms_norm_hpu"
-    assert on_cpu.forward_method_name == "forward_cpu"
+    assert on_cpu.forward_method_name == "rms_norm_cpu"
     x = torch.randn(3, 16)
     torch.testing.assert_close(on_hpu(x), on_cpu(x))
 
@@ -135,9 +137,14 @@ def test_an_out_of_tree_op_replaces_the_in_tree_class():
         CustomOp.register_oot("nope")(PluginSilu)
     try:
         CustomOp.register_oot()(PluginSilu)
-        assert type(SiluAndMul()) is PluginSilu
+        op = SiluAndMul()
+        assert type(op) is PluginSilu
+        # The plugin took the op over: its forward runs on the CPU platform too, in
+        # place of the native kernel bound there.
+        assert op.forward_method_name == "forward_oot"
+        assert torch.count_nonzero(op(torch.randn(3, 8))) == 0
     finally:
-        CustomOp.oot_registry.pop("silu_and_mul", None)
+        CustomOp.entry("silu_and_mul").oot = None
     assert type(SiluAndMul()) is SiluAndMul
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm.hpu.moe import fake_mixture_of_experts
+from vllm.hpu.habana.moe import fake_mixture_of_experts
 from vllm.model_executor.layers.fused_moe import FusedMoE, expert_param_name, select_experts
 
 
@@ -61,7 +61,7 @@ def test_expert_weight_loading_and_names():
 
 
 def test_bf16_packed_experts_match_plain_linear():
-    from vllm.model_executor.layers.cpu_gemm import PACKS_ATTR, drop_packed_weights
+    from vllm.native.gemm import PACKS_ATTR, drop_packed_weights
     from vllm.native import cpu_ops
     if not cpu_ops.gemm_supported():
         pytest.skip("no native bf16 GEMM on this CPU")

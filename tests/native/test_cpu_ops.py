@@ -170,7 +170,7 @@ def test_linear_layers_use_their_packed_weight(monkeypatch, native):
     """cpu_gemm.linear through the native pack, or oneDNN's when the native GEMM is off
     (the float32 copy on CPUs where oneDNN has no bf16 kernel)."""
     from torch import nn
-    from vllm.model_executor.layers import cpu_gemm, gemm_autotune
+    from vllm.native import gemm as cpu_gemm, gemm_autotune
     if native and not cpu_ops.gemm_supported():
         pytest.skip("no native GEMM (AVX512-BF16 or AVX2) on this CPU")
     monkeypatch.setattr(cpu_ops, "_GEMM", {"ok": native})

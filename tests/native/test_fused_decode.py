@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm.model_executor.models import llama_fused
+from vllm.native import fused_decode as llama_fused
 from vllm.native import cpu_ops, quant_ops
 
 needs_bf16_gemm = pytest.mark.skipif(not cpu_ops.gemm_supported(),
@@ -72,8 +72,9 @@ def test_qwen3_layers_do_not_qualify(tiny_model_factory):
     model = llm.llm_engine.engine_core.executor.worker.model_runner.model
     layers = model.model._own_layers
     assert not any(llama_fused.layer_qualifies(layer) for layer in layers)
+    assert model.model.fused_layers.forward_method_name == "fused_decode_layers_cpu"
     with torch.inference_mode():
-        assert model.model._fused_decode() is None
+        assert llama_fused.decode_runner(model.model.fused_layers) is None
 
 
 # ---------------------------------------------------------------- int4 weights, LoRA

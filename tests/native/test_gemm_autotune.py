@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.model_executor.layers import cpu_gemm, gemm_autotune
-from vllm.model_executor.layers.gemm_autotune import (FP32, NATIVE, ONEDNN, ROW_BUCKETS,
+from vllm.native import autotune, gemm as cpu_gemm, gemm_autotune
+from vllm.native.gemm_autotune import (FP32, NATIVE, ONEDNN, ROW_BUCKETS,
                                                       TORCH, GemmPlan)
 from vllm.native import cpu_ops
 
@@ -36,12 +36,12 @@ def test_measure_times_every_candidate():
 
 
 def test_unsteady_timings_are_not_cached():
-    assert gemm_autotune.stable({"a": [1.0, 1.1, 5.0], "b": [2.0, 2.5]})
-    assert not gemm_autotune.stable({"a": [1.0, 1.1], "b": [2.0, 3.0]})
+    assert autotune.stable({"a": [1.0, 1.1, 5.0], "b": [2.0, 2.5]})
+    assert not autotune.stable({"a": [1.0, 1.1], "b": [2.0, 3.0]})
 
 
 def test_plans_are_measured_once_then_read_from_the_cache(monkeypatch, tmp_path):
-    monkeypatch.setattr(gemm_autotune, "stable", lambda samples: True)
+    monkeypatch.setattr(gemm_autotune.autotune, "stable", lambda samples: True)
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.delenv("VLLM_CPU_NATIVE_GEMM", raising=False)
     shapes = {(40, 64): torch.randn(40, 64).bfloat16(), (24, 32): torch.randn(24, 32).bfloat16()}
@@ -62,7 +62,7 @@ def test_plans_are_measured_once_then_read_from_the_cache(monkeypatch, tmp_path)
 
 
 def test_a_corrupt_cache_is_measured_again(monkeypatch, tmp_path):
-    monkeypatch.setattr(gemm_autotune, "stable", lambda samples: True)
+    monkeypatch.setattr(gemm_autotune.autotune, "stable", lambda samples: True)
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.delenv("VLLM_CPU_NATIVE_GEMM", raising=False)
     path = gemm_autotune.cache_path(gemm_autotune.available_kinds())
@@ -130,7 +130,7 @@ def test_an_odd_k_cannot_take_the_native_pack():
 
 
 def test_a_choice_from_unsteady_timings_is_used_but_not_stored(monkeypatch, tmp_path):
-    monkeypatch.setattr(gemm_autotune, "stable", lambda samples: False)
+    monkeypatch.setattr(gemm_autotune.autotune, "stable", lambda samples: False)
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.delenv("VLLM_CPU_NATIVE_GEMM", raising=False)
     plans = gemm_autotune.plan_shapes({(40, 64): torch.randn(40, 64).bfloat16()})

@@ -115,8 +115,8 @@ def test_engine_with_the_prefill_kernel_matches_transformers(tiny_model_factory,
     import transformers
 
     from vllm import LLM, SamplingParams
-    from vllm.attention.backends import prefill_choice
-    from vllm.attention.backends.prefill_choice import FLASH, PrefillPlan
+    from vllm.native import prefill_choice
+    from vllm.native.prefill_choice import FLASH, PrefillPlan
 
     path = tiny_model_factory("llama", hidden_size=256, intermediate_size=256)
     monkeypatch.setattr(prefill_choice, "choose_plan", lambda *a: PrefillPlan((FLASH,) * 4))
@@ -150,8 +150,8 @@ def test_engine_with_the_prefill_kernel_matches_transformers(tiny_model_factory,
 
 def test_the_plan_takes_the_fastest_kernel_per_length_and_no_rowwise_past_1024(
         monkeypatch, tmp_path):
-    from vllm.attention.backends import prefill_choice
-    from vllm.attention.backends.prefill_choice import FLASH, ROWWISE, SDPA, plan_from
+    from vllm.native import prefill_choice
+    from vllm.native.prefill_choice import FLASH, ROWWISE, SDPA, plan_from
 
     timings = [{ROWWISE: [1.0], FLASH: [2.0], SDPA: [3.0]},
                {ROWWISE: [2.0], FLASH: [1.0], SDPA: [3.0]},
@@ -162,7 +162,7 @@ def test_the_plan_takes_the_fastest_kernel_per_length_and_no_rowwise_past_1024(
         [ROWWISE, ROWWISE, FLASH, FLASH, ROWWISE, ROWWISE, SDPA, SDPA]
     # measured once on this machine, then read back from the cache
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
-    monkeypatch.setattr(prefill_choice.gemm_autotune, "stable", lambda samples: True)
+    monkeypatch.setattr(prefill_choice.autotune, "stable", lambda samples: True)
     monkeypatch.setattr(prefill_choice, "_MEASURED", {})
     first = prefill_choice.choose_plan(4, 2, 16, torch.float32)
     assert first is not None and len(first.kinds) == 4 and first.kinds[-1] != ROWWISE

@@ -16,7 +16,8 @@ from tests.hpu.conftest import platform_env
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import get_rope
-from vllm.platforms import current_platform, hpu_plugin
+from vllm.hpu import plugin as hpu_plugin
+from vllm.platforms import current_platform
 
 SETTINGS = ("PT_HPU_WEIGHT_SHARING", "PT_HPU_ENABLE_LAZY_COLLECTIVES", "RUNTIME_SCALE_PATCHING")
 
@@ -39,14 +40,14 @@ def _settings() -> list:
 
 def test_register_in_lazy_mode(unset_settings):
     unset_settings.setenv("PT_HPU_LAZY_MODE", "1")
-    assert hpu_plugin.register() == "vllm.platforms.hpu.HpuPlatform"
+    assert hpu_plugin.register() == "vllm.hpu.platform.HpuPlatform"
     assert _settings() == ["0", "true", None, True]
 
 
 def test_register_in_compile_mode_keeps_what_the_user_set(unset_settings):
     unset_settings.setenv("PT_HPU_LAZY_MODE", "0")
     unset_settings.setenv("RUNTIME_SCALE_PATCHING", "0")
-    assert hpu_plugin.register() == "vllm.platforms.hpu.HpuPlatform"
+    assert hpu_plugin.register() == "vllm.hpu.platform.HpuPlatform"
     assert _settings() == ["0", None, "0", False]
     unset_settings.delenv("RUNTIME_SCALE_PATCHING")
     unset_settings.setenv("PT_HPU_WEIGHT_SHARING", "1")
@@ -67,7 +68,7 @@ def test_register_stands_aside_without_an_hpu(unset_settings):
     assert hpu_plugin.register() is None
     assert _settings() == [None, None, None, False]
     unset_settings.setenv("VLLM_TARGET_DEVICE", "hpu")  # asked for: the (fake) HPU
-    assert hpu_plugin.register() == "vllm.platforms.hpu.HpuPlatform"
+    assert hpu_plugin.register() == "vllm.hpu.platform.HpuPlatform"
 
 
 def test_register_ops_binds_the_hpu_kernels(monkeypatch):
@@ -80,9 +81,9 @@ def test_register_ops_binds_the_hpu_kernels(monkeypatch):
                "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
     with platform_env("hpu"):
         assert current_platform.is_hpu()
-        monkeypatch.setitem(CustomOp.platform_forwards, "hpu", {})
+        _unbind(monkeypatch, "hpu")
         unbound = [RMSNorm(16), get_rope(16, 16, 64, 10000.0, scaling)]
-        assert [op.forward_method_name for op in unbound] == ["forward_hpu"] * 2
+        assert [op.forward_method_name for op in unbound] == ["forward_native"] * 2
         hpu_plugin.register_ops()
         bound = [RMSNorm(16), get_rope(16, 16, 64, 10000.0, scaling)]
     assert type(bound[1]).__name__ == "Llama3RotaryEmbedding"
@@ -94,14 +95,21 @@ def test_register_ops_binds_the_hpu_kernels(monkeypatch):
         torch.testing.assert_close(got, want)
 
 
+def _unbind(monkeypatch, device: str) -> None:
+    """Every op without its `device` forward, restored when the test ends."""
+    for entry in CustomOp.registry.values():
+        monkeypatch.setattr(entry, "forwards",
+                            {d: fn for d, fn in entry.forwards.items() if d != device})
+
+
 def test_register_ops_binds_nothing_on_cpu(monkeypatch):
     with platform_env("cpu"):
-        monkeypatch.setitem(CustomOp.platform_forwards, "hpu", {})
+        _unbind(monkeypatch, "hpu")
         hpu_plugin.register_ops()
-        assert CustomOp.platform_forwards["hpu"] == {}
-        assert RMSNorm(16).forward_method_name == "forward_cpu"
+        assert not any("hpu" in e.forwards for e in CustomOp.registry.values())
+        assert RMSNorm(16).forward_method_name == "rms_norm_cpu"
 
 
 def test_register_forward_needs_a_registered_op():
-    with pytest.raises(ValueError, match="no custom op named 'nope'"):
+    with pytest.raises(ValueError, match="no in-tree custom op named 'nope'"):
         CustomOp.register_forward("nope", "hpu")(lambda self, x: x)

@@ -311,8 +311,8 @@ def test_trivial_scales_mode_drops_unit_scales(measured, tiny, tmp_path, monkeyp
     (a new graph, as Gaudi documents), which it does not in mode 0."""
     from tests.models._model_helpers import full_prompt_logits, make_vllm_config
     from vllm.config import ModelConfig
-    from vllm.hpu import fp8_ops
-    from vllm.hpu.graph_constants import baked_constants
+    from vllm.hpu.habana import fp8_ops
+    from vllm.hpu.graph_keys import baked_constants
     from vllm.model_executor.model_loader import get_model
     dump, _ = measured
     with open(dump + "_hooks_maxabs.json") as f:

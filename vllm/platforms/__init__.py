@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 _BUILTIN = {
     "cpu": "vllm.platforms.cpu.CpuPlatform",
     "cuda": "vllm.platforms.cuda.CudaPlatform",
-    "hpu": "vllm.platforms.hpu.HpuPlatform",
+    "hpu": "vllm.hpu.platform.HpuPlatform",
 }
 
 

@@ -35,6 +35,10 @@ class CpuPlatform(Platform):
     dist_backend = "gloo"
 
     def __init__(self) -> None:
+        # The native kernels of the custom ops (vllm/native/ops.py), bound before any
+        # layer is built: a layer picks its forward once, at construction.
+        from vllm.native.ops import register_cpu_ops
+        register_cpu_ops()
         self.supported_dtypes = ((torch.bfloat16, torch.float32, torch.float16)
                                  if cpu_supports_bf16() else
                                  (torch.float32, torch.bfloat16, torch.float16))

@@ -17,8 +17,8 @@ from typing import Iterator, Optional
 
 import torch
 
-from vllm.attention.backends import prefill_choice
-from vllm.attention.backends.prefill_choice import FLASH, ROWWISE, SDPA, PrefillPlan
+from vllm.native import prefill_choice
+from vllm.native.prefill_choice import FLASH, ROWWISE, SDPA, PrefillPlan
 from vllm.attention.backends.torch_sdpa import NATIVE_PREFILL_MAX_LEN, TorchSDPABackendImpl
 from vllm.config import VllmConfig
 from vllm.core.sched_output import SchedulerOutput
@@ -52,7 +52,7 @@ class CPUModelRunner(ModelRunnerBase):
         with _no_thread_team(self.device):
             self.model = get_model(self.vllm_config, device=self.device)
             if self.device.type == "cpu":
-                from vllm.model_executor.layers.cpu_gemm import pack_linear_weights
+                from vllm.native.gemm import pack_linear_weights
                 pack_linear_weights(self.model)
         if self.native_attention:
             tp = self.vllm_config.parallel_config.tensor_parallel_size

@@ -43,7 +43,7 @@ per format, scales applied once per row). Without the native kernel its decodes 
 read fp8); prefills take SDPA (the native prefill kernel reads float caches only) over
 the dequantized context; a prefill's own new K/V go through quantize-dequantize
 first, so every path attends to what the cache holds. The fused native decode layer
-(models/llama_fused.py) takes bf16 caches only.
+(native/fused_decode.py) takes bf16 caches only.
 """
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm.model_executor.custom_op import CustomOp
-from vllm.native import cpu_ops
 
 
 @CustomOp.register("rms_norm")
@@ -21,12 +20,10 @@ class RMSNorm(CustomOp):
     add, which is the layout vLLM's fused kernels expect.
 
     Per platform (chosen once, see CustomOp):
-    - CPU: in float32/bf16 both forms run as one native kernel (vllm/native) that
-      computes HF's formula with HF's roundings; the residual form then works in place
-      as vLLM's `fused_add_rms_norm` does: `residual` becomes the sum and `x` its norm
-      (callers pass tensors they own).
-    - HPU: Gaudi's `FusedRMSNorm` kernel after the add (vllm/model_executor/layers/
-      hpu_ops.py, bound by the HPU plugin's `register_ops`).
+    - CPU: in float32/bf16 both forms run as one native kernel that computes HF's
+      formula with HF's roundings; the residual form then works in place as vLLM's
+      `fused_add_rms_norm` does (vllm/native/ops.py).
+    - HPU: Gaudi's `FusedRMSNorm` kernel after the add (vllm/hpu/ops.py).
     - elsewhere: `F.rms_norm`, one call instead of eight elementwise ops; in bf16 it
       rounds once at the end where HF rounds before the weight multiply.
     """
@@ -46,17 +43,6 @@ class RMSNorm(CustomOp):
             residual = x
         out = F.rms_norm(x, (self.hidden_size,), self.weight, self.variance_epsilon)
         return out if residual is None else (out, residual)
-
-    def forward_cpu(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
-                    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        if (x.dim() == 2 and x.stride(-1) == 1 and cpu_ops.supports(x.dtype)
-                and not x.requires_grad):
-            if residual is None:
-                return cpu_ops.rms_norm(x, self.weight, self.variance_epsilon)
-            if residual.stride(-1) == 1 and residual.dtype == x.dtype:
-                cpu_ops.rms_norm(x, self.weight, self.variance_epsilon, residual=residual, out=x)
-                return x, residual
-        return self.forward_native(x, residual)
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, eps={self.variance_epsilon}"

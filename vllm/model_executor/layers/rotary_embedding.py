@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from vllm.model_executor.custom_op import CustomOp
-from vllm.native import cpu_ops
 
 
 @CustomOp.register("rotary_embedding")
@@ -29,7 +28,7 @@ class RotaryEmbedding(CustomOp):
     - CPU: the native kernel rotates query and key in place (one call when they are
       neighbouring views of a fused qkv projection) and returns them;
     - HPU: Gaudi's `apply_rotary_pos_emb` kernel on cos/sin gathered by position
-      (vllm/model_executor/layers/hpu_ops.py, bound by the HPU plugin's `register_ops`);
+      (vllm/hpu/ops.py, bound by the HPU plugin's `register_ops`);
     - elsewhere: `rotate` in torch (new tensors).
     """
 
@@ -68,27 +67,6 @@ class RotaryEmbedding(CustomOp):
         q = self.rotate(positions, query.reshape(t, -1, self.head_size))
         k = self.rotate(positions, key.reshape(t, -1, self.head_size))
         return q.view(query.shape), k.view(key.shape)
-
-    def forward_cpu(self, positions: torch.Tensor, query: torch.Tensor,
-                    key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q2, k2 = self._native_rows(query), self._native_rows(key)
-        if q2 is None or k2 is None:
-            return self.forward_native(positions, query, key)
-        cpu_ops.rotary_qk_(positions, q2, k2, self.cos_sin_cache, self.head_size,
-                           self.rotary_dim, self.is_neox_style)
-        return query, key
-
-    def _native_rows(self, x: torch.Tensor) -> Optional[torch.Tensor]:
-        """`x` as rows [T, heads * head_size] sharing its memory, if the native kernel
-        can rotate it in place; else None."""
-        if (x.dtype != self.cos_sin_cache.dtype or x.requires_grad
-                or not cpu_ops.supports(x.dtype) or x.stride(-1) != 1):
-            return None
-        if x.dim() == 2:
-            return x
-        if x.dim() == 3 and x.shape[2] == self.head_size and x.stride(1) == self.head_size:
-            return x.view(x.shape[0], -1)
-        return None
 
     def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Rotate every head of `x` [T, heads, head_size]; returns a new tensor.

@@ -28,13 +28,12 @@ from vllm.attention.ops.alibi import get_alibi_slopes
 from vllm.distributed import get_pp_group
 from vllm.distributed.parallel_state import (get_tensor_model_parallel_rank,
                                              get_tensor_model_parallel_world_size)
-from vllm.model_executor.layers.cpu_gemm import drop_packed_weights
 from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear, divide
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
-from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
-                                                                 VocabParallelEmbedding)
-from vllm.model_executor.models.utils import (PPMissingLayer, default_weight_loader,
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.models.utils import (PPMissingLayer, attach_lm_head,
+                                              default_weight_loader,
                                               make_layers)
+from vllm.native.gemm import drop_packed_weights
 from vllm.sequence import IntermediateTensors
 
 logger = logging.getLogger(__name__)
@@ -145,13 +144,8 @@ class BloomForCausalLM(nn.Module):
         self.config = config
         self.transformer = BloomModel(config, prefix="transformer")
         self.start_layer, self.end_layer = self.transformer.start_layer, self.transformer.end_layer
-        if self.transformer.is_last_stage:
-            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix="lm_head")
-            if self.transformer.is_first_stage:
-                self.lm_head.tie_weights(self.transformer.word_embeddings)
-            self.logits_processor = LogitsProcessor(config.vocab_size)
-        else:
-            self.lm_head = PPMissingLayer()
+        attach_lm_head(self, config, "lm_head", self.transformer.is_first_stage,
+                       self.transformer.is_last_stage, self.transformer.word_embeddings)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 intermediate_tensors: Optional[IntermediateTensors] = None,

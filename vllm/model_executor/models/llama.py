@@ -24,20 +24,17 @@ from vllm.attention import Attention
 from vllm.attention.layer import extract_layer_index
 from vllm.distributed import get_pp_group
 from vllm.model_executor.layers.activation import SiluAndMul
-from vllm.model_executor.layers.cpu_gemm import drop_packed_weights
+from vllm.model_executor.layers.decoder_stack import DecoderStack
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVParallelLinear,
                                                RowParallelLinear)
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
-from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
-                                                                 VocabParallelEmbedding)
-from vllm.model_executor.models.llama_fused import FusedDecode, packed_weight_of
-from vllm.model_executor.models.utils import (PPMissingLayer, default_weight_loader,
-                                              head_dim_of, make_layers,
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.models.utils import (PPMissingLayer, attach_lm_head,
+                                              default_weight_loader, head_dim_of, make_layers,
                                               partial_rotary_factor_of, rope_config,
                                               sliding_window_of)
-from vllm.platforms import current_platform
+from vllm.native.gemm import drop_packed_weights
 from vllm.sequence import IntermediateTensors
 
 logger = logging.getLogger(__name__)
@@ -65,7 +62,8 @@ class LlamaAttention(nn.Module):
     """qkv projection -> rotary -> paged attention -> output projection."""
 
     fused_decode_ok = True
-    """Decode steps may run this layer natively (llama_fused.py): rotate_qk is plain."""
+    """Decode steps may run this layer natively (vllm/native/fused_decode.py): rotate_qk
+    is plain."""
 
     def __init__(self, config: Any, rotary_emb: RotaryEmbedding, prefix: str = "") -> None:
         super().__init__()
@@ -163,10 +161,8 @@ class LlamaModel(nn.Module):
             config.num_hidden_layers, lambda p: self.make_layer(config, p), f"{prefix}.layers")
         # A plain list (not registered) so the forward loop does no ModuleList slicing.
         self._own_layers = list(self.layers)[self.start_layer:self.end_layer]
-        self._fused: Optional[FusedDecode] = None
-        self._fused_key: Any = False  # (qkv module, its native weight) when checked
-        # The native layer call is a CPU kernel: decided once, like the custom ops.
-        self._fused_allowed = current_platform.is_cpu()
+        # Decode-only steps as one kernel call per layer where the platform has one.
+        self.fused_layers = DecoderStack(self._own_layers)
         self.norm = (RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
                      if self.is_last_stage else PPMissingLayer())
 
@@ -194,10 +190,7 @@ class LlamaModel(nn.Module):
                 raise ValueError("a later pipeline stage needs intermediate_tensors.")
             hidden = intermediate_tensors["hidden_states"]
             residual = intermediate_tensors["residual"]
-        done = None
-        fused = self._fused_decode()
-        if fused is not None:
-            done = fused.run(positions, hidden, residual)
+        done = self.fused_layers(positions, hidden, residual) if self._own_layers else None
         if done is not None:
             hidden, residual = done
         else:
@@ -207,18 +200,6 @@ class LlamaModel(nn.Module):
             return IntermediateTensors({"hidden_states": hidden, "residual": residual})
         hidden, _ = self.norm(hidden, residual)
         return hidden
-
-    def _fused_decode(self) -> Optional[FusedDecode]:
-        """The native decode-layer runner (None where it does not apply), rebuilt
-        whenever the weights were (re)packed, or the layers wrapped (LoRA), since the
-        last check."""
-        if not self._fused_allowed or not self._own_layers or torch.is_grad_enabled():
-            return None
-        key = packed_weight_of(self._own_layers[0])
-        old = self._fused_key
-        if not (isinstance(old, tuple) and all(a is b for a, b in zip(key, old))):
-            self._fused, self._fused_key = FusedDecode.build(self._own_layers), key
-        return self._fused
 
 
 class LlamaForCausalLM(nn.Module):
@@ -240,14 +221,9 @@ class LlamaForCausalLM(nn.Module):
         self.model = self.model_cls(vllm_config, prefix=f"{prefix}.model" if prefix else "model")
         # Global indices of this stage's decoder layers (the runner sizes KV caches by them).
         self.start_layer, self.end_layer = self.model.start_layer, self.model.end_layer
-        if self.model.is_last_stage:
-            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
-                                          prefix=f"{prefix}.lm_head" if prefix else "lm_head")
-            if self.tie_word_embeddings and self.model.is_first_stage:
-                self.lm_head.tie_weights(self.model.embed_tokens)
-            self.logits_processor = LogitsProcessor(config.vocab_size)
-        else:
-            self.lm_head = PPMissingLayer()
+        attach_lm_head(self, config, f"{prefix}.lm_head" if prefix else "lm_head",
+                       self.model.is_first_stage, self.model.is_last_stage,
+                       self.model.embed_tokens if self.tie_word_embeddings else None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 intermediate_tensors: Optional[IntermediateTensors] = None,

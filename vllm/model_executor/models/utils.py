@@ -7,6 +7,8 @@ import torch
 from torch import nn
 
 from vllm.distributed import get_pp_group
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
 
 def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
@@ -23,6 +25,20 @@ class PPMissingLayer(nn.Identity):
     Keeping it in place keeps parameter names (and the layer indices in them)
     global on every stage; it has no parameters, so nothing is loaded into it.
     """
+
+
+def attach_lm_head(model: nn.Module, config: Any, prefix: str, is_first_stage: bool,
+                   is_last_stage: bool, tie_to: Optional[nn.Module] = None) -> None:
+    """Give `model` its LM head for this pipeline stage: `lm_head` and
+    `logits_processor` on the last stage (the head sharing `tie_to`'s weight when the
+    embedding is tied and lives on this stage too), a `PPMissingLayer` elsewhere."""
+    if not is_last_stage:
+        model.lm_head = PPMissingLayer()
+        return
+    model.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix=prefix)
+    if tie_to is not None and is_first_stage:
+        model.lm_head.tie_weights(tie_to)
+    model.logits_processor = LogitsProcessor(config.vocab_size)
 
 
 def get_pp_indices(num_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:

@@ -28,7 +28,7 @@ from torch import nn
 from vllm.distributed import (get_tensor_model_parallel_rank,
                               get_tensor_model_parallel_world_size,
                               tensor_model_parallel_all_reduce)
-from vllm.model_executor.layers.cpu_gemm import PACKS_ATTR
+from vllm.native.gemm import PACKS_ATTR
 from vllm.model_executor.layers.fused_moe.routing import select_experts
 from vllm.model_executor.layers.linear import divide
 from vllm.native import cpu_ops
@@ -181,8 +181,8 @@ class FusedMoE(nn.Module):
 
     def _forward_hpu(self, x: torch.Tensor, topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor) -> torch.Tensor:
-        from vllm import hpu
-        return hpu.mixture_of_experts(
+        from vllm.hpu import habana
+        return habana.mixture_of_experts(
             x, topk_ids, topk_weights.to(x.dtype), list(self.w13_weight.unbind(0)),
             list(self.w2_weight.unbind(0)), permuted_weights=True, activation=self.activation,
             experts_min=0, experts_max=self.num_experts - 1)

@@ -60,7 +60,7 @@ def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
         x_scale = input_scale.float().reshape(1, 1)
         x_q = scaled_fp8(x2, x_scale)
     if on_hpu:
-        from vllm.hpu import hpu_ops
+        from vllm.hpu.habana import hpu_ops
         out = hpu_ops.fp8_gemm_v2(x_q, False, w_q, True, None, x.dtype, x_scale, w_scale,
                                   bias, False)
     else:

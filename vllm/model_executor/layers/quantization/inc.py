@@ -80,8 +80,8 @@ def resolve_runtime_scale_patching(on_hpu: bool, scale_method: str) -> bool:
                              "apply to the HPU only (off it scales are always tensors); "
                              "unset them.")
         return True
-    from vllm import hpu
-    rsp = (not hpu.is_lazy()) if explicit is None else explicit
+    from vllm.hpu import habana
+    rsp = (not habana.is_lazy()) if explicit is None else explicit
     if rsp and scale_method == "maxabs_arbitrary":
         raise ValueError("RUNTIME_SCALE_PATCHING=1 needs a hardware-aligned scale_method "
                          "(maxabs_hw, maxabs_pow2, unit_scale); QUANT_CONFIG has "
@@ -230,7 +230,7 @@ class IncMeasureLinearMethod(_IncLinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        from vllm.model_executor.layers.cpu_gemm import linear
+        from vllm.native.gemm import linear
         out = linear(layer, x, layer.weight, bias)
         self.recorder.record(self.name, x, out)
         return out
@@ -300,7 +300,7 @@ class IncQuantLinearMethod(_IncLinearMethod):
         if not self.config.on_hpu:
             return fp8_linear(x, layer.weight, layer.inc_weight_scale, layer.inc_input_scale,
                               bias, on_hpu=False)
-        from vllm.hpu import hpu_ops
+        from vllm.hpu.habana import hpu_ops
         if self.config.runtime_scale_patching:
             s_in, s_in_inv, s_w = (layer.inc_input_scale, layer.inc_input_scale_inv,
                                    layer.inc_weight_scale)

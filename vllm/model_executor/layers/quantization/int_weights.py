@@ -21,7 +21,7 @@ below); after loading, every layer holds one layout, whatever the format:
 Products: on CPU, the native int4 kernel (vllm/native/quant_ops.cpp, AVX-512 or AVX2
 rows, a scalar loop elsewhere) for up to `NATIVE_MAX_ROWS` rows (decode: it reads 4 bits
 per weight, converting a tile in registers); Llama-family decode steps call the same
-kernel from inside the fused native decode layer (models/llama_fused.py); otherwise,
+kernel from inside the fused native decode layer (native/fused_decode.py); otherwise,
 and for 8 bits, the weight is dequantized to the activation dtype and multiplied by the
 ordinary GEMM (prefill: the dequantization is paid once per step for many rows). On HPU, the shim's `convert_from_uint4` dequantizes on the
 fly before the matmul.
@@ -152,7 +152,7 @@ class IntWeightLinearMethod(LinearMethodBase):
         if layer.w_perm is not None:
             x = x.index_select(-1, layer.w_perm)
         if self.on_hpu and self.bits == 4:
-            from vllm.hpu import hpu_ops
+            from vllm.hpu.habana import hpu_ops
             w = hpu_ops.convert_from_uint4(layer.hpu_qweight, layer.w_scales.t(),
                                            layer.w_zeros.t(), x.dtype)
             return F.linear(x, w.t(), bias)

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from vllm.model_executor.layers.cpu_gemm import linear
+from vllm.native.gemm import linear
 from vllm.model_executor.layers.quantization.base_config import LinearMethodBase, make_param
 
 

@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 
-from vllm import hpu
+from vllm.hpu import habana
 from vllm.attention.fp8_kv import FP8_DTYPES
 
 # torch marks index_reduce_ "beta" with a UserWarning on CPU; the op is what we want.
@@ -49,7 +49,7 @@ def write_to_kv_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.T
 def quantize_kv(x: torch.Tensor, inv_scale: torch.Tensor, cache_dtype: torch.dtype
                 ) -> torch.Tensor:
     """x * inv_scale (= x / scale) saturated to the fp8 cache dtype (Gaudi's cast)."""
-    return hpu.hpu_ops.cast_to_fp8_v2(x, inv_scale, False, False, cache_dtype)[0]
+    return habana.hpu_ops.cast_to_fp8_v2(x, inv_scale, False, False, cache_dtype)[0]
 
 
 def dequantize_kv(x: torch.Tensor, scale: Optional[torch.Tensor],
@@ -57,7 +57,7 @@ def dequantize_kv(x: torch.Tensor, scale: Optional[torch.Tensor],
     """Cache rows in `dtype`: fp8 ones times their scale, others as they are."""
     if x.dtype not in FP8_DTYPES:
         return x
-    return hpu.hpu_ops.cast_from_fp8(x, scale, dtype)
+    return habana.hpu_ops.cast_from_fp8(x, scale, dtype)
 
 
 # ---------------------------------------------------------------------------
@@ -311,7 +311,7 @@ def prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """
     q = query.transpose(1, 2)
     k, v = fsdpa_kv(q, key.transpose(1, 2), value.transpose(1, 2), gqa_mode)
-    out = hpu.FusedSDPA.apply(q, k, v, None, 0.0, True, scale, "None", False, query_lens,
+    out = habana.FusedSDPA.apply(q, k, v, None, 0.0, True, scale, "None", False, query_lens,
                               "right")
     return out.transpose(1, 2)
 
@@ -366,7 +366,7 @@ def prompt_attention_with_context(query: torch.Tensor, key: torch.Tensor,
     mask = context_attention_mask(context_lens, past_k.shape[1], query.shape[1], query.dtype)
     q = query.transpose(1, 2)
     k, v = fsdpa_kv(q, k, v, gqa_mode)
-    out = hpu.FusedSDPA.apply(q, k, v, mask, 0.0, False, scale, "None", False, None, "right")
+    out = habana.FusedSDPA.apply(q, k, v, mask, 0.0, False, scale, "None", False, None, "right")
     return out.transpose(1, 2)
 
 

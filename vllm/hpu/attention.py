@@ -35,7 +35,7 @@ import torch
 
 from vllm import envs
 from vllm.attention.fp8_kv import is_fp8
-from vllm.attention.ops.hpu_paged_attn import (FlatPAMetadata, check_fsdpa_gqa,
+from vllm.hpu.paged_attn import (FlatPAMetadata, check_fsdpa_gqa,
                                                dequantize_kv, flat_paged_attention,
                                                quantize_kv,
                                                gather_context, prompt_attention,

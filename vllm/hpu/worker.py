@@ -23,10 +23,12 @@ from typing import Callable, Optional
 
 import torch
 
-from vllm import envs, hpu
-from vllm.worker.hpu_model_runner import HPUModelRunner
-from vllm.worker.hpu_log import format_bytes
-from vllm.worker.hpu_warmup import graph_reserved_fraction
+from vllm import envs
+
+from vllm.hpu import habana
+from vllm.hpu.model_runner import HPUModelRunner
+from vllm.hpu.log import format_bytes
+from vllm.hpu.warmup import graph_reserved_fraction
 from vllm.worker.worker_base import WorkerBase
 
 logger = logging.getLogger(__name__)
@@ -59,7 +61,7 @@ class HPUMemoryBudget:
 def before_collective() -> Optional[Callable[[], None]]:
     """`mark_step` in lazy mode (the bridge's `is_lazy()` decides): a collective must
     see materialized tensors, not a pending lazy graph. None in eager/compile mode."""
-    return hpu.mark_step if hpu.is_lazy() else None
+    return habana.mark_step if habana.is_lazy() else None
 
 
 class HPUWorker(WorkerBase):
@@ -72,16 +74,16 @@ class HPUWorker(WorkerBase):
         that module (as in Gaudi's own vLLM backends).
         """
         self.selected_device = self._select_device()
-        if hpu.is_fake_hpu():
+        if habana.is_fake_hpu():
             self._share_host_cores()
-        if not hpu.is_fake_hpu() and self.vllm_config.parallel_config.world_size > 1:
+        if not habana.is_fake_hpu() and self.vllm_config.parallel_config.world_size > 1:
             importlib.import_module("habana_frameworks.torch.distributed.hccl")  # registers hccl
-        self.init_distributed("gloo" if hpu.is_fake_hpu() else "hccl",
+        self.init_distributed("gloo" if habana.is_fake_hpu() else "hccl",
                               before_collective=before_collective())
         from vllm.platforms import current_platform
         current_platform.seed_everything(self.vllm_config.model_config.seed)
         self.model_runner = HPUModelRunner(self.vllm_config,
-                                           device=torch.device(hpu.torch_device_type()))
+                                           device=torch.device(habana.torch_device_type()))
         self.model_runner.device_label = f"hpu:{self.selected_device}"
         self.memory_budget: Optional[HPUMemoryBudget] = None
 
@@ -106,7 +108,7 @@ class HPUWorker(WorkerBase):
         """`device_index` (local rank, after the earlier data-parallel replicas' devices),
         or 0 when the runtime shows this process a single module: Ray's HPU resource
         gives each actor its own module through HABANA_VISIBLE_MODULES."""
-        index, count = self.device_index, hpu.device_count()
+        index, count = self.device_index, habana.device_count()
         if index >= count == 1:
             logger.info("Rank %d: one visible HPU module (HABANA_VISIBLE_MODULES); using it "
                         "instead of index %d.", self.rank, index)
@@ -116,19 +118,19 @@ class HPUWorker(WorkerBase):
                              f"world_size + local rank) but {count} are visible; lower "
                              "tensor_parallel_size x pipeline_parallel_size x "
                              "data_parallel_size.")
-        hpu.set_device(index)
+        habana.set_device(index)
         return index
 
     def get_device_index(self) -> int:
         """The module the HPU runtime (or the fake HPU) says this process works on."""
-        return hpu.current_device()
+        return habana.current_device()
 
     def determine_num_available_blocks(self) -> int:
         """KV blocks (pad block excluded) from the memory budget (see module doc)."""
         runner: HPUModelRunner = self.model_runner
         cc = self.vllm_config.cache_config
         runner.profile_run()
-        free, _ = hpu.mem_get_info()
+        free, _ = habana.mem_get_info()
         reserved = graph_reserved_fraction() if runner.uses_hpu_graphs else 0.0
         budget = HPUMemoryBudget.plan(free, cc.gpu_memory_utilization, reserved)
         self.memory_budget = budget
@@ -155,7 +157,7 @@ class HPUWorker(WorkerBase):
         return num_blocks
 
     def _fake_cap(self, num_blocks: int) -> int:
-        if not hpu.is_fake_hpu():
+        if not habana.is_fake_hpu():
             return num_blocks
         sc = self.vllm_config.scheduler_config
         bs = self.vllm_config.cache_config.block_size

@@ -2,8 +2,10 @@
 
 At decode batch sizes a layer's arithmetic takes well under a millisecond, so the
 Python around it (a dozen module calls, wrapper checks, tensor allocations) becomes a
-third of the step. When a step holds only decodes and every layer qualifies, the
-model hands each layer to `vllm_llama_decode_layer` (vllm/native/cpu_ops.cpp), which
+third of the step. `fused_decode_layers_cpu` is the CPU forward of the model's
+`DecoderStack` op (layers/decoder_stack.py, bound in vllm/native/ops.py like the other
+CPU kernels). When a step holds only decodes and every layer qualifies, it hands each
+layer to `vllm_llama_decode_layer` (vllm/native/cpu_ops.cpp), which
 runs the same kernels the modules call (RMSNorm, GEMM, rotary, KV write, paged decode
 attention, SwiGLU) in the same order with the same roundings. Any other step, or any
 layer that does not qualify, takes the module path; tests compare the two.
@@ -32,7 +34,7 @@ from typing import Any, Optional
 import torch
 
 from vllm.forward_context import get_forward_context
-from vllm.model_executor.layers.cpu_gemm import NATIVE, native_pack, plan_of
+from vllm.native.gemm import NATIVE, native_pack, plan_of
 from vllm.native.loader import get_native_lib
 
 _PtrArray10 = ctypes.c_void_p * 10
@@ -281,3 +283,24 @@ class FusedDecode:
                  workspace.data_ptr(), threads)
             first = False
         return hidden, residual
+
+
+def decode_runner(stack: Any) -> Optional[FusedDecode]:
+    """The stack's native runner (None where it does not apply), rebuilt whenever the
+    weights were (re)packed, or the layers wrapped (LoRA), since the last check."""
+    if not stack.layers or torch.is_grad_enabled():
+        return None
+    key = packed_weight_of(stack.layers[0])
+    old = stack.state.get("key")
+    if not (isinstance(old, tuple) and all(a is b for a, b in zip(key, old))):
+        stack.state.update(runner=FusedDecode.build(stack.layers), key=key)
+    return stack.state["runner"]
+
+
+def fused_decode_layers_cpu(self: Any, positions: torch.Tensor, hidden: torch.Tensor,
+                            residual: Optional[torch.Tensor]
+                            ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The CPU forward of `DecoderStack`: (hidden, residual) after all layers, or None
+    (the model then runs its modules)."""
+    runner = decode_runner(self)
+    return None if runner is None else runner.run(positions, hidden, residual)

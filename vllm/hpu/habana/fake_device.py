@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import torch
 
 from vllm import envs
-from vllm.hpu import compile_stats, memory
+from vllm.hpu.habana import compile_stats, memory
 
 METRIC_NAMES = ("graph_compilation", "cpu_fallback")
 

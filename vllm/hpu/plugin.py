@@ -3,8 +3,8 @@
 setup.py declares them for HPU builds only (VLLM_TARGET_DEVICE=hpu, or detected on
 a Gaudi image):
 
-    [vllm.platform_plugins]  hpu = vllm.platforms.hpu_plugin:register
-    [vllm.general_plugins]   hpu_custom_ops = vllm.platforms.hpu_plugin:register_ops
+    [vllm.platform_plugins]  hpu = vllm.hpu.plugin:register
+    [vllm.general_plugins]   hpu_custom_ops = vllm.hpu.plugin:register_ops
 
 This is the shape of vLLM's Gaudi plugin, so tooling that lists or filters vLLM
 plugins (`VLLM_PLUGINS=hpu,hpu_custom_ops`) sees the HPU backend as it expects.
@@ -24,7 +24,7 @@ from vllm import envs
 
 logger = logging.getLogger(__name__)
 
-HPU_PLATFORM = "vllm.platforms.hpu.HpuPlatform"
+HPU_PLATFORM = "vllm.hpu.platform.HpuPlatform"
 
 
 def hpu_requested() -> bool:
@@ -59,8 +59,8 @@ def configure_hpu_runtime() -> dict[str, str]:
     _set_unless_given("PT_HPU_WEIGHT_SHARING", "0", applied)
     import torch
 
-    from vllm import hpu
-    if hpu.is_lazy():
+    from vllm.hpu import habana
+    if habana.is_lazy():
         torch._dynamo.config.disable = True
         _set_unless_given("PT_HPU_ENABLE_LAZY_COLLECTIVES", "true", applied)
     else:
@@ -83,10 +83,10 @@ def register() -> Optional[str]:
 
 def register_ops() -> None:
     """`vllm.general_plugins` entry point: bind the HPU forward of each custom op
-    (vllm/model_executor/layers/hpu_ops.py) in a process whose platform is the HPU.
+    (vllm/hpu/ops.py) in a process whose platform is the HPU.
     A CPU run of an HPU build (VLLM_TARGET_DEVICE=cpu) imports nothing of Gaudi's."""
     from vllm.platforms import current_platform
     if not current_platform.is_hpu():
         return
-    from vllm.model_executor.layers.hpu_ops import register_hpu_ops
+    from vllm.hpu.ops import register_hpu_ops
     logger.debug("HPU forwards bound for: %s", ", ".join(register_hpu_ops()))

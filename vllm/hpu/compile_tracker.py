@@ -21,7 +21,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterator, Optional
 
-from vllm import envs, hpu
+from vllm import envs
+
+from vllm.hpu import habana
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +65,10 @@ class CompileTracker:
         (eager, lazy, torch.compile, or a bucket whose graph was not captured); a
         replayed or newly captured graph passes None and is counted by the graph.
         """
-        with hpu.metric_localcontext("graph_compilation") as compiles, \
-                hpu.metric_localcontext("cpu_fallback") as fallbacks:
+        with habana.metric_localcontext("graph_compilation") as compiles, \
+                habana.metric_localcontext("cpu_fallback") as fallbacks:
             if signature is not None:
-                hpu.record_compile(("hpu_runner", self._uid, signature))
+                habana.record_compile(("hpu_runner", self._uid, signature))
             yield
         record = PassRecord(label, int(_metric_value(compiles, "TotalNumber")),
                             int(_metric_value(fallbacks, "TotalNumber")),

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
 from vllm import envs
-from vllm.worker.hpu_log import log_bucket_config, log_generated_buckets
+from vllm.hpu.log import log_bucket_config, log_generated_buckets
 
 logger = logging.getLogger(__name__)
 

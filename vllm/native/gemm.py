@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.model_executor.layers import gemm_autotune
-from vllm.model_executor.layers.gemm_autotune import FP32, NATIVE, ONEDNN, TORCH, GemmPlan
+from vllm.native import gemm_autotune
+from vllm.native.gemm_autotune import FP32, NATIVE, ONEDNN, TORCH, GemmPlan
 from vllm.native import cpu_ops
 
 logger = logging.getLogger(__name__)

@@ -26,18 +26,17 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 from tqdm import tqdm
 
-from vllm import envs, hpu
-from vllm.distributed.parallel_state import get_tp_group
-from vllm.worker.hpu_bucketing import Bucket
-from vllm.worker.hpu_execution import warmup_context
-from vllm.worker.hpu_log import format_bytes, log_graph_memory, log_warmup_step
+from vllm import envs
 
-if TYPE_CHECKING:
-    from vllm.worker.hpu_model_runner import HPUModelRunner
+from vllm.hpu import habana
+from vllm.distributed.parallel_state import get_tp_group
+from vllm.hpu.bucketing import Bucket
+from vllm.hpu.execution import ExecutionMode, warmup_context
+from vllm.hpu.log import format_bytes, log_graph_memory, log_warmup_step
 
 logger = logging.getLogger(__name__)
 
@@ -112,49 +111,72 @@ def graph_reserved_fraction() -> float:
     return _check_ratio("VLLM_GRAPH_RESERVED_MEM", envs.VLLM_GRAPH_RESERVED_MEM, False)
 
 
-class HPUWarmup:
-    """Runs the warmup of one runner (see the module doc)."""
+@dataclass
+class WarmupOps:
+    """What the warmup needs from a runner, and nothing else: the buckets, the
+    execution mode, and the three device operations it calls per bucket. The runner
+    builds one (`HPUModelRunner.warmup_ops`); the warmup never sees the runner."""
+    prompt_buckets: list[Bucket]
+    decode_buckets: list[Bucket]
+    block_size: int
+    mode: ExecutionMode
+    uses_hpu_graphs: bool
+    mem_margin: int
+    """Device bytes kept free (gpu_memory_utilization): graphs get what is above it."""
+    run_dummy_batch: Callable[[bool, Bucket], None]
+    """(is_prompt, bucket): one compile pass, no graph."""
+    capture_graph: Callable[[bool, Bucket], None]
+    warmup_defragmenter: Callable[[], None]
 
-    def __init__(self, runner: "HPUModelRunner") -> None:
-        self.runner = runner
+
+@dataclass
+class WarmupResult:
+    seconds: float
+    allocated_bytes: int
+    """Device memory the warmup left allocated (graphs, caches of compiled code)."""
+    prompt_graphs: Optional[CaptureResult] = None
+    decode_graphs: Optional[CaptureResult] = None
+
+
+class HPUWarmup:
+    """Runs one warmup (see the module doc) over the operations it is given."""
+
+    def __init__(self, ops: WarmupOps) -> None:
+        self.ops = ops
 
     @staticmethod
     def _free() -> int:
-        return hpu.mem_get_info()[0]
+        return habana.mem_get_info()[0]
 
-    def run(self) -> None:
-        runner = self.runner
+    def run(self) -> WarmupResult:
+        ops = self.ops
         start, free_start = time.perf_counter(), self._free()
-        prompt = sorted(runner.bucketing.prompt_buckets, reverse=True,
+        prompt = sorted(ops.prompt_buckets, reverse=True,
                         key=lambda b: (b.batch_size * (b.query_len + b.num_blocks *
-                                                       runner.block_size), b))
-        decode = sorted(runner.bucketing.decode_buckets, reverse=True,
+                                                       ops.block_size), b))
+        decode = sorted(ops.decode_buckets, reverse=True,
                         key=lambda b: (b.batch_size * b.num_blocks, b))
-        with warmup_context(runner.mode):
+        with warmup_context(ops.mode):
             self._compile_phase("Prompt", True, prompt)
             self._compile_phase("Decode", False, decode)
-        runner.warmup_defragmenter()
-        if runner.uses_hpu_graphs:
-            self._capture_graphs(prompt, decode)
-        hpu.synchronize()
-        runner.tracker.finish_warmup()
-        elapsed = time.perf_counter() - start
-        runner.warmup_seconds = elapsed
-        logger.info("Warmup finished in %.0f secs, allocated %s of device memory "
-                    "(%d graph compilations).", elapsed,
-                    format_bytes(max(0, free_start - self._free())),
-                    runner.tracker.num_compiles_warmup)
+        ops.warmup_defragmenter()
+        graphs: tuple[Optional[CaptureResult], Optional[CaptureResult]] = (None, None)
+        if ops.uses_hpu_graphs:
+            graphs = self._capture_graphs(prompt, decode)
+        habana.synchronize()
+        return WarmupResult(time.perf_counter() - start, max(0, free_start - self._free()),
+                            *graphs)
 
     def _compile_phase(self, phase: str, is_prompt: bool, buckets: list[Bucket]) -> None:
         for i, bucket in enumerate(tqdm(buckets, desc=f"Warmup {phase.lower()} buckets",
                                         disable=None, leave=False), start=1):
             log_warmup_step(phase, i, len(buckets), bucket)
-            self.runner.run_dummy_batch(is_prompt, bucket, use_graph=False)
+            self.ops.run_dummy_batch(is_prompt, bucket)
 
-    def _capture_graphs(self, prompt: list[Bucket], decode: list[Bucket]) -> None:
-        runner = self.runner
+    def _capture_graphs(self, prompt: list[Bucket], decode: list[Bucket]
+                        ) -> tuple[CaptureResult, CaptureResult]:
         ratio = _check_ratio("VLLM_GRAPH_PROMPT_RATIO", envs.VLLM_GRAPH_PROMPT_RATIO, True)
-        graph_mem = get_tp_group().all_reduce_int(max(0, self._free() - runner.mem_margin),
+        graph_mem = get_tp_group().all_reduce_int(max(0, self._free() - self.ops.mem_margin),
                                                   "min")
         prompt_budget = int(graph_mem * ratio)
         decode_budget = graph_mem - prompt_budget
@@ -178,6 +200,7 @@ class HPUWarmup:
             if res.skipped:
                 logger.info("Graph/%s not captured (no graph memory left; they run without "
                             "a graph): %s", phase, sorted(tuple(b) for b in res.skipped))
+        return p, d
 
     def _capture_phase(self, phase: str, is_prompt: bool, buckets: list[Bucket],
                        budget: int, bytes_per_token: Optional[float] = None,
@@ -192,8 +215,8 @@ class HPUWarmup:
         def capture(bucket: Bucket) -> int:
             log_warmup_step(f"Graph/{phase}", next(counter), total, bucket)
             before = self._free()
-            self.runner.capture_graph(is_prompt, bucket)
-            hpu.synchronize()
+            self.ops.capture_graph(is_prompt, bucket)
+            habana.synchronize()
             progress.update(1)
             return get_tp_group().all_reduce_int(before - self._free(), "max")
 

@@ -13,7 +13,7 @@ while attention and the glue between layers run eagerly. Attention reads the
 per-pass metadata from the forward context, a global that changes every step;
 tracing it would recompile every step. Identical layers share their compiled
 code, so a bucket costs one compile per region type. On the fake HPU the backend
-is `fake_hpu_backend` (vllm/hpu/fake_compile.py): dynamo traces and guards exactly
+is `fake_hpu_backend` (vllm/hpu/habana/fake_compile.py): dynamo traces and guards exactly
 as with a real backend and the graph runs eagerly (inductor's C++ code generation
 would take minutes per bucket on a CPU); during warmup (`warmup_context`) its
 regions return zeros of their traced shapes instead of doing the CPU arithmetic.
@@ -28,10 +28,9 @@ from typing import Any, Callable, ContextManager, Optional, Union
 import torch
 from torch import nn
 
-from vllm import hpu
+from vllm.hpu import habana
 from vllm.attention import Attention
 from vllm.forward_context import set_forward_context
-from vllm.hpu.fake_compile import fake_hpu_backend, shape_only_regions
 from vllm.sequence import IntermediateTensors
 
 logger = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ CompileBackend = Union[str, Callable[..., Any]]
 
 def compile_backend() -> CompileBackend:
     """Gaudi's dynamo backend on hardware; `fake_hpu_backend` on the fake HPU."""
-    return fake_hpu_backend if hpu.is_fake_hpu() else "hpu_backend"
+    return habana.compile_backend()
 
 
 def backend_name(backend: CompileBackend) -> str:
@@ -71,8 +70,8 @@ def warmup_context(mode: ExecutionMode) -> ContextManager[None]:
     compiled regions trace and guard every bucket shape but skip the arithmetic
     (nothing of it is kept; on Gaudi it is nearly free, on the CPU it was most of
     the warmup); anywhere else a no-op."""
-    if mode is ExecutionMode.TORCH_COMPILE and hpu.is_fake_hpu():
-        return shape_only_regions()
+    if mode is ExecutionMode.TORCH_COMPILE:
+        return habana.warmup_regions()
     return contextlib.nullcontext()
 
 
@@ -140,7 +139,7 @@ def prepare_forward_module(model: nn.Module, attn_impl: Any, mode: ExecutionMode
     """The adapter, wrapped for the mode (called as in `run_forward`)."""
     adapter = HPUModelAdapter(model, attn_impl, lora_batch)
     if mode is ExecutionMode.HPU_GRAPHS:
-        return hpu.wrap_in_hpu_graph(adapter, disable_tensor_cache=True)
+        return habana.wrap_in_hpu_graph(adapter, disable_tensor_cache=True)
     if mode is ExecutionMode.TORCH_COMPILE:
         backend = compile_backend()
         regions = compile_regions(model, backend)
@@ -163,12 +162,12 @@ def run_forward(module: nn.Module, mode: ExecutionMode, use_graph: bool,
     kwargs: dict[str, Any] = ({} if intermediate_tensors is None else
                               {"intermediate_tensors": intermediate_tensors})
     if mode.is_lazy:
-        hpu.mark_step()
+        habana.mark_step()
     if mode is ExecutionMode.HPU_GRAPHS:
         hidden = module(input_ids, positions, attn_metadata, kv_caches, *extra, **kwargs,
                         bypass_hpu_graphs=not use_graph)
     else:
         hidden = module(input_ids, positions, attn_metadata, kv_caches, *extra, **kwargs)
     if mode.is_lazy:
-        hpu.mark_step()
+        habana.mark_step()
     return hidden

@@ -20,9 +20,9 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from vllm.attention.backends.hpu_attn import HPUAttentionMetadata
-from vllm.attention.ops.hpu_paged_attn import build_flat_pa_metadata
-from vllm.worker.hpu_bucketing import Bucket
+from vllm.hpu.attention import HPUAttentionMetadata
+from vllm.hpu.paged_attn import build_flat_pa_metadata
+from vllm.hpu.bucketing import Bucket
 
 
 @dataclass

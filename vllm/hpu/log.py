@@ -51,8 +51,8 @@ class MemorySnapshot:
 
     @classmethod
     def take(cls) -> "MemorySnapshot":
-        from vllm import hpu
-        free, total = hpu.mem_get_info()
+        from vllm.hpu import habana
+        free, total = habana.mem_get_info()
         vm = psutil.virtual_memory()
         return cls(total - free, total, vm.total - vm.available, vm.total)
 
@@ -83,11 +83,11 @@ def log_generated_buckets(phase: str, buckets: Sequence[tuple]) -> None:
 def log_warmup_step(phase: str, index: int, total: int, bucket: tuple) -> None:
     """'[Warmup][Prompt][i/N] batch_size:B seq_len:S free_mem:X num_blocks:C' (phase
     'Graph/Prompt' etc. for captures)."""
-    from vllm import hpu
+    from vllm.hpu import habana
     batch_size, seq_len, num_blocks = bucket
     logger.info("[Warmup][%s][%d/%d] batch_size:%d seq_len:%d free_mem:%s num_blocks:%d",
                 phase, index, total, batch_size, seq_len,
-                format_bytes(hpu.mem_get_info()[0]), num_blocks)
+                format_bytes(habana.mem_get_info()[0]), num_blocks)
 
 
 def log_weights_loaded(device: str, before: MemorySnapshot, seconds: float) -> None:

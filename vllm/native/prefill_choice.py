@@ -16,7 +16,7 @@ of a shared machine): at 32 tokens rowwise 0.12 ms, flash 0.10, sdpa 0.10; at 12
 tokens 1.60 / 0.54 / 0.86 ms; at 512 tokens 23.3 / 7.0 / 10.4 ms. So each start measures all three on one
 synthetic sequence of the model's head layout at a few lengths (`LENGTHS`), interleaved,
 best of `_TRIALS`, and a prefill then takes the winner of its length's bucket. The plan
-is cached like the GEMM plans (gemm_autotune.py), per CPU model, threads, torch and
+is cached with the GEMM plans' cache (autotune.py), per CPU model, threads, torch and
 kernel sources, so only a machine's first start pays the ~0.1-0.5 s of timing.
 """
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +31,7 @@ from typing import Callable, Optional
 
 import torch
 
-from vllm import envs
-from vllm.model_executor.layers import gemm_autotune
-from vllm.native import cpu_ops, loader, prefill_ops
+from vllm.native import autotune, cpu_ops, loader, prefill_ops
 
 logger = logging.getLogger(__name__)
 
@@ -116,53 +113,39 @@ def measure(length: int, kinds: list[str], hq: int, hkv: int, d: int,
     return {k: sorted(v) for k, v in samples.items()}
 
 
-def _cache_path(kinds: list[str], key: str) -> Path:
+def _cache_path(kinds: list[str]) -> Path:
     sources = b"".join(p.read_bytes() for p in (loader.SOURCE, prefill_ops.SOURCE))
-    parts = [gemm_autotune._cpu_model(), str(torch.get_num_threads()), torch.__version__,
-             ",".join(kinds), hashlib.sha256(sources).hexdigest()[:16],
-             ",".join(map(str, LENGTHS))]
-    digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-    return Path(envs.VLLM_CACHE_ROOT) / "attention" / f"prefill-{digest}.json"
+    return autotune.cache_path("attention", "prefill",
+                               [",".join(kinds), hashlib.sha256(sources).hexdigest()[:16],
+                                ",".join(map(str, LENGTHS))])
 
 
 def choose_plan(hq: int, hkv: int, d: int, dtype: torch.dtype) -> Optional[PrefillPlan]:
     """The plan for this head layout: cached, or measured now on a short-lived thread
-    (which, as in gemm_autotune, leaves no OpenMP team on the calling thread). None
+    (autotune.measure_off_thread: it leaves no OpenMP team on the calling thread). None
     without both native kernels: the runner keeps its fixed rule."""
     kinds = candidates(torch.empty(0, dtype=dtype))
     if ROWWISE not in kinds or FLASH not in kinds:
         return None
     key = f"{hq},{hkv},{d},{str(dtype).removeprefix('torch.')}"
-    path = _cache_path(kinds, key)
+    path = _cache_path(kinds)
     memo = _MEASURED.get((str(path), key))
     if memo is not None:  # this process measured it already (maybe unsteady: not on disk)
         return memo
-    cached = gemm_autotune._load(path).get(key)
+    cached = autotune.load(path).get(key)
     if (isinstance(cached, list) and len(cached) == len(_UPPER) + 1
             and set(cached) <= set(kinds)):
         return PrefillPlan(tuple(cached))
-    timings: list[dict[str, list[float]]] = []
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            with torch.inference_mode():
-                timings.extend(measure(n, kinds, hq, hkv, d, dtype) for n in LENGTHS)
-        except Exception as e:  # reported on the calling thread
-            errors.append(e)
-
-    thread = threading.Thread(target=target, name="vllm-prefill-autotune")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
+    timings = autotune.measure_off_thread(
+        lambda: [measure(n, kinds, hq, hkv, d, dtype) for n in LENGTHS],
+        "vllm-prefill-autotune")
     plan = plan_from(timings)
     _MEASURED[(str(path), key)] = plan
-    steady = all(gemm_autotune.stable(t) for t in timings)
-    if steady:  # an unsteady choice is used for this run only (see gemm_autotune)
-        stored = gemm_autotune._load(path)
+    steady = all(autotune.stable(t) for t in timings)
+    if steady:  # an unsteady choice is used for this run only (autotune.py)
+        stored = autotune.load(path)
         stored[key] = list(plan.kinds)
-        gemm_autotune._store(path, stored)
+        autotune.store(path, stored)
     logger.info("Prefill attention by length bucket %s (measured%s): %s; us per call: %s",
                 LENGTHS, ", cached" if steady else ", unsteady: not cached",
                 "/".join(plan.kinds),

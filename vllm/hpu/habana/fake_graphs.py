@@ -23,31 +23,10 @@ from typing import Any, Callable, Hashable, Optional
 import torch
 from torch import nn
 
-from vllm.hpu import compile_stats, memory
-from vllm.hpu.graph_constants import baked_constants
+from vllm.hpu.habana import compile_stats, memory
+from vllm.hpu.graph_keys import baked_constants, input_signature
 
 logger = logging.getLogger(__name__)
-
-
-def input_signature(obj: Any) -> Hashable:
-    """The key a graph is recorded under: tensor shapes/dtypes, scalar values.
-
-    Recurses through tuples/lists, dicts and dataclasses; any other object counts
-    by its type name only (its contents are invisible to a graph).
-    """
-    if isinstance(obj, torch.Tensor):
-        return ("T", tuple(obj.shape), obj.dtype, obj.device.type)
-    if obj is None or isinstance(obj, (bool, int, float, str, torch.dtype)):
-        return obj
-    if isinstance(obj, (list, tuple)):
-        return (type(obj).__name__, tuple(input_signature(x) for x in obj))
-    if isinstance(obj, dict):
-        return ("dict", tuple(sorted((str(k), input_signature(v)) for k, v in obj.items())))
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return (type(obj).__qualname__,
-                tuple((f.name, input_signature(getattr(obj, f.name)))
-                      for f in dataclasses.fields(obj)))
-    return ("obj", type(obj).__qualname__)
 
 
 def _output_bytes(out: Any) -> int:

@@ -31,30 +31,31 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from vllm import envs, hpu
-from vllm.attention.backends.hpu_attn import HPUKVCache
+from vllm import envs
+
+from vllm.hpu import habana
+from vllm.hpu.attention import HPUKVCache
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.distributed.parallel_state import get_pp_group
-from vllm.hpu.fake_graphs import input_signature
-from vllm.hpu.graph_constants import baked_constants
+from vllm.hpu.graph_keys import baked_constants, input_signature
 from vllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
 from vllm.sample.metadata import greedy_sample
 from vllm.sample.ops.bitmask import apply_token_bitmask_, rows_bitmask
 from vllm.sample.sampler import Sampler, SamplerOutput
 from vllm.sequence import IntermediateTensors
-from vllm.worker.hpu_bucketing import Bucket, HPUBucketingContext
-from vllm.worker.hpu_compile_tracker import CompileTracker
-from vllm.worker.hpu_defragmenter import HPUDefragmenter, swap_blocks, swap_buckets
-from vllm.worker.hpu_execution import ExecutionMode, prepare_forward_module, run_forward
-from vllm.worker.hpu_input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_decode_batch,
+from vllm.hpu.bucketing import Bucket, HPUBucketingContext
+from vllm.hpu.compile_tracker import CompileTracker
+from vllm.hpu.defragmenter import HPUDefragmenter, swap_blocks, swap_buckets
+from vllm.hpu.execution import ExecutionMode, prepare_forward_module, run_forward
+from vllm.hpu.input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_decode_batch,
                                         build_prompt_batch, decode_blocks_needed,
                                         dependency_levels, group_prompts, pad_slots)
-from vllm.worker.hpu_profiler import HPUProfiler
-from vllm.worker.hpu_sampling import (logprobs_bucket, logprobs_buckets, padded_rows,
+from vllm.hpu.profiler import HPUProfiler
+from vllm.hpu.sampling import (logprobs_bucket, logprobs_buckets, padded_rows,
                                       sampler_signature, static_metadata, warmup_metadata)
-from vllm.worker.hpu_log import MemorySnapshot, log_profile_run, log_weights_loaded
-from vllm.worker.hpu_warmup import HPUWarmup
+from vllm.hpu.log import MemorySnapshot, format_bytes, log_profile_run, log_weights_loaded
+from vllm.hpu.warmup import HPUWarmup, WarmupOps
 from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.model_runner_base import (ForwardPass, LogprobsRow, ModelRunnerBase, PassOutput,
                                            PromptLogprobs)
@@ -87,7 +88,7 @@ class HPUModelRunner(ModelRunnerBase):
         sc = vllm_config.scheduler_config
         super().__init__(vllm_config, device)
         self.max_model_len = mc.max_model_len
-        self.mode = ExecutionMode.select(hpu.is_lazy(), mc.enforce_eager or self.calibrating)
+        self.mode = ExecutionMode.select(habana.is_lazy(), mc.enforce_eager or self.calibrating)
         """An INC measurement runs without graphs or compiled regions: its layers update
         host-side statistics per pass (a calibration run is short; speed is moot)."""
         self.device_label = "hpu:0"
@@ -139,7 +140,7 @@ class HPUModelRunner(ModelRunnerBase):
         self.lora_manager = create_lora_manager(self.model, self.vllm_config, self.device,
                                                 static_shapes=True)
         for t in list(self.model.parameters()) + list(self.model.buffers()):
-            hpu.track_alloc(t)
+            habana.track_alloc(t)
         self.forward_module = prepare_forward_module(
             self.model, self.attn_impl, self.mode,
             lora_batch=self.lora_manager.batch if self.lora_manager else None)
@@ -162,8 +163,8 @@ class HPUModelRunner(ModelRunnerBase):
         caches = {i: HPUKVCache(next(halves), next(halves)) for i in owned}
         self.kv_caches = [caches.get(i) for i in range(self.model_config.get_num_layers())]
         for cache in caches.values():
-            hpu.track_alloc(cache.key_cache)
-            hpu.track_alloc(cache.value_cache)
+            habana.track_alloc(cache.key_cache)
+            habana.track_alloc(cache.value_cache)
         self.num_kv_blocks = num_blocks
         self.pad_block_id = num_blocks
         self.bucketing.generate_decode_buckets(num_blocks)
@@ -273,14 +274,29 @@ class HPUModelRunner(ModelRunnerBase):
         before = MemorySnapshot.take()
         with self.profiler.record("profile_run", bucket=tuple(bucket)):
             self._run_batch(batch, use_graph=False, kv_caches=[])
-        hpu.synchronize()
+        habana.synchronize()
         log_profile_run(before, bucket)
 
     def warmup_model(self) -> None:
         """Compile every bucket (and capture HPU graphs) before serving."""
         self.capture_on_first_use = False  # warmed: graphs follow the memory budget
         with self.profiler.record("warmup"):
-            HPUWarmup(self).run()
+            result = HPUWarmup(self.warmup_ops()).run()
+        self.tracker.finish_warmup()
+        self.warmup_seconds = result.seconds
+        logger.info("Warmup finished in %.0f secs, allocated %s of device memory "
+                    "(%d graph compilations).", result.seconds,
+                    format_bytes(result.allocated_bytes), self.tracker.num_compiles_warmup)
+
+    def warmup_ops(self) -> WarmupOps:
+        """The buckets and operations the warmup runs (it sees nothing else)."""
+        return WarmupOps(
+            prompt_buckets=self.bucketing.prompt_buckets,
+            decode_buckets=self.bucketing.decode_buckets, block_size=self.block_size,
+            mode=self.mode, uses_hpu_graphs=self.uses_hpu_graphs, mem_margin=self.mem_margin,
+            run_dummy_batch=lambda is_prompt, bucket: self.run_dummy_batch(
+                is_prompt, bucket, use_graph=False),
+            capture_graph=self.capture_graph, warmup_defragmenter=self.warmup_defragmenter)
 
     def skip_warmup(self) -> None:
         """No warmup; with HPU graphs each bucket's graph is captured on first use."""

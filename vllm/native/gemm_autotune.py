@@ -15,20 +15,16 @@ which needs AVX512-BW/VL/DQ or AVX-NE-CONVERT: on AVX2-only CPUs its reorder rai
 `fp32` (`F.linear` in float32 on a float32 copy of the weight: on AVX2-only CPUs
 torch's bf16 matmul falls back to a scalar loop, 20-50x slower than float32 from 16
 rows up) and `torch` (`F.linear` on the plain weight: no copy, the fallback). Results are cached per CPU model, thread count, torch
-version and kernel library under `$VLLM_CACHE_ROOT/gemm/`, so only the first start on
-a machine pays the measurement (a second or two for a small model).
+version and kernel library under `$VLLM_CACHE_ROOT/gemm/` (autotune.py), so only the
+first start on a machine pays the measurement (a second or two for a small model).
 `VLLM_CPU_NATIVE_GEMM=1` / `0` force native / oneDNN instead of measuring.
 """
 from __future__ import annotations
 
 import bisect
 import hashlib
-import json
 import logging
 import math
-import os
-import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm import envs
-from vllm.native import cpu_ops, loader
+from vllm.native import autotune, cpu_ops, loader
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +44,6 @@ ROW_BUCKETS = (1, 4, 16, 64, 256)
 _UPPER = [2, 8, 32, 128]  # inclusive upper row bound of each bucket but the last
 _TRIALS = 5
 _MIN_SAMPLE_S = 2e-3
-_NOISE = 1.3
 
 
 @dataclass(frozen=True)
@@ -160,61 +155,22 @@ def measure(weight: torch.Tensor, kinds: list[str], rows: int) -> dict[str, list
     return {k: sorted(v) for k, v in samples.items()}
 
 
-def stable(samples: dict[str, list[float]]) -> bool:
-    """Whether the two fastest samples of every kind agree within `_NOISE`: on a loaded
-    machine they do not, and such a choice is used but not cached."""
-    return all(v[1] <= v[0] * _NOISE for v in samples.values() if len(v) > 1)
-
-
 def choose(weight: torch.Tensor, kinds: list[str]) -> tuple[GemmPlan, list[dict], bool]:
     """The plan for one weight shape, the timings behind it (best seconds per kind and
     row bucket) and whether they were stable enough to cache."""
     measured = [measure(weight, kinds, rows) for rows in ROW_BUCKETS]
     timings = [{k: v[0] for k, v in m.items()} for m in measured]
     plan = GemmPlan(tuple(min(t, key=t.get) for t in timings))
-    return plan, timings, all(stable(m) for m in measured)
+    return plan, timings, all(autotune.stable(m) for m in measured)
 
 
 # ------------------------------------------------------------------ cache
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-    return platform.processor() or "unknown"
-
-
 def cache_path(kinds: list[str]) -> Path:
     """One JSON file per machine setup: CPU model, thread count, torch, kernel source."""
     src = (hashlib.sha256(loader.SOURCE.read_bytes()).hexdigest()[:16]
            if NATIVE in kinds else "")
-    key = "|".join([_cpu_model(), str(torch.get_num_threads()), torch.__version__,
-                    ",".join(kinds), src, ",".join(map(str, ROW_BUCKETS))])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(envs.VLLM_CACHE_ROOT) / "gemm" / f"plans-{digest}.json"
-
-
-def _load(path: Path) -> dict[str, list[str]]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _store(path: Path, plans: dict[str, list[str]]) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(plans, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError as e:  # a read-only cache costs a re-measurement, nothing else
-        logger.debug("Could not write the GEMM plan cache %s: %s", path, e)
+    return autotune.cache_path("gemm", "plans",
+                               [",".join(kinds), src, ",".join(map(str, ROW_BUCKETS))])
 
 
 def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int, int], GemmPlan]:
@@ -225,7 +181,7 @@ def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int,
         kind = forced if forced in kinds else fallback_kind()
         return {s: GemmPlan((kind,) * len(ROW_BUCKETS)) for s in weights}
     path = cache_path(kinds)
-    cached = _load(path)
+    cached = autotune.load(path)
     plans, table, noisy = {}, [], False
     for shape, weight in weights.items():
         key = f"{shape[0]},{shape[1]}"
@@ -234,13 +190,14 @@ def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int,
                 and all(k in kinds for k in entry)):
             plans[shape] = GemmPlan(tuple(entry))
             continue
-        plans[shape], timings, ok = _measure_off_thread(weight, kinds)
+        plans[shape], timings, ok = autotune.measure_off_thread(
+            lambda: choose(weight.detach(), kinds), "vllm-gemm-autotune")
         table.append((shape, timings))
         if ok:
             cached[key] = list(plans[shape].kinds)
         noisy |= not ok
     if table:
-        _store(path, cached)
+        autotune.store(path, cached)
         _log_table(table, plans)
     if noisy:
         logger.warning("GEMM timings were unsteady (is the machine busy?): the kernel "
@@ -249,34 +206,8 @@ def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int,
     return plans
 
 
-def _measure_off_thread(weight: torch.Tensor, kinds: list[str]
-                        ) -> tuple[GemmPlan, list[dict], bool]:
-    """Measure on a short-lived thread with the process's thread count.
-
-    The engine is built on one thread precisely so that the building thread owns no
-    OpenMP thread team (see cpu_model_runner._no_thread_team); a team belongs to the
-    thread that starts it and ends with it, so timing here leaves no team behind.
-    """
-    result: list = []
-    errors: list = []
-
-    def target() -> None:
-        try:
-            with torch.inference_mode():
-                result.append(choose(weight.detach(), kinds))
-        except Exception as e:  # reported on the calling thread
-            errors.append(e)
-
-    thread = threading.Thread(target=target, name="vllm-gemm-autotune")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return result[0]
-
-
 def _log_table(table: list, plans: dict) -> None:
-    lines = [f"GEMM kernel choice on {_cpu_model()} ({torch.get_num_threads()} threads), "
+    lines = [f"GEMM kernel choice on {autotune.cpu_model()} ({torch.get_num_threads()} threads), "
              f"us per call at rows {ROW_BUCKETS}:"]
     for shape, timings in table:
         cells = []

@@ -9,7 +9,7 @@ Each function is the forward of its op (`self` is the layer) for the op and ever
 subclass of it (see `CustomOp.register_forward`).
 
 Ops without an entry here (silu_and_mul: Gaudi's graph compiler fuses the two ops
-itself) run their `forward_hpu`, which defaults to `forward_native`.
+itself) run their `forward_native`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from vllm import hpu
+from vllm.hpu import habana
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
@@ -29,7 +29,7 @@ def rms_norm_hpu(self: RMSNorm, x: torch.Tensor, residual: Optional[torch.Tensor
     if residual is not None:
         x = x + residual
         residual = x
-    out = hpu.FusedRMSNorm.apply(x, self.weight, self.variance_epsilon)
+    out = habana.FusedRMSNorm.apply(x, self.weight, self.variance_epsilon)
     return out if residual is None else (out, residual)
 
 
@@ -41,10 +41,10 @@ def rotary_embedding_hpu(self: RotaryEmbedding, positions: torch.Tensor,
     a partial rotary is split off in `_rotate_hpu`."""
     cos, sin = self.cos_sin_cache.index_select(0, positions.view(-1)).chunk(2, dim=-1)
     if self.is_neox_style:
-        mode = hpu.RotaryPosEmbeddingMode.BLOCKWISE
+        mode = habana.RotaryPosEmbeddingMode.BLOCKWISE
         cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     else:
-        mode = hpu.RotaryPosEmbeddingMode.PAIRWISE
+        mode = habana.RotaryPosEmbeddingMode.PAIRWISE
         cos, sin = cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # [T, 1, rotary_dim]
     return (_rotate_hpu(self, query, cos, sin, mode), _rotate_hpu(self, key, cos, sin, mode))
@@ -55,9 +55,9 @@ def _rotate_hpu(rope: RotaryEmbedding, x: torch.Tensor, cos: torch.Tensor,
     heads = x.reshape(x.shape[0], -1, rope.head_size)
     rd = rope.rotary_dim
     if rd == rope.head_size:
-        out = hpu.apply_rotary_pos_emb(heads, cos, sin, None, 0, mode)
+        out = habana.apply_rotary_pos_emb(heads, cos, sin, None, 0, mode)
     else:
-        rotated = hpu.apply_rotary_pos_emb(heads[..., :rd], cos, sin, None, 0, mode)
+        rotated = habana.apply_rotary_pos_emb(heads[..., :rd], cos, sin, None, 0, mode)
         out = torch.cat((rotated, heads[..., rd:]), dim=-1)
     return out.reshape(x.shape)
 

@@ -30,24 +30,24 @@ class HpuPlatform(Platform):
     supported_dtypes = (torch.bfloat16, torch.float32)
 
     def __init__(self) -> None:
-        from vllm import hpu
-        self.is_fake = hpu.is_fake_hpu()
-        self.torch_device = hpu.torch_device_type()
+        from vllm.hpu import habana
+        self.is_fake = habana.is_fake_hpu()
+        self.torch_device = habana.torch_device_type()
         # HCCL exists only on Gaudi; the fake HPU's processes talk over gloo.
         self.dist_backend = "gloo" if self.is_fake else "hccl"
         # The HPU kernels of the custom ops (also bound by the HPU build's
         # `register_ops` plugin; this covers a platform chosen without entry points).
-        from vllm.model_executor.layers.hpu_ops import register_hpu_ops
+        from vllm.hpu.ops import register_hpu_ops
         register_hpu_ops()
 
     def default_block_size(self) -> int:
         return 128  # 16/32 under-use Gaudi's matrix engine
 
     def get_worker_cls(self) -> str:
-        return "vllm.worker.hpu_worker.HPUWorker"
+        return "vllm.hpu.worker.HPUWorker"
 
     def get_attn_backend_cls(self) -> str:
-        return "vllm.attention.backends.hpu_attn.HPUAttentionImpl"
+        return "vllm.hpu.attention.HPUAttentionImpl"
 
     def resolve_auto_dtype(self, config_dtype: torch.dtype) -> torch.dtype:
         """bf16 for fp16/fp32 checkpoints: Gaudi's native 16-bit type."""
@@ -57,11 +57,11 @@ class HpuPlatform(Platform):
 
     def check_and_update_config(self, vllm_config: "VllmConfig") -> None:
         super().check_and_update_config(vllm_config)
-        from vllm import hpu
+        from vllm.hpu import habana
         parallel = vllm_config.parallel_config
         # The bridge's is_lazy() is the one source of truth for the mode (the runner's
         # execution mode and the workers' mark_step before collectives use it too).
-        lazy_graphs = hpu.is_lazy() and not vllm_config.model_config.enforce_eager
+        lazy_graphs = habana.is_lazy() and not vllm_config.model_config.enforce_eager
         if parallel.world_size > 1 and lazy_graphs and not envs.PT_HPU_ENABLE_LAZY_COLLECTIVES:
             # Workers are spawned after this point, so they inherit the setting.
             os.environ["PT_HPU_ENABLE_LAZY_COLLECTIVES"] = "true"
@@ -72,9 +72,9 @@ class HpuPlatform(Platform):
                         vllm_config.cache_config.block_size)
 
     def mem_get_info(self) -> tuple[int, int]:
-        from vllm import hpu
-        return hpu.mem_get_info()
+        from vllm.hpu import habana
+        return habana.mem_get_info()
 
     def synchronize(self) -> None:
-        from vllm import hpu
-        hpu.synchronize()
+        from vllm.hpu import habana
+        habana.synchronize()

@@ -1,0 +1,91 @@
+"""The CPU forward of each custom op: the native kernels, bound by `register_cpu_ops`.
+
+The CPU twin of vllm/hpu/ops.py: the layers hold only their plain-torch
+`forward_native`, and each platform binds its kernels to them (see
+`CustomOp.register_forward`). The CPU platform binds these when it is built. Every
+function falls back to the layer's `forward_native` where its kernel does not apply
+(a dtype without a native kernel, strided rows, autograd), so the bound forward is
+always safe to call.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from vllm.model_executor.custom_op import CustomOp
+from vllm.model_executor.layers import decoder_stack  # noqa: F401 (registers the op)
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.native import cpu_ops
+from vllm.native.fused_decode import fused_decode_layers_cpu
+
+
+def _native_rows_ok(x: torch.Tensor) -> bool:
+    return (x.dim() == 2 and x.stride(-1) == 1 and cpu_ops.supports(x.dtype)
+            and not x.requires_grad)
+
+
+def rms_norm_cpu(self: RMSNorm, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+                 ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """One native kernel with HF's roundings; the residual form works in place, as
+    vLLM's `fused_add_rms_norm`: `residual` becomes the sum and `x` its norm (callers
+    pass tensors they own)."""
+    if _native_rows_ok(x):
+        if residual is None:
+            return cpu_ops.rms_norm(x, self.weight, self.variance_epsilon)
+        if residual.stride(-1) == 1 and residual.dtype == x.dtype:
+            cpu_ops.rms_norm(x, self.weight, self.variance_epsilon, residual=residual, out=x)
+            return x, residual
+    return self.forward_native(x, residual)
+
+
+def silu_and_mul_cpu(self: SiluAndMul, x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in one pass over the rows."""
+    if _native_rows_ok(x):
+        return cpu_ops.silu_and_mul(x)
+    return self.forward_native(x)
+
+
+def _rotary_rows(rope: RotaryEmbedding, x: torch.Tensor) -> Optional[torch.Tensor]:
+    """`x` as rows [T, heads * head_size] sharing its memory, if the native kernel can
+    rotate it in place; else None."""
+    if (x.dtype != rope.cos_sin_cache.dtype or x.requires_grad
+            or not cpu_ops.supports(x.dtype) or x.stride(-1) != 1):
+        return None
+    if x.dim() == 2:
+        return x
+    if x.dim() == 3 and x.shape[2] == rope.head_size and x.stride(1) == rope.head_size:
+        return x.view(x.shape[0], -1)
+    return None
+
+
+def rotary_embedding_cpu(self: RotaryEmbedding, positions: torch.Tensor,
+                         query: torch.Tensor, key: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated in place by one native call (neighbouring views of the fused
+    qkv rows are one pass)."""
+    q2, k2 = _rotary_rows(self, query), _rotary_rows(self, key)
+    if q2 is None or k2 is None:
+        return self.forward_native(positions, query, key)
+    cpu_ops.rotary_qk_(positions, q2, k2, self.cos_sin_cache, self.head_size,
+                       self.rotary_dim, self.is_neox_style)
+    return query, key
+
+
+CPU_FORWARDS: dict[str, Callable[..., Any]] = {
+    "rms_norm": rms_norm_cpu,
+    "silu_and_mul": silu_and_mul_cpu,
+    "rotary_embedding": rotary_embedding_cpu,
+    "fused_decode_layers": fused_decode_layers_cpu,
+}
+"""op name -> its CPU forward."""
+
+
+def register_cpu_ops() -> list[str]:
+    """Bind every CPU forward (idempotent; affects ops built afterwards); returns the op
+    names bound."""
+    for name, fn in CPU_FORWARDS.items():
+        CustomOp.register_forward(name, "cpu")(fn)
+    return sorted(CPU_FORWARDS)
