@@ -30,7 +30,8 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     # ---- build / platform ----
     "VLLM_TARGET_DEVICE": (str, "", "Target device recorded at build time (hpu, cpu, cuda); "
                            "overrides the recorded one when set at run time."),
-    "VLLM_PLUGINS": (str, "", "Comma-separated names of plugins to load; empty loads all."),
+    "VLLM_PLUGINS": (str, None, "Comma-separated names of plugins to load; unset loads all, "
+                     "set but empty loads none (as vLLM)."),
     "VLLM_USE_FAKE_HPU": (_bool, False, "Run the HPU path on CPU with the vllm.hpu stand-ins."),
     "VLLM_FAKE_HPU_MEMORY_GB": (str, "16", "Device memory the fake HPU reports, in GiB: one "
                                 "number for every device, or a comma-separated list with one "

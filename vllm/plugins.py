@@ -3,7 +3,8 @@
 `vllm.platform_plugins`: each entry point is a function returning the qualified
 name of a Platform class, or None when its device is absent; at most one may
 activate. `vllm.general_plugins`: functions run once in every process.
-`VLLM_PLUGINS` (comma-separated entry-point names) filters both groups.
+`VLLM_PLUGINS` (comma-separated entry-point names) filters both groups: unset loads
+every plugin, set but empty loads none (vLLM's reading: an empty list of names).
 """
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ _general_plugins_loaded = False
 
 
 def _allowed_names() -> Optional[set[str]]:
-    raw = envs.VLLM_PLUGINS.strip()
-    return {n.strip() for n in raw.split(",") if n.strip()} if raw else None
+    """The plugin names to load; None (unset) for all of them."""
+    raw = envs.VLLM_PLUGINS
+    if raw is None:
+        return None
+    return {n.strip() for n in raw.split(",") if n.strip()}
 
 
 def load_plugins_by_group(group: str) -> dict[str, Callable[[], Any]]:

@@ -104,3 +104,13 @@ def test_general_plugins_honour_vllm_plugins(installed_plugin, monkeypatch):
     monkeypatch.setenv("VLLM_PLUGINS", "dummy_accel")
     vllm.plugins.load_general_plugins()
     assert installed_plugin.GENERAL_CALLS == []
+
+
+def test_vllm_plugins_set_but_empty_loads_none(installed_plugin, monkeypatch):
+    """vLLM reads VLLM_PLUGINS="" as an empty list of names: no plugin at all (unset
+    loads every plugin)."""
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    monkeypatch.setenv("VLLM_PLUGINS", "")
+    assert vllm.plugins.load_platform_plugin() is None
+    vllm.plugins.load_general_plugins()
+    assert installed_plugin.GENERAL_CALLS == []
