@@ -237,3 +237,26 @@ def test_native_int4_kernel_matches_dequantized_product(n, k, gs):
             xq = (torch.round(runs * inv) * (amax / 127)).view(rows, k)
         ref = (xq.double() @ w.t().double() + b16.double()).float()
         torch.testing.assert_close(out16, ref, rtol=1e-2, atol=5e-3 * ref.abs().max().item())
+
+
+def test_load_log_counts_an_int4_model_like_its_float_source(tiny_float, tmp_path, caplog):
+    """The load line counts a linear layer by its logical [out, in] weight: an int4
+    checkpoint has as many parameters as the float model it was made from (counting
+    the packed bytes gave about a quarter)."""
+    import logging
+    import re
+
+    from vllm.model_executor.model_loader import parameter_count
+    path = write_gptq(tiny_float, str(tmp_path / "gptq"), 4, 32, False, True)
+    float_model, _ = _engine_logits(tiny_float, _ids(_hf_tokenizer(tiny_float)))
+    with caplog.at_level(logging.INFO, logger="vllm"):
+        int4_model, _ = _engine_logits(path, _ids(_hf_tokenizer(tiny_float)))
+    assert parameter_count(int4_model) == parameter_count(float_model)
+    assert parameter_count(float_model) == sum(p.numel() for p in float_model.parameters())
+    logged = re.search(r"([\d.]+) M parameters", caplog.text).group(1)
+    assert logged == f"{parameter_count(float_model) / 1e6:.1f}"
+
+
+def _hf_tokenizer(path: str):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(path)

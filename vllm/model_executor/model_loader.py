@@ -18,6 +18,7 @@ from typing import Any, Iterator, Union
 import torch
 from torch import nn
 
+from vllm.model_executor.layers.linear import LinearBase
 from vllm.model_executor.layers.quantization import (process_weights_after_loading,
                                                      quant_config_scope)
 from vllm.model_executor.layers.quantization.kv_cache import KVScales
@@ -62,10 +63,31 @@ def get_model(vllm_config: Any, device: Union[str, torch.device] = "cpu") -> nn.
     logger.info("Loaded %s (%s) from %s in %.2f s (%s, %.1f M parameters, weights %.1f MiB"
                 "%s)", arch, model_config.torch_dtype, model_config.model_path,
                 time.perf_counter() - start, "dummy weights" if load_format == "dummy" else
-                load_format, sum(p.numel() for p in model.parameters()) / 1e6,
+                load_format, parameter_count(model) / 1e6,
                 weight_bytes(model) / 2**20,
                 f", {quant_config.weight_summary()}" if quant_config is not None else "")
     return model
+
+
+def parameter_count(model: nn.Module) -> int:
+    """This rank's parameters as the checkpoint counts them: a linear layer counts its
+    logical [out, in] weight (and bias), whatever form a quantization method turned the
+    weight into (int4 nibbles packed in bytes, say, which `numel` would undercount);
+    every other module its own parameters. Tied tensors count once."""
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            rows = getattr(module, "output_size_per_partition", module.output_size)
+            cols = getattr(module, "input_size_per_partition", module.input_size)
+            bias = getattr(module, "bias", None)
+            total += rows * cols + (bias.numel() if bias is not None else 0)
+            continue
+        for param in module.parameters(recurse=False):
+            if param.data_ptr() not in seen:
+                seen.add(param.data_ptr())
+                total += param.numel()
+    return total
 
 
 def weight_bytes(model: nn.Module) -> int:
