@@ -209,10 +209,20 @@ async def _checked_json_request(request: Request) -> Request:
     elif not _is_json_media_type(content_type):
         raise BadRequestError(f"Unsupported Content-Type {content_type!r}: the request body "
                               "must be JSON (Content-Type: application/json).")
+    raw = await request.body()
+    if not raw.strip():
+        return request  # no body: validation names the missing fields (400)
     try:
         body = await request.json()  # cached on the request: FastAPI does not parse twice
-    except (ValueError, RecursionError):
-        return request  # empty, invalid or too deeply nested JSON: FastAPI reports it (400)
+    except UnicodeDecodeError as e:
+        raise BadRequestError(f"The request body is not valid UTF-8: byte "
+                              f"0x{raw[e.start]:02x} at position {e.start} cannot be decoded "
+                              f"({e.reason}).") from None
+    except RecursionError:
+        raise BadRequestError("The request body is nested too deeply: JSON arrays and "
+                              "objects may nest a few hundred levels at most.") from None
+    except ValueError as e:  # json.JSONDecodeError
+        raise BadRequestError(f"The request body is not valid JSON: {e}.") from None
     where = lone_surrogate_path(body)
     if where is not None:
         raise BadRequestError(f"{where}: the text is not valid Unicode (it holds a lone "
