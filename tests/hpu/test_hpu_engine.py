@@ -101,6 +101,9 @@ WARMUP_LINES = [
     r"Graph/Decode captured:4 \(100\.0%\) used_mem:",
     r"Pre-loading model weights on hpu:0 took [\d.]+ \w+ of device memory \([\d.]+ \w+/"
     r"[\d.]+ \w+ used\) and -?[\d.]+ \w+ of host memory \([\d.]+ \w+/[\d.]+ \w+ used\)",
+    r"Wrapping in HPU Graph took -?[\d.]+ \w+ of device memory",
+    r"Loading model weights took in total -?[\d.]+ \w+ of device memory .* in [\d.]+ s",
+    r"Initializing cache engine took -?[\d.]+ \w+ of device memory",
     r"Model profiling run took -?[\d.]+ \w+ of device memory \([\d.]+ \w+/[\d.]+ \w+ used\) "
     r"and -?[\d.]+ \w+ of host memory \([\d.]+ \w+/[\d.]+ \w+ used\)",
     r"# HPU blocks: 16, # CPU blocks: 0",

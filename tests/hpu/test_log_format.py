@@ -30,6 +30,13 @@ SEED_LINES = {
                rf"and {SIZE} of host memory \({SIZE}/{SIZE} used\)",
     "graphs": rf"^Using {SIZE}/{SIZE} of free device memory for HPUGraphs, {SIZE} for prompt "
               rf"and {SIZE} for decode \(VLLM_GRAPH_PROMPT_RATIO=0\.3\)$",
+    "wrap": rf"^Wrapping in HPU Graph took {SIZE} of device memory \({SIZE}/{SIZE} used\) "
+            rf"and {SIZE} of host memory \({SIZE}/{SIZE} used\)$",
+    "total": rf"^Loading model weights took in total {SIZE} of device memory "
+             rf"\({SIZE}/{SIZE} used\) and {SIZE} of host memory \({SIZE}/{SIZE} used\) "
+             rf"in 2\.50 s$",
+    "cache": rf"^Initializing cache engine took {SIZE} of device memory \({SIZE}/{SIZE} used\) "
+             rf"and {SIZE} of host memory \({SIZE}/{SIZE} used\)$",
 }
 
 
@@ -43,6 +50,9 @@ def test_each_line_in_the_seed_wording(caplog):
         hpu_log.log_weights_loaded("hpu:0", before, 1.5)
         hpu_log.log_profile_run(before, Bucket(2, 256, 0))
         hpu_log.log_graph_memory(3 << 30, 10 << 30, 1 << 30, 2 << 30, 0.3)
+        hpu_log.log_took("Wrapping in HPU Graph", before)
+        hpu_log.log_took("Loading model weights", before, 2.5)
+        hpu_log.log_took("Initializing cache engine", before)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == len(SEED_LINES)
     for (name, pattern), line in zip(SEED_LINES.items(), lines):

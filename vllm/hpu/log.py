@@ -10,6 +10,12 @@ never renamed or reordered:
     [Warmup][Prompt][1/12] batch_size:4 seq_len:512 free_mem:15.3 GiB num_blocks:0
     Pre-loading model weights on hpu:0 took 515 MiB of device memory (515 MiB/16 GiB used)
         and 1.2 GiB of host memory (9.1 GiB/24 GiB used) in 8.48 s     (one line)
+    Wrapping in HPU Graph took 0 B of device memory (515 MiB/16 GiB used) and 2 MiB of
+        host memory (9.1 GiB/24 GiB used)     (one line; HPU graph mode)
+    Loading model weights took in total 515 MiB of device memory (515 MiB/16 GiB used)
+        and 1.2 GiB of host memory (9.1 GiB/24 GiB used) in 8.52 s     (one line)
+    Initializing cache engine took 7.9 GiB of device memory (8.4 GiB/16 GiB used) and
+        1 MiB of host memory (9.1 GiB/24 GiB used)     (one line)
     Model profiling run took 355 MiB of device memory (870 MiB/16 GiB used) and 34 MiB
         of host memory (9.2 GiB/24 GiB used) at prompt bucket (4, 512, 0)     (one line)
     # HPU blocks: 63, # CPU blocks: 0 (block size 128, 8064 tokens)   (engine/core.py)
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import psutil
 
@@ -93,6 +99,15 @@ def log_warmup_step(phase: str, index: int, total: int, bucket: tuple) -> None:
 def log_weights_loaded(device: str, before: MemorySnapshot, seconds: float) -> None:
     logger.info("Pre-loading model weights on %s took %s in %.2f s", device,
                 MemorySnapshot.take().took_since(before), seconds)
+
+
+def log_took(what: str, before: MemorySnapshot, seconds: Optional[float] = None) -> None:
+    """'<what> took X of device memory (..) and Y of host memory (..)' [' in S s'], as
+    the original backend words "Wrapping in HPU Graph took", "Initializing cache engine
+    took" and "Loading model weights took in total"."""
+    took = "took in total" if what == "Loading model weights" else "took"
+    logger.info("%s %s %s%s", what, took, MemorySnapshot.take().took_since(before),
+                "" if seconds is None else f" in {seconds:.2f} s")
 
 
 def log_profile_run(before: MemorySnapshot, bucket: tuple) -> None:

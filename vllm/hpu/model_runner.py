@@ -54,7 +54,8 @@ from vllm.hpu.input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_decode_ba
 from vllm.hpu.profiler import HPUProfiler
 from vllm.hpu.sampling import (logprobs_bucket, logprobs_buckets, padded_rows,
                                       sampler_signature, static_metadata, warmup_metadata)
-from vllm.hpu.log import MemorySnapshot, format_bytes, log_profile_run, log_weights_loaded
+from vllm.hpu.log import (MemorySnapshot, format_bytes, log_profile_run, log_took,
+                          log_weights_loaded)
 from vllm.hpu.warmup import HPUWarmup, WarmupOps
 from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.model_runner_base import (ForwardPass, LogprobsRow, ModelRunnerBase, PassOutput,
@@ -141,10 +142,14 @@ class HPUModelRunner(ModelRunnerBase):
                                                 static_shapes=True)
         for t in list(self.model.parameters()) + list(self.model.buffers()):
             habana.track_alloc(t)
+        log_weights_loaded(self.device_label, before, time.perf_counter() - start)
+        wrap_before = MemorySnapshot.take()
         self.forward_module = prepare_forward_module(
             self.model, self.attn_impl, self.mode,
             lora_batch=self.lora_manager.batch if self.lora_manager else None)
-        log_weights_loaded(self.device_label, before, time.perf_counter() - start)
+        if self.uses_hpu_graphs:
+            log_took("Wrapping in HPU Graph", wrap_before)
+        log_took("Loading model weights", before, time.perf_counter() - start)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Per layer an `HPUKVCache`: separate K and V tensors of
@@ -156,6 +161,7 @@ class HPUModelRunner(ModelRunnerBase):
         """
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}.")
+        before = MemorySnapshot.take()
         shape = ((num_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
                  self.model_config.get_head_size())
         owned = self._owned_layer_ids()
@@ -165,6 +171,7 @@ class HPUModelRunner(ModelRunnerBase):
         for cache in caches.values():
             habana.track_alloc(cache.key_cache)
             habana.track_alloc(cache.value_cache)
+        log_took("Initializing cache engine", before)
         self.num_kv_blocks = num_blocks
         self.pad_block_id = num_blocks
         self.bucketing.generate_decode_buckets(num_blocks)
