@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -80,14 +79,16 @@ def test_tp2_pp2_matches_then_killed_worker_raises(tiny_qwen2, tiny_reference):
         steps["n"] += 1
         if steps["n"] == 3:  # a few tokens into the generation
             os.kill(pids[1], signal.SIGKILL)  # TP rank 1 of the first stage
-            steps["killed_at"] = time.monotonic()
+            steps["killed_at"] = steps["n"]
         return real_execute(scheduler_output)
 
     executor.execute_model = execute_and_kill
     params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+    # The death is noticed by its signal (this message), not waited out by an RPC
+    # timeout, and within the step that was running: no clock needed.
     with pytest.raises(RuntimeError, match=r"rank 1 .*died unexpectedly .*SIGKILL"):
         llm.generate(["Hello"] * 4, params, use_tqdm=False)
-    assert time.monotonic() - steps["killed_at"] < 10.0
+    assert steps["killed_at"] == steps["n"] == 3
     with pytest.raises(RuntimeError, match="died unexpectedly"):
         llm.llm_engine.check_health()
     llm.llm_engine.shutdown()

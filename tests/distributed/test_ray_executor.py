@@ -5,7 +5,6 @@ import gc
 import os
 import signal
 import threading
-import time
 
 import pytest
 
@@ -44,10 +43,9 @@ def test_ray_tp2_matches_one_process_then_killed_actor_raises(tiny_qwen2, tiny_r
     assert greedy_token_ids(llm) == tiny_reference
 
     os.kill(executor.worker_pids[1], signal.SIGKILL)
-    start = time.monotonic()
+    # The death is noticed (this message), not waited out by an RPC timeout: no clock.
     with pytest.raises(RuntimeError, match="Ray worker rank 1 died unexpectedly"):
         greedy_token_ids(llm)
-    assert time.monotonic() - start < 15.0
     del llm, executor
     gc.collect()
     # The cluster this engine started is gone with it (the fixture checks the processes).

@@ -12,9 +12,11 @@ PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def test_ready_time(server):
-    # The GGUF conversion is cached by the session's earlier loads; this is a warm start.
-    assert server.ready_s < 15.0, f"server took {server.ready_s:.1f} s to become ready"
+def test_ready(server, http):
+    # How fast the server starts is a benchmark's question (benchmarks/README.md);
+    # the test asks that it became ready and answers.
+    assert server.ready_s > 0
+    assert http.get("/health").status_code == 200
 
 
 def test_models_health_version(server, client, http):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 import torch
@@ -19,10 +18,11 @@ def conversion(default_model_path, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_CACHE_ROOT", str(root))
         out = ensure_converted(default_model_path)
-        start = time.perf_counter()
+        conversions = []
+        mp.setattr(gguf_utils, "convert_gguf", lambda *a: conversions.append(a))
         again = ensure_converted(default_model_path)
-        second_s = time.perf_counter() - start
-    return {"out": out, "again": again, "second_s": second_s, "root": str(root)}
+    return {"out": out, "again": again, "converted_again": bool(conversions),
+            "root": str(root)}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def hf_gguf_model(default_model_path):
 
 def test_second_call_reuses_the_cache(conversion):
     assert conversion["again"] == conversion["out"]
-    assert conversion["second_s"] < 0.2
+    assert not conversion["converted_again"]  # (how fast: benchmarks, not tests)
     assert conversion["out"].startswith(os.path.join(conversion["root"], "gguf") + os.sep)
     # Only the finished directory is left (no temporary siblings).
     assert os.listdir(os.path.dirname(conversion["out"])) == [
