@@ -85,10 +85,11 @@ def test_tp2_pp2_matches_then_killed_worker_raises(tiny_qwen2, tiny_reference):
     executor.execute_model = execute_and_kill
     params = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
     # The death is noticed by its signal (this message), not waited out by an RPC
-    # timeout, and within the step that was running: no clock needed.
+    # timeout, by the step that was running or the next one (with pipeline stages the
+    # kill may land between a stage's send and the next step): no clock needed.
     with pytest.raises(RuntimeError, match=r"rank 1 .*died unexpectedly .*SIGKILL"):
         llm.generate(["Hello"] * 4, params, use_tqdm=False)
-    assert steps["killed_at"] == steps["n"] == 3
+    assert steps["n"] - steps["killed_at"] <= 1, steps
     with pytest.raises(RuntimeError, match="died unexpectedly"):
         llm.llm_engine.check_health()
     llm.llm_engine.shutdown()
