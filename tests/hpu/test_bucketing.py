@@ -38,11 +38,29 @@ def test_linear_ranges():
 def test_exponential_known_lists():
     ctx = _ctx(num_kv_blocks=4096)
     assert ctx.decode_bs_range.values() == [1, 2, 4, 8, 14, 24, 42, 78, 140, 256]
-    assert ctx.prompt_seq_range.values() == [128, 256, 384, 512, 768, 1024, 1536, 2048,
-                                             2944, 4096, 5888, 8192]
+    # log2(max) + 1 query points (vllm-gaudi's limit); decode blocks: the range in steps
+    # of block_size blocks, its low end filled with powers of two (without them a
+    # 7-block batch read 128 blocks).
+    assert ctx.prompt_seq_range.values() == [128, 256, 384, 512, 640, 896, 1280, 1664, 2304,
+                                             3200, 4352, 6016, 8192]
+    assert sorted({b.num_blocks for b in ctx.decode_buckets}) == [
+        1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 640, 768, 1024, 1408, 1792, 2304, 3072,
+        4096]
     assert exponential_range(1, 2, 256, 9) == [1, 2, 4, 8, 14, 24, 42, 78, 140, 256]
     assert exponential_range(0, 1, 64, 7) == [0, 1, 2, 4, 8, 16, 32, 64]
     assert exponential_range(5, 1, 40, 1) == [40]
+
+
+def test_fill_low_end_of_the_decode_blocks():
+    from vllm.hpu.bucketing import fill_low_end
+    assert fill_low_end([1, 32]) == [1, 2, 4, 8, 16, 32]
+    assert fill_low_end([1, 128, 256]) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert fill_low_end([3, 20, 40]) == [3, 4, 8, 16, 20, 40]
+    assert fill_low_end([1, 2, 4]) == [1, 2, 4] and fill_low_end([5]) == [5]
+    # The limits: max_model_len 512, block 128, 8 sequences.
+    ctx = _ctx(max_num_seqs=8, max_model_len=512, num_kv_blocks=32)
+    assert sorted({b.num_blocks for b in ctx.decode_buckets}) == [1, 2, 4, 8, 16, 32]
+    assert ctx.find_decode_bucket(3, 5) == Bucket(4, 1, 8)
 
 
 def test_invalid_ranges_raise():
@@ -81,7 +99,7 @@ def test_lookup_smallest_covering_bucket():
     ctx = _ctx(num_kv_blocks=4096)
     assert ctx.find_prompt_bucket(3, 300) == Bucket(4, 384, 0)
     assert ctx.find_prompt_bucket(1, 128, 3) == Bucket(1, 128, 4)
-    assert ctx.find_decode_bucket(3, 7) == Bucket(4, 1, 128)
+    assert ctx.find_decode_bucket(3, 7) == Bucket(4, 1, 8)
     assert ctx.find_decode_bucket(1, 1) == Bucket(1, 1, 1)
     assert ctx.find_decode_bucket(200, 1000) == Bucket(256, 1, 1024)
     assert not ctx.fallback_buckets
@@ -91,11 +109,11 @@ def test_fallback_warns_once_and_adds_one_bucket(caplog):
     ctx = _ctx(num_kv_blocks=4096)
     before = ctx.num_prompt_buckets
     with caplog.at_level(logging.WARNING, logger="vllm"):
-        first = ctx.find_prompt_bucket(3, 2100)  # (4, 2944) breaks the token budget
+        first = ctx.find_prompt_bucket(3, 2100)  # (4, 2304) breaks the token budget
         second = ctx.find_prompt_bucket(3, 2100)
-        third = ctx.find_prompt_bucket(4, 2900)
+        third = ctx.find_prompt_bucket(4, 2300)
     warnings = [r for r in caplog.records if "was not warmed up" in r.getMessage()]
-    assert first == second == third == Bucket(4, 2944, 0)
+    assert first == second == third == Bucket(4, 2304, 0)
     assert len(warnings) == 1
     assert ctx.num_prompt_buckets == before + 1 and ctx.fallback_buckets == [first]
 

@@ -78,6 +78,27 @@ def exponential_range(bmin: int, bstep: int, bmax: int, num: int) -> list[int]:
     return sorted(values)
 
 
+def fill_low_end(values: list[int]) -> list[int]:
+    """The powers of two strictly between the first two values, added.
+
+    An exponential decode-block range steps in `block_size` blocks, which suits large
+    caches but leaves nothing between its min and the first step: at max_model_len 512,
+    block 128, 8 sequences the values were {1, 32}, so every batch needing 2 to 31
+    blocks read 32. The powers of two fill that gap (1, 2, 4, 8, 16, 32): a batch
+    never reads more than twice the blocks it holds there, for a few more buckets.
+    """
+    if len(values) < 2:
+        return values
+    low, high = values[0], values[1]
+    fill = []
+    p = 1
+    while p < high:
+        if p > low:
+            fill.append(p)
+        p *= 2
+    return sorted(set(values) | set(fill))
+
+
 def _check_range(bmin: int, bstep: int, bmax: int) -> None:
     if bmin < 0 or bstep < 1 or bmax < max(bmin, 1):
         raise ValueError(f"invalid bucket range (min={bmin}, step={bstep}, max={bmax}): "
@@ -224,9 +245,9 @@ class HPUBucketingContext:
             query_max = min(self.max_num_batched_tokens, self.max_model_len)
             bs = read_bucket_range("PROMPT", "BS", 1, 2, mps,
                                    lambda m: _log2_ceil(m) + 1, 1)
-            # ceil(log2(max)) points (not +1): the spacing vLLM-Gaudi uses for queries.
+            # ceil(log2(max)) + 1 points, vllm-gaudi's limit for queries.
             seq = read_bucket_range("PROMPT", "SEQ", bsz, bsz, max(query_max, bsz),
-                                    lambda m: max(1, _log2_ceil(m)), 1)
+                                    lambda m: _log2_ceil(m) + 1, 1)
             ctx = read_bucket_range("PROMPT", "BLOCK", 0, 1, max(max_ctx, 1),
                                     lambda m: _log2_ceil(m) + 1, 0)
         else:
@@ -311,6 +332,8 @@ class HPUBucketingContext:
         self.num_kv_blocks = num_kv_blocks
         self.decode_bs_range, self.decode_block_range = self._decode_ranges(num_kv_blocks)
         block_values = sorted({min(v, num_kv_blocks) for v in self.decode_block_range.values()})
+        if self.exponential:
+            block_values = fill_low_end(block_values)
         buckets = [Bucket(b, 1, n) for b in self.decode_bs_range.values()
                    for n in block_values if b <= n]
         self.decode_buckets = sorted(buckets)
