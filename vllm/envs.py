@@ -73,6 +73,8 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_ENGINE_ITERATION_TIMEOUT_S": (int, 60, "Seconds a worker may take for one step."),
     "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": (_bool, False, "Keep the OpenAI server up (answering "
                                         "503) after its engine died, instead of exiting."),
+    "VLLM_CHAT_TEMPLATE_WORKERS": (int, 4, "Helper processes that render request-supplied "
+                                   "chat templates at once, each under its own deadline."),
     "VLLM_CHAT_TEMPLATE_TIMEOUT_S": (float, 5.0, "Seconds a request-supplied chat template "
                                      "(--trust-request-chat-template) may take to render."),
     "VLLM_WORKER_MULTIPROC_METHOD": (str, "fork", "How worker processes start: fork "

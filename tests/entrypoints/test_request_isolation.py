@@ -101,16 +101,65 @@ def _template_helpers(server) -> list[psutil.Process]:
 
 
 def test_template_render_stops_when_client_leaves(server):
-    ready = httpx.post(server.url + "/tokenize", timeout=60,  # the helper is up
+    ready = httpx.post(server.url + "/tokenize", timeout=60,  # a helper is up
                        json={"messages": MSGS, "chat_template": "{{ messages[0].content }}"})
     assert ready.status_code == 200
-    (helper,) = _template_helpers(server)
+    helpers = _template_helpers(server)  # the one that rendered, and a loaded spare
     with pytest.raises(httpx.TimeoutException):
         httpx.post(server.url + "/v1/chat/completions", timeout=0.5,
                    json={"messages": MSGS, "chat_template": SLOW_TEMPLATE})
-    # Killed once its client left, long before the deadline (a fresh helper replaces it).
-    gone, _ = psutil.wait_procs([helper], timeout=TEMPLATE_TIMEOUT_S - 1.5)
-    assert gone, "the template kept rendering after its client left"
+    # The helper rendering it is killed once its client left, long before the deadline
+    # (a fresh spare replaces it; idle helpers are never killed).
+    gone, _ = psutil.wait_procs(helpers, timeout=TEMPLATE_TIMEOUT_S - 1.5)
+    assert len(gone) == 1, "the template kept rendering after its client left"
+
+
+# Builds a string of 2^33 characters: past the helper's address-space limit.
+MEMORY_BOMB = ("{% set s = namespace(v='x') %}{% for i in range(33) %}"
+               "{% set s.v = s.v ~ s.v %}{% endfor %}{{ s.v | length }}")
+
+
+def test_concurrent_runaway_templates_each_keep_their_deadline(server):
+    """Two runaway templates and a memory bomb at once each end within their own
+    deadline, in their own helper (served one after another they took 3 deadlines)."""
+    quick = {"messages": MSGS, "chat_template": "{{ messages[0].content }}"}
+    warm = [threading.Thread(target=httpx.post, args=(server.url + "/tokenize",),
+                             kwargs={"json": quick, "timeout": 60}) for _ in range(3)]
+    for t in warm:
+        t.start()
+    for t in warm:
+        t.join()
+    results: dict[int, tuple] = {}
+
+    def send(i: int, template: str) -> None:
+        start = time.monotonic()
+        r = httpx.post(server.url + "/tokenize", timeout=60,
+                       json={"messages": MSGS, "chat_template": template})
+        results[i] = (r, time.monotonic() - start)
+
+    threads = [threading.Thread(target=send, args=(i, t))
+               for i, t in enumerate([SLOW_TEMPLATE, SLOW_TEMPLATE, MEMORY_BOMB])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for i in range(3):
+        reply, took = results[i]
+        error = assert_error_400(reply)
+        print(f"\n[template {i}] 400 after {took:.1f} s: {error['message'][:80]}")
+        # Serially the last would end after 3 deadlines; each has its own here.
+        assert took < 2 * TEMPLATE_TIMEOUT_S, (i, took)
+    assert "did not finish rendering" in results[0][0].json()["error"]["message"]
+    # The bomb ends at its memory limit or its deadline, whichever comes first.
+    bomb = results[2][0].json()["error"]["message"]
+    assert "MemoryError" in bomb or "did not finish rendering" in bomb, bomb
+
+
+def assert_error_400(reply: httpx.Response) -> dict:
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "chat_template", error
+    return error
 
 
 def test_huge_body_and_prompt_are_refused_early(server, baseline):

@@ -48,7 +48,8 @@ class OpenAIServingChat(OpenAIServing):
         self.trust_request_chat_template = trust_request_chat_template
         # Request templates are code from the client: rendered in a killable helper process.
         self.template_sandbox = (TemplateSandbox(self.tokenizer,
-                                                 envs.VLLM_CHAT_TEMPLATE_TIMEOUT_S)
+                                                 envs.VLLM_CHAT_TEMPLATE_TIMEOUT_S,
+                                                 envs.VLLM_CHAT_TEMPLATE_WORKERS)
                                  if trust_request_chat_template else None)
 
     async def render_prompt(self, request: Any) -> PromptInput:

@@ -7,6 +7,9 @@ engine thread need. So a template that came with a request (only accepted with
 --trust-request-chat-template) is rendered in a separate, low-priority process, which is
 killed when the deadline passes or the client leaves; the next one starts afresh. The
 server's own templates (--chat-template, the tokenizer's) are rendered in process.
+Several renders run at once in several helpers (`VLLM_CHAT_TEMPLATE_WORKERS`), each
+under its own deadline: three runaway templates end together after the deadline, not
+one after another.
 
 Protocol on the helper's stdin/stdout: length-prefixed pickles. The helper first reads
 the tokenizer and answers "ready"; then one job in, one ("ok", text) or ("error",
@@ -23,7 +26,8 @@ import sys
 import threading
 from typing import IO, Any, Optional
 
-from vllm.entrypoints.openai.errors import BadRequestError, InternalServerError
+from vllm.entrypoints.openai.errors import (BadRequestError, InternalServerError,
+                                            ServiceUnavailableError)
 
 logger = logging.getLogger(__name__)
 
@@ -52,84 +56,163 @@ def _read(stream: IO[bytes]) -> Any:
     return pickle.loads(data)
 
 
-class TemplateSandbox:
-    """One helper process at a time; `render()` calls are served one after another."""
+class _Helper:
+    """One helper process: started at once, loaded (tokenizer read) in the background."""
 
-    def __init__(self, tokenizer: Any, timeout_s: float) -> None:
+    def __init__(self, tokenizer_bytes: bytes) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.template_sandbox"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self.loaded = threading.Event()
+        threading.Thread(target=self._handshake, args=(tokenizer_bytes,),
+                         name="vllm-template-sandbox", daemon=True).start()
+
+    def _handshake(self, tokenizer_bytes: bytes) -> None:
+        try:
+            self.exchange(tokenizer_bytes)
+        except (OSError, EOFError, ValueError, pickle.UnpicklingError):
+            pass  # the helper died; its user finds it gone
+        finally:
+            self.loaded.set()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def exchange(self, message: Any) -> Any:
+        _write(self.proc.stdin, message)
+        return _read(self.proc.stdout)
+
+    def kill(self) -> None:
+        if self.alive:
+            self.proc.kill()
+        self.proc.wait()
+
+
+class TemplateSandbox:
+    """Up to `max_workers` helper processes, one render each at a time.
+
+    Every render has its own deadline, counted from the call: renders running at once
+    each get a helper (a loaded spare is kept ready, so a burst rarely waits for a
+    start), and a request that finds every helper busy waits only until its own
+    deadline (503). A helper whose render passes its deadline, or whose client left,
+    is killed and replaced in the background.
+    """
+
+    def __init__(self, tokenizer: Any, timeout_s: float, max_workers: int = 4) -> None:
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}.")
         self._tokenizer_bytes = pickle.dumps(tokenizer)
         self.timeout_s = timeout_s
-        self._proc: Optional[subprocess.Popen] = None
-        self._loaded = threading.Event()
-        self._lock: Optional[asyncio.Lock] = None
-        self._proc_lock = threading.Lock()
+        self.max_workers = max_workers
+        self._idle: list[_Helper] = []  # started (maybe still loading), not rendering
+        self._busy: set[_Helper] = set()
+        self._lock = threading.Lock()
+        self._freed: Optional[asyncio.Event] = None
 
-    def start(self) -> subprocess.Popen:
-        """Start the helper if none is running. Returns at once: it imports and reads the
-        tokenizer in the background, so that cost is not a request's (nor its deadline's)."""
-        with self._proc_lock:
-            if self._proc is None or self._proc.poll() is not None:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "vllm.entrypoints.openai.template_sandbox"],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-                self._proc, self._loaded = proc, threading.Event()
-                threading.Thread(target=self._handshake, args=(proc, self._loaded),
-                                 name="vllm-template-sandbox", daemon=True).start()
-            return self._proc
+    @property
+    def helpers(self) -> list[_Helper]:
+        """Every live helper (tests: their pids)."""
+        with self._lock:
+            return [h for h in [*self._idle, *self._busy] if h.alive]
 
-    def _handshake(self, proc: subprocess.Popen, loaded: threading.Event) -> None:
-        try:
-            self._exchange(proc, self._tokenizer_bytes)
-        except (OSError, EOFError, ValueError, pickle.UnpicklingError):
-            pass  # the helper died; render() finds it gone
-        finally:
-            loaded.set()
+    def start(self) -> None:
+        """Keep one spare helper starting or ready (returns at once: it imports and reads
+        the tokenizer in the background, so that cost is not a request's)."""
+        with self._lock:
+            self._idle = [h for h in self._idle if h.alive]
+            if not self._idle and len(self._busy) < self.max_workers:
+                self._idle.append(_Helper(self._tokenizer_bytes))
 
     def stop(self) -> None:
-        with self._proc_lock:
-            proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-    def restart(self) -> None:
-        """Kill the helper (mid-render) and have a fresh one loading for the next request."""
-        self.stop()
-        self.start()
+        with self._lock:
+            helpers, self._idle, self._busy = [*self._idle, *self._busy], [], set()
+        for helper in helpers:
+            helper.kill()
 
     async def render(self, **job: Any) -> str:
-        """chat_utils.apply_chat_template(tokenizer, **job) in the helper, within timeout_s.
+        """chat_utils.apply_chat_template(tokenizer, **job) in a helper, within timeout_s
+        of this call.
 
-        Raises BadRequestError for a template error or a render past the deadline; a
-        cancelled caller (client gone) kills the render too.
+        Raises BadRequestError for a template error or a render past the deadline,
+        ServiceUnavailableError when no helper freed up before it; a cancelled caller
+        (client gone) kills its render too.
         """
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            proc, loaded = self.start(), self._loaded
-            if not loaded.is_set():
-                await asyncio.to_thread(loaded.wait, _READY_TIMEOUT_S)
-            if not loaded.is_set() or proc.poll() is not None:
-                self.stop()
-                raise InternalServerError("The chat template sandbox process could not "
-                                          "start; see the server log.")
-            try:
-                reply = await asyncio.wait_for(asyncio.to_thread(self._exchange, proc, job),
-                                               self.timeout_s)
-            except asyncio.TimeoutError:
-                self.restart()
-                raise BadRequestError(f"The chat template did not finish rendering within "
-                                      f"{self.timeout_s:g} s.", param="chat_template") from None
-            except BaseException:  # cancelled (client gone) or the helper died
-                self.restart()
-                raise
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        helper = await self._acquire(loop, deadline)
+        try:
+            reply = await asyncio.wait_for(asyncio.to_thread(helper.exchange, job),
+                                           max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            self._retire(helper)
+            raise BadRequestError(f"The chat template did not finish rendering within "
+                                  f"{self.timeout_s:g} s.", param="chat_template") from None
+        except BaseException:  # cancelled (client gone) or the helper died
+            self._retire(helper)
+            raise
+        self._release(helper)
         if reply[0] == "ok":
             return reply[1]
         raise BadRequestError(reply[1], param=reply[2])
 
-    @staticmethod
-    def _exchange(proc: subprocess.Popen, message: Any) -> Any:
-        _write(proc.stdin, message)
-        return _read(proc.stdout)
+    async def _acquire(self, loop: asyncio.AbstractEventLoop, deadline: float) -> _Helper:
+        """A loaded helper for this render; waits for one to load or free up, at most
+        until the deadline (a helper's first start does not count against it)."""
+        if self._freed is None:
+            self._freed = asyncio.Event()
+        while True:
+            helper = self._take()
+            if helper is not None:
+                if not helper.loaded.is_set():
+                    await asyncio.to_thread(helper.loaded.wait, _READY_TIMEOUT_S)
+                    deadline = max(deadline, loop.time() + self.timeout_s)
+                if helper.alive and helper.loaded.is_set():
+                    self.start()  # a spare for the next request, loading meanwhile
+                    return helper
+                self._retire(helper)
+                raise InternalServerError("The chat template sandbox process could not "
+                                          "start; see the server log.")
+            self._freed.clear()
+            try:
+                await asyncio.wait_for(self._freed.wait(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                raise ServiceUnavailableError(
+                    f"All {self.max_workers} chat template sandboxes are busy; try again "
+                    "later.") from None
+
+    def _take(self) -> Optional[_Helper]:
+        """An idle helper (loaded first), or a new one if fewer than max_workers run."""
+        with self._lock:
+            self._idle = [h for h in self._idle if h.alive]
+            self._idle.sort(key=lambda h: not h.loaded.is_set())
+            if self._idle:
+                helper = self._idle.pop(0)
+            elif len(self._busy) < self.max_workers:
+                helper = _Helper(self._tokenizer_bytes)
+            else:
+                return None
+            self._busy.add(helper)
+            return helper
+
+    def _release(self, helper: _Helper) -> None:
+        with self._lock:
+            self._busy.discard(helper)
+            if helper.alive:
+                self._idle.append(helper)
+        self._notify()
+
+    def _retire(self, helper: _Helper) -> None:
+        """Kill a helper mid-render and keep a fresh spare loading for the next request."""
+        helper.kill()
+        with self._lock:
+            self._busy.discard(helper)
+        self.start()
+        self._notify()
+
+    def _notify(self) -> None:
+        if self._freed is not None:
+            self._freed.set()
 
 
 def _limit_memory() -> None:
