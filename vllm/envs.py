@@ -47,6 +47,8 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                   "(no binding), or one list per rank such as '0-3|4-7'."),
     "VLLM_CPU_NATIVE_OPS": (_bool, True, "Use the native CPU kernels (vllm/native, built once "
                             "with the system C++ compiler); 0 keeps every op in torch."),
+    "VLLM_CPU_RETUNE": (_bool, False, "Time the CPU kernel choices (GEMM, prefill attention) "
+                        "again at this start, ignoring the cached plans."),
     "VLLM_CPU_NATIVE_GEMM": (_opt_bool, None, "Kernel of the bf16 linear layers: unset or "
                              "'auto' times the native GEMM (AVX512-BF16 or AVX2), oneDNN, a "
                              "float32 copy and torch per weight shape and row count at "

@@ -129,14 +129,49 @@ def test_an_odd_k_cannot_take_the_native_pack():
                                atol=5e-2, rtol=2e-2)
 
 
-def test_a_choice_from_unsteady_timings_is_used_but_not_stored(monkeypatch, tmp_path):
+def test_unsteady_choices_are_cached_and_timed_again_only_a_few_starts(monkeypatch,
+                                                                       tmp_path):
+    """A busy machine must not make every start time everything again: an unsteady
+    choice is cached with its quality, timed again at the next starts until MAX_TRIES
+    starts have tried (keeping the steadiest), then used as it is; VLLM_CPU_RETUNE=1
+    times it again on request."""
     monkeypatch.setattr(gemm_autotune.autotune, "stable", lambda samples: False)
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.delenv("VLLM_CPU_NATIVE_GEMM", raising=False)
-    plans = gemm_autotune.plan_shapes({(40, 64): torch.randn(40, 64).bfloat16()})
-    assert len(plans[(40, 64)].kinds) == len(ROW_BUCKETS)
+    monkeypatch.delenv("VLLM_CPU_RETUNE", raising=False)
+    shapes = {(40, 64): torch.randn(40, 64).bfloat16()}
     path = gemm_autotune.cache_path(gemm_autotune.available_kinds())
-    assert json.loads(path.read_text()) == {}
+    timed = []
+    real_choose = gemm_autotune.choose
+    monkeypatch.setattr(gemm_autotune, "choose", lambda *a: timed.append(1) or real_choose(*a))
+    for start in range(1, autotune.MAX_TRIES + 2):
+        plans = gemm_autotune.plan_shapes(shapes)
+        assert len(plans[(40, 64)].kinds) == len(ROW_BUCKETS)
+        entry = json.loads(path.read_text())["40,64"]
+        assert entry["steady"] is False and entry["kinds"] == list(plans[(40, 64)].kinds)
+        assert entry["tries"] == min(start, autotune.MAX_TRIES)
+    assert len(timed) == autotune.MAX_TRIES  # the last start used the cache
+    monkeypatch.setenv("VLLM_CPU_RETUNE", "1")
+    gemm_autotune.plan_shapes(shapes)
+    assert len(timed) == autotune.MAX_TRIES + 1
+
+
+def test_keep_best_prefers_steady_then_the_least_noisy():
+    samples = lambda ratio: [{"a": [1.0, ratio]}]  # noqa: E731
+    steady = autotune.keep_best(None, ("a",), samples(1.1))
+    assert steady.steady and steady.to_json() == ["a"]
+    noisy = autotune.keep_best(None, ("b",), samples(2.0))
+    assert not noisy.steady and noisy.noise == 2.0 and noisy.tries == 1
+    # A steadier unsteady timing replaces it; a noisier one does not; tries count up.
+    better = autotune.keep_best(noisy, ("c",), samples(1.5))
+    assert (better.kinds, better.tries) == (("c",), 2)
+    worse = autotune.keep_best(better, ("d",), samples(3.0))
+    assert (worse.kinds, worse.tries) == (("c",), 3)
+    # A cached steady choice is kept over an unsteady re-timing (VLLM_CPU_RETUNE on a
+    # busy machine); a steady re-timing replaces anything.
+    assert autotune.keep_best(steady, ("e",), samples(2.0)) == steady
+    assert autotune.keep_best(worse, ("f",), samples(1.0)).kinds == ("f",)
+    assert autotune.CachedChoice.from_json(["a", "b"]) == autotune.CachedChoice(("a", "b"), True)
 
 
 def test_onednn_is_no_candidate_where_its_bf16_kernel_raises(monkeypatch, tmp_path):

@@ -9,7 +9,11 @@ take the minimum (load from other processes only ever adds time), both run on a
 short-lived thread, and both keep what they chose in a JSON file under
 `$VLLM_CACHE_ROOT`, named by a digest of the CPU model, thread count, torch version
 and what else the timings depend on, so only a machine's first start pays for them.
-A choice made on unsteady timings (a busy machine) is used but not cached.
+A choice made on unsteady timings (a busy machine) is cached with its quality (how
+far apart its two best samples were) and the number of starts that tried: later
+starts use it and time again only until `MAX_TRIES` starts have tried, keeping the
+steadiest choice seen, so a busy machine does not re-time every start for ever.
+`VLLM_CPU_RETUNE=1` times everything again.
 """
 from __future__ import annotations
 
@@ -19,8 +23,9 @@ import logging
 import os
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 import torch
 
@@ -32,6 +37,8 @@ T = TypeVar("T")
 
 NOISE = 1.3
 """The two fastest samples of a kind must agree within this factor to be steady."""
+MAX_TRIES = 3
+"""Starts that time an unsteady choice again before it is kept as it is."""
 
 
 def cpu_model() -> str:
@@ -78,8 +85,55 @@ def store(path: Path, plans: dict) -> None:
 
 def stable(samples: dict[str, list[float]]) -> bool:
     """Whether the two fastest samples (sorted lists) of every kind agree within
-    `NOISE`: on a loaded machine they do not, and such a choice is not cached."""
+    `NOISE`: on a loaded machine they do not (see `CachedChoice`)."""
     return all(v[1] <= v[0] * NOISE for v in samples.values() if len(v) > 1)
+
+
+def noise_of(samples: Sequence[dict[str, list[float]]]) -> float:
+    """The worst ratio between the two fastest samples of a kind (1.0: perfectly steady)."""
+    ratios = [v[1] / v[0] for m in samples for v in m.values() if len(v) > 1 and v[0] > 0]
+    return max(ratios, default=1.0)
+
+
+@dataclass(frozen=True)
+class CachedChoice:
+    """One cached plan: the kernels, how noisy the timings behind them were, and how
+    many starts have timed it."""
+    kinds: tuple[str, ...]
+    steady: bool
+    noise: float = 1.0
+    tries: int = 1
+
+    @classmethod
+    def from_json(cls, value: Any) -> Optional["CachedChoice"]:
+        """An entry of the cache file (a bare list: a steady choice of older caches)."""
+        if isinstance(value, list):
+            return cls(tuple(value), True)
+        if isinstance(value, dict) and isinstance(value.get("kinds"), list):
+            return cls(tuple(value["kinds"]), bool(value.get("steady")),
+                       float(value.get("noise", 1.0)), int(value.get("tries", 1)))
+        return None
+
+    def to_json(self) -> Any:
+        if self.steady:
+            return list(self.kinds)
+        return {"kinds": list(self.kinds), "steady": False, "noise": round(self.noise, 3),
+                "tries": self.tries}
+
+    def needs_timing(self) -> bool:
+        """Time again at this start: asked for, or unsteady and not yet tried enough."""
+        return envs.VLLM_CPU_RETUNE or (not self.steady and self.tries < MAX_TRIES)
+
+
+def keep_best(old: Optional[CachedChoice], kinds: Sequence[str],
+              samples: Sequence[dict[str, list[float]]]) -> CachedChoice:
+    """The choice to cache after a timing: the new one, unless an older unsteady one was
+    steadier; a steady timing always wins."""
+    new = CachedChoice(tuple(kinds), all(stable(m) for m in samples), noise_of(samples))
+    if old is None or new.steady or old.steady:
+        return new if (old is None or new.steady or not old.steady) else old
+    best = new if new.noise <= old.noise else old
+    return CachedChoice(best.kinds, False, best.noise, old.tries + 1)
 
 
 def measure_off_thread(measure: Callable[[], T], name: str) -> T:

@@ -155,13 +155,14 @@ def measure(weight: torch.Tensor, kinds: list[str], rows: int) -> dict[str, list
     return {k: sorted(v) for k, v in samples.items()}
 
 
-def choose(weight: torch.Tensor, kinds: list[str]) -> tuple[GemmPlan, list[dict], bool]:
+def choose(weight: torch.Tensor, kinds: list[str]
+           ) -> tuple[GemmPlan, list[dict], list[dict[str, list[float]]]]:
     """The plan for one weight shape, the timings behind it (best seconds per kind and
-    row bucket) and whether they were stable enough to cache."""
+    row bucket) and the sorted samples (their steadiness decides the caching)."""
     measured = [measure(weight, kinds, rows) for rows in ROW_BUCKETS]
     timings = [{k: v[0] for k, v in m.items()} for m in measured]
     plan = GemmPlan(tuple(min(t, key=t.get) for t in timings))
-    return plan, timings, all(autotune.stable(m) for m in measured)
+    return plan, timings, measured
 
 
 # ------------------------------------------------------------------ cache
@@ -182,27 +183,33 @@ def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int,
         return {s: GemmPlan((kind,) * len(ROW_BUCKETS)) for s in weights}
     path = cache_path(kinds)
     cached = autotune.load(path)
-    plans, table, noisy = {}, [], False
+    plans, table, noisy = {}, [], []
     for shape, weight in weights.items():
         key = f"{shape[0]},{shape[1]}"
-        entry = cached.get(key)
-        if (isinstance(entry, list) and len(entry) == len(ROW_BUCKETS)
-                and all(k in kinds for k in entry)):
-            plans[shape] = GemmPlan(tuple(entry))
-            continue
-        plans[shape], timings, ok = autotune.measure_off_thread(
+        entry = autotune.CachedChoice.from_json(cached.get(key))
+        if (entry is not None and len(entry.kinds) == len(ROW_BUCKETS)
+                and all(k in kinds for k in entry.kinds)):
+            if not entry.needs_timing():
+                plans[shape] = GemmPlan(entry.kinds)
+                continue
+        else:
+            entry = None
+        plan, timings, samples = autotune.measure_off_thread(
             lambda: choose(weight.detach(), kinds), "vllm-gemm-autotune")
         table.append((shape, timings))
-        if ok:
-            cached[key] = list(plans[shape].kinds)
-        noisy |= not ok
+        chosen = autotune.keep_best(entry, plan.kinds, samples)
+        cached[key] = chosen.to_json()
+        plans[shape] = GemmPlan(chosen.kinds)
+        if not chosen.steady:
+            noisy.append(chosen.tries)
     if table:
         autotune.store(path, cached)
         _log_table(table, plans)
     if noisy:
-        logger.warning("GEMM timings were unsteady (is the machine busy?): the kernel "
-                       "choice is used for this run but not cached, and will be measured "
-                       "again at the next start.")
+        logger.warning("GEMM timings were unsteady (is the machine busy?): the steadiest "
+                       "choice seen is cached and timed again at the next %d start(s) at "
+                       "most (VLLM_CPU_RETUNE=1 times it again on request).",
+                       max(0, autotune.MAX_TRIES - min(noisy)))
     return plans
 
 

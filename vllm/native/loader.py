@@ -127,27 +127,69 @@ def build_library(source: Path = SOURCE) -> Path:
     of this folder is named), compiling it first if this key has no build yet.
 
     The compiler writes to a temporary file that is renamed into place, so processes
-    starting together (TP workers) never load a half-written library.
+    starting together (TP workers) never load a half-written library; within a process
+    one lock per source makes a second caller (the background prebuild and the engine,
+    say) wait for the first build instead of compiling again.
     """
-    cxx = _compiler()
-    out_dir = Path(envs.VLLM_CACHE_ROOT) / "native"
-    target = out_dir / f"{source.stem}-{_cache_key(cxx, source)}.so"
-    if target.exists():
+    with _build_locks.setdefault(source.name, threading.Lock()):
+        cxx = _compiler()
+        out_dir = Path(envs.VLLM_CACHE_ROOT) / "native"
+        target = out_dir / f"{source.stem}-{_cache_key(cxx, source)}.so"
+        if target.exists():
+            return target
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
+        os.close(fd)
+        try:
+            logger.info("Building native CPU kernels %s (once; cached in %s)", source.name,
+                        out_dir)
+            proc = subprocess.run([cxx, *CXX_FLAGS, "-o", tmp, str(source)],
+                                  capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{cxx} failed: {proc.stderr.strip()[-2000:]}")
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         return target
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so.tmp")
-    os.close(fd)
-    try:
-        logger.info("Building native CPU kernels (once; cached in %s)", out_dir)
-        proc = subprocess.run([cxx, *CXX_FLAGS, "-o", tmp, str(source)], capture_output=True,
-                              text=True, timeout=BUILD_TIMEOUT_S)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cxx} failed: {proc.stderr.strip()[-2000:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+
+
+_build_locks: dict[str, threading.Lock] = {}
+
+
+_prebuild: dict[str, threading.Thread] = {}
+
+
+def prebuild_once() -> Optional[threading.Thread]:
+    """`prebuild_in_background` of the kernels every CPU engine loads (cpu_ops and
+    prefill_ops), once per process (the CPU platform calls it when it is built)."""
+    if "thread" not in _prebuild:
+        thread = prebuild_in_background((SOURCE, SOURCE.with_name("prefill_ops.cpp")))
+        if thread is None:
+            return None
+        _prebuild["thread"] = thread
+    return _prebuild["thread"]
+
+
+def prebuild_in_background(sources: tuple[Path, ...]) -> Optional[threading.Thread]:
+    """Start compiling `sources` on a daemon thread, so that a first start builds the
+    kernels while it does other work (converting a GGUF file, loading weights): the
+    compiler runs in its own process, so the two overlap on a multi-core machine. The
+    engine's own `build_library` call then waits for this build or finds it done.
+    None when the native ops are off."""
+    if not envs.VLLM_CPU_NATIVE_OPS:
+        return None
+
+    def build_all() -> None:
+        for source in sources:
+            try:
+                build_library(source)
+            except (OSError, RuntimeError, subprocess.SubprocessError):
+                return  # the engine's own call reports the failure, once
+
+    thread = threading.Thread(target=build_all, name="vllm-native-prebuild", daemon=True)
+    thread.start()
+    return thread
 
 
 _side_libs: dict[Path, Optional[ctypes.CDLL]] = {}

@@ -45,7 +45,7 @@ _TRIALS = 5
 _BLOCK = 16
 _MEASURED: dict[tuple[str, str], "PrefillPlan"] = {}
 """Plans measured by this process: engines started again in one process (tests,
-benchmarks) do not time again, even when the timings were too unsteady to cache."""
+benchmarks) do not time again, even when their timings were unsteady."""
 
 
 @dataclass(frozen=True)
@@ -130,24 +130,26 @@ def choose_plan(hq: int, hkv: int, d: int, dtype: torch.dtype) -> Optional[Prefi
     key = f"{hq},{hkv},{d},{str(dtype).removeprefix('torch.')}"
     path = _cache_path(kinds)
     memo = _MEASURED.get((str(path), key))
-    if memo is not None:  # this process measured it already (maybe unsteady: not on disk)
+    if memo is not None:  # this process measured it already
         return memo
-    cached = autotune.load(path).get(key)
-    if (isinstance(cached, list) and len(cached) == len(_UPPER) + 1
-            and set(cached) <= set(kinds)):
-        return PrefillPlan(tuple(cached))
+    entry = autotune.CachedChoice.from_json(autotune.load(path).get(key))
+    if entry is not None and not (len(entry.kinds) == len(_UPPER) + 1
+                                  and set(entry.kinds) <= set(kinds)):
+        entry = None
+    if entry is not None and not entry.needs_timing():
+        return PrefillPlan(entry.kinds)
     timings = autotune.measure_off_thread(
         lambda: [measure(n, kinds, hq, hkv, d, dtype) for n in LENGTHS],
         "vllm-prefill-autotune")
-    plan = plan_from(timings)
+    chosen = autotune.keep_best(entry, plan_from(timings).kinds, timings)
+    plan = PrefillPlan(chosen.kinds)
     _MEASURED[(str(path), key)] = plan
-    steady = all(autotune.stable(t) for t in timings)
-    if steady:  # an unsteady choice is used for this run only (autotune.py)
-        stored = autotune.load(path)
-        stored[key] = list(plan.kinds)
-        autotune.store(path, stored)
-    logger.info("Prefill attention by length bucket %s (measured%s): %s; us per call: %s",
-                LENGTHS, ", cached" if steady else ", unsteady: not cached",
+    stored = autotune.load(path)
+    stored[key] = chosen.to_json()
+    autotune.store(path, stored)
+    logger.info("Prefill attention by length bucket %s (measured, %s): %s; us per call: %s",
+                LENGTHS, "steady" if chosen.steady else
+                f"unsteady, try {chosen.tries} of {autotune.MAX_TRIES}",
                 "/".join(plan.kinds),
                 "; ".join(f"{n}: " + " ".join(f"{k}={v[0] * 1e6:.0f}"
                                               for k, v in sorted(t.items()))

@@ -39,6 +39,9 @@ class CpuPlatform(Platform):
         # layer is built: a layer picks its forward once, at construction.
         from vllm.native.ops import register_cpu_ops
         register_cpu_ops()
+        # A first start compiles the kernels while it converts and loads the model.
+        from vllm.native.loader import prebuild_once
+        prebuild_once()
         self.supported_dtypes = ((torch.bfloat16, torch.float32, torch.float16)
                                  if cpu_supports_bf16() else
                                  (torch.float32, torch.bfloat16, torch.float16))
