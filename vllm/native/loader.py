@@ -157,6 +157,18 @@ def build_library(source: Path = SOURCE) -> Path:
 _build_locks: dict[str, threading.Lock] = {}
 
 
+def _after_fork_in_child() -> None:
+    """A forked worker gets copies of the locks but not the threads holding them: a
+    lock held by the parent's background build would never be released there. The
+    child starts with fresh locks (a build it then needs runs in its own process; the
+    rename into place keeps concurrent builds safe)."""
+    _build_locks.clear()
+    _prebuild.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 _prebuild: dict[str, threading.Thread] = {}
 
 
