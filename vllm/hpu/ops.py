@@ -19,6 +19,7 @@ import torch
 
 from vllm.hpu import habana
 from vllm.model_executor.custom_op import CustomOp
+from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
@@ -62,9 +63,25 @@ def _rotate_hpu(rope: RotaryEmbedding, x: torch.Tensor, cos: torch.Tensor,
     return out.reshape(x.shape)
 
 
+def _experts_hpu(layer: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor) -> torch.Tensor:
+    return habana.mixture_of_experts(
+        x, topk_ids, topk_weights.to(x.dtype), list(layer.w13_weight.unbind(0)),
+        list(layer.w2_weight.unbind(0)), permuted_weights=True, activation=layer.activation,
+        experts_min=0, experts_max=layer.num_experts - 1)
+
+
+def fused_moe_hpu(self: FusedMoE, hidden_states: torch.Tensor,
+                  router_logits: torch.Tensor) -> torch.Tensor:
+    """Gaudi's `mixture_of_experts` on the bucket-padded batch: one fixed shape per
+    bucket, whatever the routing."""
+    return self.run(hidden_states, router_logits, _experts_hpu)
+
+
 HPU_FORWARDS: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm_hpu,
     "rotary_embedding": rotary_embedding_hpu,
+    "fused_moe": fused_moe_hpu,
 }
 """op name -> its HPU forward."""
 

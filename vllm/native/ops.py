@@ -16,9 +16,11 @@ import torch
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers import decoder_stack  # noqa: F401 (registers the op)
 from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.native import cpu_ops
+from vllm.native.gemm import PACKS_ATTR
 from vllm.native.fused_decode import fused_decode_layers_cpu
 
 
@@ -74,11 +76,52 @@ def rotary_embedding_cpu(self: RotaryEmbedding, positions: torch.Tensor,
     return query, key
 
 
+def _packed_experts(layer: FusedMoE, x: torch.Tensor
+                    ) -> Optional[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Per-expert (w13, w2) packed for the native bf16 GEMM, built on first use (bf16 on
+    CPUs with AVX512-BF16 or AVX2), as the dense layers' weights are (gemm.py): it
+    avoids oneDNN re-blocking every expert weight at every call. Kept under the
+    attribute `drop_packed_weights` clears, so reloading weights repacks."""
+    packs = layer.__dict__.get(PACKS_ATTR)
+    if packs is not None:
+        return packs
+    if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.requires_grad
+            or layer.w13_weight.dtype != torch.bfloat16 or not cpu_ops.gemm_supported()):
+        return None
+    packs = []
+    for e in range(layer.num_experts):
+        p13 = cpu_ops.pack_bf16(layer.w13_weight[e])
+        p2 = cpu_ops.pack_bf16(layer.w2_weight[e])
+        if p13 is None or p2 is None:
+            return None
+        packs.append((p13, p2))
+    layer.__dict__[PACKS_ATTR] = packs
+    return packs
+
+
+def _experts_cpu(layer: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor) -> torch.Tensor:
+    packs = _packed_experts(layer, x)
+    if packs is None:
+        return layer.grouped_torch(x, topk_weights, topk_ids)
+    n13, n2 = layer.w13_weight.shape[1], layer.hidden_size
+    return layer.grouped(x, topk_weights, topk_ids,
+                         lambda e, xs: cpu_ops.gemm_bf16_packed(xs, packs[e][0], n13),
+                         lambda e, xs: cpu_ops.gemm_bf16_packed(xs, packs[e][1], n2))
+
+
+def fused_moe_cpu(self: FusedMoE, hidden_states: torch.Tensor,
+                  router_logits: torch.Tensor) -> torch.Tensor:
+    """Experts grouped by routing, each expert's GEMMs on weights packed once."""
+    return self.run(hidden_states, router_logits, _experts_cpu)
+
+
 CPU_FORWARDS: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm_cpu,
     "silu_and_mul": silu_and_mul_cpu,
     "rotary_embedding": rotary_embedding_cpu,
     "fused_decode_layers": fused_decode_layers_cpu,
+    "fused_moe": fused_moe_cpu,
 }
 """op name -> its CPU forward."""
 

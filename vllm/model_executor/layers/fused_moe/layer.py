@@ -9,17 +9,20 @@ Checkpoints store experts one by one (`experts.{e}.w1.weight`, or `gate_proj`/
 `up_proj`/`down_proj`); `weight_loader(param, tensor, shard_id, expert_id)` places
 each into its slot. Models map names with `expert_param_name`.
 
-Forward, per platform:
-- CPU (and CUDA): tokens are grouped by expert (one sort of the routing table), and
-  each expert that received rows runs one GEMM pass over all of them: a loop over
+Forward (custom op `fused_moe`, bound per platform like every kernel):
+- native (CUDA, others): tokens are grouped by expert (one sort of the routing table),
+  and each expert that received rows runs one GEMM pass over all of them: a loop over
   experts, never over tokens.
-- HPU: the shim's `mixture_of_experts` op on the (bucket-padded) batch, a fixed
-  shape per bucket, so no graph depends on how tokens were routed.
+- CPU (vllm/native/ops.py): the same grouping, each expert's GEMMs on weights packed
+  once for the native bf16 kernel.
+- HPU (vllm/hpu/ops.py): Gaudi's `mixture_of_experts` op on the (bucket-padded) batch,
+  a fixed shape per bucket, so no graph depends on how tokens were routed.
+Every form routes (`select_experts`) and all-reduces the same way (`FusedMoE.run`).
 """
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,10 +31,9 @@ from torch import nn
 from vllm.distributed import (get_tensor_model_parallel_rank,
                               get_tensor_model_parallel_world_size,
                               tensor_model_parallel_all_reduce)
-from vllm.native.gemm import PACKS_ATTR
+from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers.fused_moe.routing import select_experts
 from vllm.model_executor.layers.linear import divide
-from vllm.native import cpu_ops
 
 
 _EXPERT_WEIGHT = re.compile(
@@ -54,7 +56,15 @@ def expert_param_name(name: str) -> Optional[tuple[str, tuple[str, int]]]:
     return f"{name[:m.start()]}.experts.{param}", (shard, int(m.group(1)))
 
 
-class FusedMoE(nn.Module):
+ExpertsFn = Callable[["FusedMoE", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(layer, hidden [T, H], topk_weights [T, k], topk_ids [T, k]) -> [T, H] before the
+TP all-reduce: the part of the op each platform computes its own way."""
+ExpertLinear = Callable[[int, torch.Tensor], torch.Tensor]
+"""(expert, rows) -> rows through that expert's w13 (or w2)."""
+
+
+@CustomOp.register("fused_moe")
+class FusedMoE(CustomOp):
     """SwiGLU experts; `forward(hidden [T, H], router_logits [T, E]) -> [T, H]`."""
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int,
@@ -84,8 +94,6 @@ class FusedMoE(nn.Module):
                                       requires_grad=False)
         for p in (self.w13_weight, self.w2_weight):
             p.weight_loader = self.weight_loader
-        from vllm.platforms import current_platform
-        self._use_hpu_op = current_platform.is_hpu()
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
                       shard_id: str, expert_id: int) -> None:
@@ -108,18 +116,29 @@ class FusedMoE(nn.Module):
             raise ValueError(f"shard_id must be 'w1', 'w2' or 'w3', got {shard_id!r}.")
         dst.copy_(src)
 
-    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+    def run(self, hidden_states: torch.Tensor, router_logits: torch.Tensor,
+            experts: ExpertsFn) -> torch.Tensor:
+        """Route, compute the experts with `experts`, all-reduce over TP: every
+        platform's forward is this with its own `experts`."""
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
-        if self._use_hpu_op:
-            out = self._forward_hpu(hidden_states, topk_weights, topk_ids)
-        else:
-            out = self._forward_grouped(hidden_states, topk_weights, topk_ids)
+        out = experts(self, hidden_states, topk_weights, topk_ids)
         if self.reduce_results and self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         return out
 
-    def _forward_grouped(self, x: torch.Tensor, topk_weights: torch.Tensor,
-                         topk_ids: torch.Tensor) -> torch.Tensor:
+    def forward_native(self, hidden_states: torch.Tensor,
+                       router_logits: torch.Tensor) -> torch.Tensor:
+        return self.run(hidden_states, router_logits, FusedMoE.grouped_torch)
+
+    def grouped_torch(self, x: torch.Tensor, topk_weights: torch.Tensor,
+                      topk_ids: torch.Tensor) -> torch.Tensor:
+        """`grouped` with torch's linear on the stacked weights."""
+        return self.grouped(x, topk_weights, topk_ids,
+                            lambda e, xs: F.linear(xs, self.w13_weight[e]),
+                            lambda e, xs: F.linear(xs, self.w2_weight[e]))
+
+    def grouped(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                linear13: ExpertLinear, linear2: ExpertLinear) -> torch.Tensor:
         """One GEMM pass per routed expert over the rows routed to it.
 
         Expert outputs land in one buffer in routing order; each token then sums its
@@ -131,23 +150,13 @@ class FusedMoE(nn.Module):
         weight_of = topk_weights.reshape(-1)[order]
         counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
         ys = torch.empty(flat_ids.numel(), self.hidden_size, dtype=x.dtype, device=x.device)
-        packs = self._packed_experts(x)
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
             rows = token_of[start:start + count]
-            xs = x.index_select(0, rows)
-            if packs is None:
-                h = F.linear(xs, self.w13_weight[expert])
-            else:
-                h = cpu_ops.gemm_bf16_packed(xs, packs[expert][0], self.w13_weight.shape[1])
-            gate, up = h.chunk(2, dim=-1)
-            act = F.silu(gate) * up
-            if packs is None:
-                y = F.linear(act, self.w2_weight[expert])
-            else:
-                y = cpu_ops.gemm_bf16_packed(act, packs[expert][1], self.hidden_size)
+            gate, up = linear13(expert, x.index_select(0, rows)).chunk(2, dim=-1)
+            y = linear2(expert, F.silu(gate) * up)
             ys[start:start + count] = y * weight_of[start:start + count, None].to(y.dtype)
             start += count
         by_token = torch.argsort(token_of * self.num_experts + flat_ids[order])
@@ -156,36 +165,6 @@ class FusedMoE(nn.Module):
         for slot in range(1, self.top_k):
             out += per_token[:, slot]
         return out
-
-    def _packed_experts(self, x: torch.Tensor) -> Optional[list[tuple[torch.Tensor,
-                                                                        torch.Tensor]]]:
-        """Per-expert (w13, w2) packed for the native bf16 GEMM, built on first use (bf16
-        on CPUs with AVX512-BF16 or AVX2), as the dense layers' weights are (cpu_gemm.py): it
-        avoids oneDNN re-blocking every expert weight at every call. Kept under the
-        attribute `drop_packed_weights` clears, so reloading weights repacks."""
-        packs = self.__dict__.get(PACKS_ATTR)
-        if packs is not None:
-            return packs
-        if (x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.requires_grad
-                or self.w13_weight.dtype != torch.bfloat16 or not cpu_ops.gemm_supported()):
-            return None
-        packs = []
-        for e in range(self.num_experts):
-            p13 = cpu_ops.pack_bf16(self.w13_weight[e])
-            p2 = cpu_ops.pack_bf16(self.w2_weight[e])
-            if p13 is None or p2 is None:
-                return None
-            packs.append((p13, p2))
-        self.__dict__[PACKS_ATTR] = packs
-        return packs
-
-    def _forward_hpu(self, x: torch.Tensor, topk_weights: torch.Tensor,
-                     topk_ids: torch.Tensor) -> torch.Tensor:
-        from vllm.hpu import habana
-        return habana.mixture_of_experts(
-            x, topk_ids, topk_weights.to(x.dtype), list(self.w13_weight.unbind(0)),
-            list(self.w2_weight.unbind(0)), permuted_weights=True, activation=self.activation,
-            experts_min=0, experts_max=self.num_experts - 1)
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, top_k={self.top_k}, "
