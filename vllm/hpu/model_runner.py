@@ -52,8 +52,8 @@ from vllm.hpu.input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_decode_ba
                                         build_prompt_batch, decode_blocks_needed,
                                         dependency_levels, group_prompts, pad_slots)
 from vllm.hpu.profiler import HPUProfiler
-from vllm.hpu.sampling import (logprobs_bucket, logprobs_buckets, padded_rows,
-                                      sampler_signature, static_metadata, warmup_metadata)
+from vllm.hpu.sampling import (fixed_shapes, logprobs_bucket, logprobs_buckets,
+                               sampler_signature, warmup_metadata)
 from vllm.hpu.log import (MemorySnapshot, format_bytes, log_profile_run, log_took,
                           log_weights_loaded)
 from vllm.hpu.warmup import HPUWarmup, WarmupOps
@@ -395,13 +395,13 @@ class HPUModelRunner(ModelRunnerBase):
         the rows of `rows` (bucket row -> request)."""
         req_ids = list(rows.values())
         lp_all = None
-        if all(self.input_batch.takes_argmax(r) for r in req_ids):
+        md = self.input_batch.sampling_metadata([rows.get(i) for i in range(logits.shape[0])],
+                                                logits.shape[-1], logits.device,
+                                                finalize=fixed_shapes)
+        if md is None:  # every sampling row takes the raw argmax
             tokens_all = self._run_argmax(logits).tolist()
         else:
-            sampling_rows = padded_rows({i: self.input_batch.sampling_row(r)
-                                         for i, r in rows.items()}, logits.shape[0])
-            out = self._run_sampler(logits, static_metadata(sampling_rows, logits.shape[-1],
-                                                            logits.device))
+            out = self._run_sampler(logits, md)
             tokens_all = out.sampled_token_ids.tolist()
             lp = out.logprobs_tensors
             if lp is not None:

@@ -13,9 +13,11 @@ the requests' parameters: dozens of shapes. Here instead:
   "full";
 - the top-K of logprobs is computed for K rounded up to a power of two
   (`logprobs_bucket`), and each request keeps its own K;
-- the sparse (row, token) lists of penalties, min_tokens and logit_bias are padded
-  to a power of two by repeating their first entry (a no-op: the penalty and
-  min_tokens ops recompute and write the same value, and the repeated bias adds 0).
+- penalties run on every row of the bucket (neutral values on rows without), reading
+  the persistent batch's [rows, vocab] count tables: one shape per bucket;
+- the sparse (row, token) lists of min_tokens and logit_bias are padded to a power
+  of two by repeating their first entry (a no-op: the min_tokens op writes the same
+  value again, and the repeated bias adds 0).
 
 Warmup runs the argmax and full sampler, the logprob buckets and prompt logprobs at
 every bucket size (see hpu_warmup.py). Penalties, min_tokens, logit_bias and
@@ -29,10 +31,10 @@ from typing import Any, Hashable, Optional, Sequence
 
 import torch
 
-from vllm.sample.metadata import PenaltyInputs, SamplingMetadata, SamplingRow
+from vllm.sample.metadata import PADDING_ROW, PenaltyInputs, SamplingMetadata, SamplingRow
 from vllm.sampling_params import SamplingParams
 
-DUMMY_ROW = SamplingRow(SamplingParams(temperature=0.0), (), ())
+DUMMY_ROW = PADDING_ROW
 """What a row that samples nothing (padding, an unfinished prompt chunk) is given."""
 
 
@@ -73,8 +75,14 @@ def _pad_pairs(tensors: Sequence[torch.Tensor], fills: Sequence[Optional[torch.T
 def static_metadata(rows: Sequence[SamplingRow], vocab_size: int,
                     device: torch.device | str) -> SamplingMetadata:
     """`SamplingMetadata.build` for a bucket's rows, in the fixed shapes of the module
-    doc (never the all-greedy or all-random shortcuts: one "full" shape)."""
-    md = SamplingMetadata.build(rows, vocab_size, device)
+    doc (see `fixed_shapes`)."""
+    return fixed_shapes(SamplingMetadata.build(rows, vocab_size, device), device)
+
+
+def fixed_shapes(md: SamplingMetadata, device: torch.device | str) -> SamplingMetadata:
+    """`md` in the fixed shapes of the module doc (never the all-greedy or all-random
+    shortcuts: one "full" shape). What the runner's persistent batch applies once to
+    the metadata it caches (`InputBatch.sampling_metadata`)."""
     n = md.num_rows
     if md.temperature is None:
         md.temperature = torch.ones(n, dtype=torch.float32, device=device)
@@ -87,14 +95,9 @@ def static_metadata(rows: Sequence[SamplingRow], vocab_size: int,
     if md.min_p is None:
         md.min_p = torch.zeros(n, dtype=torch.float32, device=device)
     md.all_greedy = md.all_random = False
-    md.max_num_logprobs = logprobs_bucket(md.max_num_logprobs, vocab_size)
-    if md.penalties is not None and md.penalties.rows.numel() == 0:
-        md.penalties = None  # penalized rows that have seen no token yet: nothing to do
+    md.max_num_logprobs = logprobs_bucket(md.max_num_logprobs, md.vocab_size)
     if md.penalties is not None:
-        p = md.penalties
-        md.penalties = PenaltyInputs(*_pad_pairs(
-            (p.rows, p.token_ids, p.output_counts, p.repetition, p.frequency, p.presence),
-            (None,) * 6))
+        md.penalties = _every_row(md.penalties, n)
     if md.min_tokens_mask is not None:
         md.min_tokens_mask = _pad_pairs(md.min_tokens_mask, (None, None))
     if md.logit_bias is not None:
@@ -102,6 +105,20 @@ def static_metadata(rows: Sequence[SamplingRow], vocab_size: int,
         md.logit_bias = _pad_pairs((rows_t, tokens, values),
                                    (None, None, values.new_zeros(1)))
     return md
+
+
+def _every_row(p: PenaltyInputs, num_rows: int) -> PenaltyInputs:
+    """Penalties on all `num_rows` rows: neutral values (repetition 1, frequency and
+    presence 0, which leave every logit as it is) on rows without penalties."""
+    def spread(values: torch.Tensor, neutral: float) -> torch.Tensor:
+        return values.new_full((num_rows,), neutral).index_copy_(0, p.rows, values)
+
+    return PenaltyInputs(rows=torch.arange(num_rows, device=p.rows.device),
+                         table_rows=spread(p.table_rows, 0),
+                         output_counts=p.output_counts, prompt_mask=p.prompt_mask,
+                         repetition=spread(p.repetition, 1.0),
+                         frequency=spread(p.frequency, 0.0),
+                         presence=spread(p.presence, 0.0))
 
 
 def _signature(value: Any) -> Hashable:

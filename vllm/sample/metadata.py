@@ -1,9 +1,10 @@
-"""Per-step batch tensors for the sampler, built from one `SamplingRow` per logits row.
+"""The sampler's inputs for one batch of logits rows (`SamplingMetadata`).
 
 Everything optional is None when no row of the batch needs it, so the common cases
-(all greedy, plain temperature sampling) build and run almost nothing. Token-history
-tensors (penalties) are built from one flat tensor with `unique` / `index_add_`, never
-a Python loop over tokens.
+(all greedy, plain temperature sampling) build and run almost nothing. Per-row
+values come from a `SamplingState` (preallocated per-row tensors, see
+sampling_state.py); the persistent input batch keeps one and caches the metadata
+until its requests change, and `SamplingMetadata.build` makes a fresh one.
 """
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     generator: Optional[torch.Generator] = None
+
+
+PADDING_ROW = SamplingRow(SamplingParams(temperature=0.0), (), ())
+"""What a logits row that samples nothing (fixed-shape padding) is given: greedy,
+no knob, so the sampler leaves it alone."""
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
@@ -66,17 +72,20 @@ def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class PenaltyInputs:
-    """Penalties as sparse (row, token) pairs: the tokens each penalized row has seen.
+    """What the penalties need: the penalized logits rows, their rows of the count
+    tables, and each row's three penalties.
 
-    Only seen tokens are penalized, so touching just those pairs replaces dense
-    [rows, vocab] count tensors. Pairs are unique; per-pair values come from the row.
+    The tables (`penalty_tables.py`) hold, per table row, every token's count in the
+    output and whether it occurs in the prompt. In the persistent batch they are the
+    batch's own tables, updated in place each step, so cached metadata stays current.
     """
-    rows: torch.Tensor  # [P] int64 logits row
-    token_ids: torch.Tensor  # [P] int64
-    output_counts: torch.Tensor  # [P] float32: occurrences in the output (0: prompt only)
-    repetition: torch.Tensor  # [P] float32 (1.0 where the row has no repetition penalty)
-    frequency: torch.Tensor  # [P] float32
-    presence: torch.Tensor  # [P] float32
+    rows: torch.Tensor  # [R] int64 logits row
+    table_rows: torch.Tensor  # [R] int64 row of output_counts / prompt_mask
+    output_counts: torch.Tensor  # [T, V] int32: occurrences in the output
+    prompt_mask: torch.Tensor  # [T, V] bool: occurs in the prompt
+    repetition: torch.Tensor  # [R] float32 (1.0: no repetition penalty)
+    frequency: torch.Tensor  # [R] float32
+    presence: torch.Tensor  # [R] float32
 
 
 @dataclass
@@ -112,53 +121,19 @@ class SamplingMetadata:
     @classmethod
     def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
               device: torch.device | str) -> "SamplingMetadata":
-        params = [r.params for r in rows]
-        greedy = [is_greedy(p) for p in params]
-        md = cls(num_rows=len(rows), vocab_size=vocab_size,
-                 all_greedy=all(greedy), all_random=not any(greedy))
-        if not md.all_greedy:
-            _fill_random(md, rows, greedy, device)
-        logprob_counts = [p.logprobs for p in params if p.logprobs is not None]
-        md.max_num_logprobs = max(logprob_counts) if logprob_counts else None
-        md.penalties = _build_penalties(rows, vocab_size, device)
-        md.allowed_token_mask = _build_allowed_mask(params, vocab_size, device)
-        md.min_tokens_mask = _build_min_tokens(rows, vocab_size, device)
-        md.logit_bias = _build_logit_bias(params, vocab_size, device)
-        return md
+        """From scratch: the rows written into fresh tables (what the persistent batch
+        keeps from step to step, see `SamplingState`), then read back."""
+        from vllm.sample.sampling_state import SamplingState
+        state = SamplingState.from_rows(rows)
+        return state.metadata(list(range(len(rows))), vocab_size, device)
 
 
 # ---------------------------------------------------------------------- builders
+# Fields built from the rows' params whenever the batch changes (not per step).
 
 
-def _fill_random(md: SamplingMetadata, rows: Sequence[SamplingRow], greedy: list[bool],
-                 device: torch.device | str) -> None:
-    """Temperature, truncation knobs and generators of the non-greedy rows."""
-    params = [r.params for r in rows]
-    random_params = [p for p, g in zip(params, greedy) if not g]
-    md.temperature = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)],
-                                  dtype=torch.float32, device=device)
-    if not md.all_random:
-        md.greedy_mask = torch.tensor(greedy, dtype=torch.bool, device=device)
-    if any(p.top_k > 0 for p in random_params):
-        md.top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
-    if any(p.top_p < 1.0 for p in random_params):
-        md.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
-    if any(p.min_p > 0.0 for p in random_params):
-        md.min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device)
-    md.generators = {}
-    for i, (r, g) in enumerate(zip(rows, greedy)):
-        if g:
-            continue
-        if r.generator is not None:
-            md.generators[i] = r.generator
-        elif r.params.seed is not None:
-            raise ValueError(
-                f"row {i} has seed={r.params.seed} but no generator: create one per request "
-                "with make_generator(seed, device) and pass it in every step's SamplingRow")
-
-
-def _flat_tokens(seqs: Sequence[Sequence[int]], vocab_size: int,
-                 device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+def flat_tokens(seqs: Sequence[Sequence[int]], vocab_size: int,
+                device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """(row index, token id) of every in-vocabulary token of `seqs`, as two flat tensors."""
     lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
     tokens = torch.tensor(list(chain.from_iterable(seqs)), dtype=torch.int64)
@@ -167,60 +142,26 @@ def _flat_tokens(seqs: Sequence[Sequence[int]], vocab_size: int,
     return row_ids[keep].to(device), tokens[keep].to(device)
 
 
-def _build_penalties(rows: Sequence[SamplingRow], vocab_size: int,
-                     device: torch.device | str) -> Optional[PenaltyInputs]:
-    """Unique (row, token) pairs of the output (and of the prompt for repetition)."""
-    idx = [i for i, r in enumerate(rows)
-           if r.params.presence_penalty != 0.0 or r.params.frequency_penalty != 0.0
-           or r.params.repetition_penalty != 1.0]
-    if not idx:
-        return None
-    sel = [rows[i] for i in idx]
-    out_rows, out_tokens = _flat_tokens([r.output_token_ids for r in sel], vocab_size, "cpu")
-    # The prompt matters only to the repetition penalty.
-    prompts = [r.prompt_token_ids if r.params.repetition_penalty != 1.0 else () for r in sel]
-    prompt_rows, prompt_tokens = _flat_tokens(prompts, vocab_size, "cpu")
-    keys = torch.cat([out_rows * vocab_size + out_tokens,
-                      prompt_rows * vocab_size + prompt_tokens])
-    pairs, inverse = torch.unique(keys, return_inverse=True)
-    from_output = torch.zeros(len(keys), dtype=torch.float32)
-    from_output[:len(out_rows)] = 1.0
-    output_counts = torch.zeros(len(pairs), dtype=torch.float32).index_add_(0, inverse,
-                                                                           from_output)
-    local_rows = pairs // vocab_size
-
-    def per_pair(name: str) -> torch.Tensor:
-        values = torch.tensor([getattr(r.params, name) for r in sel], dtype=torch.float32)
-        return values[local_rows].to(device)
-
-    return PenaltyInputs(rows=torch.tensor(idx, dtype=torch.int64)[local_rows].to(device),
-                         token_ids=(pairs % vocab_size).to(device),
-                         output_counts=output_counts.to(device),
-                         repetition=per_pair("repetition_penalty"),
-                         frequency=per_pair("frequency_penalty"),
-                         presence=per_pair("presence_penalty"))
-
-
-def _build_allowed_mask(params: Sequence[SamplingParams], vocab_size: int,
-                        device: torch.device | str) -> Optional[torch.Tensor]:
+def build_allowed_mask(params: Sequence[SamplingParams], vocab_size: int,
+                       device: torch.device | str) -> Optional[torch.Tensor]:
     users = [i for i, p in enumerate(params) if p.allowed_token_ids is not None]
     if not users:
         return None
     mask = torch.zeros(len(params), vocab_size, dtype=torch.bool, device=device)
     mask[users] = True
     allowed = [[t for t in params[i].allowed_token_ids if t < vocab_size] for i in users]
-    row_ids, tokens = _flat_tokens(allowed, vocab_size, device)
+    row_ids, tokens = flat_tokens(allowed, vocab_size, device)
     mask[torch.tensor(users, device=device)[row_ids], tokens] = False
     return mask
 
 
-def _build_min_tokens(rows: Sequence[SamplingRow], vocab_size: int,
-                      device: torch.device | str) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+def build_min_tokens(rows: Sequence[SamplingRow], vocab_size: int,
+                     device: torch.device | str) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     """(rows, stop token ids) to forbid while a row has fewer than min_tokens outputs."""
     row_ids: list[int] = []
     token_ids: list[int] = []
     for i, r in enumerate(rows):
-        if r.params.min_tokens and len(r.output_token_ids) < r.params.min_tokens:
+        if min_tokens_in_force(r):
             stops = [t for t in r.params.all_stop_token_ids if t < vocab_size]
             row_ids.extend([i] * len(stops))
             token_ids.extend(stops)
@@ -230,9 +171,14 @@ def _build_min_tokens(rows: Sequence[SamplingRow], vocab_size: int,
             torch.tensor(token_ids, dtype=torch.int64, device=device))
 
 
-def _build_logit_bias(params: Sequence[SamplingParams], vocab_size: int,
-                      device: torch.device | str
-                      ) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def min_tokens_in_force(row: SamplingRow) -> bool:
+    """Whether the row's stop tokens are still forbidden (fewer than min_tokens outputs)."""
+    return bool(row.params.min_tokens) and len(row.output_token_ids) < row.params.min_tokens
+
+
+def build_logit_bias(params: Sequence[SamplingParams], vocab_size: int,
+                     device: torch.device | str
+                     ) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     row_ids: list[int] = []
     token_ids: list[int] = []
     values: list[float] = []

@@ -16,7 +16,7 @@ from vllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logpr
 from vllm.sample.metadata import SamplingMetadata, greedy_sample
 from vllm.sample.ops.logit_masks import (apply_allowed_token_mask, apply_logit_bias,
                                          apply_min_tokens)
-from vllm.sample.ops.penalties import apply_penalties
+from vllm.sample.ops.penalties import apply_penalties, apply_penalties_dense
 from vllm.sample.ops.topk_topp import apply_min_p, apply_top_k_top_p, apply_top_k_top_p_sorted
 
 
@@ -30,9 +30,10 @@ class Sampler(nn.Module):
     """Stateless: all per-request state (history, generators) comes in the metadata.
 
     The logits tensor belongs to the sampler once passed: it may be modified in place.
-    With `static_shapes` (HPU) top-k / top-p take the full-sort path, whose shapes
-    depend only on the logits' (the default path looks at a window first and sorts
-    the rows it did not resolve: data-dependent shapes and a host sync).
+    With `static_shapes` (HPU) top-k / top-p take the full-sort path and penalties
+    the whole-row path, whose shapes depend only on the logits' and the metadata's
+    (the default paths look at a window first and sort the rows it did not resolve,
+    or find the seen tokens: data-dependent shapes and a host sync).
     """
 
     def __init__(self, static_shapes: bool = False) -> None:
@@ -49,7 +50,7 @@ class Sampler(nn.Module):
             raw_logprobs = compute_logprobs(logits)
         if metadata.needs_logit_processing or not metadata.all_greedy:
             logits = logits.to(torch.float32)
-            logits = self.apply_logit_processing(logits, metadata)
+            logits = self.apply_logit_processing(logits, metadata, self.static_shapes)
         sampled = self.sample(logits, metadata)
         logprobs_tensors = None
         if raw_logprobs is not None:
@@ -58,8 +59,10 @@ class Sampler(nn.Module):
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs_tensors)
 
     @staticmethod
-    def apply_logit_processing(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        """Constraints, biases and penalties: everything the greedy argmax also sees."""
+    def apply_logit_processing(logits: torch.Tensor, md: SamplingMetadata,
+                               static_shapes: bool = False) -> torch.Tensor:
+        """Constraints, biases and penalties: everything the greedy argmax also sees
+        (penalties on whole rows with `static_shapes`, same values)."""
         if md.allowed_token_mask is not None:
             logits = apply_allowed_token_mask(logits, md.allowed_token_mask)
         if md.min_tokens_mask is not None:
@@ -67,9 +70,8 @@ class Sampler(nn.Module):
         if md.logit_bias is not None:
             logits = apply_logit_bias(logits, *md.logit_bias)
         if md.penalties is not None:
-            pen = md.penalties
-            logits = apply_penalties(logits, pen.rows, pen.token_ids, pen.output_counts,
-                                     pen.repetition, pen.frequency, pen.presence)
+            penalize = apply_penalties_dense if static_shapes else apply_penalties
+            logits = penalize(logits, md.penalties)
         return logits
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:

@@ -1,34 +1,74 @@
 """The persistent input batch: one row per request scheduled in the current step.
 
 A request keeps its row from step to step while it stays scheduled, so what does
-not change between steps is built once per request instead of once per step: the
-sampler's view of the request (`SamplingRow`, whose token lists are the request
-state's own lists and so stay current) and whether the request can take the argmax
-fast path. A request that is not scheduled in a step (preempted, or left out by
-the token budget) loses its row but not its state (`CachedRequestState`); it gets a
-row again when it is scheduled again. Freed rows are refilled by moving the last
-rows into them (`condense`), so rows are always 0..num_reqs-1.
+not change between steps is written once per request instead of once per step: its
+sampling knobs and penalty counts in the rows of preallocated tensors
+(`SamplingState`, max_num_seqs rows), and whether it can take the argmax fast path.
+A request that is not scheduled in a step (preempted, or left out by the token
+budget) loses its row but not its state (`CachedRequestState`); it gets a row again
+when it is scheduled again. Freed rows are refilled by moving the last rows into
+them (`condense`), so rows are always 0..num_reqs-1.
+
+The sampler's metadata is cached (`sampling_metadata`): a step whose requests and
+logits layout are those of the previous step reuses it. Its only per-step input,
+the output token counts of the penalties, lives in tensors the metadata refers to
+and that `record_output_tokens` updates in place; min_tokens, the one knob that
+changes with the output length, expires the cache when a row reaches it.
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from dataclasses import dataclass
+from typing import Callable, Hashable, Iterable, Optional, Sequence
 
-from vllm.sample.metadata import SamplingRow, needs_only_argmax
+import torch
+
+from vllm.sample.metadata import (PADDING_ROW, SamplingMetadata, SamplingRow,
+                                  min_tokens_in_force, needs_only_argmax)
+from vllm.sample.sampling_state import SamplingState
 from vllm.worker.request_state import CachedRequestState
+
+_MAX_CACHED_LAYOUTS = 8
+"""Logits layouts cached at once (a step has one per pass; a layout that changes
+without the batch changing, e.g. a reordering, would otherwise pile up)."""
+
+MetadataFinalizer = Callable[[SamplingMetadata, torch.device], SamplingMetadata]
+"""(metadata, device) -> the metadata to cache, e.g. the HPU's fixed shapes."""
+
+
+@dataclass
+class _CachedSampling:
+    metadata: Optional[SamplingMetadata]
+    """None: every row takes the argmax of its raw logits."""
+    min_tokens_rows: list[SamplingRow]
+    """Rows whose min_tokens was in force at build time: the entry expires once one
+    of them reaches it (its stop tokens are allowed again, maybe the argmax path)."""
+
+    def expired(self) -> bool:
+        return any(not min_tokens_in_force(r) for r in self.min_tokens_rows)
 
 
 class InputBatch:
 
     def __init__(self, max_num_reqs: int) -> None:
         self.max_num_reqs = max_num_reqs
+        self.padding_row = max_num_reqs
+        """A row past the requests' holding `PADDING_ROW`: what logits rows that sample
+        nothing (fixed-shape padding) read."""
+        self.sampling = SamplingState(max_num_reqs + 1)
+        self.sampling.write_row(self.padding_row, PADDING_ROW)
         self._req_ids: list[Optional[str]] = []
         self.req_id_to_index: dict[str, int] = {}
-        self._sampling_rows: list[Optional[SamplingRow]] = []
         self._argmax_min_outputs: list[Optional[int]] = []
         """Per row: output count from which the argmax of the raw logits is the row's
         token (its min_tokens), or None when the row always needs the sampler."""
         self._states: list[Optional[CachedRequestState]] = []
         self._holes: list[int] = []
+        self.version = 0
+        """Bumped whenever a row changes request (add, remove, move)."""
+        self._cache: dict[Hashable, _CachedSampling] = {}
+        """Metadata by logits layout (one per pass of a step), for `_cache_version`."""
+        self._cache_version = 0
+        self.num_metadata_builds = 0
 
     # ----------------------------------------------------------------- rows
     @property
@@ -44,15 +84,14 @@ class InputBatch:
         return req_id in self.req_id_to_index
 
     def add_request(self, state: CachedRequestState) -> int:
-        """Give the request a row (a freed one first); returns the row."""
+        """Give the request a row (a freed one first) and write it; returns the row."""
         if state.req_id in self.req_id_to_index:
             self.remove_request(state.req_id)
         if self._holes:
             row = self._holes.pop()
         elif len(self._req_ids) < self.max_num_reqs:
             row = len(self._req_ids)
-            for column in (self._req_ids, self._sampling_rows, self._argmax_min_outputs,
-                           self._states):
+            for column in (self._req_ids, self._argmax_min_outputs, self._states):
                 column.append(None)
         else:
             raise ValueError(f"The input batch is full ({self.max_num_reqs} requests, "
@@ -60,13 +99,14 @@ class InputBatch:
         params = state.sampling_params
         self._req_ids[row] = state.req_id
         self._states[row] = state
-        self._sampling_rows[row] = SamplingRow(
+        self.sampling.write_row(row, SamplingRow(
             params=params, prompt_token_ids=state.prompt_token_ids,
-            output_token_ids=state.output_token_ids, generator=state.generator)
+            output_token_ids=state.output_token_ids, generator=state.generator))
         self._argmax_min_outputs[row] = (params.min_tokens
                                          if needs_only_argmax(params, params.min_tokens)
                                          else None)
         self.req_id_to_index[state.req_id] = row
+        self.version += 1
         return row
 
     def remove_request(self, req_id: str) -> Optional[int]:
@@ -76,9 +116,10 @@ class InputBatch:
             return None
         self._req_ids[row] = None
         self._states[row] = None
-        self._sampling_rows[row] = None
+        self.sampling.clear_row(row)
         self._argmax_min_outputs[row] = None
         self._holes.append(row)
+        self.version += 1
         return row
 
     def retain_only(self, req_ids: Iterable[str] | dict) -> None:
@@ -91,26 +132,30 @@ class InputBatch:
         """Move the last rows into the holes so that rows are 0..num_reqs-1 again."""
         if not self._holes:
             return
-        columns = (self._req_ids, self._sampling_rows, self._argmax_min_outputs, self._states)
         for hole in sorted(self._holes):
-            while self._req_ids and self._req_ids[-1] is None:
-                for column in columns:
-                    column.pop()
+            self._drop_trailing_free_rows()
             if hole >= len(self._req_ids):
                 break
-            last = len(self._req_ids) - 1
-            for column in columns:
-                column[hole] = column[last]
-                column.pop()
-            self.req_id_to_index[self._req_ids[hole]] = hole
-        while self._req_ids and self._req_ids[-1] is None:
-            for column in columns:
-                column.pop()
+            self._move_row(len(self._req_ids) - 1, hole)
+        self._drop_trailing_free_rows()
         self._holes.clear()
+        self.version += 1
+
+    def _move_row(self, src: int, dst: int) -> None:
+        """The last row `src` into the free row `dst` (host lists and tensor rows)."""
+        for column in (self._req_ids, self._argmax_min_outputs, self._states):
+            column[dst] = column.pop()
+        self.sampling.move_row(src, dst)
+        self.req_id_to_index[self._req_ids[dst]] = dst
+
+    def _drop_trailing_free_rows(self) -> None:
+        while self._req_ids and self._req_ids[-1] is None:
+            for column in (self._req_ids, self._argmax_min_outputs, self._states):
+                column.pop()
 
     # -------------------------------------------------------------- sampling
     def sampling_row(self, req_id: str) -> SamplingRow:
-        return self._sampling_rows[self.req_id_to_index[req_id]]
+        return self.sampling.rows[self.req_id_to_index[req_id]]
 
     def takes_argmax(self, req_id: str) -> bool:
         """Whether the request's next token is the argmax of the raw logits (see
@@ -119,3 +164,47 @@ class InputBatch:
         min_outputs = self._argmax_min_outputs[row]
         return (min_outputs is not None
                 and len(self._states[row].output_token_ids) >= min_outputs)
+
+    def sampling_metadata(self, req_ids: Sequence[Optional[str]], vocab_size: int,
+                          device: torch.device | str,
+                          finalize: Optional[MetadataFinalizer] = None
+                          ) -> Optional[SamplingMetadata]:
+        """The sampler's metadata for logits whose row i samples for request req_ids[i]
+        (None: a row that samples nothing, read as `PADDING_ROW`); None when every
+        request takes the argmax of its raw logits (see `takes_argmax`).
+
+        `finalize` (e.g. the HPU's fixed shapes) is applied once per build. Cached:
+        rebuilt only when the batch's rows, `req_ids`, the vocabulary, the device or
+        `finalize` change, or when a row reaches its min_tokens.
+        """
+        if self._cache_version != self.version:
+            self._cache.clear()
+            self._cache_version = self.version
+        key = (tuple(req_ids), vocab_size, torch.device(device), finalize)
+        cached = self._cache.get(key)
+        if cached is None or cached.expired():
+            if len(self._cache) >= _MAX_CACHED_LAYOUTS:
+                self._cache.clear()
+            cached = self._cache[key] = self._build_sampling(req_ids, vocab_size, device,
+                                                             finalize)
+        return cached.metadata
+
+    def _build_sampling(self, req_ids: Sequence[Optional[str]], vocab_size: int,
+                        device: torch.device | str,
+                        finalize: Optional[MetadataFinalizer]) -> _CachedSampling:
+        self.num_metadata_builds += 1
+        rows = [self.padding_row if r is None else self.req_id_to_index[r] for r in req_ids]
+        min_tokens_rows = [self.sampling.rows[i] for i in rows
+                           if min_tokens_in_force(self.sampling.rows[i])]
+        metadata = None
+        if not all(self.takes_argmax(r) for r in req_ids if r is not None):
+            metadata = self.sampling.metadata(rows, vocab_size, device)
+            if finalize is not None:
+                metadata = finalize(metadata, torch.device(device))
+        return _CachedSampling(metadata, min_tokens_rows)
+
+    def record_output_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int]) -> None:
+        """token_ids[i] was just appended to request req_ids[i]'s output: count it for
+        the penalties (the cached metadata reads the counts in place)."""
+        index = self.req_id_to_index
+        self.sampling.record_tokens([index[r] for r in req_ids], token_ids)

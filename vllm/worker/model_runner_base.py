@@ -44,7 +44,7 @@ from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.forward_context import set_forward_context
 from vllm.lora.models import LoRAModelManager
 from vllm.sample.logprobs import compute_prompt_logprobs
-from vllm.sample.metadata import SamplingMetadata, greedy_sample, make_generator
+from vllm.sample.metadata import greedy_sample
 from vllm.sample.ops.bitmask import apply_grammar_bitmask
 from vllm.sample.sampler import Sampler
 from vllm.sequence import IntermediateTensors
@@ -281,15 +281,7 @@ class ModelRunnerBase:
         # Not scheduled now (preempted or out of budget): keep the state, free the row.
         self.input_batch.retain_only(so.num_scheduled_tokens)
         for new in so.scheduled_new_reqs:
-            params = new.sampling_params
-            state = CachedRequestState(
-                req_id=new.req_id, prompt_token_ids=list(new.prompt_token_ids),
-                output_token_ids=list(new.output_token_ids), sampling_params=params,
-                block_ids=list(new.block_ids), num_computed_tokens=new.num_computed_tokens,
-                wants_prompt_logprobs=new.wants_prompt_logprobs,
-                generator=(None if params.seed is None
-                           else make_generator(params.seed, self.device)),
-                lora_request=new.lora_request, mm_inputs=new.mm_inputs)
+            state = CachedRequestState.from_new_request(new, self.device)
             self.requests[new.req_id] = state
             self.input_batch.add_request(state)
         for cached in so.scheduled_cached_reqs:
@@ -301,8 +293,12 @@ class ModelRunnerBase:
             state.num_computed_tokens = cached.num_computed_tokens
             missing = cached.num_tokens - state.num_tokens
             if missing > 0:  # this rank did not sample them itself
-                for token_id in cached.new_token_ids[-missing:]:
+                new_tokens = cached.new_token_ids[-missing:]
+                for token_id in new_tokens:
                     state.append_token(token_id)
+                if cached.req_id in self.input_batch:
+                    self.input_batch.record_output_tokens([cached.req_id] * len(new_tokens),
+                                                          new_tokens)
             if cached.req_id not in self.input_batch:
                 self.input_batch.add_request(state)
         self.input_batch.condense()
@@ -327,14 +323,12 @@ class ModelRunnerBase:
                 ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
         """Sample one token per row of `logits` (row i: request req_ids[i]), append it
         to the request's state; return the tokens and the asked-for logprobs."""
-        batch = self.input_batch
         lp_lists = None
-        if all(batch.takes_argmax(r) for r in req_ids):
+        md = self.input_batch.sampling_metadata(req_ids, logits.shape[-1], logits.device)
+        if md is None:  # every row takes the argmax of its raw logits
             token_ids = greedy_sample(logits).tolist()
         else:
-            rows = [batch.sampling_row(r) for r in req_ids]
-            out = self.sampler(logits, SamplingMetadata.build(rows, logits.shape[-1],
-                                                              logits.device))
+            out = self.sampler(logits, md)
             token_ids = out.sampled_token_ids.tolist()
             lp = out.logprobs_tensors
             if lp is not None:
@@ -344,8 +338,10 @@ class ModelRunnerBase:
     def _record_samples(self, req_ids: list[str], token_ids: list[int],
                         lp_lists: Optional[tuple[list, list, list]]
                         ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
-        """Append token_ids[i] to request req_ids[i]; its logprobs (row i of `lp_lists`,
-        cut to the K it asked for) when it asked."""
+        """Append token_ids[i] to request req_ids[i] (its state and the batch's penalty
+        counts); its logprobs (row i of `lp_lists`, cut to the K it asked for) when it
+        asked."""
+        self.input_batch.record_output_tokens(req_ids, token_ids)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, LogprobsRow] = {}
         for i, req_id in enumerate(req_ids):

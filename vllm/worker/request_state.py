@@ -1,8 +1,10 @@
 """The model runner's own copy of each request it serves, kept in step with the scheduler.
 
-The scheduler sends a new request once in full and afterwards only what changed
-(new blocks, progress), so every rank of a multiprocess executor can follow along
-from small messages. Sampled tokens are appended here by the runner itself.
+The scheduler sends a new request once in full (`NewRequestData`) and afterwards
+only what changed (new blocks, progress), so every rank of a multiprocess executor
+can follow along from small messages. The state is that first message's fields (it
+extends `NewRequestData`, so they are declared once) plus what the runner tracks;
+sampled tokens are appended here by the runner itself.
 
 A state lives from the request's first scheduling until the scheduler reports it
 finished; a preempted request keeps its state (and with it the position of its
@@ -10,27 +12,22 @@ seeded generator), so resuming it continues the same random stream.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields
+from typing import Optional
 
 import torch
 
-from vllm.lora.request import LoRARequest
-from vllm.sampling_params import SamplingParams
+from vllm.core.sched_output import NewRequestData
+from vllm.sample.metadata import make_generator
+
+_MUTABLE_LISTS = ("prompt_token_ids", "output_token_ids", "block_ids")
+"""List fields the runner changes or keeps: copied, not shared with the message."""
 
 
 @dataclass
-class CachedRequestState:
-    req_id: str
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    sampling_params: SamplingParams
-    block_ids: list[int]
-    num_computed_tokens: int
-    wants_prompt_logprobs: bool
+class CachedRequestState(NewRequestData):
     generator: Optional[torch.Generator] = None
-    lora_request: Optional[LoRARequest] = None
-    mm_inputs: Optional[Any] = None
+    """The seeded request's own generator (None without a seed)."""
     token_ids: list[int] = field(default_factory=list)
     num_prompt_logprobs_sent: int = 0
     """Prompt positions whose logprobs were already returned (a request resumed after
@@ -38,6 +35,17 @@ class CachedRequestState:
 
     def __post_init__(self) -> None:
         self.token_ids = self.prompt_token_ids + self.output_token_ids
+
+    @classmethod
+    def from_new_request(cls, new: NewRequestData,
+                         device: torch.device | str) -> "CachedRequestState":
+        """The runner's state of a request first sent as `new` (lists copied, so the
+        scheduler's message is never changed; a generator on `device` when seeded)."""
+        values = {f.name: getattr(new, f.name) for f in fields(NewRequestData)}
+        for name in _MUTABLE_LISTS:
+            values[name] = list(values[name])
+        seed = new.sampling_params.seed
+        return cls(**values, generator=None if seed is None else make_generator(seed, device))
 
     @property
     def num_tokens(self) -> int:
