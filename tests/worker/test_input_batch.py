@@ -176,13 +176,32 @@ def test_metadata_is_reused_until_the_batch_changes():
     # ... and the counts it refers to followed the sampled tokens.
     view = _penalty_view(md.penalties, 2)
     assert view[0][0][5] == 3 and view[1][0][6:9] == [1, 1, 1]
-    batch.add_request(_batch_of([dict()])[1][0])  # a request joins
+    joining = _batch_of([dict()] * 3)[1][2]
+    batch.add_request(joining)  # a request joins
+    layout.append(joining.req_id)
     md2 = batch.sampling_metadata(layout, V, "cpu")
     assert md2 is not md and batch.num_metadata_builds == 2
     batch.remove_request("r0")
     batch.condense()
     assert batch.sampling_metadata(["r1"], V, "cpu") is not md2
     assert batch.num_metadata_builds == 3
+
+
+def test_a_request_moved_to_another_row_is_read_from_its_new_row():
+    """Preempted and resumed into another row, same logits layout: the metadata is
+    rebuilt (the penalty counts are read from the request's new row)."""
+    batch, states = _batch_of([dict(frequency_penalty=1.0, temperature=0.0)] * 3)
+    for i, st in enumerate(states):
+        st.append_token(10 + i)
+        batch.record_output_tokens([st.req_id], [10 + i])
+    layout = ["r2", "r0"]
+    batch.sampling_metadata(layout, V, "cpu")
+    batch.retain_only({"r1", "r2"})
+    batch.condense()  # r2 moves into row 0
+    batch.add_request(states[0])  # r0 comes back, into row 2
+    assert batch.req_id_to_index == {"r2": 0, "r1": 1, "r0": 2}
+    assert_same_metadata(batch.sampling_metadata(layout, V, "cpu"),
+                         _fresh([states[2], states[0]], static=False))
 
 
 def test_metadata_expires_when_min_tokens_is_reached():
