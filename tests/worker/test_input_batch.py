@@ -14,7 +14,7 @@ from vllm.sample.metadata import (PADDING_ROW, PenaltyInputs, SamplingMetadata, 
                                   make_generator)
 from vllm.sample.sampler import Sampler
 from vllm.sampling_params import SamplingParams
-from vllm.worker.hpu_sampling import fixed_shapes, static_metadata
+from vllm.hpu.sampling import fixed_shapes, static_metadata
 from vllm.worker.input_batch import InputBatch
 from vllm.worker.request_state import CachedRequestState
 
