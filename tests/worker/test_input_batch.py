@@ -55,7 +55,7 @@ def _fresh(states: list[Optional[CachedRequestState]], static: bool) -> Sampling
 
 
 def _penalty_view(pen: Optional[PenaltyInputs], num_rows: int):
-    """Per logits row: (counts, prompt mask, repetition, frequency, presence), or None
+    """Per logits row: (token stats, seen tokens, repetition, frequency, presence), or None
     where no penalty applies (fixed shapes give such rows neutral values)."""
     view: list = [None] * num_rows
     if pen is None:
@@ -63,7 +63,8 @@ def _penalty_view(pen: Optional[PenaltyInputs], num_rows: int):
     for i, (row, table_row) in enumerate(zip(pen.rows.tolist(), pen.table_rows.tolist())):
         if (pen.repetition[i], pen.frequency[i], pen.presence[i]) == (1.0, 0.0, 0.0):
             continue
-        view[row] = (pen.output_counts[table_row].tolist(), pen.prompt_mask[table_row].tolist(),
+        view[row] = (pen.token_stats[table_row].tolist(),
+                     None if not pen.seen_tokens else sorted(pen.seen_tokens[i].tokens().tolist()),
                      pen.repetition[i].item(), pen.frequency[i].item(), pen.presence[i].item())
     return view
 
@@ -96,10 +97,11 @@ def _check(batch: InputBatch, states: dict[str, CachedRequestState], rng: random
         if tables is not None and batch.sampling.penalized[row]:
             counts = torch.bincount(torch.tensor(st.output_token_ids, dtype=torch.long),
                                     minlength=V)
-            assert torch.equal(tables.output_counts[row].long(), counts)
-            prompt = torch.zeros(V, dtype=torch.bool)
-            prompt[[t for t in st.prompt_token_ids if t < V]] = True
-            assert torch.equal(tables.prompt_mask[row], prompt)
+            prompt = torch.zeros(V, dtype=torch.long)
+            prompt[[t for t in st.prompt_token_ids if t < V]] = 1
+            assert torch.equal(tables.token_stats[row].long(), 2 * counts + prompt)
+            assert sorted(tables.seen[row].tokens().tolist()) == \
+                torch.nonzero(counts + prompt).flatten().tolist()
     if not batch.num_reqs:
         return
     req_ids = rng.sample(batch.req_ids, rng.randrange(1, batch.num_reqs + 1))
@@ -175,7 +177,8 @@ def test_metadata_is_reused_until_the_batch_changes():
     assert batch.num_metadata_builds == 1
     # ... and the counts it refers to followed the sampled tokens.
     view = _penalty_view(md.penalties, 2)
-    assert view[0][0][5] == 3 and view[1][0][6:9] == [1, 1, 1]
+    assert view[0][0][5] == 2 * 3 and view[1][0][6:9] == [2, 2, 2]  # 2 x count
+    assert view[0][0][1:4] == [1, 1, 1]  # the prompt bit
     joining = _batch_of([dict()] * 3)[1][2]
     batch.add_request(joining)  # a request joins
     layout.append(joining.req_id)

@@ -108,14 +108,15 @@ def fixed_shapes(md: SamplingMetadata, device: torch.device | str) -> SamplingMe
 
 
 def _every_row(p: PenaltyInputs, num_rows: int) -> PenaltyInputs:
-    """Penalties on all `num_rows` rows: neutral values (repetition 1, frequency and
-    presence 0, which leave every logit as it is) on rows without penalties."""
+    """Penalties on all `num_rows` rows, for the whole-row path: neutral values
+    (repetition 1, frequency and presence 0, which leave every logit as it is) on rows
+    without penalties; no per-row seen-token lists (not a fixed shape, not needed)."""
     def spread(values: torch.Tensor, neutral: float) -> torch.Tensor:
         return values.new_full((num_rows,), neutral).index_copy_(0, p.rows, values)
 
     return PenaltyInputs(rows=torch.arange(num_rows, device=p.rows.device),
                          table_rows=spread(p.table_rows, 0),
-                         output_counts=p.output_counts, prompt_mask=p.prompt_mask,
+                         token_stats=p.token_stats, seen_tokens=[],
                          repetition=spread(p.repetition, 1.0),
                          frequency=spread(p.frequency, 0.0),
                          presence=spread(p.presence, 0.0))

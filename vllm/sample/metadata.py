@@ -72,17 +72,18 @@ def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class PenaltyInputs:
-    """What the penalties need: the penalized logits rows, their rows of the count
+    """What the penalties need: the penalized logits rows, their rows of the token
     tables, and each row's three penalties.
 
-    The tables (`penalty_tables.py`) hold, per table row, every token's count in the
-    output and whether it occurs in the prompt. In the persistent batch they are the
-    batch's own tables, updated in place each step, so cached metadata stays current.
+    The tables (`penalty_tables.py`) hold, per table row, each token's output count
+    and prompt presence (`token_stats`) and the distinct seen tokens (`seen_tokens`,
+    one entry per penalized row). In the persistent batch they are the batch's own,
+    updated in place each step, so cached metadata stays current.
     """
     rows: torch.Tensor  # [R] int64 logits row
-    table_rows: torch.Tensor  # [R] int64 row of output_counts / prompt_mask
-    output_counts: torch.Tensor  # [T, V] int32: occurrences in the output
-    prompt_mask: torch.Tensor  # [T, V] bool: occurs in the prompt
+    table_rows: torch.Tensor  # [R] int64 row of token_stats
+    token_stats: torch.Tensor  # [T, V] int32: 2 * output count + (1 if in the prompt)
+    seen_tokens: list  # [R] SeenTokens (empty in fixed shapes: the whole-row path)
     repetition: torch.Tensor  # [R] float32 (1.0: no repetition penalty)
     frequency: torch.Tensor  # [R] float32
     presence: torch.Tensor  # [R] float32

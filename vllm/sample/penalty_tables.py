@@ -1,56 +1,84 @@
-"""Token counts for the penalties, kept per batch row instead of rebuilt every step.
+"""Token statistics for the penalties, kept per batch row instead of rebuilt every step.
 
 Repetition, frequency and presence penalties need, per row, how often each token
 occurs in the output and whether it occurs in the prompt. Flattening every token
 list each step costs time that grows with the sequences; these tables are written
 once per row when a request gets it (from its token lists) and then follow the
-output by one accumulate of the step's sampled tokens.
+output by one accumulate of the step's sampled tokens:
 
-Dense `[rows, vocab]` rather than sparse: the update is one `index_put_`, the read a
-row gather of fixed shape (what the HPU graphs need), and the memory is bounded:
-int32 counts + a bool prompt mask are 5 bytes per (row, token), e.g. 256 rows
-(max_num_seqs) x 49152 (SmolLM2's vocabulary) = 63 MB. The tables are allocated
-only when a penalized request is first sampled, so a server whose requests never
-use penalties does not pay for them.
+- `token_stats[row, token]` (int32, dense): 2 x the token's count in the output,
+  plus 1 if it occurs in the prompt; nonzero = seen. Dense so that the update is one
+  `index_put_` and the whole-row read has fixed shapes (HPU graphs). One int32 per
+  (row, token): 256 rows (max_num_seqs) x 49152 (SmolLM2's vocabulary) = 50 MB,
+  allocated only when a penalized request is first sampled (a server whose
+  requests never use penalties does not pay for it).
+- `seen[row]`: the row's distinct seen tokens, appended as new ones appear, so the
+  default (CPU) path touches only the seen (row, token) pairs, never a whole row.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
 from vllm.sample.metadata import flat_tokens
 
+PROMPT_BIT = 1
+OUTPUT_STEP = 2
+"""token_stats = OUTPUT_STEP * output count + PROMPT_BIT * (in the prompt)."""
+
+
+class SeenTokens:
+    """One row's distinct seen token ids (int64), in a buffer that grows by doubling."""
+
+    def __init__(self, token_ids: torch.Tensor) -> None:
+        self._buffer = torch.empty(max(16, 2 * token_ids.numel()), dtype=torch.int64,
+                                   device=token_ids.device)
+        self._buffer[:token_ids.numel()] = token_ids
+        self.num_tokens = token_ids.numel()
+
+    def tokens(self) -> torch.Tensor:
+        return self._buffer[:self.num_tokens]
+
+    def extend(self, token_ids: list[int]) -> None:
+        end = self.num_tokens + len(token_ids)
+        if end > self._buffer.numel():
+            grown = self._buffer.new_empty(2 * end)
+            grown[:self.num_tokens] = self.tokens()
+            self._buffer = grown
+        self._buffer[self.num_tokens:end] = torch.tensor(token_ids, dtype=torch.int64)
+        self.num_tokens = end
+
 
 class PenaltyTables:
-    """`output_counts[row, token]` (int32) and `prompt_mask[row, token]` (bool).
-
-    Only rows that were written (`write_row`) hold meaningful values; the owner keeps
-    track of which rows those are.
-    """
+    """`token_stats` and `seen` of the module doc, for `num_rows` rows. Only rows that
+    were written (`write_row`) hold meaningful values; the owner tracks which."""
 
     def __init__(self, num_rows: int, vocab_size: int, device: torch.device | str) -> None:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
-        self.output_counts = torch.zeros(num_rows, vocab_size, dtype=torch.int32,
-                                         device=device)
-        self.prompt_mask = torch.zeros(num_rows, vocab_size, dtype=torch.bool, device=device)
+        self.token_stats = torch.zeros(num_rows, vocab_size, dtype=torch.int32,
+                                       device=device)
+        self.seen: list[Optional[SeenTokens]] = [None] * num_rows
 
     def write_row(self, row: int, prompt_token_ids: Sequence[int],
                   output_token_ids: Sequence[int]) -> None:
-        """The row from scratch: counts of the output, presence of the prompt
-        (tokens outside the vocabulary are ignored, as the sampler never sees them)."""
-        self.output_counts[row].zero_()
-        self.prompt_mask[row].zero_()
+        """The row from scratch (tokens outside the vocabulary are ignored, as the
+        sampler never sees them)."""
+        stats = self.token_stats[row]
+        stats.zero_()
         _, prompt = flat_tokens([prompt_token_ids], self.vocab_size, self.device)
-        self.prompt_mask[row, prompt] = True
+        stats[prompt] = PROMPT_BIT
         _, output = flat_tokens([output_token_ids], self.vocab_size, self.device)
-        self.output_counts[row].index_add_(
-            0, output, torch.ones_like(output, dtype=torch.int32))
+        stats.index_add_(0, output, torch.full_like(output, OUTPUT_STEP, dtype=torch.int32))
+        self.seen[row] = SeenTokens(torch.unique(torch.cat([prompt, output])))
 
-    def copy_row(self, src: int, dst: int) -> None:
-        self.output_counts[dst] = self.output_counts[src]
-        self.prompt_mask[dst] = self.prompt_mask[src]
+    def move_row(self, src: int, dst: int) -> None:
+        self.token_stats[dst] = self.token_stats[src]
+        self.seen[dst], self.seen[src] = self.seen[src], None
+
+    def clear_row(self, row: int) -> None:
+        self.seen[row] = None
 
     def add_tokens(self, rows: Sequence[int], token_ids: Sequence[int]) -> None:
         """One more output occurrence of token_ids[i] in row rows[i] (repeats add up)."""
@@ -58,5 +86,15 @@ class PenaltyTables:
         if not pairs:
             return
         index = torch.tensor(pairs, dtype=torch.int64).T.to(self.device)
-        ones = torch.ones(len(pairs), dtype=torch.int32, device=self.device)
-        self.output_counts.index_put_((index[0], index[1]), ones, accumulate=True)
+        before = self.token_stats[index[0], index[1]].tolist()
+        self.token_stats.index_put_(
+            (index[0], index[1]),
+            torch.full((len(pairs),), OUTPUT_STEP, dtype=torch.int32, device=self.device),
+            accumulate=True)
+        new: dict[int, list[int]] = {}
+        for (row, token), stat in zip(pairs, before):
+            if stat == 0 and token not in new.setdefault(row, []):
+                new[row].append(token)
+        for row, tokens in new.items():
+            if tokens:
+                self.seen[row].extend(tokens)

@@ -64,12 +64,18 @@ class SamplingState:
             column[index] = value
         self.rows[index] = row
         self.penalized[index] = is_penalized(p)
-        if self.penalized[index] and self.penalty_tables is not None:
-            self.penalty_tables.write_row(index, row.prompt_token_ids, row.output_token_ids)
+        if self.penalty_tables is not None:
+            if self.penalized[index]:
+                self.penalty_tables.write_row(index, row.prompt_token_ids,
+                                              row.output_token_ids)
+            else:
+                self.penalty_tables.clear_row(index)
 
     def clear_row(self, index: int) -> None:
         self.rows[index] = None
         self.penalized[index] = False
+        if self.penalty_tables is not None:
+            self.penalty_tables.clear_row(index)
 
     def move_row(self, src: int, dst: int) -> None:
         """Row `src`'s request moves to row `dst` (condense); `src` is freed."""
@@ -78,7 +84,7 @@ class SamplingState:
         self.rows[dst] = self.rows[src]
         self.penalized[dst] = self.penalized[src]
         if self.penalized[src] and self.penalty_tables is not None:
-            self.penalty_tables.copy_row(src, dst)
+            self.penalty_tables.move_row(src, dst)
         self.clear_row(src)
 
     def record_tokens(self, rows: Sequence[int], token_ids: Sequence[int]) -> None:
@@ -146,7 +152,7 @@ class SamplingState:
         return PenaltyInputs(
             rows=torch.tensor(local, dtype=torch.int64, device=device),
             table_rows=table_rows.to(device),
-            output_counts=tables.output_counts, prompt_mask=tables.prompt_mask,
+            token_stats=tables.token_stats, seen_tokens=[tables.seen[rows[i]] for i in local],
             repetition=self.repetition.index_select(0, table_rows).to(device),
             frequency=self.frequency.index_select(0, table_rows).to(device),
             presence=self.presence.index_select(0, table_rows).to(device))
