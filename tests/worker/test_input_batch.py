@@ -281,3 +281,15 @@ def test_request_state_is_built_from_the_new_request_data():
     st.append_token(9)
     assert new.output_token_ids == [3]
     assert torch.equal(st.generator.get_state(), make_generator(5).get_state())
+
+
+def test_penalties_on_non_contiguous_logits():
+    batch, states = _batch_of([dict(repetition_penalty=1.5, frequency_penalty=0.5)] * 2)
+    for st in states:
+        st.append_token(7)
+        batch.record_output_tokens([st.req_id], [7])
+    md = batch.sampling_metadata(["r0", "r1"], V, "cpu")
+    logits = torch.randn(V, 2).T  # a non-contiguous view
+    got = Sampler.apply_logit_processing(logits.clone(), md)
+    ref = Sampler.apply_logit_processing(logits.contiguous(), md)
+    assert torch.equal(got, ref) and not torch.equal(ref, logits)

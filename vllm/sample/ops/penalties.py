@@ -18,19 +18,28 @@ from vllm.sample.metadata import PenaltyInputs
 
 
 def apply_penalties(logits: torch.Tensor, pen: PenaltyInputs) -> torch.Tensor:
-    """Penalize the seen (row, token) pairs of `logits` in place (each penalized row's
-    `seen_tokens`, counts read from `token_stats`)."""
+    """Penalize the seen (row, token) pairs of `logits` (each penalized row's
+    `seen_tokens`, counts read from `token_stats`): in place when `logits` is
+    contiguous, else in a contiguous copy; returns the penalized tensor.
+
+    Pairs are addressed by flat offsets (one `index_select` / `index_copy_` each) and
+    the per-row values are expanded to pairs with one `repeat_interleave` per dtype:
+    this runs every step over every seen pair, so it is kept to a few flat ops.
+    """
+    logits = logits.contiguous()  # flat offsets below (the sampler's copy already is)
     parts = [seen.tokens() for seen in pen.seen_tokens]
     token_ids = torch.cat(parts)
-    lengths = torch.tensor([p.shape[0] for p in parts], device=pen.rows.device)
-    local = torch.repeat_interleave(torch.arange(len(parts), device=pen.rows.device),
-                                    lengths)
-    stats = pen.token_stats[pen.table_rows[local], token_ids]
-    rows = pen.rows[local]
-    values = penalized_values(logits[rows, token_ids], (stats >> 1).float(),
-                              pen.repetition[local], pen.frequency[local],
-                              pen.presence[local])
-    logits[rows, token_ids] = values
+    lengths = torch.tensor([p.shape[0] for p in parts], device=token_ids.device)
+    row_starts = torch.stack([pen.rows * logits.shape[1],
+                              pen.table_rows * pen.token_stats.shape[1]])
+    logit_at, stat_at = (row_starts.repeat_interleave(lengths, dim=1) + token_ids).unbind(0)
+    knobs = torch.stack([pen.repetition, pen.frequency, pen.presence])
+    repetition, frequency, presence = knobs.repeat_interleave(lengths, dim=1).unbind(0)
+    counts = (pen.token_stats.view(-1).index_select(0, stat_at) >> 1).float()
+    flat = logits.view(-1)
+    values = penalized_values(flat.index_select(0, logit_at), counts, repetition, frequency,
+                              presence)
+    flat.index_copy_(0, logit_at, values)
     return logits
 
 
