@@ -2,8 +2,9 @@
 
 A request keeps its row from step to step while it stays scheduled, so what does
 not change between steps is written once per request instead of once per step: its
-sampling knobs and penalty counts in the rows of preallocated tensors
-(`SamplingState`, max_num_seqs rows), and whether it can take the argmax fast path.
+sampling knobs and penalty token tables in the rows of preallocated tensors
+(`SamplingState`: max_num_seqs rows, plus one neutral row that fixed-shape padding
+reads), and whether it can take the argmax fast path.
 A request that is not scheduled in a step (preempted, or left out by the token
 budget) loses its row but not its state (`CachedRequestState`); it gets a row again
 when it is scheduled again. Freed rows are refilled by moving the last rows into
