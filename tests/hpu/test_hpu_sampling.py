@@ -42,8 +42,8 @@ def _rows(seed_offset: int = 0) -> list[SamplingRow]:
 
 def test_static_metadata_samples_like_the_default_sampler():
     """Real rows placed at bucket rows 0, 2, 3, 5, 6 of a batch of 8 (dummy rows
-    elsewhere, padded penalty/bias/min_tokens lists, logprob bucket 8 for K=5) give
-    the default sampler's tokens, logprobs and ranks."""
+    elsewhere, whole-row penalties, dense bias and min_tokens mask, logprob bucket 8
+    for K=5) give the default sampler's tokens, logprobs and ranks."""
     torch.manual_seed(1)
     real = torch.randn(5, V) * 2
     ref = Sampler()(real.clone(), SamplingMetadata.build(_rows(), V, "cpu"))
@@ -53,7 +53,8 @@ def test_static_metadata_samples_like_the_default_sampler():
     rows = padded_rows(dict(zip(where, _rows())), 8)
     md = static_metadata(rows, V, "cpu")
     assert md.max_num_logprobs == 8 and md.penalties.rows.shape[0] == 8
-    assert md.logit_bias[0].shape[0] == 8 and md.min_tokens_mask[0].shape[0] == 8
+    assert md.dense_logit_bias.shape == md.allowed_token_mask.shape == (8, V)
+    assert md.logit_bias is None and md.min_tokens_mask is None
     got = Sampler(static_shapes=True)(bucket, md)
     assert got.sampled_token_ids[where].tolist() == ref.sampled_token_ids.tolist()
     lp_ref, lp_got = ref.logprobs_tensors, got.logprobs_tensors
@@ -64,19 +65,24 @@ def test_static_metadata_samples_like_the_default_sampler():
 
 def test_signature_depends_on_shapes_not_on_the_requests():
     """Two batches of the same bucket with different knobs (seeds, top-p on or off,
-    logprobs 3 or 4) key the same graph; a new batch size or logprob bucket does not."""
+    logprobs 3 or 4, penalties, logit_bias, min_tokens, allowed_token_ids) key the same
+    graph, so warmup covers them all; a new batch size or logprob bucket does not."""
     def sig(params: list[SamplingParams], size: int = 4):
         rows = {i: SamplingRow(p, (1,), (2,), make_generator(p.seed) if p.seed else None)
                 for i, p in enumerate(params)}
-        return sampler_signature(torch.zeros(size, V), static_metadata(padded_rows(rows, size),
-                                                                       V, "cpu"))
+        table = torch.zeros(size, V, dtype=torch.int32)  # the batch's count table
+        return sampler_signature(torch.zeros(size, V), static_metadata(
+            padded_rows(rows, size), V, "cpu", token_stats=table))
     a = sig([SamplingParams(temperature=0.5, seed=1, logprobs=3), SamplingParams()])
     b = sig([SamplingParams(temperature=0.0, logprobs=4),
              SamplingParams(top_p=0.5, min_p=0.2, top_k=3)])
     assert a == b
     assert sig([SamplingParams(logprobs=5)]) != a
     assert sig([SamplingParams(logprobs=3)], size=8) != a
-    assert sig([SamplingParams(logprobs=3, presence_penalty=1.0)]) != a
+    for knobs in ({"presence_penalty": 1.0}, {"repetition_penalty": 1.3},
+                  {"logit_bias": {3: 5.0, 7: -2.0}}, {"min_tokens": 4, "stop_token_ids": [2]},
+                  {"allowed_token_ids": [1, 2, 3]}):
+        assert sig([SamplingParams(logprobs=3, **knobs)]) == a, knobs
 
 
 def test_logprob_buckets():

@@ -1,6 +1,6 @@
 """Every compile of a step is bucketed, warmed and counted (fake HPU, HPU graphs):
-after warmup a mixed workload compiles nothing, the tracker sees an unwarmed sampler
-shape, VLLM_SKIP_WARMUP still serves through captured graphs, and a fallback bucket
+after warmup a mixed workload compiles nothing (penalties, logit_bias, min_tokens and
+allowed_token_ids included), VLLM_SKIP_WARMUP still serves through captured graphs, and a fallback bucket
 beyond the warmed range is captured."""
 from __future__ import annotations
 
@@ -29,6 +29,18 @@ def _mixed_params() -> list[SamplingParams]:
                            max_tokens=7, ignore_eos=True),
             SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
             SamplingParams(temperature=0.9, seed=11, max_tokens=10, ignore_eos=True)]
+
+
+def _processed_params() -> list[SamplingParams]:
+    """Every logits processor of the sampler (issue: 2 compiles for penalties, 1 for
+    logit_bias, 1 for min_tokens after warmup)."""
+    return [SamplingParams(temperature=0.0, presence_penalty=0.5, frequency_penalty=0.3,
+                           max_tokens=4, ignore_eos=True),
+            SamplingParams(temperature=0.8, seed=7, repetition_penalty=1.2,
+                           logit_bias={5: 3.0, 9: -2.0}, max_tokens=3, ignore_eos=True),
+            SamplingParams(temperature=0.0, min_tokens=3, max_tokens=5),
+            SamplingParams(temperature=0.0, allowed_token_ids=list(range(10, 60)),
+                           logprobs=2, max_tokens=3, ignore_eos=True)]
 
 
 def _run(llm, prompts, params):
@@ -65,15 +77,13 @@ def test_mixed_workload_compiles_nothing_after_warmup(tiny_model_factory, prefix
             assert runner.bucketing.fallback_buckets == []
             assert runner.num_graph_replays > 0
             if prefix_caching:
-                # A penalty (not warmed): the tracker counts the new sampler shape once.
-                penalized = SamplingParams(temperature=0.0, presence_penalty=0.5, max_tokens=3)
-                _run(llm, prompts[:1], [penalized])
-                assert tracker.num_compiles_after_warmup >= 1
-                assert all(label.startswith("sampler ")
-                           for label in tracker.compiled_labels[True])
-                count = tracker.num_compiles_after_warmup
-                _run(llm, prompts[1:2], [penalized])
-                assert tracker.num_compiles_after_warmup == count
+                # Penalties, logit_bias, min_tokens and allowed_token_ids, alone and
+                # together, greedy and seeded, batch sizes 1-4: the sampler's one full
+                # shape per bucket, warmed, so nothing compiles.
+                _run(llm, prompts[:4], _processed_params())
+                _run(llm, prompts[:1], _processed_params()[:1])
+                _run(llm, prompts[1:3], _processed_params()[2:])
+                assert tracker.num_compiles_after_warmup == 0, tracker.compiled_labels[True]
             else:
                 # Beyond the warmed prompt range (seq max 128): a fallback bucket, captured.
                 captures = habana.graph_stats(runner.forward_module).captures

@@ -24,9 +24,10 @@ write into.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -118,6 +119,7 @@ class HPUModelRunner(ModelRunnerBase):
         self.mem_margin = 0
         """Bytes kept free for gpu_memory_utilization < 1 (set by the worker)."""
         self.warmup_seconds: Optional[float] = None
+        self._finalizer: Optional[tuple[Any, Callable[..., Any]]] = None
         logger.info("HPU execution mode: %s (PT_HPU_LAZY_MODE=%d, enforce_eager=%s); "
                     "contiguous PA: %s.", self.mode.value, int(self.mode.is_lazy),
                     mc.enforce_eager, self.contiguous_pa)
@@ -238,8 +240,10 @@ class HPUModelRunner(ModelRunnerBase):
         if key not in self._warmed_samplers:
             self._warmed_samplers.add(key)
             self._run_argmax(logits.clone())
+            table = self.input_batch.sampling.penalty_tables_for(vocab, logits.device)
             for k in [None] + k_buckets:
-                md = warmup_metadata(logits.shape[0], vocab, k, logits.device)
+                md = warmup_metadata(logits.shape[0], vocab, k, logits.device,
+                                     table.token_stats)
                 self._run_sampler(logits.clone(), md)
         if not batch.is_prompt:
             return
@@ -395,9 +399,9 @@ class HPUModelRunner(ModelRunnerBase):
         the rows of `rows` (bucket row -> request)."""
         req_ids = list(rows.values())
         lp_all = None
-        md = self.input_batch.sampling_metadata([rows.get(i) for i in range(logits.shape[0])],
-                                                logits.shape[-1], logits.device,
-                                                finalize=fixed_shapes)
+        md = self.input_batch.sampling_metadata(
+            [rows.get(i) for i in range(logits.shape[0])], logits.shape[-1], logits.device,
+            finalize=self._fixed_shapes(logits.shape[-1], logits.device))
         if md is None:  # every sampling row takes the raw argmax
             tokens_all = self._run_argmax(logits).tolist()
         else:
@@ -409,6 +413,18 @@ class HPUModelRunner(ModelRunnerBase):
         index = list(rows)
         lp_lists = None if lp_all is None else tuple([col[i] for i in index] for col in lp_all)
         return self._record_samples(req_ids, [tokens_all[i] for i in index], lp_lists)
+
+    def _fixed_shapes(self, vocab: int, device: torch.device) -> Callable[..., Any]:
+        """`fixed_shapes` reading the batch's penalty count table, allocated here up
+        front so that every full sampler shape, penalized or not, reads a table of one
+        shape (see vllm/hpu/sampling.py). One object per (vocab, device): the cached
+        metadata is keyed on it."""
+        key = (vocab, torch.device(device))
+        if self._finalizer is None or self._finalizer[0] != key:
+            tables = self.input_batch.sampling.penalty_tables_for(vocab, device)
+            self._finalizer = (key, functools.partial(fixed_shapes,
+                                                      token_stats=tables.token_stats))
+        return self._finalizer[1]
 
     def _run_argmax(self, logits: torch.Tensor) -> torch.Tensor:
         signature = sampler_signature(logits, None)

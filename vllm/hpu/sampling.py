@@ -13,16 +13,18 @@ the requests' parameters: dozens of shapes. Here instead:
   "full";
 - the top-K of logprobs is computed for K rounded up to a power of two
   (`logprobs_bucket`), and each request keeps its own K;
-- penalties run on every row of the bucket (neutral values on rows without), reading
-  the persistent batch's [rows, vocab] count tables: one shape per bucket;
-- the sparse (row, token) lists of min_tokens and logit_bias are padded to a power
-  of two by repeating their first entry (a no-op: the min_tokens op writes the same
-  value again, and the repeated bias adds 0).
+- the logit processing is always there, dense, in one shape per bucket: penalties on
+  every row (neutral values, repetition 1 and frequency / presence 0, on rows
+  without), reading the persistent batch's [rows, vocab] count table, which the
+  runner allocates up front; allowed_token_ids and min_tokens as one [B, V] mask
+  (both set -inf before the bias, so folding them is exact); logit_bias as a dense
+  [B, V] add.
 
-Warmup runs the argmax and full sampler, the logprob buckets and prompt logprobs at
-every bucket size (see hpu_warmup.py). Penalties, min_tokens, logit_bias and
-allowed_token_ids are not warmed: their first use at a size costs one compile,
-bounded by the power-of-two padding, and the compile tracker reports it.
+So a bucket's sampler has one "full" shape per logprob bucket, whatever the requests
+ask for, and warmup runs the argmax and every full shape, the logprob buckets and
+prompt logprobs at every bucket size (see warmup.py): penalties, logit_bias,
+min_tokens and allowed_token_ids compile nothing while serving. The price is a few
+[B, V] elementwise ops on every full (non-argmax) sampling step.
 """
 from __future__ import annotations
 
@@ -57,32 +59,23 @@ def logprobs_buckets(max_logprobs: int, vocab_size: int) -> list[int]:
     return sorted({logprobs_bucket(k, vocab_size) for k in range(0, top + 1)})
 
 
-def _pad_index(t: torch.Tensor, size: int, fill: Optional[torch.Tensor] = None
-               ) -> torch.Tensor:
-    """`t` [P] padded to `size` with its first entry (or with `fill`)."""
-    if t.shape[0] == size:
-        return t
-    pad = (t[:1] if fill is None else fill).expand(size - t.shape[0])
-    return torch.cat([t, pad])
-
-
-def _pad_pairs(tensors: Sequence[torch.Tensor], fills: Sequence[Optional[torch.Tensor]]
-               ) -> tuple[torch.Tensor, ...]:
-    size = pow2_at_least(tensors[0].shape[0], 8)
-    return tuple(_pad_index(t, size, f) for t, f in zip(tensors, fills))
-
-
 def static_metadata(rows: Sequence[SamplingRow], vocab_size: int,
-                    device: torch.device | str) -> SamplingMetadata:
+                    device: torch.device | str,
+                    token_stats: Optional[torch.Tensor] = None) -> SamplingMetadata:
     """`SamplingMetadata.build` for a bucket's rows, in the fixed shapes of the module
     doc (see `fixed_shapes`)."""
-    return fixed_shapes(SamplingMetadata.build(rows, vocab_size, device), device)
+    return fixed_shapes(SamplingMetadata.build(rows, vocab_size, device), device,
+                        token_stats)
 
 
-def fixed_shapes(md: SamplingMetadata, device: torch.device | str) -> SamplingMetadata:
+def fixed_shapes(md: SamplingMetadata, device: torch.device | str,
+                 token_stats: Optional[torch.Tensor] = None) -> SamplingMetadata:
     """`md` in the fixed shapes of the module doc (never the all-greedy or all-random
     shortcuts: one "full" shape). What the runner's persistent batch applies once to
-    the metadata it caches (`InputBatch.sampling_metadata`)."""
+    the metadata it caches (`InputBatch.sampling_metadata`). `token_stats`: the
+    penalty count table neutral penalties read when no row has penalties (the one the
+    batch's penalized rows use, so both have one shape); without it, a batch without
+    penalties has none."""
     n = md.num_rows
     if md.temperature is None:
         md.temperature = torch.ones(n, dtype=torch.float32, device=device)
@@ -98,13 +91,46 @@ def fixed_shapes(md: SamplingMetadata, device: torch.device | str) -> SamplingMe
     md.max_num_logprobs = logprobs_bucket(md.max_num_logprobs, md.vocab_size)
     if md.penalties is not None:
         md.penalties = _every_row(md.penalties, n)
-    if md.min_tokens_mask is not None:
-        md.min_tokens_mask = _pad_pairs(md.min_tokens_mask, (None, None))
-    if md.logit_bias is not None:
-        rows_t, tokens, values = md.logit_bias
-        md.logit_bias = _pad_pairs((rows_t, tokens, values),
-                                   (None, None, values.new_zeros(1)))
+    elif token_stats is not None:
+        md.penalties = _neutral_penalties(n, token_stats)
+    md.allowed_token_mask = _dense_mask(md, device)
+    md.min_tokens_mask = None
+    md.dense_logit_bias = _dense_bias(md, device)
+    md.logit_bias = None
     return md
+
+
+def _dense_mask(md: SamplingMetadata, device: torch.device | str) -> torch.Tensor:
+    """allowed_token_ids and min_tokens as one [N, V] bool mask (True: -inf)."""
+    mask = md.allowed_token_mask
+    if mask is None:
+        mask = torch.zeros(md.num_rows, md.vocab_size, dtype=torch.bool, device=device)
+    if md.min_tokens_mask is not None:
+        rows, tokens = md.min_tokens_mask
+        mask = mask.clone()
+        mask[rows, tokens] = True
+    return mask
+
+
+def _dense_bias(md: SamplingMetadata, device: torch.device | str) -> torch.Tensor:
+    """logit_bias as a [N, V] float32 add (zeros without)."""
+    bias = torch.zeros(md.num_rows, md.vocab_size, dtype=torch.float32, device=device)
+    if md.logit_bias is not None:
+        rows, tokens, values = md.logit_bias
+        bias.index_put_((rows, tokens), values.to(torch.float32), accumulate=True)
+    return bias
+
+
+def _neutral_penalties(num_rows: int, token_stats: torch.Tensor) -> PenaltyInputs:
+    """Penalties that change nothing (repetition 1, frequency and presence 0) on every
+    row, reading row 0 of the batch's count table: the shape of real ones."""
+    device = token_stats.device
+    return PenaltyInputs(rows=torch.arange(num_rows, device=device),
+                         table_rows=torch.zeros(num_rows, dtype=torch.int64, device=device),
+                         token_stats=token_stats, seen_tokens=[],
+                         repetition=torch.ones(num_rows, dtype=torch.float32, device=device),
+                         frequency=torch.zeros(num_rows, dtype=torch.float32, device=device),
+                         presence=torch.zeros(num_rows, dtype=torch.float32, device=device))
 
 
 def _every_row(p: PenaltyInputs, num_rows: int) -> PenaltyInputs:
@@ -149,8 +175,9 @@ def padded_rows(rows: dict[int, SamplingRow], batch_size: int) -> list[SamplingR
 
 
 def warmup_metadata(batch_size: int, vocab_size: int, num_logprobs: Optional[int],
-                    device: torch.device | str) -> SamplingMetadata:
+                    device: torch.device | str,
+                    token_stats: Optional[torch.Tensor] = None) -> SamplingMetadata:
     """The "full" metadata of a dummy batch (one random row, logprobs as given)."""
     params = SamplingParams(temperature=1.0, logprobs=num_logprobs)
     rows = {0: SamplingRow(params, (), ())}
-    return static_metadata(padded_rows(rows, batch_size), vocab_size, device)
+    return static_metadata(padded_rows(rows, batch_size), vocab_size, device, token_stats)

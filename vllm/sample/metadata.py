@@ -112,12 +112,16 @@ class SamplingMetadata:
     min_tokens_mask: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (rows, token ids)
     logit_bias: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
     # (rows, token ids, bias values)
+    dense_logit_bias: Optional[torch.Tensor] = None
+    """[N, V] float32 added to the logits after the masks: `logit_bias` in a fixed
+    shape (static-shape sampling, vllm/hpu/sampling.py)."""
 
     @property
     def needs_logit_processing(self) -> bool:
         """Whether anything changes the logits before the greedy argmax."""
         return (self.allowed_token_mask is not None or self.min_tokens_mask is not None
-                or self.logit_bias is not None or self.penalties is not None)
+                or self.logit_bias is not None or self.penalties is not None
+                or self.dense_logit_bias is not None)
 
     @classmethod
     def build(cls, rows: Sequence[SamplingRow], vocab_size: int,

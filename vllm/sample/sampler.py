@@ -69,6 +69,8 @@ class Sampler(nn.Module):
             logits = apply_min_tokens(logits, *md.min_tokens_mask)
         if md.logit_bias is not None:
             logits = apply_logit_bias(logits, *md.logit_bias)
+        if md.dense_logit_bias is not None:
+            logits = logits + md.dense_logit_bias
         if md.penalties is not None:
             penalize = apply_penalties_dense if static_shapes else apply_penalties
             logits = penalize(logits, md.penalties)

@@ -147,7 +147,7 @@ class SamplingState:
         local = [i for i, r in enumerate(rows) if self.penalized[r]]
         if not local:
             return None
-        tables = self._penalty_tables(vocab_size, device)
+        tables = self.penalty_tables_for(vocab_size, device)
         table_rows = torch.tensor([rows[i] for i in local], dtype=torch.int64)
         return PenaltyInputs(
             rows=torch.tensor(local, dtype=torch.int64, device=device),
@@ -157,7 +157,7 @@ class SamplingState:
             frequency=self.frequency.index_select(0, table_rows).to(device),
             presence=self.presence.index_select(0, table_rows).to(device))
 
-    def _penalty_tables(self, vocab_size: int, device: torch.device | str) -> PenaltyTables:
+    def penalty_tables_for(self, vocab_size: int, device: torch.device | str) -> PenaltyTables:
         """The tables, allocated (and every penalized row written) on first use."""
         tables = self.penalty_tables
         if (tables is None or tables.vocab_size != vocab_size
