@@ -47,6 +47,9 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                   "(no binding), or one list per rank such as '0-3|4-7'."),
     "VLLM_CPU_NATIVE_OPS": (_bool, True, "Use the native CPU kernels (vllm/native, built once "
                             "with the system C++ compiler); 0 keeps every op in torch."),
+    "VLLM_BATCH_INVARIANT": (_bool, False, "Per-request results that do not depend on the "
+                             "batch (vLLM's batch-invariant mode): one GEMM kernel for every "
+                             "row count on CPU; slower where another kernel would win."),
     "VLLM_CPU_RETUNE": (_bool, False, "Time the CPU kernel choices (GEMM, prefill attention) "
                         "again at this start, ignoring the cached plans."),
     "VLLM_CPU_NATIVE_GEMM": (_opt_bool, None, "Kernel of the bf16 linear layers: unset or "

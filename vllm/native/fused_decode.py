@@ -198,8 +198,8 @@ class FusedDecode:
         int4 layers are within the native int4 kernel's rows."""
         ok = self._native_rows.get(rows)
         if ok is None:
-            from vllm.model_executor.layers.quantization.int_weights import NATIVE_MAX_ROWS
-            ok = all(rows <= NATIVE_MAX_ROWS if kind == INT4
+            from vllm.model_executor.layers.quantization.int_weights import native_max_rows
+            ok = all(rows <= native_max_rows() if kind == INT4
                      else plan is not None and plan.kind_for(rows) == NATIVE
                      for plan, kind in self.plans.values())
             self._native_rows[rows] = ok

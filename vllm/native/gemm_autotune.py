@@ -61,10 +61,16 @@ class GemmPlan:
 
 def forced_kind() -> Optional[str]:
     """The kernel VLLM_CPU_NATIVE_GEMM forces (native for 1/true, oneDNN for 0/false),
-    None when unset or 'auto' (measure)."""
+    None when unset or 'auto' (measure). VLLM_BATCH_INVARIANT=1 forces the native
+    kernel: it computes each output row alone, with one summation order whatever the
+    row count, while the measured plan switches kernels (and oneDNN its blocking) with
+    the number of rows, so a request's logits would depend on its neighbours."""
     value = envs.VLLM_CPU_NATIVE_GEMM
     if value is None:
-        return None
+        return NATIVE if envs.VLLM_BATCH_INVARIANT else None
+    if envs.VLLM_BATCH_INVARIANT and not value:
+        raise ValueError("VLLM_BATCH_INVARIANT=1 needs the native GEMM, whose results do "
+                         "not depend on the row count; unset VLLM_CPU_NATIVE_GEMM=0.")
     return NATIVE if value else ONEDNN
 
 
@@ -180,6 +186,10 @@ def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int,
     kinds = available_kinds()
     if forced is not None:
         kind = forced if forced in kinds else fallback_kind()
+        if kind != NATIVE and envs.VLLM_BATCH_INVARIANT:
+            logger.warning("VLLM_BATCH_INVARIANT=1: this CPU has no native bf16 GEMM "
+                           "(AVX512-BF16 or AVX2 + FMA), so %s runs every linear layer "
+                           "and results may still vary with the batch.", kind)
         return {s: GemmPlan((kind,) * len(ROW_BUCKETS)) for s in weights}
     path = cache_path(kinds)
     cached = autotune.load(path)

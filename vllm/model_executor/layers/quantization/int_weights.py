@@ -38,11 +38,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm import envs
 from vllm.model_executor.layers.quantization.base_config import (LinearMethodBase,
                                                                  check_divisible, make_param)
 
 NATIVE_MAX_ROWS = 8
 """Up to this many rows the native int4 kernel runs; above, dequantize + GEMM."""
+
+
+def native_max_rows() -> float:
+    """Most rows the native int4 kernel takes (more go through a dequantized bf16
+    matmul); every row count with VLLM_BATCH_INVARIANT=1, so that a request's rows see
+    one kernel whatever the batch (the kernel computes each row alone)."""
+    return float("inf") if envs.VLLM_BATCH_INVARIANT else NATIVE_MAX_ROWS
 
 
 def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -157,7 +165,7 @@ class IntWeightLinearMethod(LinearMethodBase):
                                            layer.w_zeros.t(), x.dtype)
             return F.linear(x, w.t(), bias)
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if self.bits == 4 and 0 < rows <= NATIVE_MAX_ROWS:
+        if self.bits == 4 and 0 < rows <= native_max_rows():
             from vllm.native import quant_ops
             if quant_ops.int4_supported(x, x.shape[-1] // layer.w_scales.shape[1]):
                 return quant_ops.gemm_int4(x, layer.w_q, layer.w_scales, layer.w_zeros, bias)
