@@ -82,12 +82,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
     from vllm import LLM, SamplingParams
-    from vllm.config import ModelConfig
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.transformers_utils.config import create_model_config
 
     validate_args(args)
-    model_config = ModelConfig(model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
-                               max_model_len=args.max_model_len)
+    model_config = create_model_config(model=args.model, tokenizer=args.tokenizer,
+                                       dtype=args.dtype, max_model_len=args.max_model_len)
     if args.input_len + args.output_len > model_config.max_model_len:
         raise ValueError(f"input_len + output_len = {args.input_len + args.output_len} "
                          f"exceeds max_model_len={model_config.max_model_len}.")

@@ -63,7 +63,8 @@ def report(label: str, elapsed: float, n: int, in_len: int, out_len: int,
 
 def main() -> None:
     from vllm import LLM, SamplingParams
-    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
     from vllm.lora.request import LoRARequest
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=DEFAULT_MODEL)

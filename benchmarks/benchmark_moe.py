@@ -75,7 +75,8 @@ def time_decode_steps(path: str, args: argparse.Namespace) -> list[float]:
     import numpy as np
 
     from vllm import LLM, SamplingParams
-    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
     llm = LLM(model=path, tokenizer=resolve_model_path(DEFAULT_MODEL), dtype=args.dtype,
               max_model_len=args.input_len + args.output_len + 8, max_num_seqs=args.batch_size,
               kv_cache_memory_bytes=256 << 20, enable_prefix_caching=False)

@@ -245,11 +245,11 @@ def validate_args(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> ThroughputResult:
-    from vllm.config import ModelConfig
+    from vllm.transformers_utils.config import create_model_config
 
     validate_args(args)
-    model_config = ModelConfig(model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
-                               max_model_len=args.max_model_len)
+    model_config = create_model_config(model=args.model, tokenizer=args.tokenizer,
+                                       dtype=args.dtype, max_model_len=args.max_model_len)
     tokenizer = get_tokenizer(model_config.tokenizer_path)
     requests = get_requests(args, tokenizer, model_config.max_model_len)
     if args.backend == "vllm":

@@ -61,7 +61,8 @@ def cpu_features() -> str:
 
 def default_model_dir() -> str:
     """The embedded model as a safetensors directory (converting the GGUF once)."""
-    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
     return resolve_model_path(DEFAULT_MODEL)
 
 

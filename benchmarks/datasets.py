@@ -68,10 +68,11 @@ class SampleRequest:
 def get_tokenizer(name_or_path: str) -> Any:
     """Load a tokenizer from a model name, HF directory or .gguf file.
 
-    Goes through `vllm.config.resolve_model_path`, so the default model name and GGUF
-    files map to the same converted directory, and the engine's loader, as the engine.
+    Goes through `vllm.transformers_utils.config.resolve_model_path`, so the default
+    model name and GGUF files map to the same converted directory, and the engine's
+    loader, as the engine.
     """
-    from vllm.config import resolve_model_path
+    from vllm.transformers_utils.config import resolve_model_path
     from vllm.transformers_utils.tokenizer import get_tokenizer as load_tokenizer
     return load_tokenizer(resolve_model_path(name_or_path))
 

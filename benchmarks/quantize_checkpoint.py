@@ -256,7 +256,7 @@ def main() -> None:
     parser.add_argument("--calibration", default=CORPUS)
     parser.add_argument("--calibration-tokens", type=int, default=4096)
     args = parser.parse_args()
-    from vllm.config import resolve_model_path
+    from vllm.transformers_utils.config import resolve_model_path
     if args.method != "library":
         if args.kv_cache or args.scheme != "W4A16":
             raise SystemExit("--kv-cache and --scheme belong to --method library.")

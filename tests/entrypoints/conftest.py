@@ -122,6 +122,7 @@ def model_name(client) -> str:
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
     from vllm.transformers_utils.tokenizer import get_tokenizer
     return get_tokenizer(resolve_model_path(DEFAULT_MODEL))

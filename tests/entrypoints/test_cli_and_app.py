@@ -65,7 +65,8 @@ def test_chat_template_flag(tmp_path):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
     from vllm.transformers_utils.tokenizer import get_tokenizer
     return get_tokenizer(resolve_model_path(DEFAULT_MODEL))
 

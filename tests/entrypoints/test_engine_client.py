@@ -41,7 +41,8 @@ class ProtocolOnly(EngineClient):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
     from vllm.transformers_utils.tokenizer import get_tokenizer
     return get_tokenizer(resolve_model_path(DEFAULT_MODEL))
 

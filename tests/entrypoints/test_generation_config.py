@@ -29,8 +29,8 @@ def model_dir(tiny_model_factory, tmp_path_factory) -> str:
 
 
 def _model_config(model: str, **kw):
-    from vllm.config import ModelConfig
-    return ModelConfig(model=model, max_model_len=256, **kw)
+    from vllm.transformers_utils.config import create_model_config
+    return create_model_config(model=model, max_model_len=256, **kw)
 
 
 def test_model_config_sources(model_dir, tmp_path):

@@ -154,7 +154,8 @@ def test_config_validation(qwen2_base):
 
 def test_default_model_adapter_matches_peft(default_model_path, tmp_path):
     """The embedded SmolLM2 with a peft adapter on all seven projections."""
-    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
     base = resolve_model_path(DEFAULT_MODEL)
     path = make_peft_adapter(base, str(tmp_path / "smol"), seed=3, scale=8.0, r=16,
                              lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj",

@@ -6,9 +6,11 @@ import torch
 
 def make_vllm_config(path: str, dtype: str = "float32", tp: int = 1, pp: int = 1,
                      load_format: str = "auto"):
-    from vllm.config import (CacheConfig, DeviceConfig, LoadConfig, ModelConfig,
-                             ParallelConfig, SchedulerConfig, VllmConfig)
-    return VllmConfig(ModelConfig(model=path, dtype=dtype), CacheConfig(), SchedulerConfig(),
+    from vllm.config import (CacheConfig, DeviceConfig, LoadConfig, ParallelConfig,
+                             SchedulerConfig, VllmConfig)
+    from vllm.transformers_utils.config import create_model_config
+    return VllmConfig(create_model_config(model=path, dtype=dtype), CacheConfig(),
+                      SchedulerConfig(),
                       ParallelConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp),
                       DeviceConfig(device="cpu"), LoadConfig(load_format=load_format))
 

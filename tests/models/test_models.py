@@ -13,7 +13,8 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 
 @pytest.fixture(scope="module")
 def smollm2_dir():
-    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
     return resolve_model_path(DEFAULT_MODEL)
 
 

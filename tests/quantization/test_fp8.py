@@ -30,8 +30,8 @@ def _engine_model(path: str, quantization=None):
     from vllm.model_executor.model_loader import get_model
     cfg = make_vllm_config(path)
     if quantization is not None:
-        from vllm.config import ModelConfig
-        cfg.model_config = ModelConfig(model=path, dtype="float32", quantization=quantization)
+        from vllm.transformers_utils.config import create_model_config
+        cfg.model_config = create_model_config(model=path, dtype="float32", quantization=quantization)
     return get_model(cfg)
 
 

@@ -215,8 +215,8 @@ def test_quantize_matches_qdq_reference(measured, tiny, tmp_path, target):
     cfg = _quant_config(tmp_path, dump)
     with platform_env(target, QUANT_CONFIG=cfg, **SMALL_BUCKETS):
         vcfg = make_vllm_config(tiny)
-        from vllm.config import ModelConfig
-        vcfg.model_config = ModelConfig(model=tiny, dtype="float32", quantization="inc")
+        from vllm.transformers_utils.config import create_model_config
+        vcfg.model_config = create_model_config(model=tiny, dtype="float32", quantization="inc")
         model = get_model(vcfg)
         qkv = model.model.layers[0].self_attn.qkv_proj
         assert qkv.weight.dtype == torch.float8_e4m3fn
@@ -310,9 +310,9 @@ def test_trivial_scales_mode_drops_unit_scales(measured, tiny, tmp_path, monkeyp
     the GEMM too; results are unchanged, and a scale leaving 1.0 changes the graph key
     (a new graph, as Gaudi documents), which it does not in mode 0."""
     from tests.models._model_helpers import full_prompt_logits, make_vllm_config
-    from vllm.config import ModelConfig
-    from vllm.hpu.habana import fp8_ops
     from vllm.hpu.graph_keys import baked_constants
+    from vllm.hpu.habana import fp8_ops
+    from vllm.transformers_utils.config import create_model_config
     from vllm.model_executor.model_loader import get_model
     dump, _ = measured
     with open(dump + "_hooks_maxabs.json") as f:
@@ -337,7 +337,7 @@ def test_trivial_scales_mode_drops_unit_scales(measured, tiny, tmp_path, monkeyp
         with platform_env("hpu", QUANT_CONFIG=cfg, RUNTIME_SCALE_PATCHING="1",
                           PT_HPU_H2D_TRIVIAL_SCALES_MODE=mode):
             vcfg = make_vllm_config(str(tiny))
-            vcfg.model_config = ModelConfig(model=tiny, dtype="float32", quantization="inc")
+            vcfg.model_config = create_model_config(model=tiny, dtype="float32", quantization="inc")
             model = get_model(vcfg)
             results[mode] = full_prompt_logits(model, ids)
             key_unit = baked_constants(model)

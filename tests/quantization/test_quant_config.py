@@ -47,19 +47,19 @@ def _bad(qcfg_patch):
     ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "weight_block_size"),
 ])
 def test_bad_quantization_config_names_field(tiny, tmp_path, qcfg, field):
-    from vllm.config import ModelConfig
+    from vllm.transformers_utils.config import create_model_config
     path = _with_qcfg(tiny, str(tmp_path / "bad"), qcfg)
     with pytest.raises(ValueError, match=field):
-        ModelConfig(model=path, dtype="float32")
+        create_model_config(model=path, dtype="float32")
 
 
 def test_flag_must_match_checkpoint(tiny, tmp_path):
-    from vllm.config import ModelConfig
+    from vllm.transformers_utils.config import create_model_config
     path = _with_qcfg(tiny, str(tmp_path / "ct"), CT_FP8)
     with pytest.raises(ValueError, match="does not match"):
-        ModelConfig(model=path, dtype="float32", quantization="fp8")
+        create_model_config(model=path, dtype="float32", quantization="fp8")
     with pytest.raises(ValueError, match="quantization='int3'"):
-        ModelConfig(model=tiny, dtype="float32", quantization="int3")
+        create_model_config(model=tiny, dtype="float32", quantization="int3")
 
 
 def test_unquantized_model_keeps_packed_bf16_path(tiny):

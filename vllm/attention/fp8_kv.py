@@ -18,27 +18,12 @@ The cache tensor's dtype is the one source of truth: the backends check it, not 
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-KV_CACHE_DTYPES: dict[str, Optional[torch.dtype]] = {
-    "auto": None,
-    "fp8": torch.float8_e4m3fn,
-    "fp8_e4m3": torch.float8_e4m3fn,
-    "fp8_inc": torch.float8_e4m3fn,
-    "fp8_e5m2": torch.float8_e5m2,
-}
-"""`--kv-cache-dtype` choices -> the cache's torch dtype (None: the model's)."""
+# The flag's values are config (vllm/config.py); re-exported for the attention code.
+from vllm.config import KV_CACHE_DTYPES, check_kv_cache_dtype  # noqa: F401
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
-
-
-def check_kv_cache_dtype(cache_dtype: str) -> None:
-    """ValueError naming the flag for a value outside KV_CACHE_DTYPES."""
-    if cache_dtype not in KV_CACHE_DTYPES:
-        raise ValueError(f"kv_cache_dtype={cache_dtype!r} is not supported; choose one of "
-                         f"{', '.join(KV_CACHE_DTYPES)}.")
 
 
 def kv_cache_torch_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:

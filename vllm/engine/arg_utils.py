@@ -13,9 +13,10 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-from vllm.config import (DEFAULT_MODEL, CacheConfig, DeviceConfig, LoadConfig, LoRAConfig,
-                         ModelConfig, ParallelConfig, SchedulerConfig,
-                         StructuredOutputsConfig, VllmConfig)
+from vllm.config import (DEFAULT_MODEL, KV_CACHE_DTYPES, CacheConfig, DeviceConfig,
+                         LoadConfig, LoRAConfig, ModelConfig, ParallelConfig,
+                         SchedulerConfig, StructuredOutputsConfig, VllmConfig)
+from vllm.transformers_utils.config import create_model_config
 from vllm.utils.argparse_utils import human_readable_int, parse_json_dict
 
 
@@ -124,7 +125,6 @@ class EngineArgs:
                                    help=help_text + " Accepts k/m (x1000) and K/M (x1024) "
                                    "suffixes, e.g. 4k or 32K.")
             elif f.name == "kv_cache_dtype":
-                from vllm.attention.fp8_kv import KV_CACHE_DTYPES
                 group.add_argument(flag, type=str, default=default,
                                    choices=list(KV_CACHE_DTYPES), help=help_text)
             elif f.name == "tokenizer_mode":
@@ -167,7 +167,7 @@ class EngineArgs:
     def create_engine_config(self) -> VllmConfig:
         if self.speculative_config:
             raise ValueError("speculative_config: speculative decoding is not supported yet.")
-        model_config = ModelConfig(
+        model_config = create_model_config(
             model=self.model, tokenizer=self.tokenizer, dtype=self.dtype, seed=self.seed,
             max_model_len=self.max_model_len, served_model_name=self.served_model_name,
             enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs,

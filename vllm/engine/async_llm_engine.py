@@ -24,13 +24,9 @@ from typing import Any, AsyncGenerator, Iterable, Optional, Union
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.metrics import StatsTracker
-from vllm.engine.protocol import EngineClient
+from vllm.engine.protocol import EngineClient, EngineDeadError
 
 logger = logging.getLogger(__name__)
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop stopped (crash or shutdown); no request can be served any more."""
 
 
 @dataclass

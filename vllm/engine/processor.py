@@ -1,23 +1,12 @@
 """Input processing: prompts to token ids, validated against the model's limits."""
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Optional, Union
 
 from vllm.config import ModelConfig, StructuredOutputsConfig
 from vllm.sampling_params import SamplingParams
 
 PromptType = Union[str, dict[str, Any]]
-
-
-def load_generation_config(model_path: str) -> dict:
-    """The generation_config.json in `model_path` as a dict ({} when there is none)."""
-    path = os.path.join(model_path, "generation_config.json")
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)
 
 
 class Processor:

@@ -12,6 +12,13 @@ from abc import ABC, abstractmethod
 from typing import Any, AsyncGenerator, Iterable, Optional, Union
 
 
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped (crash or shutdown); no request can be served any more.
+
+    Part of the client contract: a server tells it apart from other failures (503).
+    """
+
+
 class EngineClient(ABC):
     """The engine as the server sees it (vLLM's `vllm.engine.protocol.EngineClient`).
 

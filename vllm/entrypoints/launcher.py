@@ -21,7 +21,7 @@ from typing import Any, Optional
 import uvicorn
 
 import vllm.envs as envs
-from vllm.engine.async_llm_engine import EngineDeadError
+from vllm.engine.protocol import EngineDeadError
 from vllm.entrypoints.openai.errors import error_type_for, make_error
 
 logger = logging.getLogger(__name__)

@@ -28,8 +28,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import vllm.envs as envs
-from vllm.engine.async_llm_engine import EngineDeadError
-from vllm.engine.protocol import EngineClient
+from vllm.engine.protocol import EngineClient, EngineDeadError
 from vllm.entrypoints.launcher import serve_http
 from vllm.entrypoints.openai.chat_utils import load_chat_template
 from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args

@@ -402,7 +402,7 @@ def sse_error(err: BaseException) -> str:
     elif isinstance(err, ValueError):
         body = BadRequestError(str(err)).to_response()
     else:
-        from vllm.engine.async_llm_engine import EngineDeadError
+        from vllm.engine.protocol import EngineDeadError
         status = 503 if isinstance(err, EngineDeadError) else 500
         from vllm.entrypoints.openai.errors import error_type_for, make_error
         body = make_error(str(err) or type(err).__name__, error_type_for(status), status)
