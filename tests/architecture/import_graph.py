@@ -81,6 +81,36 @@ class ImportGraph:
                 if len(c) > 1 or next(iter(c)) in graph[next(iter(c))]]
 
 
+    def reachable(self, start: str, lazy: bool = True) -> dict[str, Optional[ImportEdge]]:
+        """Modules of the package that importing (and, with `lazy`, running) the modules
+        under `start` can import, each with the edge that first reached it (None for
+        the start modules): follow the edges back for the chain."""
+        scopes = ("module", "function") if lazy else ("module",)
+        by_importer: dict[str, list[ImportEdge]] = {}
+        for e in self.edges:
+            if e.scope in scopes and e.imported in self.modules:
+                by_importer.setdefault(e.importer, []).append(e)
+        seen: dict[str, Optional[ImportEdge]] = {
+            m: None for m in self.modules if in_package(m, start)}
+        todo = sorted(seen)
+        while todo:
+            for e in by_importer.get(todo.pop(), []):
+                if e.imported not in seen:
+                    seen[e.imported] = e
+                    todo.append(e.imported)
+        return seen
+
+
+def chain_to(reached: dict[str, Optional[ImportEdge]], module: str) -> list[ImportEdge]:
+    """The import chain `reachable` followed from a start module to `module`."""
+    chain = []
+    edge = reached[module]
+    while edge is not None:
+        chain.append(edge)
+        edge = reached[edge.importer]
+    return chain[::-1]
+
+
 def in_package(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 

@@ -20,7 +20,7 @@ import textwrap
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from import_graph import ImportGraph, Rule, check  # noqa: E402
+from import_graph import ImportGraph, Rule, chain_to, check, in_package  # noqa: E402
 
 VLLM_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "vllm")
@@ -87,6 +87,16 @@ def test_rules_cover_real_modules(graph: ImportGraph) -> None:
         for importer in rule.importers:
             assert any(m == importer or m.startswith(importer + ".") for m in graph.modules), \
                 f"{rule.name}: no module under {importer}"
+
+
+def test_scheduler_reaches_no_model_code(graph: ImportGraph) -> None:
+    """Not even through another module: the review found the scheduler reaching
+    model_executor through config.py (quantization config built in ModelConfig)."""
+    reached = graph.reachable("vllm.core", lazy=True)
+    model_side = ("vllm.model_executor", "vllm.worker", "vllm.hpu", "vllm.attention")
+    bad = sorted(m for m in reached if any(in_package(m, p) for p in model_side))
+    assert not bad, "\n" + "\n".join(
+        " | ".join(str(e) for e in chain_to(reached, m)) for m in bad)
 
 
 def test_no_module_level_cycles(graph: ImportGraph) -> None:
@@ -178,6 +188,23 @@ def test_checker_allows_listed_arrows_only(tmp_path) -> None:
     })
     report = check(ImportGraph.from_package(pkg), [RULES[1]])
     assert report[1:] == ["  vllm.entrypoints.openai.serving -> vllm.engine.core (line 2)"]
+
+
+def test_checker_follows_import_chains(tmp_path) -> None:
+    pkg = _write(tmp_path, {
+        "vllm/__init__.py": "",
+        "vllm/config.py": "def q():\n    from vllm.model_executor import quant\n",
+        "vllm/core/__init__.py": "",
+        "vllm/core/scheduler.py": "from vllm.config import C\n",
+        "vllm/model_executor/__init__.py": "",
+        "vllm/model_executor/quant.py": "",
+    })
+    graph = ImportGraph.from_package(pkg)
+    reached = graph.reachable("vllm.core")
+    assert [str(e) for e in chain_to(reached, "vllm.model_executor.quant")] == [
+        "vllm.core.scheduler -> vllm.config (line 1)",
+        "vllm.config -> vllm.model_executor.quant (line 2)"]
+    assert "vllm.model_executor.quant" not in graph.reachable("vllm.core", lazy=False)
 
 
 def test_checker_finds_cycles(tmp_path) -> None:
