@@ -145,6 +145,8 @@ class SamplingParams:
 
     # Set by update_from_generation_config (the model's end-of-sequence token).
     _eos_token_id: Optional[int] = field(default=None, init=False, repr=False)
+    # Set by from_client: the fields the client left unset (None: built in Python).
+    _client_unset: Optional[frozenset[str]] = field(default=None, init=False, repr=False)
 
     # ------------------------------------------------------------------ construction
 
@@ -172,6 +174,29 @@ class SamplingParams:
         default is itself None (seed, stop, logprobs...) keep None.
         """
         return cls(**{k: v for k, v in kwargs.items() if v is not None})
+
+    @classmethod
+    def from_client(cls, **sent: Any) -> "SamplingParams":
+        """Params of a client's request (the OpenAI server), None marking what the client
+        left unset.
+
+        Unset fields take vLLM's defaults here, and are remembered: the input processor
+        (vllm/engine/params.py) gives them the model's generation-config defaults, the
+        one place that does. An unset max_tokens stays None ("as many as fit"), which
+        the processor resolves against the prompt's length.
+        """
+        kwargs = {k: v for k, v in sent.items() if v is not None}
+        if "max_tokens" in sent:
+            kwargs.setdefault("max_tokens", None)
+        params = cls(**kwargs)
+        params._client_unset = frozenset(k for k, v in sent.items() if v is None)
+        return params
+
+    @property
+    def client_unset_fields(self) -> Optional[frozenset[str]]:
+        """Fields a client left unset (from_client); None for params built in Python,
+        which are taken as given."""
+        return self._client_unset
 
     def _normalize(self) -> None:
         """Bring equivalent spellings to one form before the range checks."""

@@ -41,6 +41,11 @@ RULES = (
         allowed={
             "vllm.engine.protocol":
                 "EngineClient and EngineDeadError: the contract itself",
+            "vllm.engine.params":
+                "the request-parameter rules and the errors the engine raises with them "
+                "(pure functions of the model config, no engine state): the server words "
+                "those errors for its API, and frontend-driven beam search needs its length "
+                "up front",
             "vllm.engine.arg_utils":
                 "the server parses the engine's command-line flags (EngineArgs)",
             "vllm.entrypoints.openai.api_server -> vllm.engine.dp_engine":

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any, Iterable, Optional
 
 from vllm.core.scheduler import SchedulerStats
+from vllm.engine.params import RequestParamsPolicy
 from vllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -43,6 +44,8 @@ class FakeLLMEngine:
             hf_config=SimpleNamespace(vocab_size=len(tokenizer)), max_logprobs=20,
             torch_dtype="float32", model_path="", generation_config="vllm")
         self.vllm_config = None
+        self.params_policy = RequestParamsPolicy(
+            max_model_len=max_model_len, vocab_size=len(tokenizer), max_logprobs=20)
         self.script = tokenizer.encode(FAKE_TEXT, add_special_tokens=False)
         self.requests: dict[str, _Req] = {}
         self.step_delay_s = step_delay_s
@@ -56,23 +59,19 @@ class FakeLLMEngine:
         return self.tokenizer
 
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
-                    arrival_time: Optional[float] = None) -> None:
+                    arrival_time: Optional[float] = None) -> list[Any]:
         if request_id in self.requests:
             raise ValueError(f"Request id {request_id} is already in use.")
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
-        if not ids:
-            raise ValueError("The decoder prompt cannot be empty.")
-        if len(ids) >= self.model_config.max_model_len:
-            raise ValueError(f"The decoder prompt (length {len(ids)}) is longer than the "
-                             f"maximum model length of {self.model_config.max_model_len}.")
-        room = self.model_config.max_model_len - len(ids)
-        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        self.requests[request_id] = _Req(request_id, text, ids, params, max_tokens,
-                                         arrival_time or time.time(),
-                                         [[] for _ in range(params.n)], [0] * params.n)
+        # The engine's own rules for params (defaults, checks, max_tokens).
+        params, max_tokens = self.params_policy.process(ids, params, None)
+        req = self.requests[request_id] = _Req(
+            request_id, text, ids, params, max_tokens, arrival_time or time.time(),
+            [[] for _ in range(params.n)], [0] * params.n)
+        return [req]  # as LLMEngine: the queued requests, resolved max_tokens included
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)

@@ -431,14 +431,16 @@ class AsyncLLMEngine(EngineClient):
         else:
             try:
                 kwargs = {} if cmd.lora_request is None else {"lora_request": cmd.lora_request}
-                self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
-                                        arrival_time=cmd.arrival_time, **kwargs)
+                queued = self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
+                                                 arrival_time=cmd.arrival_time, **kwargs)
                 error = None
             except Exception as exc:  # noqa: BLE001 - handed to the requester, engine lives
                 error = exc
         if error is None:
             self._streams[cmd.request_id] = cmd.stream
-            self.stats.on_request_added(cmd.request_id, cmd.params)
+            # The resolved max_tokens lives in the core request (one place).
+            max_tokens = queued[0].max_tokens if queued else None
+            self.stats.on_request_added(cmd.request_id, cmd.params, max_tokens)
         deliveries.append((cmd.accepted, error))
 
     def _handle_call(self, cmd: _Call, deliveries: list) -> None:

@@ -59,8 +59,11 @@ class LLMEngine:
     # ------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     arrival_time: Optional[float] = None,
-                    lora_request: Optional[LoRARequest] = None) -> None:
-        """Validate and queue one request; ValueError for bad input (nothing is queued)."""
+                    lora_request: Optional[LoRARequest] = None) -> list[Request]:
+        """Validate and queue one request; ValueError for bad input (nothing is queued).
+
+        Returns the core requests queued (n of them), whose `max_tokens` is the resolved
+        one (what the metrics report)."""
         if request_id in self.output_processor.parents:
             raise ValueError(f"Request id {request_id} is already in use.")
         if not isinstance(params, SamplingParams):
@@ -68,8 +71,7 @@ class LLMEngine:
         if lora_request is not None:
             self._check_lora_request(lora_request)
         prompt_text, prompt_ids = self.processor.tokenize_prompt(prompt)
-        params = self.processor.prepare_params(params)
-        max_tokens = self.processor.validate(prompt_ids, params)
+        params, max_tokens = self.processor.process_params(prompt_ids, params)
         so_request = self.processor.structured_output_request(params)
         arrival = arrival_time if arrival_time is not None else time.time()
         parent = ParentRequest(request_id=request_id, prompt=prompt_text,
@@ -77,13 +79,16 @@ class LLMEngine:
                                metrics=RequestMetrics(arrival_time=arrival))
         child_ids, child_params = self._fan_out(request_id, params)
         self.output_processor.add_request(parent, child_ids, child_params)
-        for cid, cparams in zip(child_ids, child_params):
-            self.engine_core.add_request(Request(
-                request_id=cid, prompt_token_ids=prompt_ids, sampling_params=cparams,
-                eos_token_id=self.processor.eos_token_id, arrival_time=arrival,
-                max_tokens=max_tokens, lora_request=lora_request,
-                structured_output_request=(dataclasses.replace(so_request)
-                                           if so_request is not None else None)))
+        requests = [Request(
+            request_id=cid, prompt_token_ids=prompt_ids, sampling_params=cparams,
+            eos_token_id=self.processor.eos_token_id, arrival_time=arrival,
+            max_tokens=max_tokens, lora_request=lora_request,
+            structured_output_request=(dataclasses.replace(so_request)
+                                       if so_request is not None else None))
+            for cid, cparams in zip(child_ids, child_params)]
+        for request in requests:
+            self.engine_core.add_request(request)
+        return requests
 
     # --------------------------------------------------------------- LoRA
     def _check_lora_request(self, lora_request: LoRARequest) -> None:

@@ -202,10 +202,11 @@ class StatsTracker:
         return self.metrics.registry
 
     # -------------------------------------------------------------- requests
-    def on_request_added(self, request_id: str, params: Any = None) -> None:
+    def on_request_added(self, request_id: str, params: Any = None,
+                         max_tokens: Optional[int] = None) -> None:
+        """`max_tokens`: the resolved one (`Request.max_tokens`), not the params' ask."""
         self._requests[request_id] = _RequestTimes(
-            arrival=time.monotonic(), n=getattr(params, "n", 1) or 1,
-            max_tokens=getattr(params, "max_tokens", None))
+            arrival=time.monotonic(), n=getattr(params, "n", 1) or 1, max_tokens=max_tokens)
 
     def on_request_aborted(self, request_id: str) -> None:
         if self._requests.pop(request_id, None) is not None:

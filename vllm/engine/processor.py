@@ -1,9 +1,11 @@
-"""Input processing: prompts to token ids, validated against the model's limits."""
+"""Input processing: prompts to token ids; params completed and checked against the model
+(vllm/engine/params.py)."""
 from __future__ import annotations
 
 from typing import Any, Optional, Union
 
 from vllm.config import ModelConfig, StructuredOutputsConfig
+from vllm.engine.params import RequestParamsPolicy
 from vllm.sampling_params import SamplingParams
 
 PromptType = Union[str, dict[str, Any]]
@@ -16,10 +18,10 @@ class Processor:
         self.model_config = model_config
         self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
         self.tokenizer = tokenizer
-        self.generation_config = model_config.try_get_generation_config()
+        self.params_policy = RequestParamsPolicy.from_model_config(model_config)
         self.eos_token_id: Optional[int] = tokenizer.eos_token_id
         if self.eos_token_id is None:
-            eos = self.generation_config.get("eos_token_id")
+            eos = model_config.try_get_generation_config().get("eos_token_id")
             self.eos_token_id = eos[0] if isinstance(eos, list) else eos
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
@@ -38,24 +40,15 @@ class Processor:
         raise ValueError(f"Invalid prompt {type(prompt).__name__}: expected a string, "
                          "{'prompt': str} or {'prompt_token_ids': list[int]}.")
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
-        """Check the prompt and params; return the effective max_tokens."""
-        n = len(prompt_token_ids)
-        max_len = self.model_config.max_model_len
-        if n == 0:
-            raise ValueError("The decoder prompt cannot be empty.")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in prompt_token_ids if t < 0 or t >= vocab), None)
-        if bad is not None:
-            raise ValueError(f"Token id {bad} is out of vocabulary (vocab size {vocab}).")
-        if n >= max_len:
-            raise ValueError(
-                f"The decoder prompt (length {n}) is longer than the maximum model length of "
-                f"{max_len}. Make sure that `max_model_len` is no smaller than the number of "
-                "text tokens plus one.")
-        params.verify_against(vocab, self.model_config.max_logprobs)
-        room = max_len - n
-        return room if params.max_tokens is None else min(params.max_tokens, room)
+    def process_params(self, prompt_token_ids: list[int], params: SamplingParams
+                       ) -> tuple[SamplingParams, int]:
+        """(params with the model's defaults applied, the resolved max_tokens): the one
+        place a request's parameters are completed and checked (vllm/engine/params.py)."""
+        return self.params_policy.process(prompt_token_ids, params, self.eos_token_id)
+
+    def default_sampling_params(self) -> SamplingParams:
+        """vLLM's defaults overridden by the model's generation config."""
+        return self.params_policy.default_sampling_params()
 
     def structured_output_request(self, params: SamplingParams):
         """The request's checked structured-output constraint (None without one).
@@ -68,8 +61,3 @@ class Processor:
         from vllm.structured_output import validate_structured_outputs
         return validate_structured_outputs(params.structured_outputs,
                                            self.structured_outputs_config)
-
-    def prepare_params(self, params: SamplingParams) -> SamplingParams:
-        params = params.clone()
-        params.update_from_generation_config(self.generation_config, self.eos_token_id)
-        return params

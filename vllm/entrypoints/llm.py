@@ -49,7 +49,6 @@ class LLM:
                                  enforce_eager=enforce_eager, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(engine_args)
         self.request_counter = itertools.count()
-        self.default_sampling_params: Optional[dict[str, Any]] = None
 
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
@@ -57,11 +56,8 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's defaults, overridden by the model's generation config (as chosen by
         generation_config / override_generation_config): what generate() and chat() use
-        when no sampling params are given."""
-        if self.default_sampling_params is None:
-            self.default_sampling_params = (
-                self.llm_engine.model_config.get_diff_sampling_param())
-        return SamplingParams(**self.default_sampling_params)
+        when no sampling params are given. The engine's input processor owns them."""
+        return self.llm_engine.processor.default_sampling_params()
 
     # ------------------------------------------------------------ generate
     def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,

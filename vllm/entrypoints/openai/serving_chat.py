@@ -87,26 +87,25 @@ class OpenAIServingChat(OpenAIServing):
                                   self.max_model_len, request.truncation_side)
         if truncated is not prompt.token_ids:
             prompt = PromptInput(truncated, None)
-        max_tokens = self.resolve_max_tokens(
-            len(prompt.token_ids), request.requested_max_tokens, "messages", "messages",
-            "max_completion_tokens" if request.max_completion_tokens is not None
-            else "max_tokens")
+        max_tokens_param = ("max_completion_tokens" if request.max_completion_tokens
+                            is not None else "max_tokens")
         top = request.top_logprobs or 0
         plan = ToolPlan.build(request, self.tokenizer, self.tool_parser_cls,
                               self.enable_auto_tools, self.structured_outputs_config)
         if plan.mode == "auto":
             request = plan.parser.adjust_request(request)
-        params = self.sampling_params(request, max_tokens=max_tokens,
+        params = self.sampling_params(request, max_tokens=request.requested_max_tokens,
                                       logprobs=top if request.logprobs else None,
                                       prompt_logprobs=request.prompt_logprobs,
                                       stream=bool(request.stream),
-                                      structured_outputs=plan.structured)
+                                      structured_outputs=plan.structured,
+                                      max_tokens_param=max_tokens_param)
         request_id = f"chatcmpl-{request.request_id or random_uuid()}"
         try:
             stream = await self.add_request(request_id, prompt.engine_prompt(), params,
                                             request.model)
         except ValueError as e:
-            raise BadRequestError(str(e)) from e
+            raise self.engine_error(e, "messages", "messages", max_tokens_param) from e
         outputs = self.engine.iterate(stream)
         created = int(time.time())
         role = self.response_role_for(request)

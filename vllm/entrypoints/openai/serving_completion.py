@@ -35,18 +35,17 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = request.logprobs
-        jobs = []  # everything is validated before anything reaches the engine
+        params = self.sampling_params(request, max_tokens=request.max_tokens,
+                                      logprobs=request.logprobs,
+                                      prompt_logprobs=prompt_logprobs,
+                                      stream=bool(request.stream))
+        jobs = []
         for i, prompt in enumerate(prompts):
-            max_tokens = self.resolve_max_tokens(len(prompt.token_ids), request.max_tokens,
-                                                 "prompt", "prompt")
-            params = self.sampling_params(request, max_tokens=max_tokens,
-                                          logprobs=request.logprobs,
-                                          prompt_logprobs=prompt_logprobs,
-                                          stream=bool(request.stream))
             request_id = base_id if len(prompts) == 1 else f"{base_id}-{i}"
             jobs.append((request_id, prompt.engine_prompt(), params))
         # Submit every prompt at once: acceptance happens between engine steps, so
-        # awaiting them one by one would cost one step per prompt.
+        # awaiting them one by one would cost one step per prompt. The engine checks
+        # each; if one is refused, the accepted ones are aborted.
         results = await asyncio.gather(*(self.add_request(*job, request.model) for job in jobs),
                                        return_exceptions=True)
         streams = [r for r in results if not isinstance(r, BaseException)]
@@ -54,7 +53,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if errors:
             await self.engine.abort([s.request_id for s in streams])
             if isinstance(errors[0], ValueError):
-                raise BadRequestError(str(errors[0])) from errors[0]
+                raise self.engine_error(errors[0], "prompt", "prompt") from errors[0]
             raise errors[0]
         iterators = [self.engine.iterate(s) for s in streams]
         created = int(time.time())
@@ -101,8 +100,8 @@ class OpenAIServingCompletion(OpenAIServing):
         ends."""
         searches = []
         for i, prompt in enumerate(prompts):
-            max_tokens = self.resolve_max_tokens(len(prompt.token_ids), request.max_tokens,
-                                                 "prompt", "prompt")
+            max_tokens = self.beam_search_max_tokens(len(prompt.token_ids), request.max_tokens,
+                                                     "prompt", "prompt")
             try:
                 params = BeamSearchParams(
                     beam_width=request.n, max_tokens=max_tokens,

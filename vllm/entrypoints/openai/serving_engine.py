@@ -1,8 +1,9 @@
 """What the completion, chat and tokenization handlers share.
 
-Model-name checks, prompt tokenization (off the event loop), the context-length check with
-vLLM's messages, request -> SamplingParams, logprobs in OpenAI's shapes, and a merge of
-several output streams (one per prompt) into one.
+Model-name checks, prompt tokenization (off the event loop), request -> SamplingParams of
+what the client sent (the engine completes and checks them: vllm/engine/params.py), the
+engine's context-length errors in vLLM's server wording, logprobs in OpenAI's shapes, and
+a merge of several output streams (one per prompt) into one.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, Sequence
 
+from vllm.engine.params import MaxTokensTooLargeError, PromptTooLongError, RequestParamsPolicy
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai.errors import (BadRequestError, NotFoundError, OpenAIError,
                                             ServiceUnavailableError)
@@ -26,6 +28,11 @@ from vllm.entrypoints.openai.structured_outputs import (check_structured_outputs
 from vllm.entrypoints.openai.tokenizer_pool import TokenizerPool
 
 logger = logging.getLogger(__name__)
+
+_MODEL_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                    "presence_penalty", "frequency_penalty")
+"""Sampling fields a request may leave unset (null) for the engine to fill from the
+model's generation config, else vLLM's defaults."""
 
 LOGPROB_FLOOR = -9999.0
 """OpenAI clients cannot parse -inf; vLLM clamps logprobs to this value."""
@@ -61,7 +68,7 @@ class OpenAIServing:
         # Tokenizing and template rendering run on a small pool of threads, never on the
         # event loop, and no single prompt can hold them long (see tokenizer_pool.py).
         self.tokenizer_pool = tokenizer_pool or TokenizerPool(tokenizer)
-        self._generation_defaults: Optional[dict[str, Any]] = None
+        self._params_policy: Optional[RequestParamsPolicy] = None
 
     # --------------------------------------------------------------- checks
     def check_model(self, model: Optional[str]) -> str:
@@ -146,29 +153,46 @@ class OpenAIServing:
             return token_ids
         return token_ids[:keep] if truncation_side == "right" else token_ids[-keep:]
 
-    def resolve_max_tokens(self, prompt_len: int, requested: Optional[int], what: str,
-                           param: str, max_tokens_param: str = "max_tokens") -> int:
-        """Check prompt + max_tokens against max_model_len; None means "fill the context"."""
-        if prompt_len >= self.max_model_len:
-            raise BadRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens. "
-                f"However, your request has {prompt_len} input tokens. Please reduce the "
-                f"length of the input {what}.", param=param)
-        # The model's generation config may cap the output (max_new_tokens), as in vLLM.
-        default_cap = self._model_sampling_defaults().get("max_tokens")
-        if requested is None:
-            room = self.max_model_len - prompt_len
-            return room if default_cap is None else min(room, default_cap)
-        if requested < 1:
+    def check_requested_max_tokens(self, requested: Optional[int],
+                                   max_tokens_param: str = "max_tokens") -> None:
+        """The body's max_tokens must be positive; the engine resolves the rest."""
+        if requested is not None and requested < 1:
             raise BadRequestError(f"{max_tokens_param} must be at least 1, got {requested}.",
                                   param=max_tokens_param)
-        if prompt_len + requested > self.max_model_len:
-            raise BadRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens. "
-                f"However, you requested {prompt_len + requested} tokens ({prompt_len} in the "
-                f"{what}, {requested} in the completion). Please reduce the length of the "
-                f"{what} or completion.", param=max_tokens_param)
-        return requested if default_cap is None else min(requested, default_cap)
+
+    def engine_error(self, error: ValueError, what: str, param: str,
+                     max_tokens_param: str = "max_tokens") -> BadRequestError:
+        """The 400 for a request the engine refused, worded for this API: a prompt too
+        long (`param` names it, `what` is "prompt" or "messages") or a max_tokens beyond
+        the context as vLLM's server words them; otherwise the engine's message."""
+        if isinstance(error, PromptTooLongError):
+            return BadRequestError(
+                f"This model's maximum context length is {error.max_model_len} tokens. "
+                f"However, your request has {error.prompt_len} input tokens. Please reduce "
+                f"the length of the input {what}.", param=param)
+        if isinstance(error, MaxTokensTooLargeError):
+            n, requested = error.prompt_len, error.max_tokens
+            return BadRequestError(
+                f"This model's maximum context length is {error.max_model_len} tokens. "
+                f"However, you requested {n + requested} tokens ({n} in the {what}, "
+                f"{requested} in the completion). Please reduce the length of the {what} "
+                "or completion.", param=max_tokens_param)
+        return BadRequestError(str(error))
+
+    def beam_search_max_tokens(self, prompt_len: int, requested: Optional[int],
+                               what: str, param: str) -> int:
+        """Beam search runs here, as one-token engine requests per step, so its length is
+        resolved up front, by the engine's own rules (vllm/engine/params.py)."""
+        from vllm.sampling_params import SamplingParams
+        if self._params_policy is None:
+            self._params_policy = RequestParamsPolicy.from_model_config(self.model_config)
+        self.check_requested_max_tokens(requested)
+        try:
+            self._params_policy.check_prompt_length(prompt_len)
+            return self._params_policy.resolve_max_tokens(
+                prompt_len, SamplingParams.from_client(max_tokens=requested))
+        except ValueError as e:
+            raise self.engine_error(e, what, param) from e
 
     def usage(self, prompt_tokens: int, completion_tokens: int,
               num_cached_tokens: Optional[int] = None) -> UsageInfo:
@@ -182,23 +206,17 @@ class OpenAIServing:
                          prompt_tokens_details=details)
 
     # ------------------------------------------------------------- sampling
-    def sampling_params(self, request: SamplingFields, *, max_tokens: int,
+    def sampling_params(self, request: SamplingFields, *, max_tokens: Optional[int],
                         logprobs: Optional[int], prompt_logprobs: Optional[int],
-                        stream: bool, structured_outputs: Optional[tuple[Any, str]] = None
-                        ) -> Any:
-        """Build SamplingParams; unset request fields take the model's generation defaults
-        (generation_config.json), then vLLM's. `structured_outputs` (params, field name)
-        replaces the constraint the request's own fields ask for (tool_choice does)."""
+                        stream: bool, structured_outputs: Optional[tuple[Any, str]] = None,
+                        max_tokens_param: str = "max_tokens") -> Any:
+        """SamplingParams of what the client sent (`SamplingParams.from_client`): the
+        engine fills the fields it left unset from the model's generation config and
+        resolves max_tokens (None: as many as fit). `structured_outputs` (params, field
+        name) replaces the constraint the request's own fields ask for (tool_choice
+        does)."""
         from vllm.sampling_params import RequestOutputKind, SamplingParams
-        defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
-                    "repetition_penalty": 1.0, "presence_penalty": 0.0,
-                    "frequency_penalty": 0.0}
-        defaults.update({k: v for k, v in self._model_sampling_defaults().items()
-                         if k in defaults})
-        values = {}
-        for name, default in defaults.items():
-            value = getattr(request, name, None)
-            values[name] = default if value is None else value
+        self.check_requested_max_tokens(max_tokens, max_tokens_param)
         max_logprobs = getattr(self.model_config, "max_logprobs", 20)
         for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
             if value is not None and value > max_logprobs:
@@ -218,7 +236,7 @@ class OpenAIServing:
             spaces_between_special_tokens=request.spaces_between_special_tokens,
             logit_bias=logit_bias, allowed_token_ids=request.allowed_token_ids,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
-            **values)
+            **{name: getattr(request, name, None) for name in _MODEL_DEFAULTED})
         if structured_outputs is None:
             structured_outputs = structured_outputs_from_request(request)
         if structured_outputs is not None:
@@ -226,7 +244,7 @@ class OpenAIServing:
             check_structured_outputs(so_params, so_param, self.structured_outputs_config)
             kwargs["structured_outputs"] = so_params
         try:
-            return SamplingParams(**kwargs)
+            return SamplingParams.from_client(**kwargs)
         except (ValueError, TypeError) as e:
             raise BadRequestError(str(e), param=guess_param(str(e), request)) from e
 
@@ -234,13 +252,6 @@ class OpenAIServing:
     def structured_outputs_config(self) -> Any:
         vllm_config = getattr(self.engine, "vllm_config", None)
         return getattr(vllm_config, "structured_outputs_config", None)
-
-    def _model_sampling_defaults(self) -> dict[str, Any]:
-        """Sampling fields the model's generation_config.json sets (generation_config=auto),
-        used for fields a request leaves unset, as vLLM's server does."""
-        if self._generation_defaults is None:
-            self._generation_defaults = model_sampling_defaults(self.model_config)
-        return self._generation_defaults
 
     @staticmethod
     def _logit_bias(bias: Optional[dict[str, float]]) -> Optional[dict[int, float]]:
@@ -347,19 +358,6 @@ def check_truncate_prompt_tokens(value: Optional[int], max_model_len: int) -> Op
                               f"max_model_len={max_model_len}; choose a smaller truncation "
                               "size.", param="truncate_prompt_tokens")
     return value
-
-
-def model_sampling_defaults(model_config: Any) -> dict[str, Any]:
-    """The model config's default sampling parameters (generation config and overrides)."""
-    get = getattr(model_config, "get_diff_sampling_param", None)
-    if get is None:  # a stand-in model config without generation defaults
-        return {}
-    try:
-        return get()
-    except (OSError, ValueError):
-        logger.warning("Could not read the generation config of %s.",
-                       getattr(model_config, "model", "the model"))
-        return {}
 
 
 def copy_tokenizer(tokenizer: Any) -> Any:
