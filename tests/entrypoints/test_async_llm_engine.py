@@ -86,6 +86,26 @@ def test_n_completions_and_metrics(tokenizer):
     assert reg.get_sample_value("vllm:e2e_request_latency_seconds_count", labels) == 1
 
 
+def test_metrics_report_the_resolved_max_tokens(tokenizer):
+    """An unset max_tokens ("as many as fit") is reported as what the engine resolved
+    it to (Request.max_tokens), not as the client's None."""
+    fake, engine = make_engine(tokenizer, max_model_len=32)
+
+    async def main():
+        p = SamplingParams.from_client(max_tokens=None, output_kind=RequestOutputKind.FINAL_ONLY)
+        return await collect(engine, "fill", p, prompt={"prompt_token_ids": [5] * 20})
+
+    try:
+        (out,) = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert len(out.outputs[0].token_ids) == 12
+    labels = {"model_name": "fake-model", "engine": "0"}
+    reg = engine.stats.registry
+    assert reg.get_sample_value("vllm:request_params_max_tokens_sum", labels) == 12
+    assert reg.get_sample_value("vllm:request_params_max_tokens_count", labels) == 1
+
+
 def test_closing_the_stream_aborts(tokenizer):
     fake, engine = make_engine(tokenizer, step_delay_s=0.01)
 

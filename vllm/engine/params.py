@@ -79,12 +79,13 @@ class RequestParamsPolicy:
                        eos_token_id: Optional[int]) -> SamplingParams:
         """A copy of `params` with the model's defaults in the fields a client left unset
         and the model's end-of-sequence tokens recorded."""
-        unset = params.client_unset_fields or frozenset()
-        fill = {k: v for k, v in self.defaults.items() if k in unset and k != "max_tokens"}
+        unset = params.client_unset_fields
+        fill = {k: v for k, v in self.defaults.items()
+                if unset is not None and k in unset and k != "max_tokens"}
         # replace() re-runs the checks, so a default temperature of 0 still turns the
         # truncation knobs off.
         params = dataclasses.replace(params, **fill) if fill else params.clone()
-        params._client_unset = unset if unset else None
+        params._client_unset = unset
         params.update_from_generation_config(self.generation_config, eos_token_id)
         return params
 
