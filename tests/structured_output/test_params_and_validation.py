@@ -96,3 +96,21 @@ def test_config_from_cli():
         StructuredOutputsConfig.from_cli('{"backend": "outlines"}')
     with pytest.raises(ValueError, match="reasoning_parser"):
         StructuredOutputsConfig(reasoning_parser="nope")
+
+
+def test_request_field_is_the_params_dataclass():
+    """The server's `structured_outputs` body model is generated from
+    StructuredOutputsParams: one definition of the fields, types and defaults."""
+    import dataclasses
+
+    from vllm.entrypoints.openai.protocol import StructuredOutputsRequest
+    from vllm.sampling_params import StructuredOutputsParams
+    params_fields = {f.name: f.default for f in dataclasses.fields(StructuredOutputsParams)
+                     if f.init}
+    request_fields = {(f.alias or name): f.default
+                      for name, f in StructuredOutputsRequest.model_fields.items()}
+    assert request_fields == params_fields
+    body = StructuredOutputsRequest.model_validate({"json": {"type": "object"},
+                                                    "disable_any_whitespace": True})
+    params = StructuredOutputsParams(**body.model_dump(by_alias=True, exclude_unset=True))
+    assert params.json == {"type": "object"} and params.disable_any_whitespace

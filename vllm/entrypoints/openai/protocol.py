@@ -9,12 +9,17 @@ else.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+import typing
 import uuid
 from typing import Any, ClassVar, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, model_serializer, model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, create_model, model_serializer,
+                      model_validator)
+
+from vllm.sampling_params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +85,32 @@ class ResponseFormat(OpenAIBaseModel):
     json_schema: Optional[JsonSchemaResponseFormat] = None
 
 
-class StructuredOutputsRequest(OpenAIBaseModel):
-    """vLLM's request field `structured_outputs` (the fields of StructuredOutputsParams)."""
+class _StructuredOutputsBase(OpenAIBaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, populate_by_name=True)
-    json_schema: Optional[Union[str, dict[str, Any]]] = Field(default=None, alias="json")
-    regex: Optional[str] = None
-    choice: Optional[list[str]] = None
-    grammar: Optional[str] = None
-    json_object: Optional[bool] = None
-    structural_tag: Optional[str] = None
-    disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
+
+
+def _request_model_of(cls: type, name: str, doc: str) -> type[OpenAIBaseModel]:
+    """A request-body model with the init fields of dataclass `cls`: the dataclass stays
+    the one definition of the fields, their types and defaults. A field whose name is a
+    pydantic BaseModel attribute (`json`) gets a `_schema` suffix and its name as alias."""
+    hints = typing.get_type_hints(cls)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if hasattr(BaseModel, f.name):
+            fields[f"{f.name}_schema"] = (hints[f.name], Field(default=f.default,
+                                                                alias=f.name))
+        else:
+            fields[f.name] = (hints[f.name], f.default)
+    model = create_model(name, __base__=_StructuredOutputsBase, __doc__=doc, **fields)
+    model.__module__ = __name__
+    return model
+
+
+StructuredOutputsRequest = _request_model_of(
+    StructuredOutputsParams, "StructuredOutputsRequest",
+    "vLLM's request field `structured_outputs`: the fields of StructuredOutputsParams.")
 
 
 class PromptTokensDetails(ResponseModel):
