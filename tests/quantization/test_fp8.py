@@ -31,7 +31,8 @@ def _engine_model(path: str, quantization=None):
     cfg = make_vllm_config(path)
     if quantization is not None:
         from vllm.transformers_utils.config import create_model_config
-        cfg.model_config = create_model_config(model=path, dtype="float32", quantization=quantization)
+        cfg.model_config = create_model_config(model=path, dtype="float32",
+                                               quantization=quantization)
     return get_model(cfg)
 
 
