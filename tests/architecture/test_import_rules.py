@@ -14,13 +14,11 @@ reach into the other, and is refused.
 from __future__ import annotations
 
 import os
-import sys
 import textwrap
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from import_graph import ImportGraph, Rule, chain_to, check, in_package  # noqa: E402
+from tests.architecture.import_graph import ImportGraph, Rule, chain_to, check, in_package
 
 VLLM_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "vllm")
