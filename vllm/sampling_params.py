@@ -89,6 +89,15 @@ def _is_set(value: Any) -> bool:
     return value is not None and value is not False
 
 
+class LogprobsTooLargeError(ValueError):
+    """logprobs or prompt_logprobs above --max-logprobs (`name`, `value`, `cap`)."""
+
+    def __init__(self, name: str, value: int, cap: int) -> None:
+        self.name, self.value, self.cap = name, value, cap
+        super().__init__(f"Requested {name}={value}, which is greater than max allowed: "
+                         f"{cap} (raise --max-logprobs to allow more).")
+
+
 class SamplingType(enum.IntEnum):
     """How the sampler picks the next token of a request."""
     GREEDY = 0
@@ -350,9 +359,7 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and value > cap:
-                raise ValueError(
-                    f"Requested {name}={value}, which is greater than max allowed: {cap} "
-                    "(raise --max-logprobs to allow more).")
+                raise LogprobsTooLargeError(name, value, cap)
         for name, ids in (("stop_token_ids", self.stop_token_ids),
                           ("allowed_token_ids", self.allowed_token_ids or []),
                           ("logit_bias", list(self.logit_bias or {}))):

@@ -6,7 +6,7 @@ import pytest
 
 from vllm.engine.params import (MaxTokensTooLargeError, PromptTooLongError,
                                 RequestParamsPolicy)
-from vllm.sampling_params import SamplingParams
+from vllm.sampling_params import LogprobsTooLargeError, SamplingParams
 
 DEFAULTS = {"temperature": 0.5, "top_k": 5, "max_tokens": 10}
 
@@ -68,8 +68,10 @@ def test_prompt_checks():
         policy().process([], SamplingParams(), None)
     with pytest.raises(ValueError, match="Token id 100 is out of vocabulary"):
         policy().process([100], SamplingParams(), None)
-    with pytest.raises(ValueError, match="logprobs=6"):
+    with pytest.raises(LogprobsTooLargeError, match="logprobs=6") as info:
         policy().process([1], SamplingParams(logprobs=6), None)
+    assert (info.value.name, info.value.value, info.value.cap) == ("logprobs", 6, 5)
+    policy(max_logprobs=-1).process([1], SamplingParams(logprobs=99), None)  # vocab cap
 
 
 def test_the_callers_params_are_not_modified():

@@ -105,7 +105,8 @@ class OpenAIServingChat(OpenAIServing):
             stream = await self.add_request(request_id, prompt.engine_prompt(), params,
                                             request.model)
         except ValueError as e:
-            raise self.engine_error(e, "messages", "messages", max_tokens_param) from e
+            raise self.engine_error(e, "messages", "messages", max_tokens_param,
+                                    "top_logprobs") from e
         outputs = self.engine.iterate(stream)
         created = int(time.time())
         role = self.response_role_for(request)

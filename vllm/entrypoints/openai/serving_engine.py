@@ -26,6 +26,7 @@ from vllm.entrypoints.openai.serving_models import OpenAIServingModels
 from vllm.entrypoints.openai.structured_outputs import (check_structured_outputs,
                                                         structured_outputs_from_request)
 from vllm.entrypoints.openai.tokenizer_pool import TokenizerPool
+from vllm.sampling_params import LogprobsTooLargeError
 
 logger = logging.getLogger(__name__)
 
@@ -161,10 +162,16 @@ class OpenAIServing:
                                   param=max_tokens_param)
 
     def engine_error(self, error: ValueError, what: str, param: str,
-                     max_tokens_param: str = "max_tokens") -> BadRequestError:
+                     max_tokens_param: str = "max_tokens",
+                     logprobs_param: str = "logprobs") -> BadRequestError:
         """The 400 for a request the engine refused, worded for this API: a prompt too
-        long (`param` names it, `what` is "prompt" or "messages") or a max_tokens beyond
-        the context as vLLM's server words them; otherwise the engine's message."""
+        long (`param` names it, `what` is "prompt" or "messages"), a max_tokens beyond
+        the context, or logprobs above --max-logprobs (named as the request's field);
+        otherwise the engine's message."""
+        if isinstance(error, LogprobsTooLargeError):
+            field = logprobs_param if error.name == "logprobs" else error.name
+            return BadRequestError(f"{field}={error.value} is larger than the maximum of "
+                                   f"{error.cap} (--max-logprobs).", param=field)
         if isinstance(error, PromptTooLongError):
             return BadRequestError(
                 f"This model's maximum context length is {error.max_model_len} tokens. "
@@ -217,13 +224,6 @@ class OpenAIServing:
         does)."""
         from vllm.sampling_params import RequestOutputKind, SamplingParams
         self.check_requested_max_tokens(max_tokens, max_tokens_param)
-        max_logprobs = getattr(self.model_config, "max_logprobs", 20)
-        for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
-            if value is not None and value > max_logprobs:
-                field = ("top_logprobs" if name == "logprobs" and hasattr(request, "top_logprobs")
-                         else name)
-                raise BadRequestError(f"{field}={value} is larger than the maximum of "
-                                      f"{max_logprobs} (--max-logprobs).", param=field)
         logit_bias = self._logit_bias(request.logit_bias)
         stop = [request.stop] if isinstance(request.stop, str) else request.stop
         kwargs = dict(
