@@ -12,7 +12,6 @@ Field docstrings (the string literal after each field) become the CLI help of
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 

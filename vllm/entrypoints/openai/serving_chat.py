@@ -16,7 +16,6 @@ from vllm.entrypoints.openai.chat_parsing import ChoiceParser, ToolPlan
 from vllm.entrypoints.openai.chat_utils import (apply_chat_template,
                                                 check_request_chat_template,
                                                 conversation_from_messages)
-from vllm.entrypoints.openai.errors import BadRequestError
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
                                               ChatCompletionResponseChoice,
                                               ChatCompletionResponseStreamChoice,
