@@ -69,6 +69,9 @@ class ModelConfig:
     override_generation_config: Optional[dict] = None
     """Generation config fields that override the loaded ones (JSON), e.g.
     '{"temperature": 0.5}'; with --generation-config vllm they are the only defaults."""
+    enable_sleep_mode: bool = False
+    """Allow sleep()/wake_up(): free the KV cache and offload (level 1) or discard
+    (level 2) the weights while the engine is idle, and restore them on wake-up."""
 
     # Filled by the loader (transformers_utils/config.py) through set_loaded().
     model_path: str = field(init=False, default="")

@@ -75,6 +75,16 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_LOGGING_LEVEL": (str, "INFO", "Level of the vllm logger."),
     "VLLM_CACHE_ROOT": (str, os.path.join(os.path.expanduser("~"), ".cache", "vllm"),
                         "Where converted models (GGUF -> safetensors) are cached."),
+    "VLLM_SERVER_DEV_MODE": (_bool, False, "Serve the development routes: POST /sleep, "
+                             "POST /wake_up, GET /is_sleeping, POST /reset_prefix_cache. "
+                             "Never in production: anyone reaching the server can use them."),
+    "VLLM_TORCH_PROFILER_DIR": (str, "", "Directory each worker writes its torch profiler "
+                                "trace to (start_profile / stop_profile, and the server's "
+                                "POST /start_profile, /stop_profile); unset: profiling off."),
+    "VLLM_TORCH_PROFILER_RECORD_SHAPES": (_bool, False, "Record the input shapes of each op "
+                                          "in torch profiler traces."),
+    "VLLM_TORCH_PROFILER_WITH_STACK": (_bool, True, "Record Python stacks in torch profiler "
+                                       "traces."),
     "VLLM_ENGINE_ITERATION_TIMEOUT_S": (int, 60, "Seconds a worker may take for one step."),
     "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": (_bool, False, "Keep the OpenAI server up (answering "
                                         "503) after its engine died, instead of exiting."),

@@ -66,6 +66,7 @@ class EngineArgs:
     override_generation_config: Optional[dict] = None
     max_logprobs: int = 20
     enforce_eager: bool = False
+    enable_sleep_mode: bool = False
     # cache
     block_size: Optional[int] = None
     gpu_memory_utilization: float = 0.9
@@ -175,7 +176,8 @@ class EngineArgs:
             trust_remote_code=self.trust_remote_code, tokenizer_mode=self.tokenizer_mode,
             hf_overrides=self.hf_overrides, download_dir=self.download_dir,
             generation_config=self.generation_config,
-            override_generation_config=self.override_generation_config)
+            override_generation_config=self.override_generation_config,
+            enable_sleep_mode=self.enable_sleep_mode)
         cache_config = CacheConfig(
             block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,

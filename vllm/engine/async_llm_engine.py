@@ -48,7 +48,7 @@ class _Abort:
 
 @dataclass
 class _Call:
-    """Run `fn(engine)` on the loop thread between steps (LoRA adapter management)."""
+    """Run `fn(engine)` on the loop thread between steps (admin operations)."""
     fn: Any
     done: "asyncio.Future[Any]"
 
@@ -225,15 +225,6 @@ class AsyncLLMEngine(EngineClient):
     def metrics_registry(self) -> Any:
         return self.stats.registry
 
-    async def get_model_config(self) -> Any:
-        return self.model_config
-
-    async def get_vllm_config(self) -> Any:
-        return self.vllm_config
-
-    async def is_tracing_enabled(self) -> bool:
-        return False
-
     def start_background_loop(self) -> None:
         """Start the engine loop thread, bound to the running event loop."""
         if self._thread is not None:
@@ -312,16 +303,10 @@ class AsyncLLMEngine(EngineClient):
                 if self.log_requests:
                     logger.info("Aborted request %s.", stream.request_id)
 
-    # ------------------------------------------------------------ LoRA
-    async def add_lora(self, lora_request: Any) -> bool:
-        """Load and check an adapter (ValueError when it cannot be used)."""
-        return await self._call(lambda engine: engine.add_lora(lora_request))
-
-    async def remove_lora(self, lora_id: int) -> bool:
-        return await self._call(lambda engine: engine.remove_lora(lora_id))
-
-    async def list_loras(self) -> set[int]:
-        return await self._call(lambda engine: engine.list_loras())
+    # ------------------------------------------------------------ admin
+    async def call_utility(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run on the engine thread between two steps (the engine is not thread-safe)."""
+        return await self._call(lambda engine: engine.call_utility(name, *args, **kwargs))
 
     async def _call(self, fn: Any) -> Any:
         if self._thread is None:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from vllm.config import VllmConfig
 from vllm.core.scheduler import EngineCoreOutput, Scheduler, SchedulerStats
-from vllm.executor.executor_base import ExecutorBase
+from vllm.engine.utility import get_utility
+from vllm.executor.executor_base import ExecutorBase, WorkerMethod
 from vllm.request import Request, RequestStatus
+from vllm.worker.sleep_mode import (SLEEP_TAGS, check_level2_supported, check_sleep_level,
+                                    check_wake_tags)
+from vllm.worker.torch_profiler import check_profiler_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +36,10 @@ class EngineCore:
         self.executor = (executor_class or ExecutorBase.get_class(vllm_config))(vllm_config)
         num_blocks = self._init_kv_cache()
         self.scheduler = Scheduler(vllm_config, num_blocks)
+        self.loaded_loras: dict[int, Any] = {}
+        """LoRARequests the workers loaded and checked, by id (see utility.py)."""
+        self._sleeping_tags: set[str] = set()
+        self._profiling = False
         logger.info("Engine core initialized in %.2f s", time.perf_counter() - start)
 
     def _init_kv_cache(self) -> int:
@@ -101,27 +109,91 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def add_lora(self, lora_request) -> bool:
-        return self.executor.add_lora(lora_request)
-
-    def remove_lora(self, lora_id: int) -> bool:
-        return self.executor.remove_lora(lora_id)
-
-    def list_loras(self) -> set[int]:
-        return self.executor.list_loras()
-
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.get_stats()
 
-    def reset_prefix_cache(self) -> bool:
-        return self.scheduler.kv_cache_manager.reset_prefix_cache()
+    # -------------------------------------------------------------- utilities
+    def call_utility(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run the admin operation `name` (vllm/engine/utility.py): the one entry the
+        frontends use for everything that is not a request."""
+        return get_utility(name).run(self, *args, **kwargs)
 
-    def get_compile_stats(self) -> Optional[dict]:
-        return self.executor.get_compile_stats()
+    def collective_rpc(self, method: WorkerMethod, timeout: Optional[float] = None,
+                       args: tuple = (), kwargs: Optional[dict[str, Any]] = None,
+                       unique_reply_rank: Optional[int] = None) -> list[Any]:
+        """Run a worker method (or a function of the worker) on every rank."""
+        return self.executor.collective_rpc(method, timeout=timeout, args=args,
+                                            kwargs=kwargs, unique_reply_rank=unique_reply_rank)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block (False while requests hold blocks)."""
+        return self.scheduler.kv_cache_manager.reset_prefix_cache()
 
     def check_health(self) -> None:
         """Raise when the executor lost a worker (RuntimeError); cheap, callable anytime."""
         self.executor.check_health()
+
+    # ------------------------------------------------------------- profiling
+    def start_profile(self) -> None:
+        check_profiler_enabled()  # refused here, before any rank is asked
+        if self._profiling:
+            raise RuntimeError("The profiler is already running; call stop_profile() first.")
+        self.collective_rpc("start_profile")
+        self._profiling = True
+
+    def stop_profile(self) -> None:
+        check_profiler_enabled()
+        if not self._profiling:
+            raise RuntimeError("The profiler is not running; call start_profile() first.")
+        self._profiling = False
+        self.collective_rpc("stop_profile")
+
+    # ------------------------------------------------------------ sleep mode
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache and offload (level 1) or discard (level 2) the weights on
+        every rank (vllm/worker/sleep_mode.py). Refused while requests run: their KV
+        blocks would vanish under them."""
+        if not self.vllm_config.model_config.enable_sleep_mode:
+            raise ValueError("Sleep mode is not enabled; start the engine with "
+                             "enable_sleep_mode=True (--enable-sleep-mode).")
+        check_sleep_level(level)
+        if level == 2:
+            check_level2_supported(self.vllm_config)
+        if self._sleeping_tags:
+            logger.warning("The engine is already sleeping.")
+            return
+        if self.scheduler.has_unfinished_requests():
+            raise ValueError("The engine cannot sleep while requests are running; wait for "
+                             "them to finish or abort them first.")
+        self.reset_prefix_cache()  # the cached blocks' contents are about to go
+        start = time.perf_counter()
+        self.collective_rpc("sleep", kwargs={"level": level})
+        self._sleeping_tags = set(SLEEP_TAGS)
+        logger.info("The engine is sleeping (level %d); it took %.2f s.", level,
+                    time.perf_counter() - start)
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Restore what `sleep` released (or only `tags`: "weights", "kv_cache")."""
+        wanted = check_wake_tags(tags)
+        if not self._sleeping_tags:
+            logger.warning("The engine is not sleeping.")
+            return
+        start = time.perf_counter()
+        self.collective_rpc("wake_up", kwargs={"tags": list(wanted)})
+        self._sleeping_tags.difference_update(wanted)
+        logger.info("Woke up %s in %.2f s%s.", "/".join(wanted), time.perf_counter() - start,
+                    "" if not self._sleeping_tags else
+                    f"; still asleep: {'/'.join(sorted(self._sleeping_tags))}")
+
+    def is_sleeping(self) -> bool:
+        """Until every tag is woken up (requests are refused meanwhile)."""
+        return bool(self._sleeping_tags)
+
+    def check_awake(self) -> None:
+        """ValueError while asleep: a request would find no weights or KV cache."""
+        if self._sleeping_tags:
+            raise ValueError("The engine is sleeping; call wake_up() before adding "
+                             "requests.")
 
     def shutdown(self) -> None:
         self.scheduler.structured_output_manager.shutdown()

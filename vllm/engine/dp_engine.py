@@ -21,6 +21,7 @@ is a different, multi-launch mechanism); the server is the way to use it.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import weakref
@@ -33,6 +34,7 @@ from prometheus_client.metrics_core import Metric
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError, RequestStream
 from vllm.engine.protocol import EngineClient
+from vllm.engine.utility import get_utility
 
 logger = logging.getLogger(__name__)
 
@@ -148,15 +150,6 @@ class DPAsyncLLMEngine(EngineClient):
     def metrics_registry(self) -> Any:
         return self.stats.registry
 
-    async def get_model_config(self) -> Any:
-        return self.model_config
-
-    async def get_vllm_config(self) -> Any:
-        return self.vllm_config
-
-    async def is_tracing_enabled(self) -> bool:
-        return False
-
     def start_background_loop(self) -> None:
         for r in self.replicas:
             r.start_background_loop()
@@ -207,17 +200,13 @@ class DPAsyncLLMEngine(EngineClient):
         async for output in self.iterate(stream):
             yield output
 
-    # LoRA adapters: every replica serves every adapter.
-    async def add_lora(self, lora_request: Any) -> bool:
-        results = [await r.add_lora(lora_request) for r in self.replicas]
-        return any(results)
-
-    async def remove_lora(self, lora_id: int) -> bool:
-        results = [await r.remove_lora(lora_id) for r in self.replicas]
-        return any(results)
-
-    async def list_loras(self) -> set[int]:
-        return await self.replicas[0].list_loras()
+    async def call_utility(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Every replica runs the operation (each serves every adapter, sleeps, profiles);
+        their answers are merged as the operation says (vllm/engine/utility.py)."""
+        utility = get_utility(name)
+        results = await asyncio.gather(*(r.call_utility(name, *args, **kwargs)
+                                         for r in self.replicas))
+        return utility.merge_replicas(list(results))
 
     async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)

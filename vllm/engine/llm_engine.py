@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
 from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerStats
@@ -43,7 +43,6 @@ class LLMEngine:
         self.processor = Processor(mc, self.tokenizer, vllm_config.structured_outputs_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = EngineCore(vllm_config)
-        self._loras: dict[int, LoRARequest] = {}  # adapters checked by the workers
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -64,6 +63,7 @@ class LLMEngine:
 
         Returns the core requests queued (n of them), whose `max_tokens` is the resolved
         one (what the metrics report)."""
+        self.engine_core.check_awake()
         if request_id in self.output_processor.parents:
             raise ValueError(f"Request id {request_id} is already in use.")
         if not isinstance(params, SamplingParams):
@@ -99,24 +99,9 @@ class LLMEngine:
         if self.vllm_config.lora_config is None:
             raise ValueError("lora_request: LoRA is not enabled; start the engine with "
                              "enable_lora=True (--enable-lora).")
-        known = self._loras.get(lora_request.lora_int_id)
+        known = self.engine_core.loaded_loras.get(lora_request.lora_int_id)
         if known is None or known.lora_path != lora_request.lora_path:
             self.add_lora(lora_request)
-
-    def add_lora(self, lora_request: LoRARequest) -> bool:
-        """Load (and check) an adapter in the workers; ValueError if it cannot be used."""
-        if self.vllm_config.lora_config is None:
-            raise ValueError("LoRA is not enabled; start the engine with enable_lora=True.")
-        added = self.engine_core.add_lora(lora_request)
-        self._loras[lora_request.lora_int_id] = lora_request
-        return added
-
-    def remove_lora(self, lora_id: int) -> bool:
-        self._loras.pop(lora_id, None)
-        return self.engine_core.remove_lora(lora_id)
-
-    def list_loras(self) -> set[int]:
-        return self.engine_core.list_loras()
 
     @staticmethod
     def _fan_out(request_id: str, params: SamplingParams
@@ -156,32 +141,74 @@ class LLMEngine:
     def get_stats(self) -> SchedulerStats:
         return self.engine_core.get_stats()
 
-    def get_compile_stats(self) -> Optional[dict]:
-        """HPU graph compilations (during and after warmup, buckets); None on CPU."""
-        return self.engine_core.get_compile_stats()
-
-    def reset_prefix_cache(self) -> bool:
-        return self.engine_core.reset_prefix_cache()
-
-    def check_health(self) -> None:
-        """Raise RuntimeError when a worker of the engine died or failed."""
-        self.engine_core.check_health()
-
     @property
     def model_executor(self):
         """The executor (vLLM's name: vLLM-Gaudi's calibration scripts end with
         `llm.llm_engine.model_executor.shutdown()`)."""
         return self.engine_core.executor
 
+    # ------------------------------------------------- admin operations
+    # Each is one utility call (vllm/engine/utility.py); these are vLLM's spellings.
+    def call_utility(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self.engine_core.call_utility(name, *args, **kwargs)
+
+    def collective_rpc(self, method: Union[str, Callable[..., Any]],
+                       timeout: Optional[float] = None, args: tuple = (),
+                       kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
+        """Run a worker method (name), or `method(worker, *args, **kwargs)`, on every
+        rank; one result per rank."""
+        return self.call_utility("collective_rpc", method, timeout=timeout, args=args,
+                                 kwargs=kwargs)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load (and check) an adapter in the workers; ValueError if it cannot be used."""
+        return self.call_utility("add_lora", lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.call_utility("remove_lora", lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.call_utility("list_loras")
+
+    def get_compile_stats(self) -> Optional[dict]:
+        """HPU graph compilations (during and after warmup, buckets); None on CPU."""
+        return self.call_utility("get_compile_stats")
+
+    def reset_prefix_cache(self) -> bool:
+        return self.call_utility("reset_prefix_cache")
+
+    def check_health(self) -> None:
+        """Raise RuntimeError when a worker of the engine died or failed."""
+        self.call_utility("check_health")
+
     def finalize_calibration(self) -> list[Optional[str]]:
         """INC MEASURE (`--quantization inc`, QUANT_CONFIG mode MEASURE): write the
         statistics recorded so far (also done at shutdown); the json path per rank."""
-        return self.engine_core.executor.finalize_calibration()
+        return self.call_utility("finalize_calibration")
 
     def reload_quant_scales(self, dump_stats_path: Optional[str] = None) -> int:
         """INC QUANTIZE: load the input scales of another measurement (default: the
         QUANT_CONFIG's dump_stats_path, re-read) into the running model, in place."""
-        return self.engine_core.executor.reload_quant_scales(dump_stats_path)
+        return self.call_utility("reload_quant_scales", dump_stats_path)
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache, offload (1) or discard (2) the weights; needs
+        enable_sleep_mode=True and no running request."""
+        self.call_utility("sleep", level)
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        self.call_utility("wake_up", tags)
+
+    def is_sleeping(self) -> bool:
+        return self.call_utility("is_sleeping")
+
+    def start_profile(self) -> None:
+        """Start the torch profiler on every worker (needs VLLM_TORCH_PROFILER_DIR)."""
+        self.call_utility("start_profile")
+
+    def stop_profile(self) -> None:
+        """Stop it; each worker writes its trace under VLLM_TORCH_PROFILER_DIR."""
+        self.call_utility("stop_profile")
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

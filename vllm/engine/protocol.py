@@ -64,17 +64,17 @@ class EngineClient(ABC):
     async def get_tokenizer(self) -> Any:
         """The engine's tokenizer."""
 
-    @abstractmethod
     async def get_model_config(self) -> Any:
         """The ModelConfig being served."""
+        return self.model_config
 
-    @abstractmethod
     async def get_vllm_config(self) -> Any:
         """The full VllmConfig (None for engines without one)."""
+        return self.vllm_config
 
-    @abstractmethod
     async def is_tracing_enabled(self) -> bool:
         """Whether OpenTelemetry tracing is on (never, yet)."""
+        return False
 
     @property
     @abstractmethod
@@ -102,18 +102,55 @@ class EngineClient(ABC):
     async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
         """Abort requests (unknown ids are ignored)."""
 
-    # ----------------------------------------------------------------- LoRA
+    # ------------------------------------------------------------ admin
     @abstractmethod
+    async def call_utility(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run the admin operation `name` (vllm/engine/utility.py) between engine steps
+        (on every replica of a data-parallel engine); its result, or its error."""
+
+    # vLLM's names for the admin operations, each one utility call.
     async def add_lora(self, lora_request: Any) -> bool:
         """Load a LoRA adapter on every worker (False when it was already loaded)."""
+        return await self.call_utility("add_lora", lora_request)
 
-    @abstractmethod
     async def remove_lora(self, lora_id: int) -> bool:
         """Unload a LoRA adapter (False when it was not loaded)."""
+        return await self.call_utility("remove_lora", lora_id)
 
-    @abstractmethod
     async def list_loras(self) -> set[int]:
         """Ids of the loaded LoRA adapters."""
+        return await self.call_utility("list_loras")
+
+    async def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (False when running requests still hold blocks)."""
+        return await self.call_utility("reset_prefix_cache")
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free the KV cache and offload (1) or discard (2) the weights (needs
+        enable_sleep_mode; refused while requests run)."""
+        await self.call_utility("sleep", level)
+
+    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Restore what sleep released ("weights", "kv_cache"; default both)."""
+        await self.call_utility("wake_up", tags)
+
+    async def is_sleeping(self) -> bool:
+        return await self.call_utility("is_sleeping")
+
+    async def start_profile(self) -> None:
+        """Start the torch profiler on every worker (needs VLLM_TORCH_PROFILER_DIR)."""
+        await self.call_utility("start_profile")
+
+    async def stop_profile(self) -> None:
+        """Stop it: every worker writes its trace under VLLM_TORCH_PROFILER_DIR."""
+        await self.call_utility("stop_profile")
+
+    async def collective_rpc(self, method: Any, timeout: Optional[float] = None,
+                             args: tuple = (), kwargs: Optional[dict[str, Any]] = None
+                             ) -> list[Any]:
+        """A worker method (name) or function of the worker on every rank: the results."""
+        return await self.call_utility("collective_rpc", method, timeout=timeout, args=args,
+                                       kwargs=kwargs)
 
     # ------------------------------------------------------------ lifecycle
     @abstractmethod

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from tqdm.auto import tqdm
 
@@ -58,6 +58,35 @@ class LLM:
         generation_config / override_generation_config): what generate() and chat() use
         when no sampling params are given. The engine's input processor owns them."""
         return self.llm_engine.processor.default_sampling_params()
+
+    # ------------------------------------------------------------- admin
+    def collective_rpc(self, method: Union[str, Callable[..., Any]],
+                       timeout: Optional[float] = None, args: tuple = (),
+                       kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
+        """Run a worker method (by name), or `method(worker, *args, **kwargs)`, on every
+        rank of the engine; one result per rank."""
+        return self.llm_engine.collective_rpc(method, timeout=timeout, args=args,
+                                              kwargs=kwargs)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> None:
+        """Give the memory back while idle (needs enable_sleep_mode=True): level 1 frees
+        the KV cache and offloads the weights to host memory, level 2 discards both.
+        Generation is refused until `wake_up()`."""
+        self.llm_engine.sleep(level)
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Restore the weights and the KV cache (or only `tags`: "weights", "kv_cache")."""
+        self.llm_engine.wake_up(tags)
+
+    def start_profile(self) -> None:
+        """Start the torch profiler on every worker (needs VLLM_TORCH_PROFILER_DIR)."""
+        self.llm_engine.start_profile()
+
+    def stop_profile(self) -> None:
+        self.llm_engine.stop_profile()
 
     # ------------------------------------------------------------ generate
     def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,

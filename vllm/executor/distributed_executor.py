@@ -1,22 +1,26 @@
-"""What every multi-rank executor shares: size checks, the driver rank, RPC-based calls.
+"""What every multi-rank executor shares: size checks before any process starts.
 
-A distributed executor (multiprocess or Ray) only has to say how one method call
-reaches all ranks (`collective_rpc`); the engine-facing calls are built on it:
+A distributed executor (multiprocess or Ray) only has to say how one call reaches all
+ranks (`collective_rpc`, with vLLM's signature); the engine-facing calls are built on
+it in ExecutorBase:
 
 - `determine_num_available_blocks` asks every rank and keeps the minimum, since all
   ranks must agree on one block table;
 - `execute_model` sends the SchedulerOutput to every rank, and only the driver (TP
   rank 0 of the last pipeline stage: the rank that samples) replies.
+
+A callable `method` travels to the workers pickled by value (cloudpickle), so a
+lambda or a function defined in a test or a notebook works, as in vLLM.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Sequence
+from typing import Any
 
-from vllm import envs
+import cloudpickle
+
 from vllm.config import VllmConfig
-from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from vllm.executor.executor_base import ExecutorBase
+from vllm.executor.executor_base import ExecutorBase, WorkerMethod
 
 logger = logging.getLogger(__name__)
 
@@ -28,48 +32,21 @@ class DistributedExecutorBase(ExecutorBase):
         verify_parallel_sizes(vllm_config)
         super().__init__(vllm_config)
 
-    @property
-    def world_size(self) -> int:
-        return self.vllm_config.parallel_config.world_size
 
-    @property
-    def driver_rank(self) -> int:
-        """Global rank of TP rank 0 in the last pipeline stage (rank = pp * tp_size + tp)."""
-        pc = self.vllm_config.parallel_config
-        return (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
+def wire_method(method: WorkerMethod) -> Any:
+    """`method` as it crosses a process boundary: a name as is, a callable as bytes."""
+    return method if isinstance(method, str) else cloudpickle.dumps(method)
 
-    def collective_rpc(self, method: str, args: Sequence[Any] = (),
-                       unique_reply_rank: Optional[int] = None,
-                       timeout: Optional[float] = None) -> list[Any]:
-        """Call `worker.<method>(*args)` on every rank.
 
-        Returns every rank's result in rank order, or only `[result]` of
-        `unique_reply_rank` when given (the other ranks then answer only if they fail).
-        Raises RuntimeError when a rank fails, dies, or `timeout` seconds pass.
-        """
-        raise NotImplementedError
+def unwire_method(method: Any) -> WorkerMethod:
+    return cloudpickle.loads(method) if isinstance(method, bytes) else method
 
-    def get_compile_stats(self) -> Optional[dict]:
-        return self.collective_rpc("get_compile_stats", unique_reply_rank=self.driver_rank)[0]
 
-    def finalize_calibration(self) -> list[Optional[str]]:
-        return self.collective_rpc("finalize_calibration")
-
-    def reload_quant_scales(self, dump_stats_path: Optional[str] = None) -> int:
-        return min(self.collective_rpc("reload_quant_scales", (dump_stats_path,)))
-
-    def determine_num_available_blocks(self) -> int:
-        blocks = self.collective_rpc("determine_num_available_blocks")
-        logger.debug("KV blocks per rank: %s", blocks)
-        return min(blocks)
-
-    def initialize_cache(self, num_blocks: int) -> None:
-        self.collective_rpc("initialize_cache", (num_blocks,))
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.collective_rpc("execute_model", (scheduler_output,),
-                                   unique_reply_rank=self.driver_rank,
-                                   timeout=envs.VLLM_ENGINE_ITERATION_TIMEOUT_S)[0]
+def method_name(method: Any) -> str:
+    """How a method is named in error messages."""
+    if isinstance(method, str):
+        return method
+    return getattr(method, "__qualname__", None) or "a function"
 
 
 def verify_parallel_sizes(vllm_config: VllmConfig) -> None:

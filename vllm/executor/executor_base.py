@@ -1,15 +1,28 @@
 """The executor interface: how the engine core reaches its workers.
 
-UniProcExecutor keeps one worker in the engine's process; a multiprocess or Ray
-executor implements the same four calls over its ranks.
+Every executor implements one call, `collective_rpc` (vLLM's signature): run a
+worker method, or any function of the worker, on every rank and return the
+ranks' results. Everything the engine core asks of its workers is built on it:
+the lifecycle here (KV cache sizing, the step) and every admin operation
+(vllm/engine/utility.py), so no operation is plumbed through each executor.
+
+UniProcExecutor keeps one worker in the engine's process; the multiprocess and
+Ray executors (distributed_executor.py) reach ranks in other processes.
 """
 from __future__ import annotations
 
 import importlib
-from typing import Optional
+import logging
+from typing import Any, Callable, Optional, Union
 
+from vllm import envs
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+WorkerMethod = Union[str, Callable[..., Any]]
+"""A worker method's name, or a function called with the worker as first argument."""
 
 
 class ExecutorBase:
@@ -21,39 +34,48 @@ class ExecutorBase:
     def _init_executor(self) -> None:
         raise NotImplementedError
 
-    def determine_num_available_blocks(self) -> int:
+    def collective_rpc(self, method: WorkerMethod, timeout: Optional[float] = None,
+                       args: tuple = (), kwargs: Optional[dict[str, Any]] = None,
+                       unique_reply_rank: Optional[int] = None) -> list[Any]:
+        """Call `method` on every rank's worker: `worker.<method>(*args, **kwargs)` for a
+        name, `method(worker, *args, **kwargs)` for a callable.
+
+        Returns every rank's result in rank order, or `[result]` of `unique_reply_rank`
+        only. Raises RuntimeError when a rank fails, dies, or `timeout` seconds pass (a
+        failed rank leaves the multi-rank executors unusable: its peers' state is lost).
+        """
         raise NotImplementedError
+
+    @property
+    def world_size(self) -> int:
+        return self.vllm_config.parallel_config.world_size
+
+    @property
+    def driver_rank(self) -> int:
+        """Global rank of TP rank 0 in the last pipeline stage (rank = pp * tp_size + tp):
+        the rank that samples, and the one whose answer stands for all."""
+        pc = self.vllm_config.parallel_config
+        return (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
+
+    def determine_num_available_blocks(self) -> int:
+        """KV blocks every rank can hold: all ranks must agree on one block table."""
+        blocks = self.collective_rpc("determine_num_available_blocks")
+        logger.debug("KV blocks per rank: %s", blocks)
+        return min(blocks)
 
     def initialize_cache(self, num_blocks: int) -> None:
-        raise NotImplementedError
+        self.collective_rpc("initialize_cache", args=(num_blocks,))
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        raise NotImplementedError
+        """Every rank runs the step; only the driver replies."""
+        return self.collective_rpc("execute_model", args=(scheduler_output,),
+                                   unique_reply_rank=self.driver_rank,
+                                   timeout=envs.VLLM_ENGINE_ITERATION_TIMEOUT_S)[0]
 
     def check_health(self) -> None:
+        """Raise RuntimeError when a rank died or failed. A flag read, no round trip: the
+        server calls it from its own thread while a step may be running."""
         return None
-
-    # LoRA adapters (the workers load and check them; see vllm/lora/models.py).
-    def add_lora(self, lora_request) -> bool:
-        raise NotImplementedError
-
-    def remove_lora(self, lora_id: int) -> bool:
-        raise NotImplementedError
-
-    def list_loras(self) -> set[int]:
-        raise NotImplementedError
-
-    def get_compile_stats(self) -> Optional[dict]:
-        """The driver worker's compile accounting (see WorkerBase.get_compile_stats)."""
-        return None
-
-    def finalize_calibration(self) -> list[Optional[str]]:
-        """INC MEASURE: every rank writes its statistics now; their json paths."""
-        raise NotImplementedError
-
-    def reload_quant_scales(self, dump_stats_path: Optional[str] = None) -> int:
-        """INC QUANTIZE: every rank loads new input scales; layers changed per rank."""
-        raise NotImplementedError
 
     def shutdown(self) -> None:
         return None
@@ -78,3 +100,12 @@ def resolve_worker_cls(vllm_config: Optional[VllmConfig] = None) -> type:
     from vllm.platforms import current_platform
     module, _, name = current_platform.get_worker_cls().rpartition(".")
     return getattr(importlib.import_module(module), name)
+
+
+def run_worker_method(worker: Any, method: WorkerMethod, args: tuple = (),
+                      kwargs: Optional[dict[str, Any]] = None) -> Any:
+    """What one rank does for a collective_rpc (every executor's workers call this)."""
+    kwargs = kwargs or {}
+    if isinstance(method, str):
+        return getattr(worker, method)(*args, **kwargs)
+    return method(worker, *args, **kwargs)

@@ -26,7 +26,9 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Optional, Sequence
 
-from vllm.executor.distributed_executor import DistributedExecutorBase
+from vllm.executor.distributed_executor import (DistributedExecutorBase, method_name,
+                                                wire_method)
+from vllm.executor.executor_base import WorkerMethod
 from vllm.executor.multiproc_utils import (SHUTDOWN_METHOD, RpcReply, RpcRequest,
                                           describe_exit, distributed_init_method,
                                           get_loopback_ip, get_mp_context, get_open_port,
@@ -119,7 +121,7 @@ class WorkerGroup:
         except BaseException:
             if 0 < sent < len(self.handles):
                 # Some ranks got the call and will wait in collectives for the others.
-                self.fail(f"Interrupted while sending {request.method} to the workers; "
+                self.fail(f"Interrupted while sending {method_name(request.method)} to the workers; "
                           "their state is inconsistent, restart the engine.")
             raise
         return self._seq
@@ -242,13 +244,14 @@ class MultiprocExecutor(DistributedExecutorBase):
     def worker_pids(self) -> list[int]:
         return [h.proc.pid for h in self.group.handles]
 
-    def collective_rpc(self, method: str, args: Sequence[Any] = (),
-                       unique_reply_rank: Optional[int] = None,
-                       timeout: Optional[float] = None) -> list[Any]:
-        seq = self.group.broadcast(RpcRequest(method, tuple(args), unique_reply_rank))
+    def collective_rpc(self, method: WorkerMethod, timeout: Optional[float] = None,
+                       args: tuple = (), kwargs: Optional[dict[str, Any]] = None,
+                       unique_reply_rank: Optional[int] = None) -> list[Any]:
+        seq = self.group.broadcast(RpcRequest(wire_method(method), tuple(args),
+                                              unique_reply_rank, kwargs=kwargs))
         ranks = (range(self.world_size) if unique_reply_rank is None else
                  [unique_reply_rank])
-        return self.group.collect(method, ranks, timeout, seq)
+        return self.group.collect(method_name(method), ranks, timeout, seq)
 
     def check_health(self) -> None:
         """Raise RuntimeError when a worker died or failed (no round trip: safe anytime)."""

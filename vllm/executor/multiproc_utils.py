@@ -36,6 +36,9 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Optional, Sequence
 
+from vllm.executor.distributed_executor import method_name, unwire_method
+from vllm.executor.executor_base import run_worker_method
+
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_METHOD = "shutdown"
@@ -44,13 +47,15 @@ SHUTDOWN_METHOD = "shutdown"
 
 @dataclass
 class RpcRequest:
-    method: str
+    method: Any
+    """A worker method's name, or a function pickled by value (see `wire_method`)."""
     args: tuple
     unique_reply_rank: Optional[int] = None
     """Only this rank answers a successful call; None: every rank answers."""
     seq: int = 0
     """Call number, echoed in the reply: a reply to a call the engine stopped waiting for
     (interrupted by Ctrl-C) is recognized and dropped instead of answering the next call."""
+    kwargs: Optional[dict] = None
 
 
 @dataclass
@@ -269,14 +274,16 @@ def run_rpc_loop(worker: Any, rank: int, conn: Connection) -> None:
             request: RpcRequest = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return  # the engine closed the pipe: nothing more will come
+        name = method_name(request.method)
         try:
-            result = getattr(worker, request.method)(*request.args)
+            method = unwire_method(request.method)
+            name = method_name(method)
+            result = run_worker_method(worker, method, request.args, request.kwargs)
             reply = None
             if request.unique_reply_rank is None or request.unique_reply_rank == rank:
                 reply = RpcReply(rank, result=result, seq=request.seq)
         except BaseException as exc:  # noqa: BLE001 - the engine decides what a failure means
-            reply = RpcReply(rank, failure=make_failure(rank, request.method, exc),
-                             seq=request.seq)
+            reply = RpcReply(rank, failure=make_failure(rank, name, exc), seq=request.seq)
         if reply is not None and not _send(conn, reply):
             return
         if request.method == SHUTDOWN_METHOD:

@@ -17,9 +17,11 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
-from vllm.executor.distributed_executor import DistributedExecutorBase
+from vllm.executor.distributed_executor import (DistributedExecutorBase, method_name,
+                                                wire_method)
+from vllm.executor.executor_base import WorkerMethod
 from vllm.executor.multiproc_utils import distributed_init_method
 from vllm.executor.ray_utils import (RayWorkerWrapper, acquire_ray_cluster,
                                      create_placement_group, get_driver_ip, import_ray,
@@ -91,23 +93,25 @@ class RayDistributedExecutor(DistributedExecutorBase):
         self.worker_pids = self._wait(refs, "init", timeout=None)
 
     # ------------------------------------------------------------------ rpc
-    def collective_rpc(self, method: str, args: Sequence[Any] = (),
-                       unique_reply_rank: Optional[int] = None,
-                       timeout: Optional[float] = None) -> list[Any]:
+    def collective_rpc(self, method: WorkerMethod, timeout: Optional[float] = None,
+                       args: tuple = (), kwargs: Optional[dict[str, Any]] = None,
+                       unique_reply_rank: Optional[int] = None) -> list[Any]:
         if not self._finalizer.alive:
             raise RuntimeError("The executor is shut down; create a new engine.")
         self.check_health()
-        args_ref = self.ray.put(tuple(args))  # serialized once, read by every actor
+        name = method_name(method)
+        # Serialized once, read by every actor.
+        call_ref = self.ray.put((wire_method(method), tuple(args), kwargs))
         refs: list[Any] = []
         try:
             for w in self.workers:
-                refs.append(w.execute_method.remote(method, args_ref))
+                refs.append(w.execute_method.remote(call_ref))
         except BaseException:
             # Some ranks got the call and will wait in collectives for the others.
-            self._fail(f"Sending {method} to the Ray workers was interrupted; their state "
+            self._fail(f"Sending {name} to the Ray workers was interrupted; their state "
                        "is inconsistent, restart the engine.")
             raise
-        results = self._wait(refs, method, timeout)
+        results = self._wait(refs, name, timeout)
         return results if unique_reply_rank is None else [results[unique_reply_rank]]
 
     def _wait(self, refs: list[Any], method: str, timeout: Optional[float]) -> list[Any]:

@@ -211,8 +211,12 @@ class RayWorkerWrapper:
         self.worker = create_worker(vllm_config, rank, local_rank, init_method)
         return os.getpid()
 
-    def execute_method(self, method: str, args: tuple = ()) -> Any:
-        return getattr(self.worker, method)(*args)
+    def execute_method(self, call: tuple) -> Any:
+        """One rank's part of a collective_rpc: (method as wired, args, kwargs)."""
+        from vllm.executor.distributed_executor import unwire_method
+        from vllm.executor.executor_base import run_worker_method
+        method, args, kwargs = call
+        return run_worker_method(self.worker, unwire_method(method), args, kwargs)
 
     def shutdown(self) -> None:
         from vllm.executor.multiproc_utils import leave_process_groups

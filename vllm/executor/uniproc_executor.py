@@ -1,8 +1,10 @@
 """One worker, in the engine's own process (world size 1; the default)."""
 from __future__ import annotations
 
-from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from vllm.executor.executor_base import ExecutorBase, resolve_worker_cls
+from typing import Any, Optional
+
+from vllm.executor.executor_base import ExecutorBase, WorkerMethod, resolve_worker_cls, \
+    run_worker_method
 
 
 class UniProcExecutor(ExecutorBase):
@@ -12,35 +14,18 @@ class UniProcExecutor(ExecutorBase):
         self.worker.init_device()
         self.worker.load_model()
 
-    def determine_num_available_blocks(self) -> int:
-        return self.worker.determine_num_available_blocks()
+    def collective_rpc(self, method: WorkerMethod, timeout: Optional[float] = None,
+                       args: tuple = (), kwargs: Optional[dict[str, Any]] = None,
+                       unique_reply_rank: Optional[int] = None) -> list[Any]:
+        """A direct call on the one worker (`timeout` cannot interrupt it)."""
+        return [run_worker_method(self.worker, method, args, kwargs)]
 
-    def initialize_cache(self, num_blocks: int) -> None:
-        self.worker.initialize_cache(num_blocks)
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output):
+        # The step skips the list wrapping: it runs every few milliseconds.
         return self.worker.execute_model(scheduler_output)
-
-    def add_lora(self, lora_request) -> bool:
-        return self.worker.add_lora(lora_request)
-
-    def remove_lora(self, lora_id: int) -> bool:
-        return self.worker.remove_lora(lora_id)
-
-    def list_loras(self) -> set[int]:
-        return self.worker.list_loras()
-
-    def get_compile_stats(self):
-        return self.worker.get_compile_stats()
 
     def check_health(self) -> None:
         self.worker.check_health()
-
-    def finalize_calibration(self) -> list:
-        return [self.worker.finalize_calibration()]
-
-    def reload_quant_scales(self, dump_stats_path=None) -> int:
-        return self.worker.reload_quant_scales(dump_stats_path)
 
     def shutdown(self) -> None:
         self.worker.shutdown()

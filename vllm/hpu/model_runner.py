@@ -164,7 +164,16 @@ class HPUModelRunner(ModelRunnerBase):
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}.")
         before = MemorySnapshot.take()
-        shape = ((num_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
+        self.num_kv_blocks = num_blocks
+        self.pad_block_id = num_blocks
+        self._restore_kv_cache()
+        log_took("Initializing cache engine", before)
+        self.bucketing.generate_decode_buckets(num_blocks)
+
+    def _restore_kv_cache(self) -> None:
+        """The tensors (and the defragmenter over them) of `num_kv_blocks` blocks: what
+        start-up and a wake-up from sleep allocate; the buckets stay as they are."""
+        shape = ((self.num_kv_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
                  self.model_config.get_head_size())
         owned = self._owned_layer_ids()
         halves = iter(zeroed_tensors(shape, self.kv_cache_dtype, self.device, 2 * len(owned)))
@@ -173,13 +182,34 @@ class HPUModelRunner(ModelRunnerBase):
         for cache in caches.values():
             habana.track_alloc(cache.key_cache)
             habana.track_alloc(cache.value_cache)
-        log_took("Initializing cache engine", before)
-        self.num_kv_blocks = num_blocks
-        self.pad_block_id = num_blocks
-        self.bucketing.generate_decode_buckets(num_blocks)
         if self.contiguous_pa:
-            self.defragmenter = HPUDefragmenter(num_blocks, self.block_size,
+            self.defragmenter = HPUDefragmenter(self.num_kv_blocks, self.block_size,
                                                 pad_block_id=self.pad_block_id)
+
+    def _release_kv_cache(self) -> None:
+        """The defragmenter's block tables describe the freed cache: dropped too. The
+        captured HPU graphs stay: the caches are graph inputs, not captured tensors, so
+        the new ones (same shapes) replay the same graphs without a compile."""
+        self.defragmenter = None
+
+    def _weights_released(self) -> None:
+        """The weights leave the device (level 1: to host memory; level 2: gone)."""
+        for p in self.model.parameters():
+            habana.track_free(p)
+
+    def _weights_restored(self) -> None:
+        """Back on the device. On Gaudi they now sit at new addresses, which the graphs
+        captured before the sleep still point to: drop those graphs (recaptured on first
+        use). On the fake HPU the tensors never moved (host memory is the device), so
+        the graphs stay valid and nothing is recompiled."""
+        for p in self.model.parameters():
+            habana.track_alloc(p)
+        if self.uses_hpu_graphs and not habana.is_fake_hpu():
+            self.forward_module = prepare_forward_module(
+                self.model, self.attn_impl, self.mode,
+                lora_batch=self.lora_manager.batch if self.lora_manager else None)
+            self.graphed_buckets.clear()
+            self.capture_on_first_use = True
 
     def _cache_tensors(self) -> list[torch.Tensor]:
         """Every K and V tensor of this rank (what the defragmenter swaps blocks in)."""

@@ -4,7 +4,9 @@ Each forward pass, warmup phase and sampling call becomes one complete event
 ("ph": "X") in Chrome's trace-event JSON, with its bucket in the arguments, so a
 run can be opened in Perfetto or chrome://tracing to see where padding, compiles
 and host overhead go. The file `vllm_hpu_trace_<pid>.json` is written in the
-working directory when the worker shuts down (and at interpreter exit).
+working directory when the worker shuts down (and at interpreter exit). While a
+torch profile runs (start_profile, VLLM_TORCH_PROFILER_DIR) the same phases are
+named ranges of the torch trace, whether or not this trace is enabled.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import os
 import threading
 import time
 from typing import Any, Iterator, Optional
+
+import torch
 
 from vllm import envs
 
@@ -37,6 +41,19 @@ class HPUProfiler:
 
     @contextlib.contextmanager
     def record(self, name: str, **args: Any) -> Iterator[None]:
+        """One event; also a named range in a running torch profile (start_profile, see
+        torch_profiler.py), so the torch trace shows the runner's phases and buckets."""
+        if torch.autograd._profiler_enabled():
+            label = " ".join([name, *(f"{k}={v}" for k, v in args.items())])
+            with torch.profiler.record_function(label):
+                with self._record(name, **args):
+                    yield
+            return
+        with self._record(name, **args):
+            yield
+
+    @contextlib.contextmanager
+    def _record(self, name: str, **args: Any) -> Iterator[None]:
         if not self.enabled:
             yield
             return

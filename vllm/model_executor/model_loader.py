@@ -50,6 +50,26 @@ def get_model(vllm_config: Any, device: Union[str, torch.device] = "cpu") -> nn.
     with (torch.no_grad(), _default_dtype(model_config.torch_dtype), torch.device(device),
           quant_config_scope(quant_config)):
         model = model_cls(vllm_config=vllm_config)
+    load_weights_into(model, vllm_config, device)
+    model.eval()
+    logger.info("Loaded %s (%s) from %s in %.2f s (%s, %.1f M parameters, weights %.1f MiB"
+                "%s)", arch, model_config.torch_dtype, model_config.model_path,
+                time.perf_counter() - start, "dummy weights" if load_format == "dummy" else
+                load_format, parameter_count(model) / 1e6,
+                weight_bytes(model) / 2**20,
+                f", {quant_config.weight_summary()}" if quant_config is not None else "")
+    return model
+
+
+def load_weights_into(model: nn.Module, vllm_config: Any,
+                      device: Union[str, torch.device] = "cpu") -> None:
+    """Fill the built model's parameters from the checkpoint (or the dummy init).
+
+    Also what sleep mode's level 2 wake-up runs (vllm/worker/sleep_mode.py): the
+    parameters are then empty tensors of their load-time shapes again, so the same
+    checkpoint read and post-processing give the same values."""
+    model_config = vllm_config.model_config
+    load_format = vllm_config.load_config.load_format
     kv_scales = KVScales()
     with torch.no_grad(), torch.device(device):
         if load_format == "dummy":
@@ -59,14 +79,6 @@ def get_model(vllm_config: Any, device: Union[str, torch.device] = "cpu") -> nn.
                                                                 load_format)))
         kv_scales.apply(model, vllm_config.cache_config.cache_dtype)
         process_weights_after_loading(model)
-    model.eval()
-    logger.info("Loaded %s (%s) from %s in %.2f s (%s, %.1f M parameters, weights %.1f MiB"
-                "%s)", arch, model_config.torch_dtype, model_config.model_path,
-                time.perf_counter() - start, "dummy weights" if load_format == "dummy" else
-                load_format, parameter_count(model) / 1e6,
-                weight_bytes(model) / 2**20,
-                f", {quant_config.weight_summary()}" if quant_config is not None else "")
-    return model
 
 
 def parameter_count(model: nn.Module) -> int:

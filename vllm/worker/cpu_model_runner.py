@@ -72,9 +72,17 @@ class CPUModelRunner(ModelRunnerBase):
         The list is indexed by global layer index; layers of other PP stages get an
         empty placeholder. Zero-filled so masked-out slots never hold NaNs.
         """
+        self.num_kv_blocks = num_blocks
         self.kv_caches = self._allocate_kv_caches(kv_cache_shape(
             num_blocks, self.block_size, self._kv_heads_per_rank(),
             self.model_config.get_head_size()))
+
+    def _weights_restored(self) -> None:
+        """The packed copies were dropped with the weights: pack again, as at load."""
+        if self.device.type == "cpu":
+            from vllm.model_executor.layers.cpu_gemm import pack_linear_weights
+            with _no_thread_team(self.device):
+                pack_linear_weights(self.model)
 
     # ------------------------------------------------------------- inputs
     def _prefill_kind(self, total_len: int) -> str:

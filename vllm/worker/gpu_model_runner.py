@@ -44,6 +44,7 @@ class GPUModelRunner(ModelRunnerBase):
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """torch_sdpa's head-major cache per owned layer (see flat_layout.kv_cache_shape)."""
+        self.num_kv_blocks = num_blocks
         self.kv_caches = self._allocate_kv_caches(kv_cache_shape(
             num_blocks, self.block_size, self._kv_heads_per_rank(),
             self.model_config.get_head_size()))

@@ -51,6 +51,9 @@ from vllm.sequence import IntermediateTensors
 from vllm.worker.input_batch import InputBatch
 from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.request_state import CachedRequestState
+from vllm.worker.sleep_mode import (SLEEP_TAGS, SleepingWeights, check_level2_supported,
+                                    check_sleep_level, check_wake_tags, release_weights,
+                                    restore_weights)
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +129,11 @@ class ModelRunnerBase:
         self.lora_manager: Optional[LoRAModelManager] = None
         """Set by a platform's load_model when LoRA is enabled (vllm/lora/models.py)."""
         self.kv_caches: list[torch.Tensor] = []
+        self.num_kv_blocks = 0
+        """Blocks of the KV cache (what a wake-up from sleep allocates again)."""
+        self.sleeping_tags: set[str] = set()
+        """What sleep mode released and wake_up has not restored yet (sleep_mode.py)."""
+        self._sleeping_weights: Optional[SleepingWeights] = None
         from vllm.platforms import current_platform
         self.attn_impl = load_attn_impl(current_platform.get_attn_backend_cls())
 
@@ -217,6 +225,60 @@ class ModelRunnerBase:
         caches = iter(zeroed_tensors(shape, self.kv_cache_dtype, self.device, len(owned)))
         return [next(caches) if i in owned else empty
                 for i in range(self.model_config.get_num_layers())]
+
+    # ----------------------------------------------------------- sleep mode
+    def sleep(self, level: int) -> None:
+        """Free the KV cache; offload (level 1) or discard (level 2) the weights.
+
+        The engine asks only while no request runs (vllm/engine/core.py), so no
+        request state refers to the freed blocks."""
+        check_sleep_level(level)
+        if self.sleeping_tags:
+            raise ValueError("The worker is already asleep; call wake_up() first.")
+        if level == 2:
+            check_level2_supported(self.vllm_config)
+        kv_bytes = sum(t.numel() * t.element_size() for t in self._cache_tensors())
+        self.kv_caches = []
+        self._release_kv_cache()
+        self._weights_released()
+        self._sleeping_weights = release_weights(self.model, level, self.device)
+        self.sleeping_tags = set(SLEEP_TAGS)
+        logger.info("Sleep mode level %d: freed %.1f MiB of KV cache; weights %s.", level,
+                    kv_bytes / 2**20, "offloaded to host memory" if level == 1 else
+                    "discarded")
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Restore what `sleep` released: all of it, or only the given tags."""
+        for tag in check_wake_tags(tags):
+            if tag not in self.sleeping_tags:
+                continue
+            if tag == "weights":
+                restore_weights(self.model, self._sleeping_weights, self.device,
+                                self.vllm_config)
+                self._sleeping_weights = None
+                self._weights_restored()
+            else:
+                self._restore_kv_cache()
+            self.sleeping_tags.discard(tag)
+            logger.info("Woke up: %s restored.", tag)
+
+    def _cache_tensors(self) -> list[torch.Tensor]:
+        """Every KV cache tensor of this rank."""
+        return [t for t in self.kv_caches if isinstance(t, torch.Tensor)]
+
+    def _release_kv_cache(self) -> None:
+        """Platform hook: drop whatever else refers to the KV cache (`kv_caches` is
+        cleared already)."""
+
+    def _restore_kv_cache(self) -> None:
+        """A fresh, zeroed KV cache of the size the engine chose at start."""
+        self.initialize_kv_cache(self.num_kv_blocks)
+
+    def _weights_released(self) -> None:
+        """Platform hook, before the weights leave the device (memory accounting)."""
+
+    def _weights_restored(self) -> None:
+        """Platform hook, after the weights are back (e.g. repack them for kernels)."""
 
     @property
     def is_driver(self) -> bool:

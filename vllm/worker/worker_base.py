@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from vllm.worker.torch_profiler import WorkerProfiler
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ class WorkerBase:
         self.rank = rank
         self.distributed_init_method = distributed_init_method
         self.model_runner = None
+        self._profiler: Optional[WorkerProfiler] = None
 
     def init_device(self) -> None:
         raise NotImplementedError
@@ -95,6 +97,35 @@ class WorkerBase:
     def reload_quant_scales(self, dump_stats_path: Optional[str] = None) -> int:
         return self.model_runner.reload_quant_scales(dump_stats_path)
 
+    # ---------------------------------------------------------- profiling
+    @property
+    def profiler(self) -> WorkerProfiler:
+        """This rank's torch profiler (torch_profiler.py), made on first use."""
+        if self._profiler is None:
+            pc = self.vllm_config.parallel_config
+            name = f"rank{self.rank}" if pc.data_parallel_size == 1 else \
+                f"dp{pc.data_parallel_rank}-rank{self.rank}"
+            self._profiler = WorkerProfiler(name, self.vllm_config.device_config.device)
+        return self._profiler
+
+    def start_profile(self) -> None:
+        self.profiler.start()
+
+    def stop_profile(self) -> None:
+        self.profiler.stop()
+
+    # ---------------------------------------------------------- sleep mode
+    def sleep(self, level: int = 1) -> None:
+        """Free the KV cache and offload (1) or discard (2) the weights (sleep_mode.py)."""
+        self.model_runner.sleep(level)
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Restore the weights and the KV cache (or only the given tags)."""
+        self.model_runner.wake_up(tags)
+
     def shutdown(self) -> None:
-        """Shutdown ends an INC measurement run: its statistics are written here."""
+        """Shutdown ends an INC measurement run: its statistics are written here, and a
+        running profile: its trace is written."""
+        if self._profiler is not None and self._profiler.running:
+            self._profiler.stop()
         self.finalize_calibration()

@@ -1,0 +1,123 @@
+"""Admin operations ("utility calls"): each one defined once, all reached by one path.
+
+    EngineClient.<op>()  ->  call_utility(name, ...)        (server; async, any engine)
+      AsyncLLMEngine: posted to the engine thread, run between two steps
+      DPAsyncLLMEngine: sent to every replica, the answers merged
+    LLMEngine.<op>() / LLM.<op>()  ->  EngineCore.call_utility(name, ...)
+      ->  UTILITIES[name].run(core, ...)  ->  executor.collective_rpc(...)  ->  each worker
+
+Adding an operation is a worker method plus one entry here (and, for a nicer
+spelling, a one-line method on EngineClient / LLMEngine / LLM calling
+`call_utility`); no executor or engine is touched. Operations that need the engine
+core's own state (the prefix cache, whether it sleeps) are EngineCore methods the
+entry calls.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+
+def _first(results: list[Any]) -> Any:
+    return results[0]
+
+
+def _concat(results: list[list[Any]]) -> list[Any]:
+    return [item for part in results for item in part]
+
+
+def _same_on_every_rank(results: list[Any]) -> Any:
+    """The ranks' common answer (they hold the same adapters); RuntimeError otherwise."""
+    if any(r != results[0] for r in results[1:]):
+        raise RuntimeError(f"The ranks disagree: {results}.")
+    return results[0]
+
+
+@dataclass(frozen=True)
+class Utility:
+    """How one admin operation runs on an engine core, and how data-parallel replicas'
+    answers combine."""
+    run: Callable[..., Any]
+    """(core, *args, **kwargs) -> the operation's result for one engine."""
+    merge_replicas: Callable[[list[Any]], Any] = _first
+    """Every replica's result -> the answer of a data-parallel engine."""
+
+
+def on_workers(method: str, reduce: Callable[[list[Any]], Any] = _first) -> Callable[..., Any]:
+    """Run `worker.<method>(*args, **kwargs)` on every rank; `reduce` the ranks' results."""
+
+    def run(core: Any, *args: Any, **kwargs: Any) -> Any:
+        return reduce(core.collective_rpc(method, args=args, kwargs=kwargs))
+
+    return run
+
+
+def on_driver(method: str) -> Callable[..., Any]:
+    """Ask only the driver rank (the one that samples): per-engine facts like its
+    compile counts."""
+
+    def run(core: Any, *args: Any, **kwargs: Any) -> Any:
+        executor = core.executor
+        return core.collective_rpc(method, args=args, kwargs=kwargs,
+                                   unique_reply_rank=executor.driver_rank)[0]
+
+    return run
+
+
+def on_core(method: str) -> Callable[..., Any]:
+    """An EngineCore method (the operation needs the core's own state)."""
+
+    def run(core: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(core, method)(*args, **kwargs)
+
+    return run
+
+
+def _add_lora(core: Any, lora_request: Any) -> bool:
+    """Load (and check) an adapter on every rank; ValueError when it cannot be used."""
+    if core.vllm_config.lora_config is None:
+        raise ValueError("LoRA is not enabled; start the engine with enable_lora=True.")
+    added = all(core.collective_rpc("add_lora", args=(lora_request,)))
+    core.loaded_loras[lora_request.lora_int_id] = lora_request
+    return added
+
+
+def _remove_lora(core: Any, lora_id: int) -> bool:
+    core.loaded_loras.pop(lora_id, None)
+    return all(core.collective_rpc("remove_lora", args=(lora_id,)))
+
+
+UTILITIES: dict[str, Utility] = {
+    # LoRA adapters: every rank of every replica holds every adapter.
+    "add_lora": Utility(_add_lora, merge_replicas=any),
+    "remove_lora": Utility(_remove_lora, merge_replicas=any),
+    "list_loras": Utility(on_workers("list_loras", _same_on_every_rank)),
+    # HPU graph compile accounting (None on other platforms).
+    "get_compile_stats": Utility(on_driver("get_compile_stats"), merge_replicas=list),
+    # INC: MEASURE writes the statistics (json path per rank); QUANTIZE reloads scales.
+    "finalize_calibration": Utility(on_workers("finalize_calibration", list),
+                                    merge_replicas=_concat),
+    "reload_quant_scales": Utility(on_workers("reload_quant_scales", min),
+                                   merge_replicas=min),
+    "check_health": Utility(on_core("check_health")),
+    "reset_prefix_cache": Utility(on_core("reset_prefix_cache"), merge_replicas=all),
+    # Sleep mode (vllm/worker/sleep_mode.py) and the torch profiler (torch_profiler.py).
+    "sleep": Utility(on_core("sleep")),
+    "wake_up": Utility(on_core("wake_up")),
+    "is_sleeping": Utility(on_core("is_sleeping"), merge_replicas=any),
+    "start_profile": Utility(on_core("start_profile")),
+    "stop_profile": Utility(on_core("stop_profile")),
+    # Anything else a worker can do: one result per rank (of every replica).
+    "collective_rpc": Utility(on_core("collective_rpc"), merge_replicas=_concat),
+}
+
+
+def get_utility(name: str) -> Utility:
+    try:
+        return UTILITIES[name]
+    except KeyError:
+        raise ValueError(f"Unknown engine utility {name!r}; the utilities are "
+                         f"{', '.join(sorted(UTILITIES))}.") from None
