@@ -12,7 +12,8 @@ from vllm.engine.dp_engine import DPAsyncLLMEngine
 from vllm.engine.protocol import EngineClient
 
 PROTOCOL_NAMES = frozenset(EngineClient.__abstractmethods__) | frozenset(
-    EngineClient.__annotations__)
+    EngineClient.__annotations__) | frozenset(
+    name for name in vars(EngineClient) if not name.startswith("_"))
 
 
 class ProtocolOnly(EngineClient):
@@ -34,9 +35,9 @@ class ProtocolOnly(EngineClient):
     # The abstract members are served by __getattribute__; these only make the class
     # concrete.
     is_running = is_stopped = errored = dead_error = tokenizer = metrics_registry = None
-    check_health = get_tokenizer = get_model_config = get_vllm_config = None
-    is_tracing_enabled = generate = add_request = iterate = abort = None
-    start_background_loop = shutdown = add_lora = remove_lora = list_loras = None
+    check_health = get_tokenizer = None
+    generate = add_request = iterate = abort = None
+    start_background_loop = shutdown = call_utility = None
 
 
 @pytest.fixture(scope="module")

@@ -137,14 +137,14 @@ class EngineCore:
     def start_profile(self) -> None:
         check_profiler_enabled()  # refused here, before any rank is asked
         if self._profiling:
-            raise RuntimeError("The profiler is already running; call stop_profile() first.")
+            raise ValueError("The profiler is already running; call stop_profile() first.")
         self.collective_rpc("start_profile")
         self._profiling = True
 
     def stop_profile(self) -> None:
         check_profiler_enabled()
         if not self._profiling:
-            raise RuntimeError("The profiler is not running; call start_profile() first.")
+            raise ValueError("The profiler is not running; call start_profile() first.")
         self._profiling = False
         self.collective_rpc("stop_profile")
 

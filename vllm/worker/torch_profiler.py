@@ -49,7 +49,7 @@ class WorkerProfiler:
     def start(self) -> None:
         directory = check_profiler_enabled()
         if self._profiler is not None:
-            raise RuntimeError("The profiler is already running; call stop_profile() first.")
+            raise ValueError("The profiler is already running; call stop_profile() first.")
         os.makedirs(directory, exist_ok=True)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.device_type == "cuda":
@@ -64,7 +64,7 @@ class WorkerProfiler:
 
     def stop(self) -> None:
         if self._profiler is None:
-            raise RuntimeError("The profiler is not running; call start_profile() first.")
+            raise ValueError("The profiler is not running; call start_profile() first.")
         profiler, self._profiler = self._profiler, None
         profiler.stop()  # writes the trace (on_trace_ready)
         logger.info("Torch profiler stopped; trace written to %s.", profiler_dir())

@@ -360,6 +360,10 @@ def _install_routes(app: FastAPI) -> None:
 
     if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
         _install_lora_routes(app)
+    if envs.VLLM_TORCH_PROFILER_DIR:
+        _install_profiler_routes(app)
+    if envs.VLLM_SERVER_DEV_MODE:
+        _install_dev_routes(app)
 
     @app.post("/v1/chat/completions")
     @with_cancellation
@@ -383,6 +387,53 @@ def _install_lora_routes(app: FastAPI) -> None:
                                   raw_request: Request) -> Any:
         text = await _state(raw_request).models.unload_lora_adapter(request)
         return Response(status_code=200, content=text)
+
+
+def _install_profiler_routes(app: FastAPI) -> None:
+    """POST /start_profile and /stop_profile (VLLM_TORCH_PROFILER_DIR is set)."""
+    logger.warning("Torch profiler is enabled in the API server. This should ONLY be used "
+                   "for local development!")
+
+    @app.post("/start_profile")
+    async def start_profile(raw_request: Request) -> Response:
+        await _state(raw_request).engine.start_profile()
+        return Response(status_code=200)
+
+    @app.post("/stop_profile")
+    async def stop_profile(raw_request: Request) -> Response:
+        await _state(raw_request).engine.stop_profile()
+        return Response(status_code=200)
+
+
+def _install_dev_routes(app: FastAPI) -> None:
+    """vLLM's development routes (VLLM_SERVER_DEV_MODE=1): sleep mode, prefix cache."""
+    logger.warning("SECURITY WARNING: Development endpoints are enabled! This should NOT be "
+                   "used in production!")
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(raw_request: Request) -> Response:
+        await _state(raw_request).engine.reset_prefix_cache()
+        return Response(status_code=200)
+
+    @app.post("/sleep")
+    async def sleep(raw_request: Request) -> Response:
+        text = raw_request.query_params.get("level", "1")
+        try:
+            level = int(text)
+        except ValueError:
+            raise ValueError(f"level={text!r}: the sleep level is 1 or 2.") from None
+        await _state(raw_request).engine.sleep(level)
+        return Response(status_code=200)
+
+    @app.post("/wake_up")
+    async def wake_up(raw_request: Request) -> Response:
+        tags = raw_request.query_params.getlist("tags") or None
+        await _state(raw_request).engine.wake_up(tags)
+        return Response(status_code=200)
+
+    @app.get("/is_sleeping")
+    async def is_sleeping(raw_request: Request) -> JSONResponse:
+        return JSONResponse({"is_sleeping": await _state(raw_request).engine.is_sleeping()})
 
 
 # ----------------------------------------------------------------------- app
