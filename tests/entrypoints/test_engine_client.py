@@ -86,3 +86,43 @@ def test_server_routes_use_only_the_protocol(tokenizer):
     assert responses[4].json()["choices"][0]["text"]
     assert {"tokenizer", "metrics_registry", "check_health", "add_request",
             "iterate"} <= engine.touched
+
+
+class UtilityEngine(FakeLLMEngine):
+    """A fake engine answering admin calls as replica `index` would."""
+
+    def __init__(self, tokenizer, index: int) -> None:
+        super().__init__(tokenizer)
+        self.index = index
+        self.calls: list[tuple] = []
+
+    def call_utility(self, name, *args, **kwargs):
+        self.calls.append((name, args, kwargs))
+        if name == "collective_rpc":
+            return [f"replica{self.index}-rank0", f"replica{self.index}-rank1"]
+        if name in ("is_sleeping", "add_lora"):
+            return self.index == 1
+        return None
+
+
+def test_data_parallel_admin_calls_fan_out_to_every_replica(tokenizer):
+    inner = [UtilityEngine(tokenizer, i) for i in range(2)]
+    replicas = [AsyncLLMEngine(e, log_requests=False, log_stats=False) for e in inner]
+    dp = DPAsyncLLMEngine(replicas)
+
+    async def main():
+        return (await dp.collective_rpc("get_device_index", timeout=5.0),
+                await dp.is_sleeping(), await dp.add_lora("adapter"), await dp.sleep(2))
+
+    try:
+        results = asyncio.run(asyncio.wait_for(main(), 30))
+    finally:
+        dp.shutdown()
+    assert results == (["replica0-rank0", "replica0-rank1", "replica1-rank0",
+                        "replica1-rank1"], True, True, None)
+    for engine in inner:
+        assert [c[0] for c in engine.calls] == ["collective_rpc", "is_sleeping", "add_lora",
+                                                "sleep"]
+        assert engine.calls[0][1] == ("get_device_index",)
+        assert engine.calls[0][2] == {"timeout": 5.0, "args": (), "kwargs": None}
+        assert engine.calls[3][1] == (2,)
