@@ -93,6 +93,28 @@ def test_sleep_frees_the_kv_cache_and_wake_up_gives_identical_greedy_output(
     assert greedy(llm) == reference
 
 
+@pytest.mark.parametrize("level", [1, 2])
+def test_bf16_sleep_keeps_the_native_decode_path_correct(tiny_llama, level):
+    """bf16 decodes run through prepared native layer calls holding weight pointers and
+    packed copies: after a wake-up they must be rebuilt from the restored weights."""
+    from vllm import LLM
+    engine = LLM(tiny_llama, enable_sleep_mode=True,
+                 **{**ENGINE_KWARGS, "dtype": "bfloat16", "kv_cache_memory_bytes": 16 << 20})
+    try:
+        expected = greedy(engine)
+        stacks = [m for m in runner_of(engine).model.modules() if hasattr(m, "state")
+                  and type(m).__name__ == "DecoderStack"]
+        native = any(s.state.get("runner") is not None for s in stacks)
+        engine.sleep(level=level)
+        assert all(not s.state for s in stacks)
+        engine.wake_up()
+        assert greedy(engine) == expected
+        if native:  # the native decode layers ran again, on rebuilt calls
+            assert all(s.state.get("runner") is not None for s in stacks)
+    finally:
+        engine.llm_engine.shutdown()
+
+
 def test_wake_up_by_tags(llm, reference):
     runner = runner_of(llm)
     llm.sleep(level=2)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from tests.hpu.conftest import SMALL_BUCKETS, make_llm, platform_env, release, runner_of
-from vllm import SamplingParams, hpu
+from vllm import SamplingParams
+from vllm.hpu import habana
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there"]
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -31,13 +32,13 @@ def test_sleep_levels_free_device_memory_and_wake_up_compiles_nothing(tiny_model
         kv = sum(t.numel() * t.element_size() for t in runner._cache_tensors())
         assert kv > 0.9 * KV_BYTES
         for level in (1, 2):
-            awake = hpu.tracked_bytes()
+            awake = habana.tracked_bytes()
             llm.sleep(level=level)
             # The KV cache (K and V of every layer, pad block included) and the weights.
-            assert awake - hpu.tracked_bytes() == kv + weights
+            assert awake - habana.tracked_bytes() == kv + weights
             assert runner.kv_caches == [] and runner.defragmenter is None
             llm.wake_up()
-            assert hpu.tracked_bytes() == awake
+            assert habana.tracked_bytes() == awake
             assert _generate(llm) == expected
         after = llm.llm_engine.get_compile_stats()
         assert after["num_compiles_after_warmup"] == 0

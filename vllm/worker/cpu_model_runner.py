@@ -80,7 +80,7 @@ class CPUModelRunner(ModelRunnerBase):
     def _weights_restored(self) -> None:
         """The packed copies were dropped with the weights: pack again, as at load."""
         if self.device.type == "cpu":
-            from vllm.model_executor.layers.cpu_gemm import pack_linear_weights
+            from vllm.native.gemm import pack_linear_weights
             with _no_thread_team(self.device):
                 pack_linear_weights(self.model)
 

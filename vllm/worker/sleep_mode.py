@@ -64,8 +64,9 @@ def _parameters(model: nn.Module) -> dict[str, nn.Parameter]:
 def release_weights(model: nn.Module, level: int, device: torch.device) -> SleepingWeights:
     """Level 1: move the parameters to host memory (a no-op on a CPU device); level 2:
     drop their storage. Derived copies (the CPU kernels' packed weights) are dropped."""
-    from vllm.model_executor.layers.cpu_gemm import drop_packed_weights
+    from vllm.native.gemm import drop_packed_weights
     drop_packed_weights(model)
+    _forget_prepared_layer_calls(model)
     state = SleepingWeights(level)
     for name, param in _parameters(model).items():
         if level == 2:
@@ -74,6 +75,15 @@ def release_weights(model: nn.Module, level: int, device: torch.device) -> Sleep
         elif param.device.type != "cpu":
             param.data = param.data.to("cpu")
     return state
+
+
+def _forget_prepared_layer_calls(model: nn.Module) -> None:
+    """Fused decoder stacks keep prepared native calls (weight pointers, packed copies):
+    they would keep the packed copies alive, and are rebuilt from the restored weights."""
+    from vllm.model_executor.layers.decoder_stack import DecoderStack
+    for module in model.modules():
+        if isinstance(module, DecoderStack):
+            module.state.clear()
 
 
 def restore_weights(model: nn.Module, state: SleepingWeights, device: torch.device,

@@ -4,7 +4,7 @@ Enabled by VLLM_TORCH_PROFILER_DIR, as in vLLM: each rank writes its trace there
 the profile stops (`<name>.<timestamp>.pt.trace.json.gz`, readable by Perfetto,
 chrome://tracing or TensorBoard). Without the variable, starting a profile is refused.
 On HPU the runner's phases (prompt/decode passes with their buckets, see
-hpu_profiler.py) appear in the trace as named ranges.
+vllm/hpu/profiler.py) appear in the trace as named ranges.
 """
 from __future__ import annotations
 
