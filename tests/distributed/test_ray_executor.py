@@ -41,6 +41,9 @@ def test_ray_tp2_matches_one_process_then_killed_actor_raises(tiny_qwen2, tiny_r
     assert executor.worker_ips == ["127.0.0.1", "127.0.0.1"]
     assert len(set(executor.worker_pids)) == 2 and os.getpid() not in executor.worker_pids
     assert greedy_token_ids(llm) == tiny_reference
+    # collective_rpc: a method by name, and a local function shipped by value.
+    assert llm.collective_rpc("get_device_index") == [0, 1]
+    assert llm.collective_rpc(lambda worker, k: worker.rank * k, kwargs={"k": 3}) == [0, 3]
 
     os.kill(executor.worker_pids[1], signal.SIGKILL)
     # The death is noticed (this message), not waited out by an RPC timeout: no clock.
