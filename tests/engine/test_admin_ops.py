@@ -75,12 +75,15 @@ def test_sleep_frees_the_kv_cache_and_wake_up_gives_identical_greedy_output(
         llm, reference, level):
     runner = runner_of(llm)
     params = dict(runner.model.named_parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in params.values())
     before = rss()
     llm.sleep(level=level)
     assert llm.llm_engine.is_sleeping()
     assert runner.kv_caches == []
     freed = before - rss()
-    assert freed > 0.8 * KV_BYTES, f"only {freed / 2**20:.1f} MiB freed"
+    # Level 2 gives the weights' memory back to the OS too.
+    expected = 0.8 * (KV_BYTES + (weight_bytes if level == 2 else 0))
+    assert freed > expected, f"only {freed / 2**20:.1f} MiB freed"
     if level == 2:
         assert all(p.numel() == 0 for p in params.values())  # weights discarded
     else:

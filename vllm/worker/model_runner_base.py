@@ -30,6 +30,7 @@ each sits in the step.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -53,7 +54,7 @@ from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.request_state import CachedRequestState
 from vllm.worker.sleep_mode import (SLEEP_TAGS, SleepingWeights, check_level2_supported,
                                     check_sleep_level, check_wake_tags, release_weights,
-                                    restore_weights)
+                                    restore_weights, return_freed_host_memory)
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +244,8 @@ class ModelRunnerBase:
         self._weights_released()
         self._sleeping_weights = release_weights(self.model, level, self.device)
         self.sleeping_tags = set(SLEEP_TAGS)
+        gc.collect()  # what still points at the old tensors (reference cycles)
+        return_freed_host_memory()
         logger.info("Sleep mode level %d: freed %.1f MiB of KV cache; weights %s.", level,
                     kv_bytes / 2**20, "offloaded to host memory" if level == 1 else
                     "discarded")

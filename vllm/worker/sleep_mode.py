@@ -77,6 +77,23 @@ def release_weights(model: nn.Module, level: int, device: torch.device) -> Sleep
     return state
 
 
+def return_freed_host_memory() -> bool:
+    """Hand the heap's free pages back to the OS (glibc `malloc_trim`).
+
+    The CPU runner keeps freed memory mapped for speed (cpu_model_runner.py:
+    `keep_freed_memory_mapped`), so released weights would otherwise stay in this
+    process's heap, reusable by it but not by anyone else. False without glibc."""
+    import ctypes
+    import ctypes.util
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def _forget_prepared_layer_calls(model: nn.Module) -> None:
     """Fused decoder stacks keep prepared native calls (weight pointers, packed copies):
     they would keep the packed copies alive, and are rebuilt from the restored weights."""
