@@ -246,6 +246,8 @@ class ModelRunnerBase:
         self.sleeping_tags = set(SLEEP_TAGS)
         gc.collect()  # what still points at the old tensors (reference cycles)
         return_freed_host_memory()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the caching allocator keeps freed blocks otherwise
         logger.info("Sleep mode level %d: freed %.1f MiB of KV cache; weights %s.", level,
                     kv_bytes / 2**20, "offloaded to host memory" if level == 1 else
                     "discarded")
