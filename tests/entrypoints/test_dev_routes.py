@@ -45,7 +45,8 @@ def _complete(http) -> httpx.Response:
 
 
 def test_dev_routes_are_absent_without_dev_mode(monkeypatch):
-    from vllm.config import DEFAULT_MODEL, resolve_model_path
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
     from vllm.engine.async_llm_engine import AsyncLLMEngine
     from vllm.entrypoints.openai.api_server import build_app
     from vllm.entrypoints.openai.cli_args import make_arg_parser
