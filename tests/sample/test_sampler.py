@@ -273,3 +273,14 @@ def test_seeded_row_without_generator_is_a_caller_error():
     # Greedy rows need no generator even with a seed.
     SamplingMetadata.build([SamplingRow(SamplingParams(seed=3, temperature=0.0), [], [])], 10,
                            "cpu")
+
+
+def test_extreme_accepted_knobs_do_not_break_the_float32_columns():
+    """SamplingParams accepts temperature=1e300 (vLLM samples uniformly); the persistent
+    batch's float32 columns clamp it instead of raising inside the engine loop."""
+    params = SamplingParams(temperature=1e300, top_k=10**9, seed=1)
+    md = SamplingMetadata.build([SamplingRow(params, (1, 2), (3,), make_generator(1))], 16,
+                                "cpu")
+    assert torch.isfinite(md.temperature).all()
+    token = Sampler()(torch.randn(1, 16), md).sampled_token_ids
+    assert 0 <= int(token[0]) < 16

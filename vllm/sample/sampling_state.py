@@ -61,7 +61,7 @@ class SamplingState:
         values = (1.0 if is_greedy(p) else p.temperature, p.top_k, p.top_p, p.min_p,
                   p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
         for column, value in zip(self._columns(), values):
-            column[index] = value
+            column[index] = _fit(column, value)
         self.rows[index] = row
         self.penalized[index] = is_penalized(p)
         if self.penalty_tables is not None:
@@ -168,3 +168,15 @@ class SamplingState:
                     tables.write_row(i, row.prompt_token_ids, row.output_token_ids)
             self.penalty_tables = tables
         return tables
+
+
+_F32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _fit(column: torch.Tensor, value: float) -> float:
+    """`value` clamped into a float32 column's finite range: SamplingParams accepts any
+    finite float (temperature=1e300 samples uniformly, as in vLLM), which a float32
+    tensor cannot hold (torch raises: the engine loop would die on a request knob)."""
+    if column.dtype == torch.float32:
+        return max(-_F32_MAX, min(_F32_MAX, float(value)))
+    return value
