@@ -167,7 +167,13 @@ def test_seed_reproducible(client, model_name):
 
 def test_greedy_chat_matches_offline_llm(client, model_name):
     from vllm import LLM, SamplingParams
-    messages = [{"role": "user", "content": "Name three colors."}]
+    # Its own system message: the default one opens every other chat of this module, so
+    # its KV blocks are in the server's prefix cache, and a prefill over cached blocks
+    # rounds differently in bf16 than the offline engine's full prefill (a different
+    # attention call: greedy tokens may then differ, as in vLLM). A fresh first block
+    # keeps both prefills alike.
+    messages = [{"role": "system", "content": "You answer in short lists."},
+                {"role": "user", "content": "Name three colors."}]
     server = client.chat.completions.create(model=model_name, messages=messages,
                                             max_tokens=12, temperature=0)
     # 128 MiB holds 2048 tokens also where the default model runs in float32 (CPUs
