@@ -153,10 +153,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _reset_fused(llm: Any) -> None:
-    """Make the model re-decide its fused runner (after build() was swapped)."""
+    """Make the model's decoder stack re-decide its fused runner (after build() was
+    swapped): the CPU forward keeps it in the op's `state`."""
+    from vllm.model_executor.layers.decoder_stack import DecoderStack
     for module in _models(llm):
-        if hasattr(module, "_fused_key"):
-            module._fused_key = False
+        if isinstance(module, DecoderStack):
+            module.state.clear()
 
 
 def _models(llm: Any):
