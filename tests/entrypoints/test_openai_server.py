@@ -165,7 +165,7 @@ def test_seed_reproducible(client, model_name):
     assert len({first, sample(1), sample(2), sample(3)}) > 1
 
 
-def test_greedy_chat_matches_offline_llm(client, model_name):
+def test_greedy_chat_matches_offline_llm(client, model_name, monkeypatch):
     from vllm import LLM, SamplingParams
     # Its own system message: the default one opens every other chat of this module, so
     # its KV blocks are in the server's prefix cache, and a prefill over cached blocks
@@ -178,6 +178,7 @@ def test_greedy_chat_matches_offline_llm(client, model_name):
                                             max_tokens=12, temperature=0)
     # 128 MiB holds 2048 tokens also where the default model runs in float32 (CPUs
     # without native bf16 resolve the GGUF's float32 weights to float32).
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")  # the server fixture's kernels
     llm = LLM(max_num_seqs=4, max_model_len=2048, kv_cache_memory_bytes=128 << 20)
     try:
         offline = llm.chat(messages, SamplingParams(max_tokens=12, temperature=0),
