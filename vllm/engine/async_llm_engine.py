@@ -271,22 +271,6 @@ class AsyncLLMEngine(EngineClient):
             self._log_request(request_id, prompt, params)
         return stream
 
-    async def generate(self, prompt: Any, sampling_params: Any, request_id: str,
-                       *, lora_request: Any = None, priority: int = 0,
-                       arrival_time: Optional[float] = None,
-                       ) -> AsyncGenerator[Any, None]:
-        """Stream the outputs of one request.
-
-        Closing the generator early (client gone, task cancelled) aborts the request, which
-        frees its KV blocks.
-        """
-        if priority != 0:
-            raise ValueError("priority: only 0 is supported (FCFS scheduling).")
-        stream = await self.add_request(request_id, prompt, sampling_params, arrival_time,
-                                        lora_request)
-        async for output in self.iterate(stream):
-            yield output
-
     async def iterate(self, stream: RequestStream) -> AsyncGenerator[Any, None]:
         """Yield a stream's outputs; abort the request if the consumer stops early."""
         try:

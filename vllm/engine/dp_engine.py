@@ -189,17 +189,6 @@ class DPAsyncLLMEngine(EngineClient):
         finally:
             self._release(stream.request_id)
 
-    async def generate(self, prompt: Any, sampling_params: Any, request_id: str,
-                       *, lora_request: Any = None, priority: int = 0,
-                       arrival_time: Optional[float] = None,
-                       ) -> AsyncGenerator[Any, None]:
-        if priority != 0:
-            raise ValueError("priority: only 0 is supported (FCFS scheduling).")
-        stream = await self.add_request(request_id, prompt, sampling_params, arrival_time,
-                                        lora_request)
-        async for output in self.iterate(stream):
-            yield output
-
     async def call_utility(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Every replica runs the operation (each serves every adapter, sleeps, profiles);
         their answers are merged as the operation says (vllm/engine/utility.py)."""

@@ -82,15 +82,23 @@ class EngineClient(ABC):
         """The prometheus_client registry `/metrics` exposes (every engine's metrics)."""
 
     # ------------------------------------------------------------ requests
-    @abstractmethod
-    def generate(self, prompt: Any, sampling_params: Any, request_id: str, *,
-                 priority: int = 0, arrival_time: Optional[float] = None,
-                 ) -> AsyncGenerator[Any, None]:
-        """Stream the RequestOutputs of one request; closing the generator aborts it."""
+    async def generate(self, prompt: Any, sampling_params: Any, request_id: str, *,
+                       lora_request: Any = None, priority: int = 0,
+                       arrival_time: Optional[float] = None) -> AsyncGenerator[Any, None]:
+        """Stream the RequestOutputs of one request (`add_request`, then `iterate`);
+        closing the generator early (client gone, task cancelled) aborts the request,
+        which frees its KV blocks."""
+        if priority != 0:
+            raise ValueError("priority: only 0 is supported (FCFS scheduling).")
+        stream = await self.add_request(request_id, prompt, sampling_params, arrival_time,
+                                        lora_request)
+        async for output in self.iterate(stream):
+            yield output
 
     @abstractmethod
     async def add_request(self, request_id: str, prompt: Any, params: Any,
-                          arrival_time: Optional[float] = None) -> Any:
+                          arrival_time: Optional[float] = None,
+                          lora_request: Any = None) -> Any:
         """Queue a request; returns its stream once accepted (ValueError when invalid),
         to be consumed with `iterate`."""
 
