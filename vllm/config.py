@@ -350,7 +350,7 @@ class LoadConfig:
     load_format: str = "auto"
     """Weights format: auto, safetensors, pt, gguf or dummy (random weights)."""
     download_dir: Optional[str] = None
-    """Accepted for compatibility (no downloads happen)."""
+    """The Hub cache directory (--download-dir, as ModelConfig.download_dir)."""
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "safetensors", "pt", "gguf", "dummy"):

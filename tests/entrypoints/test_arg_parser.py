@@ -59,3 +59,14 @@ def test_config_file_then_command_line(tmp_path):
     (tmp_path / "bad.yaml").write_text("- a\n- b\n")
     with pytest.raises(SystemExit):
         make_arg_parser().parse_args(["--config", str(tmp_path / "bad.yaml")])
+
+
+def test_help_of_a_field_several_configs_hold_is_the_flags_own():
+    """--max-model-len and --download-dir are held by two configs each; the help is the
+    one of the config the flag fills (it read "Copied from ModelConfig by VllmConfig."
+    and "no downloads happen", while Hub ids do download)."""
+    text = make_arg_parser(argparse.ArgumentParser()).format_help()
+    flat = " ".join(text.split())
+    assert "Copied from" not in flat
+    assert "--max-model-len MAX_MODEL_LEN Context length (prompt + output)" in flat
+    assert "--download-dir DOWNLOAD_DIR Cache directory for Hub models" in flat

@@ -37,9 +37,12 @@ def _field_docs(cls: type) -> dict[str, str]:
 
 
 _DOCS: dict[str, str] = {}
+# A field several configs hold (max_model_len, download_dir) is documented by the first,
+# the one the flag fills; the others hold copies.
 for _cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, DeviceConfig,
              LoadConfig, LoRAConfig, StructuredOutputsConfig):
-    _DOCS.update(_field_docs(_cls))
+    for _name, _doc in _field_docs(_cls).items():
+        _DOCS.setdefault(_name, _doc)
 _DOCS["kv_cache_dtype"] = _DOCS.get("cache_dtype", "")
 _DOCS["enable_lora"] = "Serve LoRA adapters (per request, several in one batch)."
 
