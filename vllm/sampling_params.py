@@ -49,6 +49,9 @@ class StructuredOutputsParams:
     """Compact JSON: no optional whitespace between tokens of the JSON output."""
     disable_additional_properties: bool = False
     """Objects of the schema take no properties beyond those listed."""
+    whitespace_pattern: Optional[str] = None
+    """A regex for the optional whitespace between JSON tokens (json / json_object; the
+    guidance backend). By default runs of whitespace are bounded (MAX_WHITESPACE)."""
 
     def __post_init__(self) -> None:
         given = [name for name in _STRUCTURED_KINDS if _is_set(getattr(self, name))]
@@ -75,6 +78,13 @@ class StructuredOutputsParams:
             self.choice = list(self.choice)
         if self.json_object is not None and self.json_object is not True:
             raise ValueError("structured_outputs.json_object must be true when given.")
+        if self.whitespace_pattern is not None:
+            if not isinstance(self.whitespace_pattern, str) or not self.whitespace_pattern:
+                raise ValueError("structured_outputs.whitespace_pattern must be a non-empty "
+                                 "regex string.")
+            if self.kind not in ("json", "json_object"):
+                raise ValueError("structured_outputs.whitespace_pattern applies to json and "
+                                 f"json_object constraints, not {self.kind}.")
 
     @property
     def kind(self) -> str:

@@ -114,3 +114,48 @@ def test_request_field_is_the_params_dataclass():
                                                     "disable_any_whitespace": True})
     params = StructuredOutputsParams(**body.model_dump(by_alias=True, exclude_unset=True))
     assert params.json == {"type": "object"} and params.disable_any_whitespace
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_json_whitespace_runs_are_bounded_by_default(default_tokenizer, backend):
+    """A JSON constraint allows at most MAX_WHITESPACE whitespace characters in a row
+    (unbounded runs let a temperature-1 sample spend max_tokens on spaces); with
+    disable_any_whitespace none; a request's whitespace_pattern is its own bound."""
+    from vllm.structured_output.backend_types import MAX_WHITESPACE, grammar_spec
+    if backend == "xgrammar":
+        from vllm.structured_output.backend_xgrammar import XgrammarBackend as Backend
+    else:
+        from vllm.structured_output.backend_guidance import GuidanceBackend as Backend
+    tok = default_tokenizer
+    kwargs = {"max_threads": 1} if backend == "xgrammar" else {}
+    be = Backend(tok, len(tok), [tok.eos_token_id], **kwargs)
+    brace, space = tok.encode("{")[0], tok.encode(" ")[0]
+    assert tok.decode([space]) == " "
+
+    def accepts_spaces(params: StructuredOutputsParams, n: int) -> bool:
+        grammar = be.new_grammar(be.compile(grammar_spec(params)))
+        return grammar.accept_tokens([brace]) and grammar.accept_tokens([space] * n)
+
+    default = StructuredOutputsParams(json={"type": "object"})
+    assert accepts_spaces(default, MAX_WHITESPACE)
+    assert not accepts_spaces(default, MAX_WHITESPACE + 1)
+    assert not accepts_spaces(StructuredOutputsParams(json={"type": "object"},
+                                                      disable_any_whitespace=True), 1)
+    if backend == "guidance":
+        two = StructuredOutputsParams(json={"type": "object"}, whitespace_pattern="[ ]{0,2}")
+        assert accepts_spaces(two, 2) and not accepts_spaces(two, 3)
+
+
+def test_whitespace_pattern_picks_guidance_and_is_checked():
+    from vllm.config import StructuredOutputsConfig
+    from vllm.structured_output.manager import validate_structured_outputs
+    params = StructuredOutputsParams(json={"type": "object"}, whitespace_pattern="[ ]?")
+    assert validate_structured_outputs(params, StructuredOutputsConfig()).backend == "guidance"
+    with pytest.raises(ValueError, match="whitespace_pattern needs the guidance backend"):
+        validate_structured_outputs(params, StructuredOutputsConfig(backend="xgrammar"))
+    with pytest.raises(ValueError, match="unclosed character class"):
+        validate_structured_outputs(StructuredOutputsParams(json={"type": "object"},
+                                                            whitespace_pattern="[ "),
+                                    StructuredOutputsConfig())
+    with pytest.raises(ValueError, match="whitespace_pattern applies to json"):
+        StructuredOutputsParams(regex="a+", whitespace_pattern=" ?")

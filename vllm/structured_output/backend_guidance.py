@@ -7,9 +7,18 @@ from typing import Any
 
 import torch
 
-from vllm.structured_output.backend_types import GrammarSpec, clean_error
+from vllm.structured_output.backend_types import MAX_WHITESPACE, GrammarSpec, clean_error
 
 logger = logging.getLogger(__name__)
+
+
+def _json_options(spec: GrammarSpec) -> dict[str, Any]:
+    """llguidance's JSON options: no optional whitespace, the request's pattern, or runs
+    of at most MAX_WHITESPACE whitespace characters."""
+    if not spec.any_whitespace:
+        return {"whitespace_flexible": False}
+    pattern = spec.whitespace_pattern or rf"[\x20\x0A\x0D\x09]{{0,{MAX_WHITESPACE}}}"
+    return {"whitespace_flexible": True, "whitespace_pattern": pattern}
 
 
 def _grammar_text(spec: GrammarSpec) -> str:
@@ -17,7 +26,7 @@ def _grammar_text(spec: GrammarSpec) -> str:
     import llguidance
     if spec.kind == "json":
         schema = json.loads(spec.spec)
-        options = {"whitespace_flexible": spec.any_whitespace}
+        options = _json_options(spec)
         if isinstance(schema, dict):
             schema = {**schema, "x-guidance": {**options, **schema.get("x-guidance", {})}}
         return llguidance.LLMatcher.grammar_from_json_schema(schema)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
 import torch
 
@@ -20,12 +20,24 @@ from vllm.sampling_params import StructuredOutputsParams
 _NATIVE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
 
 
+MAX_WHITESPACE = 16
+"""Longest run of optional whitespace a JSON constraint allows between two tokens by
+default: enough for a newline and four levels of indentation, and a bound, so that a
+sampled (temperature 1) output cannot spend its max_tokens on spaces and newlines and
+come back cut inside a string. `disable_any_whitespace` allows none; `whitespace_pattern`
+(guidance backend) sets the pattern itself."""
+
+
 @dataclass(frozen=True)
 class GrammarSpec:
-    """kind: json | regex | grammar_ebnf | grammar_lark; spec: normalized text."""
+    """kind: json | regex | grammar_ebnf | grammar_lark; spec: normalized text.
+
+    JSON only: `any_whitespace` (optional whitespace allowed at all), `whitespace_pattern`
+    (a regex for it, llguidance only); otherwise runs are bounded by `MAX_WHITESPACE`."""
     kind: str
     spec: str
     any_whitespace: bool = True
+    whitespace_pattern: Optional[str] = None
 
 
 def grammar_spec(params: StructuredOutputsParams, disable_any_whitespace: bool = False,
@@ -49,9 +61,11 @@ def grammar_spec(params: StructuredOutputsParams, disable_any_whitespace: bool =
                              f"{type(schema).__name__}.")
         if disable_additional_properties or params.disable_additional_properties:
             schema = _close_objects(schema)
-        return GrammarSpec("json", json.dumps(schema, sort_keys=True), any_ws)
+        return GrammarSpec("json", json.dumps(schema, sort_keys=True), any_ws,
+                           params.whitespace_pattern)
     if kind == "json_object":
-        return GrammarSpec("json", json.dumps({"type": "object"}), any_ws)
+        return GrammarSpec("json", json.dumps({"type": "object"}), any_ws,
+                           params.whitespace_pattern)
     if kind == "regex":
         return GrammarSpec("regex", params.regex)
     if kind == "choice":

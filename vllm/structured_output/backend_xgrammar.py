@@ -6,17 +6,28 @@ from typing import Any, Optional
 
 import torch
 
-from vllm.structured_output.backend_types import GrammarSpec, clean_error
+from vllm.structured_output.backend_types import MAX_WHITESPACE, GrammarSpec, clean_error
 
 logger = logging.getLogger(__name__)
+
+
+def _json_options(spec: GrammarSpec) -> dict[str, Any]:
+    """Whitespace between JSON tokens: none, or runs of at most MAX_WHITESPACE."""
+    if not spec.any_whitespace:
+        return {"any_whitespace": False}
+    return {"any_whitespace": True, "max_whitespace_cnt": MAX_WHITESPACE}
 
 
 def validate_xgrammar(spec: GrammarSpec) -> None:
     """Parse the spec without a tokenizer; ValueError naming what is wrong."""
     import xgrammar as xgr
+    if spec.whitespace_pattern is not None:
+        raise ValueError("whitespace_pattern needs the guidance backend (xgrammar has no "
+                         "whitespace pattern; --structured-outputs-config backend auto or "
+                         "guidance).")
     try:
         if spec.kind == "json":
-            xgr.Grammar.from_json_schema(spec.spec, any_whitespace=spec.any_whitespace)
+            xgr.Grammar.from_json_schema(spec.spec, **_json_options(spec))
         elif spec.kind == "regex":
             xgr.Grammar.from_regex(spec.spec)
         elif spec.kind == "grammar_ebnf":
@@ -71,8 +82,7 @@ class XgrammarBackend:
     def compile(self, spec: GrammarSpec) -> Any:
         try:
             if spec.kind == "json":
-                return self.compiler.compile_json_schema(spec.spec,
-                                                         any_whitespace=spec.any_whitespace)
+                return self.compiler.compile_json_schema(spec.spec, **_json_options(spec))
             if spec.kind == "regex":
                 return self.compiler.compile_regex(spec.spec)
             if spec.kind == "grammar_ebnf":

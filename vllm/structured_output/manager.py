@@ -26,9 +26,11 @@ GRAMMAR_CACHE_SIZE = 512
 
 
 def select_backend(spec: GrammarSpec, configured: str) -> str:
-    """auto: xgrammar, except for Lark grammars, which only llguidance reads."""
+    """auto: xgrammar, except for Lark grammars and whitespace patterns, which only
+    llguidance reads."""
     if configured == "auto":
-        return "guidance" if spec.kind == "grammar_lark" else "xgrammar"
+        guidance_only = spec.kind == "grammar_lark" or spec.whitespace_pattern is not None
+        return "guidance" if guidance_only else "xgrammar"
     return configured
 
 
