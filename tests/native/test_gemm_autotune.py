@@ -227,3 +227,26 @@ def test_auto_dtype_of_a_float32_checkpoint_follows_the_fast_kernel(monkeypatch,
     platform = cpu.CpuPlatform()
     assert platform.resolve_auto_dtype(torch.float32) == expect
     assert platform.supported_dtypes[0] == expect
+
+
+def test_plans_are_timed_with_the_serving_thread_count(monkeypatch, tmp_path):
+    """The CPU runner packs weights on one thread but serves with all of them: the
+    timing (and the cache key) use the serving count given by `serving_threads`."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    seen = []
+    monkeypatch.setattr(gemm_autotune, "choose",
+                        lambda w, kinds: seen.append(torch.get_num_threads()) or
+                        (GemmPlan((FP32,) * len(ROW_BUCKETS)), [{}] * len(ROW_BUCKETS),
+                         [{"fp32": [1.0, 1.0]}]))
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with autotune.serving_threads(3):
+            assert autotune.timing_threads() == 3
+            gemm_autotune.plan_shapes({(40, 64): torch.randn(40, 64).bfloat16()})
+            path = gemm_autotune.cache_path(gemm_autotune.available_kinds())
+        assert torch.get_num_threads() == 1  # the caller's count is left as it was
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [3]
+    assert path != gemm_autotune.cache_path(gemm_autotune.available_kinds()) or before == 3

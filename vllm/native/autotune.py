@@ -17,6 +17,7 @@ steadiest choice seen, so a busy machine does not re-time every start for ever.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,7 +26,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 
 import torch
 
@@ -54,10 +55,31 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+_serving_threads: list[int] = []
+
+
+@contextlib.contextmanager
+def serving_threads(threads: int) -> Iterator[None]:
+    """Time kernels with `threads` threads inside this block, whatever the calling
+    thread's own count: the CPU runner packs weights (and so times the GEMM plans) on one
+    thread (cpu_model_runner._no_thread_team), but serves with all of them, and a plan
+    timed single-threaded can pick another kernel than the engine would."""
+    _serving_threads.append(threads)
+    try:
+        yield
+    finally:
+        _serving_threads.pop()
+
+
+def timing_threads() -> int:
+    """The thread count kernel timings run with (and are cached under)."""
+    return _serving_threads[-1] if _serving_threads else torch.get_num_threads()
+
+
 def cache_path(folder: str, prefix: str, parts: Sequence[str]) -> Path:
     """`$VLLM_CACHE_ROOT/<folder>/<prefix>-<digest>.json`, the digest over the CPU model,
-    thread count, torch version and `parts` (kernel sources, candidates, buckets)."""
-    key = "|".join([cpu_model(), str(torch.get_num_threads()), torch.__version__, *parts])
+    timing thread count, torch version and `parts` (kernel sources, candidates, buckets)."""
+    key = "|".join([cpu_model(), str(timing_threads()), torch.__version__, *parts])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return Path(envs.VLLM_CACHE_ROOT) / folder / f"{prefix}-{digest}.json"
 
@@ -137,8 +159,8 @@ def keep_best(old: Optional[CachedChoice], kinds: Sequence[str],
 
 
 def measure_off_thread(measure: Callable[[], T], name: str) -> T:
-    """`measure()` on a short-lived thread, in inference mode, with the process's
-    thread count; its exception is raised here.
+    """`measure()` on a short-lived thread, in inference mode, with `timing_threads()`
+    threads; its exception is raised here.
 
     The engine is built on one thread precisely so that the building thread owns no
     OpenMP thread team (see cpu_model_runner._no_thread_team); a team belongs to the
@@ -146,13 +168,17 @@ def measure_off_thread(measure: Callable[[], T], name: str) -> T:
     """
     result: list[T] = []
     errors: list[BaseException] = []
+    threads, caller_threads = timing_threads(), torch.get_num_threads()
 
     def target() -> None:
+        torch.set_num_threads(threads)  # the engine's count (serving_threads)
         try:
             with torch.inference_mode():
                 result.append(measure())
         except Exception as e:  # reported on the calling thread
             errors.append(e)
+        finally:
+            torch.set_num_threads(caller_threads)
 
     thread = threading.Thread(target=target, name=name)
     thread.start()

@@ -224,7 +224,7 @@ def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int,
 
 
 def _log_table(table: list, plans: dict) -> None:
-    lines = [f"GEMM kernel choice on {autotune.cpu_model()} ({torch.get_num_threads()} threads), "
+    lines = [f"GEMM kernel choice on {autotune.cpu_model()} ({autotune.timing_threads()} threads), "
              f"us per call at rows {ROW_BUCKETS}:"]
     for shape, timings in table:
         cells = []

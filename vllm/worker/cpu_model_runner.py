@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 import torch
 
 from vllm.native import prefill_choice
+from vllm.native.autotune import serving_threads
 from vllm.native.prefill_choice import FLASH, ROWWISE, SDPA, PrefillPlan
 from vllm.attention.backends.torch_sdpa import NATIVE_PREFILL_MAX_LEN, TorchSDPABackendImpl
 from vllm.config import VllmConfig
@@ -135,7 +136,8 @@ def _no_thread_team(device: torch.device) -> Iterator[None]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield
+        with serving_threads(threads):  # kernel timings still use the serving count
+            yield
     finally:
         torch.set_num_threads(threads)
 
