@@ -11,7 +11,10 @@ For each format the same model is loaded in bf16 (the CPU default), then:
 A `modules:` prefix on a format (e.g. `modules:int4=DIR`) turns the fused native decode
 layer (native/fused_decode.py) off for it: the same weights through the module path. A `+kv8`
 suffix (e.g. `bf16+kv8`, `fp8+kv8`) runs that format with `--kv-cache-dtype fp8`
-(the checkpoint's KV scales if it has any, else 1.0).
+(the checkpoint's KV scales if it has any, else 1.0); a `+kvcalc` suffix runs it with
+`--kv-cache-dtype fp8 --calculate-kv-scales`, the scales set by a first pass over the
+start of benchmarks/data/corpus.txt (not by the scored text). Perplexity is also given
+for the held-out text's `--parts` consecutive pieces, each scored on its own.
 
     python benchmarks/quantize_checkpoint.py HuggingFaceTB/SmolLM2-135M-Instruct \\
         /tmp/smollm2-gptq --method gptq --group-size 128 --act-order --mse-clip
@@ -30,6 +33,9 @@ import statistics
 import time
 
 HELDOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "heldout.txt")
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
+CALIBRATION_CHARS = 1500
+"""The first pass of a `+kvcalc` format: this much of corpus.txt sets the KV scales."""
 DECODE_TOKENS = 64
 
 
@@ -40,8 +46,25 @@ def _model_of(llm):
     return worker.model_runner.model
 
 
+def _perplexity(llm, text: str) -> tuple[float, int]:
+    from vllm import SamplingParams
+    out = llm.generate([text], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                       use_tqdm=False)[0]
+    ids = out.prompt_token_ids
+    lps = [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])]
+    return math.exp(-sum(lps) / len(lps)), len(lps)
+
+
+def _parts(text: str, n: int) -> list[str]:
+    """`n` consecutive pieces of `text`, cut at word boundaries."""
+    words = text.split()
+    size = -(-len(words) // n)
+    return [" ".join(words[i:i + size]) for i in range(0, len(words), size)]
+
+
 def run_format(name: str, model: str, quantization, kv_cache_dtype: str, repeats: int,
-               perplexity: bool = True, fused: bool = True, decode: bool = True):
+               perplexity: bool = True, fused: bool = True, decode: bool = True,
+               calculate_kv_scales: bool = False, parts: int = 3):
     from vllm import LLM, SamplingParams
     from vllm.model_executor.model_loader import weight_bytes
     from vllm.native import fused_decode as llama_fused
@@ -50,15 +73,16 @@ def run_format(name: str, model: str, quantization, kv_cache_dtype: str, repeats
         llama_fused.FusedDecode.build = classmethod(lambda cls, layers: None)
     try:
         llm = LLM(model=model, quantization=quantization, dtype="bfloat16", max_model_len=2048,
-                  kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=256 << 20)
-        ppl, scored = math.nan, 0
+                  kv_cache_dtype=kv_cache_dtype, kv_cache_memory_bytes=256 << 20,
+                  calculate_kv_scales=calculate_kv_scales, enable_prefix_caching=False)
+        if calculate_kv_scales:
+            calibration = open(CORPUS).read()[:CALIBRATION_CHARS]
+            llm.generate([calibration], SamplingParams(max_tokens=1), use_tqdm=False)
+        ppl, scored, part_ppls = math.nan, 0, []
         if perplexity:
             text = open(HELDOUT).read()
-            out = llm.generate([text], SamplingParams(max_tokens=1, prompt_logprobs=0),
-                               use_tqdm=False)[0]
-            ids = out.prompt_token_ids
-            lps = [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])]
-            ppl, scored = math.exp(-sum(lps) / len(lps)), len(lps)
+            ppl, scored = _perplexity(llm, text)
+            part_ppls = [round(_perplexity(llm, t)[0], 3) for t in _parts(text, parts)]
         params = SamplingParams(temperature=0, max_tokens=DECODE_TOKENS, ignore_eos=True)
         prompt = "The history of the printing press begins"
         if decode:
@@ -73,6 +97,7 @@ def run_format(name: str, model: str, quantization, kv_cache_dtype: str, repeats
     finally:
         llama_fused.FusedDecode.build = real_build
     row = {"format": name, "weights_mib": mib, "ppl": ppl, "tokens": scored,
+           "ppl_parts": part_ppls,
            "decode_tok_s": statistics.median(samples) if samples else math.nan,
            "best": max(samples, default=math.nan),
            "samples": [round(x, 1) for x in samples], "load": os.getloadavg()[0]}
@@ -87,6 +112,8 @@ def main() -> None:
                         help="bf16 | fp8 | fp8-channel | NAME=CHECKPOINT_DIR (repeatable); "
                              "a 'modules:' prefix turns the fused decode layer off")
     parser.add_argument("--kv-cache-dtype", default="auto")
+    parser.add_argument("--parts", type=int, default=3,
+                        help="Also score the held-out text's N pieces one by one.")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=1,
                         help="Run the whole list of formats this many times, interleaved "
@@ -110,10 +137,14 @@ def _run_one(fmt: str, args) -> dict:
     spec = fmt.split(":", 1)[1] if not fused else fmt
     if args.no_perplexity and args.no_decode:
         raise SystemExit("--no-perplexity and --no-decode leave nothing to measure.")
-    kw = dict(perplexity=not args.no_perplexity, fused=fused, decode=not args.no_decode)
+    kw = dict(perplexity=not args.no_perplexity, fused=fused, decode=not args.no_decode,
+              parts=args.parts)
     kv_cache_dtype = args.kv_cache_dtype
     if spec.endswith("+kv8"):
         spec, kv_cache_dtype = spec[:-len("+kv8")], "fp8"
+    elif spec.endswith("+kvcalc"):
+        spec, kv_cache_dtype = spec[:-len("+kvcalc")], "fp8"
+        kw["calculate_kv_scales"] = True
     if "=" in spec:
         name, path = spec.split("=", 1)
         row = run_format(name, path, None, kv_cache_dtype, args.repeats, **kw)
@@ -123,8 +154,8 @@ def _run_one(fmt: str, args) -> dict:
         quant = None if spec == "bf16" else "fp8"
         row = run_format(spec, args.model, quant, kv_cache_dtype, args.repeats, **kw)
         os.environ.pop("VLLM_FP8_WEIGHT_SCALE", None)
-    row["format"] = fmt.split("=", 1)[0] + ("+kv8" if "=" in fmt and fmt.endswith("+kv8")
-                                            else "")
+    suffix = next((x for x in ("+kv8", "+kvcalc") if fmt.endswith(x)), "")
+    row["format"] = fmt.split("=", 1)[0] + (suffix if "=" in fmt else "")
     return row
 
 
@@ -142,12 +173,15 @@ def _table(rows: list[dict]) -> None:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
                 if ln.startswith("model name")), platform.processor())
     print(f"CPU: {cpu}; load average (1 min) at the end of each run shown per row")
-    print("| format | weights MiB | perplexity | vs first | batch-1 decode tok/s (median) "
-          "| vs first | samples | load |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| format | weights MiB | perplexity | vs first | pieces (vs first) "
+          "| batch-1 decode tok/s (median) | vs first | samples | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        pieces = ", ".join(f"{p:.2f} ({100 * (p / b - 1):+.1f}%)"
+                           for p, b in zip(r["ppl_parts"], base["ppl_parts"]))
         print(f"| {r['format']} | {r['weights_mib']:.1f} | {r['ppl']:.3f} | "
-              f"{100 * (r['ppl'] / base['ppl'] - 1):+.1f}% | {r['decode_tok_s']:.1f} | "
+              f"{100 * (r['ppl'] / base['ppl'] - 1):+.1f}% | {pieces} | "
+              f"{r['decode_tok_s']:.1f} | "
               f"{r['decode_tok_s'] / base['decode_tok_s']:.2f}x | {r['samples']} | "
               f"{r['load']} |")
     print(f"({base['tokens']} scored tokens of {os.path.basename(HELDOUT)})")

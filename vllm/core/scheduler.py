@@ -67,6 +67,9 @@ class Scheduler:
         self.max_num_seqs = sc.max_num_seqs
         self.max_num_batched_tokens = sc.max_num_batched_tokens
         self.enable_chunked_prefill = sc.enable_chunked_prefill
+        self.async_scheduling = sc.async_scheduling
+        """Progress is booked when a step is scheduled, not when its tokens come back:
+        the next step can be scheduled while this one runs (see _book_scheduled)."""
         self.max_model_len = vllm_config.model_config.max_model_len
         self.block_size = vllm_config.cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
@@ -136,8 +139,9 @@ class Scheduler:
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if num_new <= 0 or not self._lora_fits(request, loras):
+            num_new = min(_num_pending(request), budget)
+            if (num_new <= 0 or not self._lora_fits(request, loras)
+                    or self._has_enough_in_flight(request)):
                 idx += 1
                 continue
             new_blocks = self._allocate_or_preempt(request, num_new)
@@ -162,7 +166,39 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             structured_output_request_ids=so_ids, grammar_bitmask=bitmask)
         self.finished_req_ids = set()
+        if self.async_scheduling:
+            self._book_scheduled(num_scheduled)
         return out
+
+    # ------------------------------------------------------- async scheduling
+    def _book_scheduled(self, num_scheduled: dict[str, int]) -> None:
+        """Count a step's tokens as computed now, and the token it will sample as a
+        placeholder, so that the next schedule (while this step runs) continues after
+        it. The workers hold the sampled tokens: they feed a placeholder position from
+        their own state."""
+        for req_id, n in num_scheduled.items():
+            request = self.requests[req_id]
+            request.num_computed_tokens += n
+            if request.num_computed_tokens >= \
+                    request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1
+
+    def _has_enough_in_flight(self, request: Request) -> bool:
+        """Whether the steps in flight already sample the request's last token
+        (max_tokens or the model length): one more would be thrown away."""
+        if not request.num_output_placeholders:
+            return False
+        return (request.num_output_tokens + request.num_output_placeholders
+                >= request.max_tokens
+                or request.num_tokens + request.num_output_placeholders
+                >= self.max_model_len)
+
+    def needs_sync(self) -> bool:
+        """Whether the next schedule must see the tokens of the step in flight: a
+        grammar must accept a token before the next bitmask, and prompt logprobs
+        track progress by the tokens that came back."""
+        return any(r.use_structured_output or r.wants_prompt_logprobs
+                   for r in self.requests.values())
 
     def _lora_fits(self, request: Request, loras: set[int]) -> bool:
         """Whether the request's adapter has a device slot in this step: it is the base
@@ -229,6 +265,10 @@ class Scheduler:
                        loras: set[int], skipped: list[Request]) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.num_output_placeholders:
+                # Preempted with a step in flight: resumes once its token is back.
+                skipped.append(self.waiting.popleft())
+                continue
             if request.status == RequestStatus.WAITING_FOR_FSM:
                 if not self._grammar_ready(request):
                     if self.waiting and self.waiting[0] is request:
@@ -314,8 +354,11 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None:
                 continue  # aborted while the step ran
-            request.num_computed_tokens += scheduler_output.num_scheduled_tokens[req_id]
             new_ids = runner_output.sampled_token_ids[i]
+            if self.async_scheduling:
+                request.num_output_placeholders -= len(new_ids)  # booked when scheduled
+            else:
+                request.num_computed_tokens += scheduler_output.num_scheduled_tokens[req_id]
             prompt_lp = runner_output.prompt_logprobs.get(req_id)
             if prompt_lp is not None and request.num_computed_tokens >= request.num_prompt_tokens:
                 request.prompt_logprobs_done = True
@@ -334,7 +377,9 @@ class Scheduler:
                 finish_reason=request.get_finished_reason(), stop_reason=request.stop_reason,
                 num_cached_tokens=max(request.num_cached_tokens, 0)))
             if request.is_finished():
-                self.running.remove(request)
+                # Async scheduling: a request preempted after this step was scheduled
+                # sits in the waiting queue.
+                (self.running if request in self.running else self.waiting).remove(request)
                 self._free_request(request)
         return outputs
 
@@ -377,6 +422,12 @@ class Scheduler:
             num_deferred_reqs=min(self.num_deferred_reqs, len(self.waiting)),
             running_lora_adapters=_count_loras(self.running),
             waiting_lora_adapters=_count_loras(self.waiting))
+
+
+def _num_pending(request: Request) -> int:
+    """Tokens the request still needs computed, the placeholders of steps in flight
+    included (their inputs are the tokens those steps sample)."""
+    return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
 
 
 def _count_loras(requests: Iterable[Request]) -> dict[str, int]:

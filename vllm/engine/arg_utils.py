@@ -78,10 +78,12 @@ class EngineArgs:
     num_gpu_blocks_override: Optional[int] = None
     kv_cache_dtype: str = "auto"
     swap_space: float = 0
+    calculate_kv_scales: bool = False
     # scheduler
     max_num_seqs: int = 256
     max_num_batched_tokens: Optional[int] = None
     enable_chunked_prefill: bool = True
+    async_scheduling: bool = False
     # parallel
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -186,10 +188,12 @@ class EngineArgs:
             enable_prefix_caching=self.enable_prefix_caching,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
-            cache_dtype=self.kv_cache_dtype, swap_space=self.swap_space)
+            cache_dtype=self.kv_cache_dtype, swap_space=self.swap_space,
+            calculate_kv_scales=self.calculate_kv_scales)
         scheduler_config = SchedulerConfig(
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-            enable_chunked_prefill=self.enable_chunked_prefill)
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            async_scheduling=self.async_scheduling)
         parallel_config = ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,

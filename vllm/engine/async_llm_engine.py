@@ -159,13 +159,18 @@ class AsyncLLMEngine(EngineClient):
         self._thread: Optional[threading.Thread] = None
         self._shutdown_done = False
         self._start_requested = start_engine_loop
+        self._no_compile_stats = False
 
     # ------------------------------------------------------------ creation
     @classmethod
     def from_engine_args(cls, engine_args: AsyncEngineArgs, start_engine_loop: bool = True,
                          max_log_len: Optional[int] = None) -> "AsyncLLMEngine":
+        from vllm.engine.core_client import use_multiprocessing
         from vllm.engine.llm_engine import LLMEngine
-        engine = LLMEngine.from_engine_args(engine_args)
+        # The core in its own process by default: its steps then overlap this
+        # process's HTTP, tokenization and detokenization work.
+        engine = LLMEngine.from_engine_args(engine_args,
+                                            multiprocess=use_multiprocessing(default=True))
         return cls(engine,
                    log_requests=not getattr(engine_args, "disable_log_requests", False),
                    log_stats=not getattr(engine_args, "disable_log_stats", False),
@@ -212,7 +217,7 @@ class AsyncLLMEngine(EngineClient):
             if self._dead is None:
                 self._dead = dead
         logger.error("%s", dead)
-        self._wake.set()
+        self._wake_loop()
 
     @property
     def tokenizer(self) -> Any:
@@ -316,7 +321,7 @@ class AsyncLLMEngine(EngineClient):
             self._stopping = True
             if self._dead is None:
                 self._dead = EngineDeadError("The engine is shutting down.")
-        self._wake.set()
+        self._wake_loop()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -335,7 +340,14 @@ class AsyncLLMEngine(EngineClient):
             if self._dead is not None:
                 raise self._dead
             self._inbox.put(command)
+        self._wake_loop()
+
+    def _wake_loop(self) -> None:
+        """Wake the loop thread, idle or waiting in a step for an out-of-process core."""
         self._wake.set()
+        wakeup = getattr(self.engine, "wakeup", None)
+        if wakeup is not None:
+            wakeup()
 
     def _post_quietly(self, command: _Abort) -> None:
         try:
@@ -452,10 +464,13 @@ class AsyncLLMEngine(EngineClient):
         # Compile counts may need a round trip to the workers: at most once a second.
         get_compile_stats = getattr(self.engine, "get_compile_stats", None)
         now = time.monotonic()
-        if get_compile_stats is not None and \
+        if get_compile_stats is not None and not self._no_compile_stats and \
                 now - getattr(self, "_compile_stats_at", 0.0) >= self._COMPILE_STATS_INTERVAL_S:
             self._compile_stats_at = now
-            self.stats.on_compile_stats(get_compile_stats())
+            compile_stats = get_compile_stats()
+            # None: the platform compiles no graphs (CPU); it will not start to.
+            self._no_compile_stats = compile_stats is None
+            self.stats.on_compile_stats(compile_stats)
 
     def _deliver(self, deliveries: list[tuple[Any, Any]]) -> None:
         loop = self._loop

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from typing import Any, Iterable, Optional
 
 from vllm.config import VllmConfig
+from vllm.core.sched_output import SchedulerOutput
 from vllm.core.scheduler import EngineCoreOutput, Scheduler, SchedulerStats
 from vllm.engine.utility import get_utility
 from vllm.executor.executor_base import ExecutorBase, WorkerMethod
@@ -40,6 +42,9 @@ class EngineCore:
         """LoRARequests the workers loaded and checked, by id (see utility.py)."""
         self._sleeping_tags: set[str] = set()
         self._profiling = False
+        self.async_scheduling = vllm_config.scheduler_config.async_scheduling
+        self._in_flight: Optional[tuple[SchedulerOutput, Future]] = None
+        """Async scheduling: the step submitted and not yet collected."""
         logger.info("Engine core initialized in %.2f s", time.perf_counter() - start)
 
     def _init_kv_cache(self) -> int:
@@ -84,12 +89,14 @@ class EngineCore:
             self.executor.execute_model(self.scheduler.schedule())
 
     def step(self) -> list[EngineCoreOutput]:
-        """Schedule and run one batch.
+        """Schedule and run one batch (async scheduling: see `_step_async`).
 
         A step that schedules no token still goes to the workers when requests
         finished since the last one: that is how the workers learn to drop their
         state for them (see also `_flush_finished`).
         """
+        if self.async_scheduling:
+            return self._step_async()
         if not self.scheduler.has_requests():
             return []
         scheduler_output = self.scheduler.schedule()
@@ -105,6 +112,46 @@ class EngineCore:
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self._flush_finished()
         return failed + outputs
+
+    def _step_async(self) -> list[EngineCoreOutput]:
+        """Schedule step N+1 while step N runs, then collect step N's tokens.
+
+        The scheduler books a step's progress when it schedules it (the tokens it will
+        sample are placeholders that the worker, which samples them, feeds as the next
+        inputs), so the next schedule does not wait for them. It must wait when the next
+        schedule depends on them (`_must_sync`): then step N is collected first. One call
+        returns the outputs of the step it collected (the first call: none yet).
+        """
+        outputs: list[EngineCoreOutput] = []
+        if self._in_flight is not None and self._must_sync():
+            outputs = self._collect()
+        scheduler_output = (self.scheduler.schedule() if self.scheduler.has_requests()
+                            else None)
+        failed = self.scheduler.take_failed_outputs()
+        if self._in_flight is not None:
+            outputs += self._collect()  # while scheduling, step N ran
+        if scheduler_output is not None:
+            if scheduler_output.total_num_scheduled_tokens:
+                self._in_flight = (scheduler_output,
+                                   self.executor.execute_model_async(scheduler_output))
+            elif scheduler_output.finished_req_ids:
+                self.executor.execute_model(scheduler_output)  # workers drop their states
+            elif not failed and not outputs:
+                self.scheduler.wait_for_grammars(GRAMMAR_WAIT_S)
+        if self._in_flight is None:
+            self._flush_finished()
+        return failed + outputs
+
+    def _must_sync(self) -> bool:
+        """Whether the next schedule needs the tokens of the step in flight: ranks other
+        than the sampling one learn tokens only from the scheduler, and the scheduler's
+        own reasons (grammars, prompt logprobs)."""
+        return self.executor.world_size > 1 or self.scheduler.needs_sync()
+
+    def _collect(self) -> list[EngineCoreOutput]:
+        scheduler_output, future = self._in_flight
+        self._in_flight = None
+        return self.scheduler.update_from_output(scheduler_output, future.result())
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -196,5 +243,11 @@ class EngineCore:
                              "requests.")
 
     def shutdown(self) -> None:
+        if self._in_flight is not None:
+            try:
+                self._in_flight[1].result()  # let the step end before the workers do
+            except Exception:  # noqa: BLE001 - shutting down: its error changes nothing
+                pass
+            self._in_flight = None
         self.scheduler.structured_output_manager.shutdown()
         self.executor.shutdown()

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerStats
 from vllm.engine.arg_utils import EngineArgs
-from vllm.engine.core import EngineCore
+from vllm.engine.core_client import make_engine_core, use_multiprocessing
 from vllm.engine.output_processor import OutputProcessor, ParentRequest
 from vllm.engine.processor import Processor, PromptType
 from vllm.lora.request import LoRARequest
@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 class LLMEngine:
 
-    def __init__(self, vllm_config: VllmConfig, log_stats: bool = True) -> None:
+    def __init__(self, vllm_config: VllmConfig, log_stats: bool = True,
+                 multiprocess: bool = False) -> None:
         from vllm.transformers_utils.tokenizer import get_tokenizer
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
@@ -42,12 +43,24 @@ class LLMEngine:
         self.tokenizer = get_tokenizer(mc.tokenizer_path, tokenizer_mode=mc.tokenizer_mode)
         self.processor = Processor(mc, self.tokenizer, vllm_config.structured_outputs_config)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.engine_core = EngineCore(vllm_config)
+        self.engine_core = make_engine_core(vllm_config, multiprocess)
+        """The EngineCore itself, or a client of one in its own process (core_client.py)."""
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
+    def from_engine_args(cls, engine_args: EngineArgs,
+                         multiprocess: Optional[bool] = None) -> "LLMEngine":
+        """`multiprocess` None: VLLM_ENABLE_V1_MULTIPROCESSING, else in-process."""
+        if multiprocess is None:
+            multiprocess = use_multiprocessing(default=False)
         return cls(engine_args.create_engine_config(),
-                   log_stats=not engine_args.disable_log_stats)
+                   log_stats=not engine_args.disable_log_stats, multiprocess=multiprocess)
+
+    def wakeup(self) -> None:
+        """Make a `step()` waiting for an out-of-process core return now (thread-safe):
+        the caller has requests or aborts to send first."""
+        wakeup = getattr(self.engine_core, "wakeup", None)
+        if wakeup is not None:
+            wakeup()
 
     def get_tokenizer(self):
         return self.tokenizer
@@ -178,8 +191,9 @@ class LLMEngine:
         return self.call_utility("reset_prefix_cache")
 
     def check_health(self) -> None:
-        """Raise RuntimeError when a worker of the engine died or failed."""
-        self.call_utility("check_health")
+        """Raise RuntimeError when a worker of the engine (or its core process) died or
+        failed; a flag check, no round trip, so any thread may call it."""
+        self.engine_core.check_health()
 
     def finalize_calibration(self) -> list[Optional[str]]:
         """INC MEASURE (`--quantization inc`, QUANT_CONFIG mode MEASURE): write the

@@ -12,6 +12,7 @@ Ray executors (distributed_executor.py) reach ranks in other processes.
 from __future__ import annotations
 
 import importlib
+from concurrent.futures import Future
 import logging
 from typing import Any, Callable, Optional, Union
 
@@ -71,6 +72,18 @@ class ExecutorBase:
         return self.collective_rpc("execute_model", args=(scheduler_output,),
                                    unique_reply_rank=self.driver_rank,
                                    timeout=envs.VLLM_ENGINE_ITERATION_TIMEOUT_S)[0]
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput
+                            ) -> "Future[ModelRunnerOutput]":
+        """The step as a future (async scheduling). Here it runs before returning: only
+        an executor that can run a step in the background (UniProcExecutor) overlaps
+        it with the engine's next schedule."""
+        future: Future[ModelRunnerOutput] = Future()
+        try:
+            future.set_result(self.execute_model(scheduler_output))
+        except BaseException as exc:  # noqa: BLE001 - raised by future.result()
+            future.set_exception(exc)
+        return future
 
     def check_health(self) -> None:
         """Raise RuntimeError when a rank died or failed. A flag read, no round trip: the

@@ -163,7 +163,18 @@ def check_main_reimportable() -> None:
 
 
 def get_mp_context() -> Any:
-    return multiprocessing.get_context(resolve_mp_method())
+    method = resolve_mp_method()
+    if method == "fork":
+        _quiesce_before_fork()
+    return multiprocessing.get_context(method)
+
+
+def _quiesce_before_fork() -> None:
+    """Let this process's helper threads that start subprocesses finish first (see
+    vllm.native.loader.wait_for_prebuild: a fork in the middle hangs them)."""
+    loader = sys.modules.get("vllm.native.loader")
+    if loader is not None:
+        loader.wait_for_prebuild()
 
 
 def get_loopback_ip() -> str:
@@ -233,7 +244,7 @@ def worker_main(vllm_config: Any, rank: int, local_rank: int, init_method: str,
     """Entry point of a worker process: build the worker, then serve RPCs until shutdown."""
     # Ctrl-C reaches the whole process group; the engine decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_when_parent_dies(death_reader)
+    exit_when_parent_dies(death_reader)
     prefix_log_lines(rank)
     try:
         worker = create_worker(vllm_config, rank, local_rank, init_method)
@@ -316,7 +327,7 @@ def _send(conn: Connection, reply: RpcReply) -> bool:
         return True
 
 
-def _exit_when_parent_dies(death_reader: Connection) -> None:
+def exit_when_parent_dies(death_reader: Connection) -> None:
     def watch() -> None:
         try:
             death_reader.recv_bytes()
@@ -329,9 +340,10 @@ def _exit_when_parent_dies(death_reader: Connection) -> None:
     threading.Thread(target=watch, name="vllm-parent-watch", daemon=True).start()
 
 
-def prefix_log_lines(rank: int, kind: str = "VllmWorker") -> None:
+def prefix_log_lines(rank: Optional[int], kind: str = "VllmWorker") -> None:
     """Prefix this process's vllm log lines with its rank, as vLLM's workers do."""
-    prefix = f"({kind} rank={rank} pid={os.getpid()}) "
+    rank_part = "" if rank is None else f" rank={rank}"
+    prefix = f"({kind}{rank_part} pid={os.getpid()}) "
     for handler in logging.getLogger("vllm").handlers:
         old = handler.formatter
         fmt = getattr(old, "_fmt", None) or "%(message)s"

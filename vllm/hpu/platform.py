@@ -67,6 +67,11 @@ class HpuPlatform(Platform):
             os.environ["PT_HPU_ENABLE_LAZY_COLLECTIVES"] = "true"
             logger.warning("Tensor/pipeline parallel with HPU graphs needs "
                            "PT_HPU_ENABLE_LAZY_COLLECTIVES=true; setting it.")
+        if vllm_config.cache_config.calculate_kv_scales:
+            raise ValueError(
+                "calculate_kv_scales is not supported on HPU: the warmed graphs hold the KV "
+                "cache scales as constants, fixed before the first request. Use a checkpoint "
+                "with k_scale/v_scale, or measure scales with INC (--quantization inc).")
         if vllm_config.cache_config.block_size != 128:
             logger.info("block_size=%d on HPU; 128 uses Gaudi's matrix engine best.",
                         vllm_config.cache_config.block_size)

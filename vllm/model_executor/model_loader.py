@@ -77,7 +77,8 @@ def load_weights_into(model: nn.Module, vllm_config: Any,
         else:
             model.load_weights(kv_scales.filter(iterate_weights(model_config.model_path,
                                                                 load_format)))
-        kv_scales.apply(model, vllm_config.cache_config.cache_dtype)
+        kv_scales.apply(model, vllm_config.cache_config.cache_dtype,
+                        calculate=vllm_config.cache_config.calculate_kv_scales)
         process_weights_after_loading(model)
 
 

@@ -183,6 +183,16 @@ def prebuild_once() -> Optional[threading.Thread]:
     return _prebuild["thread"]
 
 
+def wait_for_prebuild() -> None:
+    """Wait for this process's background build, if one runs. Called before a fork: a
+    thread inside `subprocess.run` when the process forks leaves the child holding the
+    write end of that subprocess's exec-status pipe (close-on-exec does not apply to a
+    fork without exec), and the thread then waits forever for that pipe's EOF."""
+    thread = _prebuild.get("thread")
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()
+
+
 def prebuild_in_background(sources: tuple[Path, ...]) -> Optional[threading.Thread]:
     """Start compiling `sources` on a daemon thread, so that a first start builds the
     kernels while it does other work (converting a GGUF file, loading weights): the

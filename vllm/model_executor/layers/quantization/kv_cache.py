@@ -82,11 +82,19 @@ class KVScales:
         for part in ("k", "v") if which == "kv" else (which,):
             self.found[(layer, part)] = (name, value)
 
-    def apply(self, model: nn.Module, cache_dtype: str) -> None:
+    def apply(self, model: nn.Module, cache_dtype: str, calculate: bool = False) -> None:
         """Set k_scale / v_scale on every attention layer of `model` (see the module
-        docstring)."""
+        docstring); `calculate` (--calculate-kv-scales): the first forward pass sets them
+        instead."""
         from vllm.attention.layer import Attention
         layers = [m for m in model.modules() if isinstance(m, Attention)]
+        if calculate:
+            for layer in layers:
+                layer.calculate_kv_scales = True
+            logger.info("KV cache scales of %d attention layers will be computed from the "
+                        "first forward pass (calculate_kv_scales)%s.", len(layers),
+                        "; the checkpoint's are not used" if self.found else "")
+            return
         if cache_dtype == "auto":
             if self.found:
                 logger.info("The checkpoint has KV cache scales; they are unused with "

@@ -1,0 +1,335 @@
+"""How the frontend (LLMEngine) reaches its engine core: in this process or in another.
+
+Both kinds answer the same calls, the ones LLMEngine makes: `add_request`,
+`abort_requests`, `step`, `get_stats`, `call_utility`, `check_awake`, `loaded_loras`,
+`shutdown`. In-process, that is the `EngineCore` itself (a step runs in the caller's
+thread). Out of process, `MPEngineCoreClient` sends requests and admin calls over ZMQ to
+the core's own process (vllm/engine/core_proc.py), which steps on its own; `step()`
+here returns the outputs that arrived (waiting for some when none has).
+
+Where the core runs (VLLM_ENABLE_V1_MULTIPROCESSING, vLLM's switch): unset, the server
+puts it in its own process and `LLM` keeps it in-process (a script's first generate
+comes sooner, and tests reach the model through it); 1 / 0 force one or the other.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any, Iterable, Optional
+
+import zmq
+
+from vllm.core.scheduler import EngineCoreOutput, SchedulerStats
+from vllm.engine import serial
+from vllm.engine.serial import MessageDecoder, MessageEncoder
+from vllm.request import Request, RequestStatus
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 30.0
+"""How long shutdown waits for the core process to stop its workers and exit."""
+
+
+def use_multiprocessing(default: bool) -> bool:
+    """VLLM_ENABLE_V1_MULTIPROCESSING, or `default` (the caller's) when unset."""
+    from vllm import envs
+    value = envs.VLLM_ENABLE_V1_MULTIPROCESSING
+    return default if value is None else value
+
+
+def make_engine_core(vllm_config: Any, multiprocess: bool) -> Any:
+    """The engine core for LLMEngine: an EngineCore here, or a client of one elsewhere."""
+    if multiprocess:
+        return MPEngineCoreClient(vllm_config)
+    from vllm.engine.core import EngineCore
+    return EngineCore(vllm_config)
+
+
+def core_mp_context() -> Any:
+    """spawn, unless the main module cannot be re-imported (a script read from stdin).
+
+    Not fork by default, unlike the TP workers: a process that already ran torch with
+    several OpenMP threads (a notebook, a test, a script that built its inputs with
+    torch) leaves a forked child's OpenMP runtime unusable, and the core's first
+    multi-threaded op would hang. A TP worker gets away with fork only because it runs
+    on its own share of the cores, often a single thread.
+    """
+    import multiprocessing
+
+    from vllm.executor.multiproc_utils import check_main_reimportable, get_mp_context
+    try:
+        check_main_reimportable()
+    except RuntimeError:
+        logger.warning("The main module was read from stdin: starting the engine core with "
+                       "fork, which hangs if this process already ran torch on several "
+                       "threads. Save the script to a file to avoid it.")
+        return get_mp_context()
+    return multiprocessing.get_context("spawn")
+
+
+class EngineCoreDeadError(RuntimeError):
+    """The engine-core process exited or failed; nothing more will come from it."""
+
+
+class MPEngineCoreClient:
+    """The frontend's end of an engine core running in its own process."""
+
+    multiprocess = True
+
+    def __init__(self, vllm_config: Any) -> None:
+        from vllm.executor.multiproc_utils import register_engine_side
+        from vllm.engine.core_proc import run_engine_core
+        self.vllm_config = vllm_config
+        self.loaded_loras: dict[int, Any] = {}
+        """Adapters the core loaded (mirrors the core's table: add_request checks it)."""
+        self._asleep = False
+        self._stats = SchedulerStats()
+        self._pending: list[EngineCoreOutput] = []
+        self._replies: dict[int, tuple[bool, Any]] = {}
+        self._call_ids = itertools.count()
+        self._lock = threading.RLock()  # one thread at a time talks to the sockets
+        self._dead: Optional[str] = None
+        self._closed = False
+        self._encoder = MessageEncoder()
+        self._decoder = MessageDecoder()
+        self._dir = tempfile.mkdtemp(prefix="vllm-core-")
+        self._ctx = zmq.Context()
+        self._input = self._bind(zmq.PUSH, "input")
+        self._output = self._bind(zmq.PULL, "output")
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        ctx = core_mp_context()
+        death_reader, self._death_writer = ctx.Pipe(duplex=False)
+        register_engine_side(self._death_writer)
+        # Not a daemon: the core starts worker processes of its own (TP/PP).
+        self.proc = ctx.Process(target=run_engine_core, name="EngineCore", daemon=False,
+                                kwargs=dict(vllm_config=vllm_config,
+                                            input_addr=self._input_addr,
+                                            output_addr=self._output_addr,
+                                            death_reader=death_reader))
+        start = time.perf_counter()
+        self.proc.start()
+        death_reader.close()
+        self._finalizer = weakref.finalize(self, _close, self.proc, self._input, self._output,
+                                           self._ctx, self._death_writer, self._dir,
+                                           self._wake_r, self._wake_w)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("Engine core process started (pid %d) in %.2f s.", self.proc.pid,
+                    time.perf_counter() - start)
+
+    def _bind(self, kind: int, name: str) -> Any:
+        sock = self._ctx.socket(kind)
+        addr = f"ipc://{os.path.join(self._dir, name)}"
+        sock.bind(addr)
+        setattr(self, f"_{name}_addr", addr)
+        return sock
+
+    def _wait_ready(self) -> None:
+        while True:
+            message = self._recv(timeout_ms=None)
+            if message is None:
+                continue
+            kind, *fields = message
+            if kind == serial.READY:
+                self.vllm_config.cache_config.num_gpu_blocks = fields[0]["num_gpu_blocks"]
+                return
+            if kind == serial.FAILED:
+                exc, tb = fields
+                # The error says what to do; its traceback is for debugging only.
+                logger.debug("The engine core failed to start:\n%s", tb)
+                raise exc
+
+    # ---------------------------------------------------------- requests
+    def add_request(self, request: Request) -> None:
+        self._send(serial.ADD, MessageEncoder.opaque(request))
+
+    def abort_requests(self, request_ids: Iterable[str],
+                       status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        ids = list(request_ids)
+        if ids:
+            self._send(serial.ABORT, ids, int(status))
+
+    def step(self) -> list[EngineCoreOutput]:
+        """The outputs that arrived since the last call; waits for some when none has
+        (until `wakeup()` or the core's death, which raises EngineCoreDeadError)."""
+        with self._lock:
+            while not self._pending:
+                message = self._recv(timeout_ms=None)
+                if message is None:
+                    break  # woken up: the caller has news to send first
+                self._absorb(message)
+            self._drain()
+            outputs, self._pending = self._pending, []
+        return outputs
+
+    def wakeup(self) -> None:
+        """Make a `step()` waiting in another thread return (thread-safe)."""
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def get_stats(self) -> SchedulerStats:
+        """The scheduler's stats as of the last outputs received."""
+        return self._stats
+
+    def has_unfinished_requests(self) -> bool:
+        return self._stats.num_running_reqs + self._stats.num_waiting_reqs > 0
+
+    # --------------------------------------------------------- utilities
+    def call_utility(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run an admin operation in the core between two steps; its result or error."""
+        with self._lock:
+            call_id = next(self._call_ids)
+            self._send(serial.UTILITY, call_id, name, MessageEncoder.opaque(args),
+                       MessageEncoder.opaque(kwargs))
+            while call_id not in self._replies:
+                message = self._recv(timeout_ms=None, wakeable=False)
+                if message is not None:
+                    self._absorb(message)
+            ok, value = self._replies.pop(call_id)
+        if not ok:
+            raise value
+        self._mirror(name, args, value)
+        return value
+
+    def _mirror(self, name: str, args: tuple, result: Any) -> None:
+        """Keep the frontend's copies of core state that add_request consults."""
+        if name == "add_lora":
+            self.loaded_loras[args[0].lora_int_id] = args[0]
+        elif name == "remove_lora":
+            self.loaded_loras.pop(args[0], None)
+        elif name in ("sleep", "wake_up"):
+            self._asleep = self.call_utility("is_sleeping")
+
+    def collective_rpc(self, method: Any, timeout: Optional[float] = None, args: tuple = (),
+                       kwargs: Optional[dict[str, Any]] = None,
+                       unique_reply_rank: Optional[int] = None) -> list[Any]:
+        return self.call_utility("collective_rpc", method, timeout=timeout, args=args,
+                                 kwargs=kwargs, unique_reply_rank=unique_reply_rank)
+
+    def check_awake(self) -> None:
+        if self._asleep:
+            raise ValueError("The engine is sleeping; call wake_up() before adding "
+                             "requests.")
+
+    def check_health(self) -> None:
+        """Raise when the core process is gone (no round trip: a flag and a waitpid)."""
+        if self._dead is None and not self.proc.is_alive():
+            self._dead = self._death_message()
+        if self._dead is not None:
+            raise EngineCoreDeadError(self._dead)
+
+    @property
+    def executor(self) -> Any:
+        raise AttributeError(
+            "The engine core runs in another process (VLLM_ENABLE_V1_MULTIPROCESSING=1), "
+            "so its executor is not reachable from here; use collective_rpc, or set "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0.")
+
+    # ----------------------------------------------------------- shutdown
+    def shutdown(self) -> None:
+        """Ask the core to stop (it shuts its workers down), wait, then make sure."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.proc.is_alive() and self._dead is None:
+            try:
+                self._input.send(self._encoder.encode(serial.SHUTDOWN), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            self.proc.join(SHUTDOWN_TIMEOUT_S)
+        self._finalizer()
+
+    # ------------------------------------------------------------ sockets
+    def _send(self, kind: str, *fields: Any) -> None:
+        self.check_health()
+        with self._lock:
+            self._input.send(self._encoder.encode(kind, *fields))
+
+    def _recv(self, timeout_ms: Optional[int], wakeable: bool = True) -> Optional[list[Any]]:
+        """The next message; None when woken up. Raises when the core died."""
+        poller = zmq.Poller()
+        poller.register(self._output, zmq.POLLIN)
+        poller.register(self.proc.sentinel, zmq.POLLIN)
+        if wakeable:
+            poller.register(self._wake_r, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll(timeout_ms))
+            if self._output in events:
+                return self._decoder.decode(self._output.recv())
+            if wakeable and self._wake_r.fileno() in events:
+                self._clear_wakeups()
+                return None
+            if self.proc.sentinel in events:
+                self._dead = self._death_message()
+                raise EngineCoreDeadError(self._dead)
+            if timeout_ms is not None:
+                return None
+
+    def _drain(self) -> None:
+        """Take every message already waiting, without blocking."""
+        while True:
+            try:
+                data = self._output.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._absorb(self._decoder.decode(data))
+
+    def _absorb(self, message: list[Any]) -> None:
+        kind, *fields = message
+        if kind == serial.OUTPUTS:
+            self._pending.extend(serial.unpack_outputs(fields[0]))
+            self._stats = fields[1]
+        elif kind == serial.UTILITY_REPLY:
+            call_id, ok, value = fields
+            self._replies[call_id] = (ok, value)
+        elif kind == serial.DEAD:
+            reason, tb = fields
+            logger.error("The engine core died:\n%s", tb)
+            self._dead = f"The engine core process failed: {reason}"
+            raise EngineCoreDeadError(self._dead)
+        else:
+            raise RuntimeError(f"Unexpected message {kind!r} from the engine core.")
+
+    def _clear_wakeups(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _death_message(self) -> str:
+        from vllm.executor.multiproc_utils import describe_exit
+        self.proc.join(1.0)  # reap it: its exit code (the sentinel fires before that)
+        return (f"The engine core process (pid {self.proc.pid}) exited unexpectedly "
+                f"({describe_exit(self.proc)}).")
+
+
+def _close(proc: Any, input_sock: Any, output_sock: Any, ctx: Any, death_writer: Any,
+           ipc_dir: str, wake_r: Any, wake_w: Any) -> None:
+    """Stop the core process if it still runs, and release every handle (also at exit)."""
+    from vllm.executor.multiproc_utils import stop_processes
+    try:
+        death_writer.close()  # the core's watcher reads EOF and exits
+    except OSError:
+        pass
+    if proc.is_alive():
+        stop_processes([proc], grace_s=5.0)
+    for sock in (input_sock, output_sock):
+        sock.close(linger=0)
+    ctx.term()
+    for s in (wake_r, wake_w):
+        s.close()
+    shutil.rmtree(ipc_dir, ignore_errors=True)
