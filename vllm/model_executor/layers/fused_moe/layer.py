@@ -70,8 +70,17 @@ class FusedMoE(CustomOp):
     def __init__(self, num_experts: int, top_k: int, hidden_size: int,
                  intermediate_size: int, renormalize: bool = True,
                  reduce_results: bool = True, activation: str = "silu",
-                 params_dtype: Optional[torch.dtype] = None, prefix: str = "") -> None:
+                 params_dtype: Optional[torch.dtype] = None, prefix: str = "",
+                 scoring_func: str = "softmax", num_expert_group: Optional[int] = None,
+                 topk_group: Optional[int] = None, routed_scaling_factor: float = 1.0,
+                 e_score_correction_bias: Optional[torch.Tensor] = None) -> None:
         super().__init__()
+        self.scoring_func = scoring_func
+        self.num_expert_group, self.topk_group = num_expert_group, topk_group
+        self.routed_scaling_factor = float(routed_scaling_factor)
+        # [E] float32 added to the scores for the choice only (DeepSeek-V3). Owned and
+        # loaded by the router; held in a tuple so it is not registered twice.
+        self._correction_bias = (e_score_correction_bias,)
         if activation != "silu":
             raise ValueError(f"MoE activation {activation!r} is not supported; only 'silu'.")
         if not 0 < top_k <= num_experts:
@@ -120,7 +129,10 @@ class FusedMoE(CustomOp):
             experts: ExpertsFn) -> torch.Tensor:
         """Route, compute the experts with `experts`, all-reduce over TP: every
         platform's forward is this with its own `experts`."""
-        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        topk_weights, topk_ids = select_experts(
+            router_logits, self.top_k, self.renormalize, self.scoring_func,
+            self.num_expert_group, self.topk_group, self._correction_bias[0],
+            self.routed_scaling_factor)
         out = experts(self, hidden_states, topk_weights, topk_ids)
         if self.reduce_results and self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
