@@ -334,6 +334,9 @@ class ParallelConfig:
     the data-parallel engine); its ranks use devices rank * world_size onwards."""
     distributed_executor_backend: Optional[str] = None
     """Executor: uni (one process), mp (worker processes) or ray; default by world size."""
+    enable_expert_parallel: bool = False
+    """MoE layers split their experts over the tensor-parallel ranks (each rank holds
+    whole experts) instead of splitting every expert's intermediate dimension."""
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):

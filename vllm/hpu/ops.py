@@ -68,7 +68,7 @@ def _experts_hpu(layer: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor,
     return habana.mixture_of_experts(
         x, topk_ids, topk_weights.to(x.dtype), list(layer.w13_weight.unbind(0)),
         list(layer.w2_weight.unbind(0)), permuted_weights=True, activation=layer.activation,
-        experts_min=0, experts_max=layer.num_experts - 1)
+        experts_min=0, experts_max=layer.local_num_experts - 1)
 
 
 def fused_moe_hpu(self: FusedMoE, hidden_states: torch.Tensor,
