@@ -32,10 +32,15 @@ from torch import nn
 from vllm.attention.fp8_kv import dequantize_kv, is_fp8, quantize_kv
 from vllm.attention.layer import extract_layer_index
 from vllm.forward_context import get_forward_context
+from vllm.model_executor.custom_op import CustomOp
 
 
-class MLAAttention(nn.Module):
-    """forward(q [T, heads, nope + rope], kv_c [T, L], k_pe [T, R]) -> [T, heads * v]."""
+@CustomOp.register("mla_attention")
+class MLAAttention(CustomOp):
+    """forward(q [T, heads, nope + rope], kv_c [T, L], k_pe [T, R]) -> [T, heads * v].
+
+    `forward_native` serves the CPU (and CUDA) backend's metadata; Gaudi binds its own
+    forward (vllm/hpu/mla.py: padded buckets, flat paged attention over the latent)."""
 
     def __init__(self, num_heads: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
                  v_head_dim: int, kv_lora_rank: int, scale: float, kv_b_proj: nn.Module,
@@ -59,7 +64,7 @@ class MLAAttention(nn.Module):
         self.layer_idx = extract_layer_index(prefix) if prefix else 0
 
     # ------------------------------------------------------------ weights
-    def _w_uk_uv(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def w_uk_uv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(W_UK [heads, nope, L], W_UV [heads, v, L]): views of kv_b_proj's weight."""
         weight = getattr(self._kv_b_proj[0], "weight", None)
         if weight is None or not weight.is_floating_point() or weight.element_size() < 2:
@@ -69,7 +74,7 @@ class MLAAttention(nn.Module):
                         self.kv_lora_rank)
         return w[:, :self.qk_nope_head_dim], w[:, self.qk_nope_head_dim:]
 
-    def _expand(self, latent: torch.Tensor, k_pe: torch.Tensor
+    def expand(self, latent: torch.Tensor, k_pe: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Latents [S, L] and rope keys [S, R] -> k [S, heads, nope + R], v [S, heads, v]."""
         kv = self._kv_b_proj[0](latent).view(-1, self.num_heads,
@@ -79,11 +84,12 @@ class MLAAttention(nn.Module):
         return k, v
 
     # ------------------------------------------------------------ forward
-    def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+    def forward_native(self, q: torch.Tensor, kv_c: torch.Tensor,
+                       k_pe: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
         if ctx is None or ctx.attn_metadata is None:
-            k, v = self._expand(kv_c, k_pe)
-            return self._sdpa(q, k, v, None, causal=True)
+            k, v = self.expand(kv_c, k_pe)
+            return self.sdpa(q, k, v, None, causal=True)
         kv_cache = ctx.kv_caches[self.layer_idx] if ctx.kv_caches else None
         if not isinstance(kv_cache, torch.Tensor) or not hasattr(ctx.attn_metadata,
                                                                  "decode_rows"):
@@ -107,12 +113,12 @@ class MLAAttention(nn.Module):
         for seq in md.prefills:
             s, e = seq.query_start, seq.query_start + seq.query_len
             if seq.context_len == 0:
-                k, v = self._expand(kv_c[s:e], k_pe[s:e])
-                out[s:e] = self._sdpa(q[s:e], k, v, None, causal=True)
+                k, v = self.expand(kv_c[s:e], k_pe[s:e])
+                out[s:e] = self.sdpa(q[s:e], k, v, None, causal=True)
             else:
                 rows = self._read(cache, seq.slots, q.dtype)
-                k, v = self._expand(rows[:, :self.kv_lora_rank], rows[:, self.kv_lora_rank:])
-                out[s:e] = self._sdpa(q[s:e], k, v, seq.mask, causal=False)
+                k, v = self.expand(rows[:, :self.kv_lora_rank], rows[:, self.kv_lora_rank:])
+                out[s:e] = self.sdpa(q[s:e], k, v, seq.mask, causal=False)
         return out
 
     def _read(self, cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -133,7 +139,7 @@ class MLAAttention(nn.Module):
         q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
         if not self.absorb:
             return self._decode_expanded(q, ctx, bias)
-        w_uk, w_uv = self._w_uk_uv()
+        w_uk, w_uv = self.w_uk_uv()
         q_lat = torch.einsum("nhd,hdl->nhl", q_nope, w_uk)          # [n, heads, L]
         q_full = torch.cat((q_lat, q_pe), dim=-1)                    # [n, heads, L + R]
         scores = torch.bmm(q_full, ctx.transpose(1, 2)).float() * self.scale + bias
@@ -146,7 +152,7 @@ class MLAAttention(nn.Module):
                          bias: torch.Tensor) -> torch.Tensor:
         """Decode without absorption: every context latent expanded to K and V."""
         n, width, _ = ctx.shape
-        k, v = self._expand(ctx[..., :self.kv_lora_rank].reshape(n * width, -1),
+        k, v = self.expand(ctx[..., :self.kv_lora_rank].reshape(n * width, -1),
                             ctx[..., self.kv_lora_rank:].reshape(n * width, -1))
         k = k.view(n, width, self.num_heads, -1).transpose(1, 2)     # [n, heads, width, dk]
         v = v.view(n, width, self.num_heads, -1).transpose(1, 2)
@@ -156,7 +162,7 @@ class MLAAttention(nn.Module):
         out = torch.matmul(probs, v)                                  # [n, heads, 1, v]
         return out.reshape(n, self.num_heads * self.v_head_dim)
 
-    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               mask: Optional[torch.Tensor], causal: bool) -> torch.Tensor:
         """q [T, heads, dk], k [S, heads, dk], v [S, heads, dv] -> [T, heads * dv]."""
         out = F.scaled_dot_product_attention(

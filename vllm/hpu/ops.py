@@ -18,6 +18,8 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from vllm.hpu import habana
+from vllm.attention.mla import MLAAttention  # noqa: F401  (registers the op)
+from vllm.hpu.mla import mla_attention_hpu
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -82,6 +84,7 @@ HPU_FORWARDS: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm_hpu,
     "rotary_embedding": rotary_embedding_hpu,
     "fused_moe": fused_moe_hpu,
+    "mla_attention": mla_attention_hpu,
 }
 """op name -> its HPU forward."""
 
