@@ -78,8 +78,10 @@ def load_weights_into(model: nn.Module, vllm_config: Any,
         if load_format == "dummy":
             _init_dummy_weights(model, model_config.seed)
         else:
-            model.load_weights(kv_scales.filter(iterate_weights(model_config.model_path,
-                                                                load_format)))
+            weights = kv_scales.filter(iterate_weights(model_config.model_path, load_format))
+            convert = getattr(getattr(model_config, "quant_config", None), "convert_weights",
+                              None)  # checkpoint formats read as float (fp8_block.py)
+            model.load_weights(convert(weights) if convert is not None else weights)
         kv_scales.apply(model, vllm_config.cache_config.cache_dtype)
         process_weights_after_loading(model)
 
