@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from _model_helpers import full_prompt_logits, hf_logits, make_vllm_config, prompt_ids
-from _tiny_families import save_tiny
+from tests.models._model_helpers import full_prompt_logits, hf_logits, make_vllm_config, prompt_ids
+from tests.models._tiny_families import save_tiny
 from tests.engine.conftest import PROMPTS, hf_greedy
 from tests.models.test_breadth_hf import (NEW_TOKENS, assert_matches_transformers,
                                           greedy_with_logprobs, run_engine)

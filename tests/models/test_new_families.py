@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _model_helpers import full_prompt_logits, hf_logits, make_vllm_config, prompt_ids
-from _tiny_families import internlm2_from_llama, save_tiny
+from tests.models._model_helpers import full_prompt_logits, hf_logits, make_vllm_config, prompt_ids
+from tests.models._tiny_families import internlm2_from_llama, save_tiny
 from tests.models.test_breadth_hf import assert_matches_transformers, run_engine
 from vllm.model_executor.model_loader import get_model
 
