@@ -53,6 +53,9 @@ def test_partial_rotary_leaves_the_tail_alone():
 
 def test_unsupported_rope_type_is_rejected():
     with pytest.raises(ValueError, match="supported: default, linear, llama3"):
+        get_rope(64, 64, 128, 10000.0, {"rope_type": "dynamic", "factor": 2.0})
+    # YaRN is supported (DeepSeek); its original context length is required.
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
         get_rope(64, 64, 128, 10000.0, {"rope_type": "yarn", "factor": 2.0})
     with pytest.raises(ValueError, match="low_freq_factor"):
         get_rope(64, 64, 128, 10000.0, {"rope_type": "llama3", "factor": 2.0})
