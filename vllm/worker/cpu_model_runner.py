@@ -40,7 +40,8 @@ class CPUModelRunner(ModelRunnerBase):
         self.native_attention = (
             self.device.type == "cpu" and self.dtype in cpu_ops.DTYPE_CODES
             and isinstance(self.attn_impl, TorchSDPABackendImpl)
-            and not self.model_config.use_mla  # MLA attends in its own layer (attention/mla.py)
+            # MLA attends in its own layer (attention/mla.py), not the native kernels
+            and not getattr(self.model_config, "use_mla", False)
             and cpu_ops.usable(torch.empty(0, dtype=self.dtype)))
         self.prefill_plan: Optional[PrefillPlan] = None
         """Prefill attention kernel by length, measured after loading (prefill_choice)."""

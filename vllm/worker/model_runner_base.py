@@ -197,7 +197,7 @@ class ModelRunnerBase:
     # ---------------------------------------------------------------- sizes
     def _kv_heads_per_rank(self) -> int:
         tp = self.vllm_config.parallel_config.tensor_parallel_size
-        if self.model_config.use_mla:
+        if getattr(self.model_config, "use_mla", False):
             return 1  # the latent is shared by all heads, replicated on every rank
         return max(1, self.model_config.get_num_kv_heads() // tp)
 
@@ -215,7 +215,7 @@ class ModelRunnerBase:
 
     def _kv_parts(self) -> int:
         """Tensors cached per token and head: K and V, or MLA's one latent."""
-        return 1 if self.model_config.use_mla else 2
+        return 1 if getattr(self.model_config, "use_mla", False) else 2
 
     def get_kv_cache_block_bytes(self) -> int:
         """Bytes of one KV block across all layers this rank holds."""
