@@ -31,7 +31,8 @@ def test_extract_tool_calls(tokenizer):  # noqa: F811
 
 
 def test_malformed_call_stays_content(tokenizer):  # noqa: F811
-    text = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function get_weather{}<｜tool▁call▁end｜>"
+    text = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function get_weather{}"
+            "<｜tool▁call▁end｜>")
     info = parser_for("deepseek_v3", tokenizer).extract_tool_calls(text)
     assert not info.tools_called and info.content == text
 

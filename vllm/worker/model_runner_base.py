@@ -220,8 +220,8 @@ class ModelRunnerBase:
     def get_kv_cache_block_bytes(self) -> int:
         """Bytes of one KV block across all layers this rank holds."""
         elem = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
-        return (self._kv_parts() * len(self._owned_layer_ids()) * self.block_size * self._kv_heads_per_rank()
-                * self.model_config.get_head_size() * elem)
+        return (self._kv_parts() * len(self._owned_layer_ids()) * self.block_size
+                * self._kv_heads_per_rank() * self.model_config.get_head_size() * elem)
 
     def _allocate_kv_caches(self, shape: tuple[int, ...]) -> list[torch.Tensor]:
         """One zeroed cache of `shape` per layer this rank owns, indexed by global layer

@@ -15,21 +15,23 @@ dense SwiGLU MLP): `n_shared_experts` always-on experts (one MLP of
 - V2: softmax scores, top-k (`greedy`) or group-limited top-k
   (`group_limited_greedy`: the `topk_group` groups with the best expert);
 - V3: sigmoid scores, `e_score_correction_bias` added for the choice, groups ranked by
-  the sum of their two best experts (`noaux_tc`), top-k renormalized with
-  `norm_topk_prob`;
-- the routed weights times `routed_scaling_factor`.
+  the sum of their two best experts (`noaux_tc`);
+- the kept weights renormalized with `norm_topk_prob` (as DeepSeek's own code and vLLM
+  do; transformers' V2 port ignores the flag, which released V2 configs leave off), then
+  multiplied by `routed_scaling_factor`.
 TP shards heads and experts' intermediate size (one all-reduce per MoE block).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
 
 from vllm.attention.layer import extract_layer_index
 from vllm.attention.mla import MLAAttention
-from vllm.distributed import tensor_model_parallel_all_reduce
+from vllm.distributed import (get_tensor_model_parallel_world_size,
+                              tensor_model_parallel_all_reduce)
 from vllm.model_executor.layers.fused_moe import FusedMoE
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (ColumnParallelLinear, ReplicatedLinear,
@@ -41,7 +43,6 @@ from vllm.model_executor.models.llama import (LlamaDecoderLayer, LlamaForCausalL
 from vllm.model_executor.models.mixtral import MoECausalLMMixin
 from vllm.model_executor.models.qwen2_moe import SharedExpertMLP
 from vllm.model_executor.models.utils import rope_config
-from vllm.distributed import get_tensor_model_parallel_world_size
 
 
 class DeepseekV2MLAAttention(nn.Module):
@@ -120,7 +121,7 @@ class DeepseekV2MoE(nn.Module):
                              "'group_limited_greedy' or 'noaux_tc'.")
         self.experts = FusedMoE(
             experts, config.num_experts_per_tok, hidden, config.moe_intermediate_size,
-            renormalize=bool(getattr(config, "norm_topk_prob", False)) and v3,
+            renormalize=bool(getattr(config, "norm_topk_prob", False)),
             reduce_results=False, activation=config.hidden_act, prefix=f"{prefix}.experts",
             scoring_func="sigmoid" if v3 else "softmax",
             num_expert_group=config.n_group if grouped else None,
@@ -178,9 +179,6 @@ class DeepseekV2ForCausalLM(MoECausalLMMixin, LlamaForCausalLM):
     packed_modules_mapping = {"gate_up_proj": ["gate_proj", "up_proj"]}
     # Only the MLPs are fused (q_proj / kv projections stay separate in MLA).
     _stacked_params = (("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1))
-
-    def _param_name(self, name: str) -> tuple[str, Optional[Any]]:
-        return super()._param_name(name)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

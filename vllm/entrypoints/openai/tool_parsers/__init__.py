@@ -33,5 +33,5 @@ class ToolParserManager:
 
 
 __all__ = ["ExtractedToolCallInformation", "PartialCall", "ToolCallStreamer", "ToolParser",
-           "ToolParserManager", "DeepSeekV3ToolParser", "Hermes2ProToolParser", "Llama3JsonToolParser",
-           "MistralToolParser", "PythonicToolParser"]
+           "ToolParserManager", "DeepSeekV3ToolParser", "Hermes2ProToolParser",
+           "Llama3JsonToolParser", "MistralToolParser", "PythonicToolParser"]
