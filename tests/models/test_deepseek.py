@@ -177,10 +177,11 @@ def _tp_worker(rank: int, world: int, init_method: str, cases: list, out_dir: st
             config = make_vllm_config(path, tp=2)
             config.parallel_config.enable_expert_parallel = ep
             model = get_model(config)
-            experts = next(m for m in model.modules() if hasattr(m, "local_num_experts"))
+            experts = next((m for m in model.modules() if hasattr(m, "local_num_experts")),
+                           None)
             torch.save({"logits": full_prompt_logits(model, ids),
-                        "local_experts": experts.local_num_experts,
-                        "w13": tuple(experts.w13_weight.shape)},
+                        "local_experts": experts and experts.local_num_experts,
+                        "w13": experts and tuple(experts.w13_weight.shape)},
                        os.path.join(out_dir, f"{name}-{rank}.pt"))
             destroy_model_parallel()
     finally:
@@ -189,10 +190,23 @@ def _tp_worker(rank: int, world: int, init_method: str, cases: list, out_dir: st
 
 @pytest.mark.timeout(300)
 def test_tp2_and_expert_parallel_match_single_process(tiny, tmp_path):
+    """DeepSeek with TP=2 (heads and experts' intermediate size split) and expert
+    parallel; in the same process group the other new families' TP=2 (fused
+    query_key_value layouts split by head: Falcon's KV groups and its one multi-query
+    head replicated, GPT-NeoX's per-head rows; InternLM2's packed wqkv; GraniteMoE)."""
+    from tests.models._tiny_families import internlm2_from_llama
+    from tests.models.test_new_families import CASES as FAMILIES
     from tests.models.test_parallel import _free_port
     ids = prompt_ids(24)
     cases = [("tp2-v2", tiny("v2"), False), ("tp2-v3", tiny("v3"), False),
              ("ep2-v3", tiny("v3"), True), ("ep2-v2-lite", tiny("v2-lite"), True)]
+    for family in ("falcon-new-arch", "falcon-multi-query", "gpt_neox", "granitemoe"):
+        cls, fields = FAMILIES[family]
+        cases.append((family, save_tiny(str(tmp_path / family), cls, **fields), False))
+    llama = save_tiny(str(tmp_path / "llama"), "LlamaConfig", num_key_value_heads=2,
+                      rms_norm_eps=1e-6, attention_bias=True)
+    cases.append(("internlm2", internlm2_from_llama(llama, str(tmp_path / "internlm2"),
+                                                    bias=True), False))
     expected = {name: full_prompt_logits(get_model(make_vllm_config(path)), ids)
                 for name, path, _ in cases}
     mp.spawn(_tp_worker, args=(2, f"tcp://127.0.0.1:{_free_port()}",
@@ -202,6 +216,7 @@ def test_tp2_and_expert_parallel_match_single_process(tiny, tmp_path):
         for rank in range(2):
             r = torch.load(tmp_path / f"{name}-{rank}.pt")
             torch.testing.assert_close(r["logits"], expected[name], atol=1e-4, rtol=1e-4)
-            # EP: 4 whole experts per rank; TP: all 8, half of each intermediate dim.
-            assert r["local_experts"] == (4 if ep else 8), name
-            assert r["w13"][1] == (64 if ep else 32), name
+            if name.startswith(("tp2-", "ep2-")):
+                # EP: 4 whole experts per rank; TP: all 8, half of each intermediate dim.
+                assert r["local_experts"] == (4 if ep else 8), name
+                assert r["w13"][1] == (64 if ep else 32), name

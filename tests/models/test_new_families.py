@@ -88,3 +88,4 @@ def test_falcon_alibi_is_refused(tmp_path):
     path = save_tiny(str(tmp_path), "FalconConfig", alibi=True, num_hidden_layers=1)
     with pytest.raises(ValueError, match="alibi"):
         get_model(make_vllm_config(path))
+
