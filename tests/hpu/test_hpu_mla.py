@@ -5,6 +5,7 @@ nothing compiles."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.models._tiny_families import save_tiny
 from tests.hpu.conftest import (SMALL_BUCKETS, make_llm, platform_env, ragged_prompt_ids,
@@ -33,9 +34,14 @@ def _generate(path: str, prompts=None, **kwargs):
     return llm, prompts, [list(o.outputs[0].token_ids) for o in outs]
 
 
-@pytest.mark.parametrize("chunked", [False, True], ids=["whole-prompts", "16-token-chunks"])
-def test_fake_hpu_tokens_equal_cpu_and_nothing_compiles(deepseek_v3, chunked):
-    kwargs = dict(max_num_batched_tokens=16, enable_prefix_caching=False) if chunked else {}
+MODES = {"whole-prompts": {},
+         "16-token-chunks": dict(max_num_batched_tokens=16, enable_prefix_caching=False),
+         "fp8-latent": dict(kv_cache_dtype="fp8")}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_fake_hpu_tokens_equal_cpu_and_nothing_compiles(deepseek_v3, mode):
+    kwargs = MODES[mode]
     with platform_env("cpu"):
         llm, prompts, expected = _generate(deepseek_v3, **kwargs)
         release(llm)
@@ -52,4 +58,5 @@ def test_fake_hpu_tokens_equal_cpu_and_nothing_compiles(deepseek_v3, chunked):
     assert mla == {"mla_attention_hpu"}
     # One latent "head" of kv_lora_rank + rope per slot; no value tensor.
     assert tuple(cache.key_cache.shape[1:]) == (1, 32 + 8) and cache.value_cache.numel() == 0
+    assert (cache.key_cache.dtype == torch.float8_e4m3fn) == (mode == "fp8-latent")
     assert compiled_after == 0, tracker.compiled_labels[True]

@@ -51,7 +51,11 @@ def mla_attention_hpu(self: Any, q: torch.Tensor, kv_c: torch.Tensor,
         if is_fp8(cache.dtype):
             scales = _scales(self, q.device)
             latent = quantize_kv(latent, scales[1], cache.dtype)
-        cache.index_copy_(0, md.slot_mapping, latent.unsqueeze(1))
+        rows = latent.unsqueeze(1)
+        if scales is not None:  # fp8 rows as bytes, as write_to_kv_cache (no fp8 index_copy_)
+            cache.view(torch.uint8).index_copy_(0, md.slot_mapping, rows.view(torch.uint8))
+        else:
+            cache.index_copy_(0, md.slot_mapping, rows)
         if scales is not None:
             latent = dequantize_kv(latent, scales[0], q.dtype)
     if md.is_prompt:
