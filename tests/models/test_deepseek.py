@@ -220,3 +220,15 @@ def test_tp2_and_expert_parallel_match_single_process(tiny, tmp_path):
                 # EP: 4 whole experts per rank; TP: all 8, half of each intermediate dim.
                 assert r["local_experts"] == (4 if ep else 8), name
                 assert r["w13"][1] == (64 if ep else 32), name
+
+
+def test_enable_expert_parallel_flag_reaches_the_parallel_config(tiny):
+    import argparse
+    from vllm.engine.arg_utils import EngineArgs
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model", tiny("v2"), "--enable-expert-parallel"])
+    assert ns.enable_expert_parallel is True
+    config = EngineArgs(model=tiny("v2"), enable_expert_parallel=True).create_engine_config()
+    assert config.parallel_config.enable_expert_parallel is True
+    assert config.model_config.use_mla and config.model_config.get_head_size() == 40
