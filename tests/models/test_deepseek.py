@@ -113,16 +113,26 @@ def _set_absorb(worker, value: bool) -> int:
     return len(layers)
 
 
-def test_decode_with_and_without_absorption_agree(tiny):
+@pytest.mark.parametrize("native", [True, False], ids=["native-decode", "torch-decode"])
+def test_decode_with_and_without_absorption_agree(tiny, native, monkeypatch):
     """Decodes that expand every cached latent give the same tokens and logprobs as the
-    absorbed ones (chunked prefill: 16-token chunks attend to a cached context)."""
+    absorbed ones (chunked prefill: 16-token chunks attend to a cached context). Absorbed
+    decodes run the native paged decode kernel over the latent, or torch ops."""
     from vllm import LLM
+    from vllm.attention import mla
+    calls = []
+    real = mla.cpu_ops.decode_attention
+    monkeypatch.setattr(mla.cpu_ops, "decode_attention",
+                        lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    if not native:
+        monkeypatch.setattr(mla.cpu_ops, "usable", lambda t: False)
     llm = LLM(model=tiny("v2"), dtype="float32", max_model_len=512,
               kv_cache_memory_bytes=32 << 20, block_size=16, max_num_batched_tokens=16,
               max_num_seqs=4)
     tok = llm.get_tokenizer()
     ids = [tok.encode(" ".join(PROMPTS[i:i + 3]))[:n] for i, n in ((0, 40), (3, 23))]
     absorbed = greedy_with_logprobs(llm, ids)
+    assert bool(calls) == native
     assert llm.collective_rpc(_set_absorb, args=(False,)) == [2]
     expanded = greedy_with_logprobs(llm, ids)
     llm.llm_engine.shutdown()

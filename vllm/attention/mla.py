@@ -33,6 +33,7 @@ from vllm.attention.fp8_kv import dequantize_kv, is_fp8, quantize_kv
 from vllm.attention.layer import extract_layer_index
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.custom_op import CustomOp
+from vllm.native import cpu_ops
 
 
 @CustomOp.register("mla_attention")
@@ -127,6 +128,46 @@ class MLAAttention(CustomOp):
 
     def _decode(self, q: torch.Tensor, cache: torch.Tensor, md) -> torch.Tensor:
         """One query row per decode against its cached context (`md.decode_rows`)."""
+        n = q.shape[0]
+        if not self.absorb:
+            ctx, bias = self._gather_context(cache, md, q)
+            return self._decode_expanded(q, ctx, bias)
+        w_uk, w_uv = self.w_uk_uv()
+        q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+        q_lat = torch.einsum("nhd,hdl->nhl", q_nope, w_uk)          # [n, heads, L]
+        q_full = torch.cat((q_lat, q_pe), dim=-1)                    # [n, heads, L + R]
+        o_lat = self._latent_attention(q_full, cache, md)            # [n, heads, L]
+        out = torch.einsum("nhl,hvl->nhv", o_lat, w_uv)
+        return out.reshape(n, self.num_heads * self.v_head_dim)
+
+    def _latent_attention(self, q_full: torch.Tensor, cache: torch.Tensor,
+                          md) -> torch.Tensor:
+        """softmax(q_full . [c | k_pe] * scale) . c over each row's cached context.
+
+        On CPU the native paged decode kernel does it straight from the block table,
+        with the latent as both K and V (one KV head shared by all query heads): its
+        first kv_lora_rank output features are the weighted latents. Elsewhere, torch
+        ops over the gathered context."""
+        n = q_full.shape[0]
+        if (cpu_ops.usable(q_full) and cache.is_contiguous()
+                and (cache.dtype == q_full.dtype or is_fp8(cache.dtype))):
+            table, lens = md.decode_rows
+            out = torch.empty(n, self.num_heads * self.head_size, dtype=q_full.dtype)
+            latent = cache.view(1, 1, -1, self.head_size).expand(2, 1, -1, self.head_size)
+            scale = self.k_scale if is_fp8(cache.dtype) else 1.0
+            cpu_ops.decode_attention(q_full.reshape(n, -1), latent, table.to(torch.int32),
+                                     lens.to(torch.int32), self.num_heads, md.block_size,
+                                     self.scale, out, scale, scale)
+            return out.view(n, self.num_heads, self.head_size)[..., :self.kv_lora_rank]
+        ctx, bias = self._gather_context(cache, md, q_full)
+        scores = torch.bmm(q_full, ctx.transpose(1, 2)).float() * self.scale + bias
+        probs = torch.softmax(scores, dim=-1).to(q_full.dtype)       # [n, heads, width]
+        return torch.bmm(probs, ctx[..., :self.kv_lora_rank])
+
+    def _gather_context(self, cache: torch.Tensor, md, q: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(latent rows [n, width, L + R] of each row's context padded to the longest,
+        float32 bias [n, 1, width]: 0 for context, -inf for padding)."""
         table, lens = md.decode_rows
         n, width = q.shape[0], int(lens.max())
         pos = torch.arange(width)[None, :].expand(n, width)
@@ -136,17 +177,7 @@ class MLAAttention(CustomOp):
         ctx = self._read(cache, slots.reshape(-1).to(q.device), q.dtype).view(n, width, -1)
         bias = torch.zeros(n, 1, width, dtype=torch.float32, device=q.device)
         bias.masked_fill_(~valid.to(q.device)[:, None, :], float("-inf"))
-        q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        if not self.absorb:
-            return self._decode_expanded(q, ctx, bias)
-        w_uk, w_uv = self.w_uk_uv()
-        q_lat = torch.einsum("nhd,hdl->nhl", q_nope, w_uk)          # [n, heads, L]
-        q_full = torch.cat((q_lat, q_pe), dim=-1)                    # [n, heads, L + R]
-        scores = torch.bmm(q_full, ctx.transpose(1, 2)).float() * self.scale + bias
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)            # [n, heads, width]
-        o_lat = torch.bmm(probs, ctx[..., :self.kv_lora_rank])       # [n, heads, L]
-        out = torch.einsum("nhl,hvl->nhv", o_lat, w_uv)
-        return out.reshape(n, self.num_heads * self.v_head_dim)
+        return ctx, bias
 
     def _decode_expanded(self, q: torch.Tensor, ctx: torch.Tensor,
                          bias: torch.Tensor) -> torch.Tensor:
