@@ -59,6 +59,8 @@ class MLAAttention(CustomOp):
         # Not a submodule: the projection belongs to the attention block (its weights
         # are loaded and named there); this layer only reads them.
         self._kv_b_proj = (kv_b_proj,)
+        self._absorbed: tuple[torch.Tensor, ...] = ()
+        self._absorbed_key: Optional[tuple] = None
         self.k_scale = 1.0
         self.v_scale = 1.0
         self.layer_name = prefix
@@ -132,13 +134,26 @@ class MLAAttention(CustomOp):
         if not self.absorb:
             ctx, bias = self._gather_context(cache, md, q)
             return self._decode_expanded(q, ctx, bias)
-        w_uk, w_uv = self.w_uk_uv()
+        w_uk, w_uv_t = self._absorbed_weights()
         q_nope, q_pe = q.split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        q_lat = torch.einsum("nhd,hdl->nhl", q_nope, w_uk)          # [n, heads, L]
+        q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [n, heads, L]
         q_full = torch.cat((q_lat, q_pe), dim=-1)                    # [n, heads, L + R]
         o_lat = self._latent_attention(q_full, cache, md)            # [n, heads, L]
-        out = torch.einsum("nhl,hvl->nhv", o_lat, w_uv)
+        out = torch.bmm(o_lat.transpose(0, 1), w_uv_t).transpose(0, 1)  # [n, heads, v]
         return out.reshape(n, self.num_heads * self.v_head_dim)
+
+    def _absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(W_UK [heads, nope, L], W_UV^T [heads, L, v]) as contiguous copies, made again
+        when kv_b_proj's weight changes (reload, sleep/wake): batched matmuls over the
+        strided views of the weight copy them on every call (7-10x slower at decode
+        sizes on CPU)."""
+        weight = self._kv_b_proj[0].weight
+        key = (weight.data_ptr(), weight._version, weight.dtype)
+        if self._absorbed_key != key:
+            w_uk, w_uv = self.w_uk_uv()
+            self._absorbed = (w_uk.contiguous(), w_uv.transpose(1, 2).contiguous())
+            self._absorbed_key = key
+        return self._absorbed
 
     def _latent_attention(self, q_full: torch.Tensor, cache: torch.Tensor,
                           md) -> torch.Tensor:
