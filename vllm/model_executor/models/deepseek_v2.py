@@ -182,4 +182,5 @@ class DeepseekV2ForCausalLM(MoECausalLMMixin, LlamaForCausalLM):
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
-    pass
+    """DeepSeek-V3 / R1: the V2 classes; the config (model_type `deepseek_v3`,
+    `n_group`, `e_score_correction_bias` in the checkpoint) selects V3's routing."""

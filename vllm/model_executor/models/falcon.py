@@ -44,9 +44,9 @@ class FalconDecoderLayer(nn.Module):
         split = (split_blocks(heads, kv_heads, head_dim)
                  if config.multi_query and not config.new_decoder_architecture
                  else split_per_head(heads, kv_heads, head_dim))
-        self.self_attention = FalconAttention(hidden, heads, kv_heads, head_dim, rotary_emb,
-                                              bool(config.bias), split,
-                                              prefix=f"{prefix}.self_attention")
+        self.self_attention = FusedQKVAttention(hidden, heads, kv_heads, head_dim, rotary_emb,
+                                                bool(config.bias), split,
+                                                prefix=f"{prefix}.self_attention")
         ffn = getattr(config, "ffn_hidden_size", None) or 4 * hidden
         self.mlp = GeluMLP(hidden, ffn, getattr(config, "activation", None) or "gelu",
                            bool(config.bias), prefix=f"{prefix}.mlp")
@@ -74,10 +74,6 @@ class FalconDecoderLayer(nn.Module):
             residual = residual + attn_out
             return residual + self.mlp(self.post_attention_layernorm(residual))
         return residual + (self.mlp(mlp_in) + attn_out)
-
-
-class FalconAttention(FusedQKVAttention):
-    pass
 
 
 class FalconModel(GPTStyleModel):
