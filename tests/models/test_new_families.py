@@ -89,3 +89,18 @@ def test_falcon_alibi_is_refused(tmp_path):
     with pytest.raises(ValueError, match="alibi"):
         get_model(make_vllm_config(path))
 
+
+
+def test_internlm2_chat_rope_scaling_loads(internlm2, tmp_path):
+    """The chat checkpoints' `rope_scaling: {"type": "dynamic", "factor": 2.0}` (vLLM's
+    dynamic NTK: one enlarged base; factor 1 would be the plain model above)."""
+    import json
+    import shutil
+    from vllm.model_executor.layers.rotary_dynamic_ntk import DynamicNTKScalingRotaryEmbedding
+    path = str(tmp_path / "internlm2-chat")
+    shutil.copytree(internlm2[0], path)
+    cfg = json.load(open(f"{path}/config.json"))
+    cfg["rope_scaling"] = {"type": "dynamic", "factor": 2.0}
+    json.dump(cfg, open(f"{path}/config.json", "w"))
+    rope = get_model(make_vllm_config(path)).model.rotary_emb
+    assert isinstance(rope, DynamicNTKScalingRotaryEmbedding) and rope.scaling_factor == 2.0

@@ -32,8 +32,11 @@ class InternLM2Config(PretrainedConfig):
         self.use_cache = use_cache
         self.bias = bias
         self.rope_theta = rope_theta
-        if rope_scaling is not None:  # (transformers 5 deprecates the attribute itself)
-            self.rope_scaling = rope_scaling
         super().__init__(pad_token_id=pad_token_id, bos_token_id=bos_token_id,
                          eos_token_id=eos_token_id, tie_word_embeddings=tie_word_embeddings,
                          **kwargs)
+        # The checkpoints' `rope_scaling` ({"type": "dynamic", "factor": 2.0} in the chat
+        # models), held as transformers 5's `rope_parameters` (which deprecates the former).
+        scaling = dict(rope_scaling or {})
+        rope_type = scaling.pop("rope_type", scaling.pop("type", "default"))
+        self.rope_parameters = {"rope_type": rope_type, "rope_theta": rope_theta, **scaling}
