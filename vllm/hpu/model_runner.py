@@ -176,8 +176,13 @@ class HPUModelRunner(ModelRunnerBase):
         shape = ((self.num_kv_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
                  self.model_config.get_head_size())
         owned = self._owned_layer_ids()
-        halves = iter(zeroed_tensors(shape, self.kv_cache_dtype, self.device, 2 * len(owned)))
-        caches = {i: HPUKVCache(next(halves), next(halves)) for i in owned}
+        parts = self._kv_parts()
+        halves = iter(zeroed_tensors(shape, self.kv_cache_dtype, self.device,
+                                     parts * len(owned)))
+        # MLA: the latent is both K and V (vllm/hpu/mla.py); the value tensor is empty.
+        empty = torch.empty(0, dtype=self.kv_cache_dtype, device=self.device)
+        caches = {i: HPUKVCache(next(halves), next(halves) if parts == 2 else empty)
+                  for i in owned}
         self.kv_caches = [caches.get(i) for i in range(self.model_config.get_num_layers())]
         for cache in caches.values():
             habana.track_alloc(cache.key_cache)
@@ -213,7 +218,8 @@ class HPUModelRunner(ModelRunnerBase):
 
     def _cache_tensors(self) -> list[torch.Tensor]:
         """Every K and V tensor of this rank (what the defragmenter swaps blocks in)."""
-        return [t for cache in self.kv_caches if cache is not None for t in cache]
+        return [t for cache in self.kv_caches if cache is not None for t in cache
+                if t.numel() > 0]
 
     # ----------------------------------------------------------- dummy passes
     def _dummy_prompt_batch(self, bucket: Bucket) -> HPUBatch:

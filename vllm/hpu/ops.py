@@ -18,6 +18,8 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from vllm.hpu import habana
+from vllm.attention.mla import MLAAttention  # noqa: F401  (registers the op)
+from vllm.hpu.mla import mla_attention_hpu
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -68,7 +70,7 @@ def _experts_hpu(layer: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor,
     return habana.mixture_of_experts(
         x, topk_ids, topk_weights.to(x.dtype), list(layer.w13_weight.unbind(0)),
         list(layer.w2_weight.unbind(0)), permuted_weights=True, activation=layer.activation,
-        experts_min=0, experts_max=layer.num_experts - 1)
+        experts_min=0, experts_max=layer.local_num_experts - 1)
 
 
 def fused_moe_hpu(self: FusedMoE, hidden_states: torch.Tensor,
@@ -82,6 +84,7 @@ HPU_FORWARDS: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm_hpu,
     "rotary_embedding": rotary_embedding_hpu,
     "fused_moe": fused_moe_hpu,
+    "mla_attention": mla_attention_hpu,
 }
 """op name -> its HPU forward."""
 

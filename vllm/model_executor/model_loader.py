@@ -18,6 +18,7 @@ from typing import Any, Iterator, Union
 import torch
 from torch import nn
 
+from vllm.model_executor.layers.fused_moe import expert_parallel_scope
 from vllm.model_executor.layers.linear import LinearBase
 from vllm.model_executor.layers.quantization import (process_weights_after_loading,
                                                      quant_config_scope)
@@ -48,7 +49,9 @@ def get_model(vllm_config: Any, device: Union[str, torch.device] = "cpu") -> nn.
     start = time.perf_counter()
     quant_config = getattr(model_config, "quant_config", None)
     with (torch.no_grad(), _default_dtype(model_config.torch_dtype), torch.device(device),
-          quant_config_scope(quant_config)):
+          quant_config_scope(quant_config),
+          expert_parallel_scope(getattr(getattr(vllm_config, "parallel_config", None),
+                                        "enable_expert_parallel", False))):
         model = model_cls(vllm_config=vllm_config)
     load_weights_into(model, vllm_config, device)
     model.eval()
@@ -75,8 +78,10 @@ def load_weights_into(model: nn.Module, vllm_config: Any,
         if load_format == "dummy":
             _init_dummy_weights(model, model_config.seed)
         else:
-            model.load_weights(kv_scales.filter(iterate_weights(model_config.model_path,
-                                                                load_format)))
+            weights = kv_scales.filter(iterate_weights(model_config.model_path, load_format))
+            convert = getattr(getattr(model_config, "quant_config", None), "convert_weights",
+                              None)  # checkpoint formats read as float (fp8_block.py)
+            model.load_weights(convert(weights) if convert is not None else weights)
         kv_scales.apply(model, vllm_config.cache_config.cache_dtype,
                         calculate=vllm_config.cache_config.calculate_kv_scales)
         process_weights_after_loading(model)

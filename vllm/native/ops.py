@@ -89,7 +89,7 @@ def _packed_experts(layer: FusedMoE, x: torch.Tensor
             or layer.w13_weight.dtype != torch.bfloat16 or not cpu_ops.gemm_supported()):
         return None
     packs = []
-    for e in range(layer.num_experts):
+    for e in range(layer.local_num_experts):
         p13 = cpu_ops.pack_bf16(layer.w13_weight[e])
         p2 = cpu_ops.pack_bf16(layer.w2_weight[e])
         if p13 is None or p2 is None:

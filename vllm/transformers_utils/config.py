@@ -84,12 +84,14 @@ def load_model_config(model_config: ModelConfig) -> ModelConfig:
     from transformers import AutoConfig
 
     from vllm.model_executor.layers.quantization import build_quant_config
+    from vllm.transformers_utils.configs import register_configs
     from vllm.transformers_utils.hub import apply_hf_overrides, check_remote_code
     mc = model_config
     model_path = resolve_model_path(mc.model, mc.revision, mc.download_dir)
     tok = mc.tokenizer or mc.model
     tokenizer_path = (model_path if tok == mc.model else
                       resolve_model_path(tok, None, mc.download_dir))
+    register_configs()  # model types written here (vllm/transformers_utils/configs)
     check_remote_code(model_path, mc.trust_remote_code)
     hf_config = AutoConfig.from_pretrained(model_path)
     apply_hf_overrides(hf_config, mc.hf_overrides)

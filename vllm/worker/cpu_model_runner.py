@@ -40,6 +40,8 @@ class CPUModelRunner(ModelRunnerBase):
         self.native_attention = (
             self.device.type == "cpu" and self.dtype in cpu_ops.DTYPE_CODES
             and isinstance(self.attn_impl, TorchSDPABackendImpl)
+            # MLA attends in its own layer (attention/mla.py), not the native kernels
+            and not getattr(self.model_config, "use_mla", False)
             and cpu_ops.usable(torch.empty(0, dtype=self.dtype)))
         self.prefill_plan: Optional[PrefillPlan] = None
         """Prefill attention kernel by length, measured after loading (prefill_choice)."""
@@ -76,7 +78,7 @@ class CPUModelRunner(ModelRunnerBase):
         self.num_kv_blocks = num_blocks
         self.kv_caches = self._allocate_kv_caches(kv_cache_shape(
             num_blocks, self.block_size, self._kv_heads_per_rank(),
-            self.model_config.get_head_size()))
+            self.model_config.get_head_size(), self._kv_parts()))
 
     def _weights_restored(self) -> None:
         """The packed copies were dropped with the weights: pack again, as at load."""

@@ -125,7 +125,8 @@ def flat_forward_pass(flat: FlatLayout, req_ids: list[str], block_size: int,
 
 
 def kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int,
-                   head_size: int) -> tuple[int, int, int, int]:
+                   head_size: int, num_parts: int = 2) -> tuple[int, int, int, int]:
     """torch_sdpa's head-major per-layer cache: [2, kv_heads, slots, head_size] (a
-    gather of slots gives each head's keys as one matrix)."""
-    return (2, num_kv_heads, num_blocks * block_size, head_size)
+    gather of slots gives each head's keys as one matrix); MLA's latent cache has one
+    part and one head: [1, 1, slots, kv_lora_rank + rope] (vllm/attention/mla.py)."""
+    return (num_parts, num_kv_heads, num_blocks * block_size, head_size)

@@ -47,7 +47,7 @@ class GPUModelRunner(ModelRunnerBase):
         self.num_kv_blocks = num_blocks
         self.kv_caches = self._allocate_kv_caches(kv_cache_shape(
             num_blocks, self.block_size, self._kv_heads_per_rank(),
-            self.model_config.get_head_size()))
+            self.model_config.get_head_size(), self._kv_parts()))
 
     @torch.inference_mode()
     def profile_run(self) -> None:

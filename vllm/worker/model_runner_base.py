@@ -197,6 +197,8 @@ class ModelRunnerBase:
     # ---------------------------------------------------------------- sizes
     def _kv_heads_per_rank(self) -> int:
         tp = self.vllm_config.parallel_config.tensor_parallel_size
+        if getattr(self.model_config, "use_mla", False):
+            return 1  # the latent is shared by all heads, replicated on every rank
         return max(1, self.model_config.get_num_kv_heads() // tp)
 
     def _owned_layer_ids(self) -> list[int]:
@@ -211,11 +213,15 @@ class ModelRunnerBase:
             return list(range(self.model_config.get_num_layers()))
         return list(range(start, end))
 
+    def _kv_parts(self) -> int:
+        """Tensors cached per token and head: K and V, or MLA's one latent."""
+        return 1 if getattr(self.model_config, "use_mla", False) else 2
+
     def get_kv_cache_block_bytes(self) -> int:
         """Bytes of one KV block across all layers this rank holds."""
         elem = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
-        return (2 * len(self._owned_layer_ids()) * self.block_size * self._kv_heads_per_rank()
-                * self.model_config.get_head_size() * elem)
+        return (self._kv_parts() * len(self._owned_layer_ids()) * self.block_size
+                * self._kv_heads_per_rank() * self.model_config.get_head_size() * elem)
 
     def _allocate_kv_caches(self, shape: tuple[int, ...]) -> list[torch.Tensor]:
         """One zeroed cache of `shape` per layer this rank owns, indexed by global layer

@@ -167,7 +167,7 @@ class Llama3RotaryEmbedding(RotaryEmbedding):
         return torch.where(is_medium, smoothed, scaled)
 
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn", "dynamic")
 
 
 def _require(scaling: dict[str, Any], key: str, rope_type: str) -> Any:
@@ -210,5 +210,14 @@ def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
             is_neox_style, _require(scaling, "short_factor", rope_type),
             _require(scaling, "long_factor", rope_type), scaling.get("attention_factor"),
             scaling.get("factor"), dtype=dtype)
+    if rope_type == "dynamic":
+        from vllm.model_executor.layers.rotary_dynamic_ntk import (
+            DynamicNTKScalingRotaryEmbedding)
+        return DynamicNTKScalingRotaryEmbedding(
+            *args, scaling_factor=float(_require(scaling, "factor", rope_type)), dtype=dtype)
+    if rope_type == "yarn":
+        from vllm.model_executor.layers.rotary_yarn import YaRNScalingRotaryEmbedding
+        _require(scaling, "original_max_position_embeddings", rope_type)
+        return YaRNScalingRotaryEmbedding(*args, scaling=scaling, dtype=dtype)
     raise ValueError(f"rope_scaling type {rope_type!r} is not supported; supported: "
                      f"{', '.join(SUPPORTED_ROPE_TYPES)}.")

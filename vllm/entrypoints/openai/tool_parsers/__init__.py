@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from vllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
     ExtractedToolCallInformation, PartialCall, ToolCallStreamer, ToolParser)
+from vllm.entrypoints.openai.tool_parsers.deepseek_v3_tool_parser import DeepSeekV3ToolParser
 from vllm.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 from vllm.entrypoints.openai.tool_parsers.llama_tool_parser import Llama3JsonToolParser
 from vllm.entrypoints.openai.tool_parsers.mistral_tool_parser import MistralToolParser
@@ -12,6 +13,7 @@ from vllm.entrypoints.openai.tool_parsers.pythonic_tool_parser import PythonicTo
 class ToolParserManager:
 
     _parsers: dict[str, type[ToolParser]] = {
+        "deepseek_v3": DeepSeekV3ToolParser,
         "hermes": Hermes2ProToolParser,
         "llama3_json": Llama3JsonToolParser,
         "mistral": MistralToolParser,
@@ -31,5 +33,5 @@ class ToolParserManager:
 
 
 __all__ = ["ExtractedToolCallInformation", "PartialCall", "ToolCallStreamer", "ToolParser",
-           "ToolParserManager", "Hermes2ProToolParser", "Llama3JsonToolParser",
-           "MistralToolParser", "PythonicToolParser"]
+           "ToolParserManager", "DeepSeekV3ToolParser", "Hermes2ProToolParser",
+           "Llama3JsonToolParser", "MistralToolParser", "PythonicToolParser"]

@@ -6,7 +6,7 @@
   scale per token.
 - A checkpoint whose config says `quant_method: fp8` (weights already fp8, a
   per-tensor `weight_scale`, and with `activation_scheme: static` an `input_scale`).
-  `weight_block_size` (block-wise scales) is refused at start.
+  With `weight_block_size` (DeepSeek's block-wise scales): fp8_block.py.
 """
 from __future__ import annotations
 
@@ -50,8 +50,11 @@ class Fp8Config(QuantizationConfig):
             raise ValueError("quantization_config.activation_scheme='static' needs an fp8 "
                              "checkpoint with input scales.")
         if config.get("weight_block_size") is not None:
-            raise ValueError("quantization_config.weight_block_size (block-wise fp8 scales) is "
-                             "not supported; supported: per-tensor or per-channel scales.")
+            if online:
+                raise ValueError("quantization_config.weight_block_size needs a block-fp8 "
+                                 "checkpoint (weights with weight_scale_inv).")
+            from vllm.model_executor.layers.quantization.fp8_block import Fp8BlockConfig
+            return Fp8BlockConfig.from_config(config)  # type: ignore[return-value]
         granularity = envs.VLLM_FP8_WEIGHT_SCALE
         if granularity not in ("tensor", "channel"):
             raise ValueError(f"VLLM_FP8_WEIGHT_SCALE={granularity!r}; use tensor or channel.")
