@@ -120,3 +120,13 @@ def _extend_completion(into: CompletionOutput, delta: CompletionOutput) -> None:
     into.cumulative_logprob = delta.cumulative_logprob
     into.finish_reason = delta.finish_reason
     into.stop_reason = delta.stop_reason
+
+
+from vllm.pooling_outputs import (ClassificationOutput, ClassificationRequestOutput,  # noqa: E402
+                                  EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput,
+                                  PoolingRequestOutput, ScoringOutput, ScoringRequestOutput)
+
+__all__ = ["RequestMetrics", "CompletionOutput", "RequestOutput", "PoolingOutput",
+           "PoolingRequestOutput", "EmbeddingOutput", "EmbeddingRequestOutput",
+           "ClassificationOutput", "ClassificationRequestOutput", "ScoringOutput",
+           "ScoringRequestOutput"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from vllm.config import VllmConfig
 from vllm.core.kv_cache_manager import KVCacheManager
@@ -54,6 +54,8 @@ class EngineCoreOutput:
     finish_reason: Optional[str] = None
     stop_reason: Optional[int | str] = None
     num_cached_tokens: int = 0
+    pooling_output: Optional[Any] = None
+    """A pooling request's vector (CPU tensor), with its finish."""
 
     @property
     def finished(self) -> bool:
@@ -279,7 +281,7 @@ class Scheduler:
                 block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
                 num_computed_tokens=num_computed,
                 wants_prompt_logprobs=request.wants_prompt_logprobs,
-                lora_request=request.lora_request))
+                lora_request=request.lora_request, pooling_params=request.pooling_params))
         return budget
 
     def _grammar_ready(self, request: Request) -> bool:
@@ -315,6 +317,9 @@ class Scheduler:
             if request is None:
                 continue  # aborted while the step ran
             request.num_computed_tokens += scheduler_output.num_scheduled_tokens[req_id]
+            if req_id in runner_output.pooler_output:
+                outputs.append(self._finish_pooling(request, runner_output.pooler_output[req_id]))
+                continue
             new_ids = runner_output.sampled_token_ids[i]
             prompt_lp = runner_output.prompt_logprobs.get(req_id)
             if prompt_lp is not None and request.num_computed_tokens >= request.num_prompt_tokens:
@@ -337,6 +342,16 @@ class Scheduler:
                 self.running.remove(request)
                 self._free_request(request)
         return outputs
+
+    def _finish_pooling(self, request: Request, pooled: Any) -> EngineCoreOutput:
+        """A pooling request ends with the step that computed its prompt."""
+        request.status = RequestStatus.FINISHED_STOPPED
+        self.running.remove(request)
+        self._free_request(request)
+        return EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                finish_reason=request.get_finished_reason(),
+                                num_cached_tokens=max(request.num_cached_tokens, 0),
+                                pooling_output=pooled)
 
     def _advance_grammar(self, request: Request, new_ids: list[int]) -> None:
         """Feed accepted tokens to the request's grammar (a rejected one ends it)."""

@@ -12,6 +12,7 @@ from vllm.config import DEFAULT_MODEL
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import PromptType
+from vllm.entrypoints.pooling_offline import PoolingOfflineMixin
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import BeamSearchParams, SamplingParams
@@ -21,7 +22,7 @@ logger = logging.getLogger(__name__)
 ChatMessages = list[dict[str, Any]]
 
 
-class LLM:
+class LLM(PoolingOfflineMixin):
     """An LLM for offline batched generation, with vLLM's constructor arguments.
 
     Any EngineArgs field may be passed as a keyword (max_num_seqs, block_size,
@@ -186,7 +187,8 @@ class LLM:
                     if output.finished:
                         finished[output.request_id] = output
                         in_toks += len(output.prompt_token_ids)
-                        out_toks += sum(len(o.token_ids) for o in output.outputs)
+                        if isinstance(output, RequestOutput):  # pooling: no output tokens
+                            out_toks += sum(len(o.token_ids) for o in output.outputs)
                         elapsed = bar.format_dict["elapsed"] or 1e-9
                         bar.set_postfix_str(f"est. speed input: {in_toks / elapsed:.2f} toks/s,"
                                             f" output: {out_toks / elapsed:.2f} toks/s")

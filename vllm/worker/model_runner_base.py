@@ -51,6 +51,7 @@ from vllm.sample.sampler import Sampler
 from vllm.sequence import IntermediateTensors
 from vllm.worker.input_batch import InputBatch
 from vllm.worker.kv_cache_alloc import zeroed_tensors
+from vllm.worker.pooling_runner import execute_pooling
 from vllm.worker.request_state import CachedRequestState
 from vllm.worker.sleep_mode import (SLEEP_TAGS, SleepingWeights, check_level2_supported,
                                     check_sleep_level, check_wake_tags, release_weights,
@@ -299,6 +300,8 @@ class ModelRunnerBase:
         self._update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        if getattr(self.model_config, "runner_type", "generate") == "pooling":
+            return execute_pooling(self, scheduler_output)
         pending: list[tuple[ForwardPass, PassOutput, torch.Tensor]] = []
         prompt_lps: dict[str, PromptLogprobs] = {}
         for fwd in self._prepare_inputs(scheduler_output):

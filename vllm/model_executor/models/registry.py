@@ -24,6 +24,13 @@ _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
     "BloomForCausalLM": ("bloom", "BloomForCausalLM"),
+    # pooling models (encoder-only; vllm/transformers_utils/runner.py picks the runner)
+    "BertModel": ("bert", "BertModel"),
+    "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
+    "XLMRobertaModel": ("roberta", "XLMRobertaModel"),
+    "RobertaModel": ("roberta", "XLMRobertaModel"),
+    "XLMRobertaForSequenceClassification": ("roberta", "XLMRobertaForSequenceClassification"),
+    "RobertaForSequenceClassification": ("roberta", "XLMRobertaForSequenceClassification"),
 }
 
 
