@@ -239,9 +239,10 @@ class StatsTracker:
             m.prompt_tokens_cached.inc(getattr(output, "num_cached_tokens", 0) or 0)
             self._window.prompt_tokens += times.prompt_len
             self._step_tokens += times.prompt_len
-        for c in output.outputs:
+        completions = _completions(output)
+        for c in completions:
             times.per_choice[c.index] = times.per_choice.get(c.index, 0) + len(c.token_ids)
-        new_tokens = sum(len(c.token_ids) for c in output.outputs)
+        new_tokens = sum(len(c.token_ids) for c in completions)
         if new_tokens:
             m.generation_tokens.inc(new_tokens)
             self._window.generation_tokens += new_tokens
@@ -276,7 +277,7 @@ class StatsTracker:
                 hist.observe(phases[name])
         if longest > 1 and phases.get("decode") is not None:
             m.request_time_per_output_token.observe(phases["decode"] / (longest - 1))
-        reasons = [c.finish_reason for c in output.outputs if c.finish_reason]
+        reasons = [c.finish_reason for c in _completions(output) if c.finish_reason]
         reason = reasons[0] if reasons else "stop"
         m.request_success.get(reason, m.request_success["stop"]).inc()
 
@@ -384,3 +385,9 @@ def process_registry() -> CollectorRegistry:
 def render_metrics(engine_registry: CollectorRegistry) -> bytes:
     """The /metrics body: the engine's metrics, then the process collectors."""
     return generate_latest(engine_registry) + generate_latest(process_registry())
+
+
+def _completions(output: Any) -> list:
+    """The completions of a RequestOutput; none for a pooling output (one vector)."""
+    outputs = getattr(output, "outputs", None)
+    return outputs if isinstance(outputs, list) else []

@@ -35,6 +35,7 @@ from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_se
 from vllm.entrypoints.openai.errors import (BadRequestError, OpenAIError,
                                             ServiceUnavailableError, error_type_for,
                                             lone_surrogate_path, make_error, validation_error)
+from vllm.entrypoints.openai.pooling_routes import install_pooling_routes
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                               DetokenizeRequest, LoadLoRAAdapterRequest,
                                               TokenizeRequest, UnloadLoRAAdapterRequest,
@@ -463,6 +464,7 @@ def build_app(args: argparse.Namespace, engine: EngineClient) -> FastAPI:
     app.router.route_class = JSONBodyRoute
     _install_error_handlers(app)
     _install_routes(app)
+    install_pooling_routes(app, state, with_cancellation)
     app.add_middleware(CORSMiddleware,
                        allow_origins=getattr(args, "allowed_origins", []),
                        allow_credentials=getattr(args, "allow_credentials", False),
