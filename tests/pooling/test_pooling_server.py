@@ -105,3 +105,18 @@ def test_bi_encoder_score_and_rerank(http, reference):
     assert len(rr["results"]) == 1
     assert rr["results"][0]["index"] == int(np.argmax(expected))
     assert rr["results"][0]["document"]["text"] == TEXTS[1 + int(np.argmax(expected))]
+
+
+def test_hosting_routes(http, reference):
+    assert http.get("/ping").status_code == 200
+    assert http.post("/ping").status_code == 200
+    assert http.get("/load").json() == {"server_load": 0}
+    inv = http.post("/invocations", json={"input": TEXTS[0], "encoding_format": "float"})
+    assert inv.status_code == 200, inv.text
+    np.testing.assert_allclose(inv.json()["data"][0]["embedding"], reference[TEXTS[0]],
+                               atol=1e-6)
+    score = http.post("/invocations", json={"text_1": TEXTS[0], "text_2": TEXTS[1]}).json()
+    assert score["data"][0]["object"] == "score"
+    bad = http.post("/invocations", json={"foo": 1})
+    assert bad.status_code == 400 and "suitable handler" in bad.json()["error"]["message"]
+    assert http.get("/server_info").status_code == 404  # dev mode only

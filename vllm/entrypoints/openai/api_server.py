@@ -43,6 +43,7 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionR
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.serving_engine import copy_tokenizer
+from vllm.entrypoints.openai.serving_extras import ServerLoadMiddleware, install_extra_routes
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
 from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from vllm.entrypoints.openai.tokenizer_pool import TokenizerPool
@@ -465,6 +466,8 @@ def build_app(args: argparse.Namespace, engine: EngineClient) -> FastAPI:
     _install_error_handlers(app)
     _install_routes(app)
     install_pooling_routes(app, state, with_cancellation)
+    install_extra_routes(app, _respond)
+    app.add_middleware(ServerLoadMiddleware, state=app.state)
     app.add_middleware(CORSMiddleware,
                        allow_origins=getattr(args, "allowed_origins", []),
                        allow_credentials=getattr(args, "allow_credentials", False),

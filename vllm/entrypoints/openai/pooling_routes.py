@@ -24,6 +24,7 @@ def install_pooling_routes(app: FastAPI, state: Any,
                   tokenizer_pool=state.tokenizer_pool)
     pooling = OpenAIServingPooling(state.engine, state.models, **common)
     scores = OpenAIServingScores(state.engine, state.models, **common)
+    app.state.vllm_pooling = (pooling, scores)  # also served by /invocations
 
     def as_json(result: Any) -> JSONResponse:
         return JSONResponse(result.model_dump())
