@@ -329,6 +329,15 @@ class ModelRunnerBase:
             logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
             prompt_logprobs=prompt_lps)
 
+    def pooled_rows(self, fwd: ForwardPass, hidden: torch.Tensor,
+                    indices: list[int]) -> torch.Tensor:
+        """Pooling runner (worker/pooling_runner.py): [len(indices), out] float32, the
+        pooled vectors of requests `fwd.req_ids[i]` for i in `indices` (before their
+        params' normalize / softmax). Flat layouts pool just those requests' rows; HPU
+        pools the whole bucket at a fixed shape."""
+        return self.model.pooler.pooled(hidden, [fwd.row_offsets[i] for i in indices],
+                                        [fwd.num_tokens[i] for i in indices])
+
     def _forward(self, fwd: ForwardPass) -> Optional[torch.Tensor]:
         """The model on one pass in its forward context, as a pipeline stage: receives
         the previous stage's activations, sends its own on; None except on the last."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from vllm.model_executor.layers.pooler import TOKEN_TYPE_SHIFT
+from vllm.model_executor.layers.pooler import TOKEN_TYPE_SHIFT, finish_pooled
 
 if TYPE_CHECKING:
     from vllm.worker.model_runner_base import ForwardPass, ModelRunnerBase
@@ -70,8 +70,8 @@ def pool_pass(runner: "ModelRunnerBase", fwd: "ForwardPass", hidden: torch.Tenso
             picked.append(i)
     if not picked:
         return {}
-    vectors = runner.model.pooler(hidden, [fwd.row_offsets[i] for i in picked],
-                                  [fwd.num_tokens[i] for i in picked],
-                                  [runner.requests[fwd.req_ids[i]].pooling_params
-                                   for i in picked])
-    return {fwd.req_ids[i]: v.to("cpu").clone() for i, v in zip(picked, vectors)}
+    rows = runner.pooled_rows(fwd, hidden, picked).to("cpu")
+    pooler = runner.model.pooler
+    return {fwd.req_ids[i]: finish_pooled(rows[j], pooler.task,
+                                          runner.requests[fwd.req_ids[i]].pooling_params).clone()
+            for j, i in enumerate(picked)}

@@ -53,7 +53,8 @@ def finish_pooled(row: torch.Tensor, task: str, params: PoolingParams) -> torch.
 
 
 class Pooler(nn.Module):
-    """Reduce, apply the head, finish per request (see the module docstring)."""
+    """Reduce and apply the head (`pooled`: flat rows; `pooled_padded`: a padded
+    bucket); the runner then finishes each request with `finish_pooled`."""
 
     def __init__(self, pooling_type: str, task: str, head: Optional[Head] = None) -> None:
         super().__init__()
@@ -80,8 +81,23 @@ class Pooler(nn.Module):
             rows = self.head(rows)
         return rows.float()
 
-    def forward(self, hidden: torch.Tensor, row_offsets: Sequence[int],
-                num_tokens: Sequence[int], params: Sequence[PoolingParams]
-                ) -> list[torch.Tensor]:
-        pooled = self.pooled(hidden, row_offsets, num_tokens)
-        return [finish_pooled(pooled[i], self.task, p) for i, p in enumerate(params)]
+    def pooled_padded(self, hidden: torch.Tensor, lengths: torch.Tensor, batch: int,
+                      seq: int) -> torch.Tensor:
+        """[batch, out] float32 from a padded bucket's hidden states [batch * seq, hidden]
+        (entry i: rows i * seq .. + lengths[i]): fixed shapes for a fixed bucket, so a
+        static-shape device (HPU) compiles it once per bucket. Entries of length 0
+        (padding) give finite garbage the caller drops."""
+        h = hidden.view(batch, seq, hidden.shape[-1])
+        lens = lengths.to(hidden.device).long()
+        if self.pooling_type == "CLS":
+            rows = h[:, 0]
+        elif self.pooling_type == "LAST":
+            last = (lens - 1).clamp(min=0)
+            rows = h.gather(1, last.view(batch, 1, 1).expand(batch, 1, h.shape[-1]))[:, 0]
+        else:  # MEAN over each entry's valid rows
+            valid = torch.arange(seq, device=h.device)[None, :] < lens[:, None]
+            total = (h.float() * valid[..., None]).sum(dim=1)
+            rows = total / lens.clamp(min=1)[:, None]
+        if self.head is not None:
+            rows = self.head(rows.to(hidden.dtype) if self.pooling_type == "MEAN" else rows)
+        return rows.float()
