@@ -16,6 +16,8 @@ class RequestMetrics:
     first_token_time: Optional[float] = None
     time_in_queue: Optional[float] = None
     finished_time: Optional[float] = None
+    num_preemptions: int = 0
+    """Times the request (its most preempted sample, with n > 1) was preempted."""
 
 
 @dataclass

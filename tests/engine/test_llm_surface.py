@@ -79,3 +79,32 @@ def test_world_size_and_from_engine_args(tiny_model_factory):
                                           max_model_len=128))
     assert llm.llm_engine.model_config.max_model_len == 128
     assert llm.get_world_size() == llm.get_world_size(include_dp=False) == 1
+
+
+def test_dashboard_metrics(tiny_model_factory):
+    """vllm:request_num_preemptions, request_prefill_kv_computed_tokens,
+    prompt_tokens_by_source and cache_config_info, on a KV cache small enough to preempt."""
+    llm = LLM(model=tiny_model_factory("llama"), dtype="float32", disable_log_stats=False,
+              max_model_len=128, block_size=16, num_gpu_blocks_override=8)
+    prompts = [{"prompt_token_ids": [100 + 7 * i + j for j in range(30)]} for i in range(4)]
+    params = SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.0)
+    outs = llm.generate(prompts, params, use_tqdm=False)  # 4 x 2 blocks, then growth
+    short = {"prompt_token_ids": list(range(200, 220))}
+    outs += llm.generate([short], SamplingParams(max_tokens=2), use_tqdm=False)
+    again = llm.generate([short], SamplingParams(max_tokens=2), use_tqdm=False)  # cached
+    metrics = llm.get_metrics()
+    by = {(m.name, m.labels.get("source")): m for m in metrics}
+    preempt = by[("vllm:request_num_preemptions", None)]
+    total = by[("vllm:num_preemptions", None)].value
+    assert total > 0 and preempt.count == 6 and preempt.sum == total
+    cached = again[0].num_cached_tokens
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outs + again)
+    hit = by[("vllm:prompt_tokens_by_source", "local_cache_hit")].value
+    computed = by[("vllm:prompt_tokens_by_source", "local_compute")].value
+    assert cached > 0 and hit >= cached and hit + computed == prompt_tokens
+    assert by[("vllm:prompt_tokens_by_source", "external_kv_transfer")].value == 0
+    kv = by[("vllm:request_prefill_kv_computed_tokens", None)]
+    assert kv.count == 6 and kv.sum == computed
+    info = by[("vllm:cache_config_info", None)]
+    assert info.value == 1 and info.labels["block_size"] == "16"
+    assert info.labels["num_gpu_blocks"] == "8" and info.labels["enable_prefix_caching"] == "True"

@@ -56,6 +56,8 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     pooling_output: Optional[Any] = None
     """A pooling request's vector (CPU tensor), with its finish."""
+    num_preemptions: int = 0
+    """Times the request was preempted so far (vllm:request_num_preemptions)."""
 
     @property
     def finished(self) -> bool:
@@ -337,7 +339,8 @@ class Scheduler:
                 new_logprobs=[logprobs] if (logprobs is not None and new_ids) else None,
                 new_prompt_logprobs=prompt_lp,
                 finish_reason=request.get_finished_reason(), stop_reason=request.stop_reason,
-                num_cached_tokens=max(request.num_cached_tokens, 0)))
+                num_cached_tokens=max(request.num_cached_tokens, 0),
+                num_preemptions=request.num_preemptions))
             if request.is_finished():
                 self.running.remove(request)
                 self._free_request(request)

@@ -158,6 +158,7 @@ class OutputProcessor:
             m.first_scheduled_time = now
             m.time_in_queue = now - m.arrival_time
         parent.num_cached_tokens = out.num_cached_tokens
+        m.num_preemptions = max(m.num_preemptions, out.num_preemptions)
         if out.new_token_ids:
             if m.first_token_time is None:
                 m.first_token_time = now

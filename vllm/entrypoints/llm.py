@@ -58,7 +58,8 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin):
         self._stashed: dict[str, Any] = {}
         """Outputs of queued requests that finished while another call ran the engine."""
         self._stats = (None if engine_args.disable_log_stats
-                       else OfflineStats(self.llm_engine.model_config))
+                       else OfflineStats(self.llm_engine.model_config,
+                                         self.llm_engine.vllm_config.cache_config))
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLM":

@@ -17,9 +17,10 @@ from vllm.outputs import RequestOutput
 
 class OfflineStats:
 
-    def __init__(self, model_config: Any) -> None:
+    def __init__(self, model_config: Any, cache_config: Any = None) -> None:
         self.tracker = StatsTracker(model_config.served_model_name[0],
-                                    model_config.max_model_len, log_stats=False)
+                                    model_config.max_model_len, log_stats=False,
+                                    cache_config=cache_config)
         self._seen: dict[str, dict[int, int]] = {}
         """Request id -> tokens already counted per completion index."""
 
