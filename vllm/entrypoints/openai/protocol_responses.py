@@ -169,6 +169,8 @@ def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
 
 def _response_format(text: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     fmt = (text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise BadRequestError("text.format must be an object.", param="text.format")
     if not fmt or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
