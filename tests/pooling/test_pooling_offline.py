@@ -145,3 +145,32 @@ def test_matryoshka_dimensions_and_refusals(encoder_factory, tiny_model_factory)
         gen.embed("a", use_tqdm=False)
     with pytest.raises(ValueError, match="runner"):
         LLM(model=path, runner="generate")
+
+
+def test_async_engine_encode_and_metrics(encoder_factory):
+    """EngineClient.encode: one PoolingRequestOutput per request through the async
+    engine, whose metrics count the prompt tokens and the finished request."""
+    import asyncio
+
+    from vllm import LLM
+    from vllm.engine.async_llm_engine import AsyncLLMEngine
+    path = encoder_factory("bert", "MEAN")
+    reference = LLM(model=path, dtype="float32").embed(TEXTS[0], use_tqdm=False)[0]
+    engine = AsyncLLMEngine(LLM(model=path, dtype="float32").llm_engine, log_requests=False,
+                            log_stats=False)
+
+    async def main():
+        engine.start_background_loop()
+        outs = [o async for o in engine.encode(TEXTS[0], PoolingParams(task="embed"), "r1")]
+        return outs
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert len(outs) == 1 and outs[0].finished
+    torch.testing.assert_close(outs[0].outputs.data,
+                               torch.tensor(reference.outputs.embedding))
+    metrics = engine.stats.metrics
+    assert metrics.prompt_tokens._value.get() == len(outs[0].prompt_token_ids)
+    assert metrics.request_success["stop"]._value.get() == 1
