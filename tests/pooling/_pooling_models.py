@@ -12,6 +12,11 @@ WORDS = ("the a an is was of to in and for on with what where who how paris fran
          "query document rank score").split()
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} "
+                 "{% endfor %}")
+"""A minimal chat template, so chat-form embedding requests can be rendered."""
+
+
 def write_bert_tokenizer(directory: str) -> int:
     """A BertTokenizerFast over WORDS + characters (+ ## pieces); returns the vocab size."""
     from transformers import BertTokenizerFast
@@ -22,6 +27,7 @@ def write_bert_tokenizer(directory: str) -> int:
     with open(path, "w") as f:
         f.write("\n".join(vocab) + "\n")
     tok = BertTokenizerFast(vocab_file=path, do_lower_case=True, model_max_length=128)
+    tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(directory)
     return len(vocab)
 

@@ -120,3 +120,23 @@ def test_hosting_routes(http, reference):
     bad = http.post("/invocations", json={"foo": 1})
     assert bad.status_code == 400 and "suitable handler" in bad.json()["error"]["message"]
     assert http.get("/server_info").status_code == 404  # dev mode only
+
+
+def test_chat_form_embeddings(http, model_path):
+    """`messages` (or messages as `input`) are rendered with the chat template, then
+    embedded like the rendered text (no special tokens added, as vLLM's chat form)."""
+    from transformers import AutoTokenizer
+    from vllm import LLM
+    messages = [{"role": "user", "content": "the cat sat"}]
+    tok = AutoTokenizer.from_pretrained(model_path)
+    text = tok.apply_chat_template(messages, tokenize=False)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    ref = LLM(model=model_path, dtype="float32").embed({"prompt_token_ids": ids},
+                                                        use_tqdm=False)[0].outputs.embedding
+    for body in ({"messages": messages}, {"input": messages}):
+        r = http.post("/v1/embeddings", json={**body, "encoding_format": "float"})
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(r.json()["data"][0]["embedding"], ref, atol=1e-6)
+        assert r.json()["usage"]["prompt_tokens"] == len(ids)
+    r = http.post("/v1/embeddings", json={"model": "tiny-embed"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"

@@ -22,7 +22,7 @@ def install_pooling_routes(app: FastAPI, state: Any,
         return
     common = dict(tokenizer=state.tokenization.tokenizer,
                   tokenizer_pool=state.tokenizer_pool)
-    pooling = OpenAIServingPooling(state.engine, state.models, **common)
+    pooling = OpenAIServingPooling(state.engine, state.models, chat=state.chat, **common)
     scores = OpenAIServingScores(state.engine, state.models, **common)
     app.state.vllm_pooling = (pooling, scores)  # also served by /invocations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import Field
 
@@ -38,8 +38,33 @@ class EncodingFields(OpenAIBaseModel):
     endianness: Literal["native", "big", "little"] = "native"
 
 
-class EmbeddingRequest(PoolingBasicFields, EncodingFields):
-    input: PromptInput
+class ChatInputFields(OpenAIBaseModel):
+    """The chat form of a pooling request (vLLM's EmbeddingChatRequest): `messages`
+    rendered with the chat template instead of `input`."""
+    messages: Optional[list[dict[str, Any]]] = None
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    def chat_body(self) -> Optional[dict[str, Any]]:
+        """The chat request whose prompt this one embeds (None: the completion form).
+        A list of messages given as `input` counts as `messages`, as in vLLM."""
+        messages = self.messages
+        raw = getattr(self, "input", None)
+        if messages is None and isinstance(raw, list) and raw and all(
+                isinstance(m, dict) and "role" in m for m in raw):
+            messages = raw
+        if messages is None:
+            return None
+        return {"messages": messages, "add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message,
+                "chat_template": self.chat_template,
+                "chat_template_kwargs": self.chat_template_kwargs}
+
+
+class EmbeddingRequest(PoolingBasicFields, EncodingFields, ChatInputFields):
+    input: Optional[Union[PromptInput, list[dict[str, Any]]]] = None
     dimensions: Optional[int] = None
     use_activation: Optional[bool] = None
 

@@ -4,8 +4,8 @@
 
 `/invocations` takes any body one of the model routes takes and answers as that route
 would: `messages` -> chat completions, `prompt` -> completions, and for pooling models
-`input` -> embeddings or classification (by the model's task), `query` + `documents`
--> rerank, `text_1` / `data_1` / `queries` -> score.
+`input` -> embeddings or classification (by the model's task), `messages` -> chat-form
+embeddings, `query` + `documents` -> rerank, `text_1` / `data_1` / `queries` -> score.
 """
 from __future__ import annotations
 
@@ -84,6 +84,8 @@ def install_extra_routes(app: FastAPI, respond: Callable[[Any], Any]) -> None:
 async def _invoke(state: Any, body: dict[str, Any]) -> Any:
     server = state.vllm
     pooling = getattr(state, "vllm_pooling", None)
+    if pooling is not None and "messages" in body:  # a pooling model embeds a chat
+        return await pooling[0].create_embedding(_parse(EmbeddingRequest, body))
     if "messages" in body:
         return await server.chat.create_chat_completion(_parse(ChatCompletionRequest, body))
     if "prompt" in body:

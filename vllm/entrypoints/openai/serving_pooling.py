@@ -44,6 +44,11 @@ def encode_vector(vector: torch.Tensor, encoding_format: str, embed_dtype: str =
 class OpenAIServingPooling(OpenAIServing):
     """Embeddings, raw pooling and classification over one pooling model."""
 
+    def __init__(self, *args: Any, chat: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.chat = chat
+        """The chat handler, whose template renders `messages` inputs (embeddings)."""
+
     # ------------------------------------------------------------- routes
     async def create_embedding(self, request: EmbeddingRequest) -> EmbeddingResponse:
         self._check_task("embed", "Embeddings API")
@@ -93,12 +98,36 @@ class OpenAIServingPooling(OpenAIServing):
         """(served model name, one PoolingRequestOutput per input, usage)."""
         model = self.check_model(request.model)
         await self.check_engine()
-        prompts = await self.pooling_prompts(inputs, request)
+        chat_body = request.chat_body() if hasattr(request, "chat_body") else None
+        if chat_body is not None:
+            prompts = [await self._render_chat(chat_body, request)]
+        elif inputs is None:
+            raise BadRequestError("Give input (or messages).", param="input")
+        else:
+            prompts = await self.pooling_prompts(inputs, request)
         outputs = await self.pool(prompts, [params] * len(prompts), request.model,
                                   request.request_id)
         n = sum(len(p.token_ids) for p in prompts)
         return model, outputs, UsageInfo(prompt_tokens=n, total_tokens=n,
                                          completion_tokens=0)
+
+    async def _render_chat(self, body: dict[str, Any], request: Any) -> PromptInput:
+        """`messages` through the chat template (the server's, or a trusted request's)."""
+        import pydantic
+
+        from vllm.entrypoints.openai.errors import validation_error
+        from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+        if self.chat is None:
+            raise BadRequestError("messages are not supported by this route.",
+                                  param="messages")
+        try:
+            chat_request = ChatCompletionRequest.model_validate(body)
+        except pydantic.ValidationError as e:
+            raise validation_error(e.errors()) from None
+        prompt = await self.chat.render_prompt(chat_request)
+        ids = self.truncate(prompt.token_ids, request.truncate_prompt_tokens,
+                            self.max_model_len, request.truncation_side)
+        return PromptInput(ids, prompt.text)
 
     async def pooling_prompts(self, inputs: Any, request: Any) -> list[PromptInput]:
         """The request's `input` as token-id prompts (tokenized off the event loop,
