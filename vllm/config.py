@@ -564,9 +564,10 @@ class VllmConfig:
         """A pooling request is one whole-prompt pass: the pooler reads every hidden
         state of the prompt (MEAN), and an encoder attends bidirectionally, so prompts
         are never chunked; no prefix-cache hit may skip positions the pooler reads."""
-        if self.cache_config.enable_prefix_caching:
-            logger.info("Pooling runner: prefix caching disabled (the pooler reads the "
-                        "hidden states of the whole prompt).")
+        if (self.cache_config.enable_prefix_caching
+                or self.scheduler_config.enable_chunked_prefill):
+            logger.info("Pooling runner: prefix caching and chunked prefill disabled (the "
+                        "pooler reads the hidden states of the whole prompt in one pass).")
         self.cache_config.enable_prefix_caching = False
         self.scheduler_config.enable_chunked_prefill = False
         if self.scheduler_config.max_num_batched_tokens is None:  # many short prompts

@@ -114,7 +114,7 @@ def test_profile_routes_write_a_trace(dev_server, http):
 
 def test_server_info_and_collective_rpc(http):
     text = http.get("/server_info").json()
-    assert "VllmConfig(" in text["vllm_config"] and text["vllm_env"]["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "VllmConfig(" in text["vllm_config"] and text["vllm_env"]["VLLM_SERVER_DEV_MODE"] is True
     as_json = http.get("/server_info", params={"config_format": "json"}).json()
     assert as_json["vllm_config"]["model_config"]["max_model_len"] == 256
     assert http.get("/server_info", params={"config_format": "xml"}).status_code == 400

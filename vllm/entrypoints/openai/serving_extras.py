@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Callable
 
 import pydantic
@@ -127,8 +126,9 @@ def _install_dev_info_routes(app: FastAPI) -> None:
                                   param="config_format")
         return JSONResponse({
             "vllm_config": str(config) if fmt == "text" else _config_json(config),
-            "vllm_env": {k: v for k, v in os.environ.items()
-                         if k.startswith("VLLM_") and "KEY" not in k}})
+            "vllm_env": {name: _jsonable(getattr(envs, name)) for name in dir(envs)
+                         if name.startswith("VLLM_") and "KEY" not in name
+                         and envs.is_set(name)}})
 
     @app.post("/collective_rpc")
     async def collective_rpc(raw_request: Request) -> Any:
@@ -141,6 +141,14 @@ def _install_dev_info_routes(app: FastAPI) -> None:
             kwargs=body.get("kwargs", {}))
         return JSONResponse({"results": [r if r is None or isinstance(r, (dict, list))
                                          else str(r) for r in results]})
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return str(value)
 
 
 def _config_json(config: Any) -> Any:
