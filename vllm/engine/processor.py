@@ -2,7 +2,7 @@
 (vllm/engine/params.py)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from vllm.config import ModelConfig, StructuredOutputsConfig
 from vllm.engine.params import RequestParamsPolicy
