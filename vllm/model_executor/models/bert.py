@@ -191,14 +191,15 @@ class BertPoolingBase(nn.Module):
             raise ValueError("input embeddings are not supported by encoder models.")
         return self.model(input_ids, positions)
 
+    _own_prefixes: tuple[str, ...] = ()
+    """Names that belong to this class itself, not the encoder (heads)."""
+
     def _rename(self, name: str) -> str:
+        """A checkpoint name -> this model's parameter name (the encoder under `model.`)."""
         for prefix in self.checkpoint_prefixes:
             if name.startswith(prefix):
                 return "model." + name[len(prefix):]
         return name if name.startswith(self._own_prefixes) else "model." + name
-
-    _own_prefixes: tuple[str, ...] = ()
-    """Names that belong to this class itself, not the encoder (heads)."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         params = dict(self.named_parameters())
@@ -219,14 +220,11 @@ class BertPoolingBase(nn.Module):
         if ignored:
             logger.warning("Ignored %d checkpoint tensors with no matching parameter: %s",
                            len(ignored), ", ".join(ignored[:8]))
-        missing = sorted(set(params) - loaded - self._optional_params())
+        missing = sorted(set(params) - loaded)
         if missing:
             raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters, "
                              f"e.g. {', '.join(missing[:5])}.")
         return loaded
-
-    def _optional_params(self) -> set[str]:
-        return set()
 
 
 class BertModel(BertPoolingBase):
