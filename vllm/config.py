@@ -32,6 +32,37 @@ _DTYPES = {
 }
 
 
+RUNNER_CHOICES = ("auto", "generate", "pooling")
+CONVERT_CHOICES = ("auto", "none", "embed")
+POOLING_TYPES = ("CLS", "LAST", "MEAN")
+
+
+@dataclass
+class PoolerConfig:
+    """How a pooling model turns hidden states into one vector per prompt."""
+    pooling_type: Optional[str] = None
+    """CLS (first token), LAST (last token) or MEAN (average over the prompt)."""
+    use_activation: Optional[bool] = None
+    """Default of PoolingParams.use_activation (normalize / softmax)."""
+    dimensions: Optional[int] = None
+    """Default of PoolingParams.dimensions (Matryoshka models)."""
+
+    def __post_init__(self) -> None:
+        if self.pooling_type is not None:
+            self.pooling_type = str(self.pooling_type).upper()
+            if self.pooling_type not in POOLING_TYPES:
+                raise ValueError(f"pooler_config.pooling_type={self.pooling_type!r}; choose "
+                                 f"one of {', '.join(POOLING_TYPES)}.")
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> "PoolerConfig":
+        unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"pooler_config: unknown key(s) {unknown}; known: "
+                             f"{sorted(cls.__dataclass_fields__)}.")
+        return cls(**value)
+
+
 @dataclass
 class ModelConfig:
     model: str = DEFAULT_MODEL
@@ -75,6 +106,16 @@ class ModelConfig:
     enable_sleep_mode: bool = False
     """Allow sleep()/wake_up(): free the KV cache and offload (level 1) or discard
     (level 2) the weights while the engine is idle, and restore them on wake-up."""
+    runner: str = "auto"
+    """The model runner: generate (text generation), pooling (embeddings, classification,
+    scores), or auto (from the architecture: encoders and *ForSequenceClassification
+    pool, *ForCausalLM generate)."""
+    convert: str = "auto"
+    """Adapt a decoder to the pooling runner: embed (last-token embeddings, as
+    Qwen3-Embedding), none, or auto (embed under --runner pooling)."""
+    pooler_config: Optional[PoolerConfig] = None
+    """Pooler settings as JSON, e.g. '{"pooling_type": "MEAN", "use_activation": true,
+    "dimensions": 256}'; default: the model's (its sentence-transformers files)."""
 
     # Filled by the loader (transformers_utils/config.py) through set_loaded().
     model_path: str = field(init=False, default="")
@@ -88,8 +129,21 @@ class ModelConfig:
     """The generation config that --generation-config names ({} for 'vllm' or when the
     model has none)."""
     torch_dtype: torch.dtype = field(init=False, default=torch.float32)
+    runner_type: str = field(init=False, default="generate")
+    """The resolved runner (generate or pooling), set with the loaded config."""
+    pooling_task: Optional[str] = field(init=False, default=None)
+    """With the pooling runner: the model's task, embed or classify."""
+    is_encoder_only: bool = field(init=False, default=False)
+    """Bidirectional attention over the whole prompt, no KV cache reuse (BERT, XLM-R)."""
 
     def __post_init__(self) -> None:
+        if self.runner not in RUNNER_CHOICES:
+            raise ValueError(f"runner={self.runner!r}; choose one of {', '.join(RUNNER_CHOICES)}.")
+        if self.convert not in CONVERT_CHOICES:
+            raise ValueError(f"convert={self.convert!r}; choose one of "
+                             f"{', '.join(CONVERT_CHOICES)}.")
+        if isinstance(self.pooler_config, dict):
+            self.pooler_config = PoolerConfig.from_dict(self.pooler_config)
         if self.dtype not in ("auto", *_DTYPES):
             raise ValueError(f"dtype={self.dtype!r} is not supported; choose auto, float32, "
                              "bfloat16 or float16.")
@@ -160,6 +214,38 @@ class ModelConfig:
                            "generation config: %s. Use --generation-config vllm for vLLM's "
                            "own defaults.", diff)
         return diff
+
+    def set_runner(self, runner_type: str, pooling_task: Optional[str],
+                   is_encoder_only: bool, pooler_defaults: Optional[dict[str, Any]]) -> None:
+        """Record the runner the loader resolved from the architecture (and --runner /
+        --convert); a pooling model's pooler settings are the user's over the model's."""
+        self.runner_type = runner_type
+        self.pooling_task = pooling_task
+        self.is_encoder_only = is_encoder_only
+        if runner_type != "pooling":
+            if self.pooler_config is not None:
+                raise ValueError("pooler_config is only used by the pooling runner "
+                                 "(--runner pooling).")
+            return
+        merged = dict(pooler_defaults or {})
+        if self.pooler_config is not None:
+            merged.update({k: v for k, v in vars(self.pooler_config).items() if v is not None})
+        self.pooler_config = PoolerConfig(**merged)
+
+    @property
+    def embedding_size(self) -> int:
+        return self.hf_config.hidden_size
+
+    @property
+    def matryoshka_dimensions(self) -> Optional[list[int]]:
+        return getattr(self.hf_config, "matryoshka_dimensions", None)
+
+    @property
+    def is_matryoshka(self) -> bool:
+        """Embeddings may be cut to fewer dimensions (`dimensions`): the HF config says
+        so (is_matryoshka, or matryoshka_dimensions)."""
+        return bool(getattr(self.hf_config, "is_matryoshka", False)
+                    or self.matryoshka_dimensions)
 
     @property
     def architectures(self) -> list[str]:
@@ -505,9 +591,25 @@ class VllmConfig:
                 "model_config has not been loaded (no hf_config): build it with "
                 "vllm.transformers_utils.config.create_model_config(...) or "
                 "EngineArgs(...).create_engine_config().")
+        if self.model_config.runner_type == "pooling":
+            self._configure_pooling()
         self.scheduler_config.finalize(self.model_config.max_model_len)
         if self.lora_config is not None:
             self.lora_config.finalize(self.model_config, self.parallel_config)
         if self.cache_config.block_size is None:
             self.cache_config.block_size = current_platform.default_block_size()
         current_platform.check_and_update_config(self)
+
+    def _configure_pooling(self) -> None:
+        """A pooling request is one whole-prompt pass: the pooler reads every hidden
+        state of the prompt (MEAN), and an encoder attends bidirectionally, so prompts
+        are never chunked; no prefix-cache hit may skip positions the pooler reads."""
+        if (self.cache_config.enable_prefix_caching
+                or self.scheduler_config.enable_chunked_prefill):
+            logger.info("Pooling runner: prefix caching and chunked prefill disabled (the "
+                        "pooler reads the hidden states of the whole prompt in one pass).")
+        self.cache_config.enable_prefix_caching = False
+        self.scheduler_config.enable_chunked_prefill = False
+        if self.scheduler_config.max_num_batched_tokens is None:  # many short prompts
+            self.scheduler_config.max_num_batched_tokens = max(
+                8192, self.model_config.max_model_len, self.scheduler_config.max_num_seqs)

@@ -16,6 +16,8 @@ class RequestMetrics:
     first_token_time: Optional[float] = None
     time_in_queue: Optional[float] = None
     finished_time: Optional[float] = None
+    num_preemptions: int = 0
+    """Times the request (its most preempted sample, with n > 1) was preempted."""
 
 
 @dataclass
@@ -120,3 +122,13 @@ def _extend_completion(into: CompletionOutput, delta: CompletionOutput) -> None:
     into.cumulative_logprob = delta.cumulative_logprob
     into.finish_reason = delta.finish_reason
     into.stop_reason = delta.stop_reason
+
+
+from vllm.pooling_outputs import (ClassificationOutput, ClassificationRequestOutput,  # noqa: E402
+                                  EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput,
+                                  PoolingRequestOutput, ScoringOutput, ScoringRequestOutput)
+
+__all__ = ["RequestMetrics", "CompletionOutput", "RequestOutput", "PoolingOutput",
+           "PoolingRequestOutput", "EmbeddingOutput", "EmbeddingRequestOutput",
+           "ClassificationOutput", "ClassificationRequestOutput", "ScoringOutput",
+           "ScoringRequestOutput"]

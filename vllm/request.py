@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from vllm.lora.request import LoRARequest
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -72,6 +73,9 @@ class Request:
     num_preemptions: int = 0
     prompt_logprobs_done: bool = False
     lora_request: Optional[LoRARequest] = None
+    pooling_params: Optional[PoolingParams] = None
+    """Set for a pooling request: one step over the whole prompt, then the pooler's
+    output instead of a token (its sampling_params are a neutral one-token stand-in)."""
 
     @property
     def lora_int_id(self) -> int:

@@ -15,7 +15,7 @@ from fake_engine import FakeLLMEngine
 
 DEV_ROUTES = [("post", "/sleep"), ("post", "/wake_up"), ("get", "/is_sleeping"),
               ("post", "/reset_prefix_cache"), ("post", "/start_profile"),
-              ("post", "/stop_profile")]
+              ("post", "/stop_profile"), ("get", "/server_info"), ("post", "/collective_rpc")]
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +110,14 @@ def test_profile_routes_write_a_trace(dev_server, http):
     assert _complete(http).status_code == 200
     assert http.post("/stop_profile").status_code == 200
     assert list(dev_server.trace_dir.glob("rank0.*.pt.trace.json.gz"))
+
+
+def test_server_info_and_collective_rpc(http):
+    text = http.get("/server_info").json()
+    assert "VllmConfig(" in text["vllm_config"] and text["vllm_env"]["VLLM_SERVER_DEV_MODE"] is True
+    as_json = http.get("/server_info", params={"config_format": "json"}).json()
+    assert as_json["vllm_config"]["model_config"]["max_model_len"] == 256
+    assert http.get("/server_info", params={"config_format": "xml"}).status_code == 400
+    rpc = http.post("/collective_rpc", json={"method": "get_device_index"})
+    assert rpc.status_code == 200 and rpc.json() == {"results": ["0"]}, rpc.text
+    assert http.post("/collective_rpc", json={"args": []}).status_code == 400

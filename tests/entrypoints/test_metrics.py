@@ -43,7 +43,10 @@ def test_current_vllm_names_and_labels(http, model_name):
                  "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
                  "vllm:request_success_total", "vllm:prefix_cache_queries_total",
                  "vllm:request_params_n_bucket", "vllm:request_params_max_tokens_bucket",
-                 "vllm:request_max_num_generation_tokens_bucket"):
+                 "vllm:request_max_num_generation_tokens_bucket",
+                 "vllm:request_num_preemptions_bucket",
+                 "vllm:request_prefill_kv_computed_tokens_bucket",
+                 "vllm:prompt_tokens_by_source_total"):
         assert name in after, name
         for s in after[name]:
             assert ENGINE <= set(s.labels), (name, s.labels)
@@ -67,6 +70,11 @@ def test_current_vllm_names_and_labels(http, model_name):
     assert grew("vllm:iteration_tokens_total_count") >= 6
     # Every generated and every prompt token of these requests fell in some iteration.
     assert grew("vllm:iteration_tokens_total_sum") >= grew("vllm:generation_tokens_total")
+    assert grew("vllm:prompt_tokens_by_source_total", source="local_cache_hit") == \
+        grew("vllm:prompt_tokens_cached_total")
+    assert grew("vllm:request_num_preemptions_count") == 2
+    info = after["vllm:cache_config_info"][0]
+    assert info.value == 1 and info.labels["engine"] == "0" and int(info.labels["block_size"])
     assert grew("vllm:prompt_tokens_cached_total") >= 64
     assert grew("vllm:prompt_tokens_cached_total") <= grew("vllm:prompt_tokens_total") / 2
 

@@ -137,3 +137,33 @@ def test_truncation_side(http, tok):
     assert out["prompt_token_ids"] == tok(rendered, add_special_tokens=False).input_ids[:4]
     bad = http.post("/v1/completions", json={"prompt": "x", "truncation_side": "middle"})
     assert bad.status_code == 400
+
+
+def test_stream_interval_batches_chunks(http):
+    body = {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.0,
+            "ignore_eos": True}
+    plain = _events(http, "/v1/completions", body)
+    batched = _events(http, "/v1/completions", {**body, "stream_interval": 5})
+    text = lambda evs: "".join(c["text"] for e in evs for c in e["choices"])  # noqa: E731
+    assert text(batched) == text(plain)
+    assert len(batched) < len(plain)
+    # First chunk at once (1 token), then chunks of at least 5 new tokens, the last early.
+    sizes = [len(e["choices"][0]["text"]) for e in batched if e["choices"]]
+    assert len(sizes) <= 1 + -(-11 // 5)
+    chat = _events(http, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 12,
+                                                  "temperature": 0.0, "ignore_eos": True,
+                                                  "stream_interval": 4})
+    assert chat[-1]["choices"][0]["finish_reason"] == "length"
+    r = http.post("/v1/completions", json={**body, "stream_interval": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_interval"
+
+
+def test_return_prompt_text(http, tok):
+    body = {"messages": CHAT, "max_tokens": 2, "return_prompt_text": True}
+    full = http.post("/v1/chat/completions", json=body).json()
+    assert full["prompt_text"].endswith("Say something.<|im_end|>\n<|im_start|>assistant\n")
+    events = _events(http, "/v1/chat/completions", body)
+    assert events[0]["prompt_text"] == full["prompt_text"]
+    assert all(e.get("prompt_text") is None for e in events[1:])
+    plain = http.post("/v1/chat/completions", json={**body, "return_prompt_text": False})
+    assert plain.json()["prompt_text"] is None

@@ -7,9 +7,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm.attention.ops.encoder_attention import encoder_attention
 from vllm.attention.ops.masked_attention import masked_attention
 from vllm.attention.selector import get_attn_backend
 from vllm.forward_context import get_forward_context
+
+
+ENCODER_ONLY = "encoder_only"
+ATTN_TYPES = ("decoder", ENCODER_ONLY)
 
 
 def extract_layer_index(prefix: str) -> int:
@@ -43,8 +48,14 @@ class Attention(nn.Module):
                  num_kv_heads: int | None = None, prefix: str = "",
                  logits_soft_cap: float | None = None,
                  per_layer_sliding_window: int | None = None,
-                 alibi_slopes: torch.Tensor | list[float] | None = None) -> None:
+                 alibi_slopes: torch.Tensor | list[float] | None = None,
+                 attn_type: str = "decoder") -> None:
         super().__init__()
+        if attn_type not in ATTN_TYPES:
+            raise ValueError(f"attn_type={attn_type!r}; choose one of {', '.join(ATTN_TYPES)}.")
+        self.attn_type = attn_type
+        """decoder: causal over the paged KV cache; encoder_only: bidirectional over
+        each sequence of the pass, no KV cache (attention/ops/encoder_attention.py)."""
         self.logits_soft_cap = logits_soft_cap or None
         """Scores become `cap * tanh(scores / cap)` before the softmax (Gemma 2)."""
         self.sliding_window = per_layer_sliding_window or None
@@ -84,6 +95,8 @@ class Attention(nn.Module):
         ctx = get_forward_context()
         if ctx is None or ctx.attn_metadata is None:
             return self._causal_no_cache(query, key, value)
+        if self.attn_type == ENCODER_ONLY:
+            return self.impl.forward_encoder_only(self, query, key, value, ctx.attn_metadata)
         kv_cache = ctx.kv_caches[self.layer_idx] if ctx.kv_caches else None
         if self.calculate_kv_scales and kv_cache is not None and key.shape[0]:
             self._calc_kv_scales(key, value)
@@ -102,6 +115,8 @@ class Attention(nn.Module):
     def _causal_no_cache(self, query: torch.Tensor, key: torch.Tensor,
                          value: torch.Tensor) -> torch.Tensor:
         """All tokens form one sequence; no KV cache is read or written."""
+        if self.attn_type == ENCODER_ONLY:
+            return encoder_attention(self, query, key, value, [(0, query.shape[0])])
         if (self.logits_soft_cap is not None or self.sliding_window is not None
                 or self.alibi_slopes is not None):
             return masked_attention(self, query, key, value, torch.arange(query.shape[0]),

@@ -7,6 +7,7 @@ from typing import Any, Optional
 import numpy as np
 
 from vllm.lora.request import LoRARequest
+from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
 
 
@@ -23,6 +24,8 @@ class NewRequestData:
     lora_request: Optional[LoRARequest] = None
     """The request's LoRA adapter (None: the base model; see
     ModelRunnerBase.prepare_lora_mapping)."""
+    pooling_params: Optional[PoolingParams] = None
+    """Set for a pooling request: the runner pools its prompt instead of sampling."""
     mm_inputs: Optional[Any] = None
     """Multimodal inputs of the prompt (None: text only). The runner refuses any other
     value until multimodal models land (see ModelRunnerBase.gather_mm_embeddings)."""
@@ -84,3 +87,6 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = \
         field(default_factory=dict)
     """Per request with prompt logprobs: rows for the prompt positions computed this step."""
+    pooler_output: dict[str, Any] = field(default_factory=dict)
+    """Per pooling request whose prompt completed this step: its pooled vector (a CPU
+    float32 tensor), from the pooling runner (vllm/worker/pooling_runner.py)."""

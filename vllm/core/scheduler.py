@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from vllm.config import VllmConfig
 from vllm.core.kv_cache_manager import KVCacheManager
@@ -54,6 +54,10 @@ class EngineCoreOutput:
     finish_reason: Optional[str] = None
     stop_reason: Optional[int | str] = None
     num_cached_tokens: int = 0
+    pooling_output: Optional[Any] = None
+    """A pooling request's vector (CPU tensor), with its finish."""
+    num_preemptions: int = 0
+    """Times the request was preempted so far (vllm:request_num_preemptions)."""
 
     @property
     def finished(self) -> bool:
@@ -195,10 +199,11 @@ class Scheduler:
 
     def needs_sync(self) -> bool:
         """Whether the next schedule must see the tokens of the step in flight: a
-        grammar must accept a token before the next bitmask, and prompt logprobs
-        track progress by the tokens that came back."""
+        grammar must accept a token before the next bitmask, prompt logprobs track
+        progress by the tokens that came back, and a pooling request ends with its
+        prompt's step (it has no next one)."""
         return any(r.use_structured_output or r.wants_prompt_logprobs
-                   for r in self.requests.values())
+                   or r.pooling_params is not None for r in self.requests.values())
 
     def _lora_fits(self, request: Request, loras: set[int]) -> bool:
         """Whether the request's adapter has a device slot in this step: it is the base
@@ -319,7 +324,7 @@ class Scheduler:
                 block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
                 num_computed_tokens=num_computed,
                 wants_prompt_logprobs=request.wants_prompt_logprobs,
-                lora_request=request.lora_request))
+                lora_request=request.lora_request, pooling_params=request.pooling_params))
         return budget
 
     def _grammar_ready(self, request: Request) -> bool:
@@ -359,6 +364,9 @@ class Scheduler:
                 request.num_output_placeholders -= len(new_ids)  # booked when scheduled
             else:
                 request.num_computed_tokens += scheduler_output.num_scheduled_tokens[req_id]
+            if req_id in runner_output.pooler_output:
+                outputs.append(self._finish_pooling(request, runner_output.pooler_output[req_id]))
+                continue
             prompt_lp = runner_output.prompt_logprobs.get(req_id)
             if prompt_lp is not None and request.num_computed_tokens >= request.num_prompt_tokens:
                 request.prompt_logprobs_done = True
@@ -375,13 +383,24 @@ class Scheduler:
                 new_logprobs=[logprobs] if (logprobs is not None and new_ids) else None,
                 new_prompt_logprobs=prompt_lp,
                 finish_reason=request.get_finished_reason(), stop_reason=request.stop_reason,
-                num_cached_tokens=max(request.num_cached_tokens, 0)))
+                num_cached_tokens=max(request.num_cached_tokens, 0),
+                num_preemptions=request.num_preemptions))
             if request.is_finished():
                 # Async scheduling: a request preempted after this step was scheduled
                 # sits in the waiting queue.
                 (self.running if request in self.running else self.waiting).remove(request)
                 self._free_request(request)
         return outputs
+
+    def _finish_pooling(self, request: Request, pooled: Any) -> EngineCoreOutput:
+        """A pooling request ends with the step that computed its prompt."""
+        request.status = RequestStatus.FINISHED_STOPPED
+        self.running.remove(request)
+        self._free_request(request)
+        return EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                finish_reason=request.get_finished_reason(),
+                                num_cached_tokens=max(request.num_cached_tokens, 0),
+                                pooling_output=pooled)
 
     def _advance_grammar(self, request: Request, new_ids: list[int]) -> None:
         """Feed accepted tokens to the request's grammar (a rejected one ends it)."""

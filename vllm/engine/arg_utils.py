@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-from vllm.config import (DEFAULT_MODEL, KV_CACHE_DTYPES, CacheConfig, DeviceConfig,
+from vllm.config import (CONVERT_CHOICES, DEFAULT_MODEL, KV_CACHE_DTYPES, RUNNER_CHOICES,
+                         CacheConfig, DeviceConfig,
                          LoadConfig, LoRAConfig, ModelConfig, ParallelConfig,
                          SchedulerConfig, StructuredOutputsConfig, VllmConfig)
 from vllm.transformers_utils.config import create_model_config
@@ -70,6 +71,9 @@ class EngineArgs:
     max_logprobs: int = 20
     enforce_eager: bool = False
     enable_sleep_mode: bool = False
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: Optional[dict] = None
     # cache
     block_size: Optional[int] = None
     gpu_memory_utilization: float = 0.9
@@ -137,7 +141,11 @@ class EngineArgs:
             elif f.name == "tokenizer_mode":
                 group.add_argument(flag, type=str, default=default, choices=["auto", "slow"],
                                    help=help_text)
-            elif f.name in ("hf_overrides", "override_generation_config"):
+            elif f.name in ("runner", "convert"):
+                group.add_argument(flag, type=str, default=default, help=help_text,
+                                   choices=list(RUNNER_CHOICES if f.name == "runner"
+                                                else CONVERT_CHOICES))
+            elif f.name in ("hf_overrides", "override_generation_config", "pooler_config"):
                 group.add_argument(flag, type=parse_json_dict, default=None, help=help_text)
             elif f.type in ("bool", bool):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction,
@@ -183,7 +191,8 @@ class EngineArgs:
             hf_overrides=self.hf_overrides, download_dir=self.download_dir,
             generation_config=self.generation_config,
             override_generation_config=self.override_generation_config,
-            enable_sleep_mode=self.enable_sleep_mode)
+            enable_sleep_mode=self.enable_sleep_mode, runner=self.runner,
+            convert=self.convert, pooler_config=self.pooler_config)
         cache_config = CacheConfig(
             block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,

@@ -147,7 +147,8 @@ class AsyncLLMEngine(EngineClient):
         lora_config = getattr(self.vllm_config, "lora_config", None)
         self.stats = StatsTracker(self.model_config.served_model_name[0],
                                   self.model_config.max_model_len, log_stats=log_stats,
-                                  max_loras=lora_config.max_loras if lora_config else None)
+                                  max_loras=lora_config.max_loras if lora_config else None,
+                                  cache_config=getattr(self.vllm_config, "cache_config", None))
         self._inbox: "queue.SimpleQueue[Union[_Add, _Abort]]" = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # orders "post to inbox" against "engine died"

@@ -20,6 +20,7 @@ from vllm.engine.processor import Processor, PromptType
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestMetrics, RequestOutput
 from vllm.request import Request, RequestStatus
+from vllm.pooling_params import PoolingParams, check_pooling_prompt
 from vllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -79,8 +80,15 @@ class LLMEngine:
         self.engine_core.check_awake()
         if request_id in self.output_processor.parents:
             raise ValueError(f"Request id {request_id} is already in use.")
+        if isinstance(params, PoolingParams):
+            return [self._add_pooling_request(request_id, prompt, params, arrival_time,
+                                              lora_request)]
         if not isinstance(params, SamplingParams):
-            raise ValueError("params must be a SamplingParams instance.")
+            raise ValueError("params must be a SamplingParams or PoolingParams instance.")
+        if self.model_config.runner_type == "pooling":
+            raise ValueError("This model runs as a pooling model (--runner pooling): it "
+                             "takes PoolingParams (LLM.embed / classify / score / encode, "
+                             "the embeddings and score APIs), not SamplingParams.")
         if lora_request is not None:
             self._check_lora_request(lora_request)
         prompt_text, prompt_ids = self.processor.tokenize_prompt(prompt)
@@ -102,6 +110,33 @@ class LLMEngine:
         for request in requests:
             self.engine_core.add_request(request)
         return requests
+
+    def _add_pooling_request(self, request_id: str, prompt: PromptType,
+                             params: PoolingParams, arrival_time: Optional[float],
+                             lora_request: Optional[LoRARequest]) -> Request:
+        """Queue one pooling request: one step over the whole prompt, one vector out."""
+        mc = self.model_config
+        if mc.runner_type != "pooling":
+            raise ValueError("PoolingParams need a pooling model: this one generates. Try "
+                             "--runner pooling (--convert embed) to use it as one.")
+        if lora_request is not None:
+            self._check_lora_request(lora_request)
+        params = params.clone()
+        task = params.task or mc.pooling_task
+        if task != mc.pooling_task:
+            raise ValueError(f"Unsupported task: {task!r} Supported tasks: "
+                             f"{[mc.pooling_task]}")
+        params.verify(task, mc)
+        _, prompt_ids = self.processor.tokenize_prompt(prompt)
+        check_pooling_prompt(prompt_ids, mc.max_model_len)
+        request = Request(request_id=request_id, prompt_token_ids=prompt_ids,
+                          sampling_params=SamplingParams(max_tokens=1),
+                          eos_token_id=self.processor.eos_token_id,
+                          arrival_time=arrival_time if arrival_time is not None else time.time(),
+                          max_tokens=1, lora_request=lora_request, pooling_params=params)
+        self.output_processor.add_pooling_request(request_id, prompt_ids)
+        self.engine_core.add_request(request)
+        return request
 
     # --------------------------------------------------------------- LoRA
     def _check_lora_request(self, lora_request: LoRARequest) -> None:

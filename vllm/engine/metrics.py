@@ -7,6 +7,7 @@ scheduler's `SchedulerStats` into Prometheus observations. Each tracker owns its
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -143,6 +144,34 @@ class PrometheusMetrics:
         self.request_params_max_tokens = histogram(
             "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
             token_buckets)
+        self.request_num_preemptions = histogram(
+            "vllm:request_num_preemptions",
+            "Histogram of the number of times a request was preempted.",
+            list(REQUEST_NUM_PREEMPTIONS_BUCKETS))
+        self.request_prefill_kv_computed_tokens = histogram(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            token_buckets)
+        by_source = Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                            [*labels, "source"], registry=reg)
+        self.prompt_tokens_by_source = {s: by_source.labels(*values, s)
+                                        for s in PROMPT_TOKEN_SOURCES}
+        self._labels = dict(zip(labels, values))
+
+    def set_cache_config_info(self, cache_config: Any) -> None:
+        """vllm:cache_config_info: a gauge at 1 whose labels are the cache config's fields
+        (vLLM's emulation of a Prometheus info metric)."""
+        info = {f.name: str(getattr(cache_config, f.name))
+                for f in dataclasses.fields(cache_config)}
+        info["engine"] = self._labels["engine"]
+        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+              list(info), registry=self.registry).labels(**info).set(1)
+
+
+REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
+"""vLLM's buckets: never- and once-preempted requests share the first."""
+PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+"""Where a prompt token's KV came from (no KV transfer here: that one stays 0)."""
 
 
 @dataclass
@@ -150,6 +179,8 @@ class _RequestTimes:
     """What the tracker remembers about one in-flight request."""
     arrival: float
     prompt_len: int = 0
+    cached: int = 0
+    """Prompt tokens served from the prefix cache."""
     generated: int = 0
     n: int = 1
     max_tokens: Optional[int] = None
@@ -179,8 +210,11 @@ class StatsTracker:
     LOG_INTERVAL_S = 5.0
 
     def __init__(self, model_name: str, max_model_len: int, log_stats: bool = True,
-                 max_loras: Optional[int] = None, engine_index: int = 0) -> None:
+                 max_loras: Optional[int] = None, engine_index: int = 0,
+                 cache_config: Any = None) -> None:
         self.metrics = PrometheusMetrics(model_name, max_model_len, engine_index=engine_index)
+        if cache_config is not None:
+            self.metrics.set_cache_config_info(cache_config)
         self.log_stats = log_stats
         self.max_loras = max_loras
         # vLLM's LoRA info gauge (only with --enable-lora): one series per combination of
@@ -235,13 +269,17 @@ class StatsTracker:
         m = self.metrics
         if not times.prompt_len:
             times.prompt_len = len(output.prompt_token_ids or [])
+            times.cached = min(getattr(output, "num_cached_tokens", 0) or 0, times.prompt_len)
             m.prompt_tokens.inc(times.prompt_len)
-            m.prompt_tokens_cached.inc(getattr(output, "num_cached_tokens", 0) or 0)
+            m.prompt_tokens_cached.inc(times.cached)
+            m.prompt_tokens_by_source["local_compute"].inc(times.prompt_len - times.cached)
+            m.prompt_tokens_by_source["local_cache_hit"].inc(times.cached)
             self._window.prompt_tokens += times.prompt_len
             self._step_tokens += times.prompt_len
-        for c in output.outputs:
+        completions = _completions(output)
+        for c in completions:
             times.per_choice[c.index] = times.per_choice.get(c.index, 0) + len(c.token_ids)
-        new_tokens = sum(len(c.token_ids) for c in output.outputs)
+        new_tokens = sum(len(c.token_ids) for c in completions)
         if new_tokens:
             m.generation_tokens.inc(new_tokens)
             self._window.generation_tokens += new_tokens
@@ -266,6 +304,9 @@ class StatsTracker:
         longest = max(times.per_choice.values(), default=0)
         m.request_max_num_generation_tokens.observe(longest)
         m.request_params_n.observe(times.n)
+        m.request_prefill_kv_computed_tokens.observe(times.prompt_len - times.cached)
+        m.request_num_preemptions.observe(
+            getattr(getattr(output, "metrics", None), "num_preemptions", 0) or 0)
         if times.max_tokens is not None:
             m.request_params_max_tokens.observe(times.max_tokens)
         phases = request_phases(getattr(output, "metrics", None))
@@ -276,7 +317,7 @@ class StatsTracker:
                 hist.observe(phases[name])
         if longest > 1 and phases.get("decode") is not None:
             m.request_time_per_output_token.observe(phases["decode"] / (longest - 1))
-        reasons = [c.finish_reason for c in output.outputs if c.finish_reason]
+        reasons = [c.finish_reason for c in _completions(output) if c.finish_reason]
         reason = reasons[0] if reasons else "stop"
         m.request_success.get(reason, m.request_success["stop"]).inc()
 
@@ -384,3 +425,9 @@ def process_registry() -> CollectorRegistry:
 def render_metrics(engine_registry: CollectorRegistry) -> bytes:
     """The /metrics body: the engine's metrics, then the process collectors."""
     return generate_latest(engine_registry) + generate_latest(process_registry())
+
+
+def _completions(output: Any) -> list:
+    """The completions of a RequestOutput; none for a pooling output (one vector)."""
+    outputs = getattr(output, "outputs", None)
+    return outputs if isinstance(outputs, list) else []

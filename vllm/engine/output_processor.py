@@ -10,11 +10,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+import torch
+
 from vllm.core.scheduler import EngineCoreOutput
 from vllm.engine.detokenizer import IncrementalDetokenizer, decode_token_text
 from vllm.engine.logprobs_utils import make_logprob_dict
 from vllm.engine.stop_checker import check_stop_strings
-from vllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from vllm.outputs import (CompletionOutput, PoolingOutput, PoolingRequestOutput,
+                          RequestMetrics, RequestOutput)
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.sequence import Logprob, PromptLogprobs, SampleLogprobs
 
@@ -61,6 +64,8 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
         self.parents: dict[str, ParentRequest] = {}
+        self.pooling_requests: dict[str, list[int]] = {}
+        """Pooling requests in flight -> their prompt token ids (one output each)."""
         self._decode = lambda token_id: decode_token_text(tokenizer, token_id)
 
     # ---------------------------------------------------------- bookkeeping
@@ -81,10 +86,16 @@ class OutputProcessor:
         if parent.params.prompt_logprobs is not None:
             parent.prompt_logprobs = [None]
 
+    def add_pooling_request(self, request_id: str, prompt_token_ids: list[int]) -> None:
+        self.pooling_requests[request_id] = prompt_token_ids
+
     def abort_requests(self, parent_ids) -> list[str]:
         """Forget parents; return their children's core ids (to abort in the core)."""
         child_ids = []
         for pid in parent_ids:
+            if self.pooling_requests.pop(pid, None) is not None:
+                child_ids.append(pid)
+                continue
             parent = self.parents.pop(pid, None)
             if parent is None:
                 continue
@@ -94,10 +105,10 @@ class OutputProcessor:
         return child_ids
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.parents)
+        return bool(self.parents or self.pooling_requests)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.parents)
+        return len(self.parents) + len(self.pooling_requests)
 
     # ------------------------------------------------------------- process
     def process_outputs(self, outputs: list[EngineCoreOutput]
@@ -106,7 +117,11 @@ class OutputProcessor:
         now = time.time()
         touched: dict[str, ParentRequest] = {}
         stopped: list[str] = []
+        results: list = []
         for out in outputs:
+            if out.request_id in self.pooling_requests:
+                results.append(self._pooling_output(out))
+                continue
             state = self.request_states.get(out.request_id)
             if state is None:
                 continue
@@ -118,7 +133,6 @@ class OutputProcessor:
             if out.new_token_ids and self._process_tokens(state, out):
                 stopped.append(state.request_id)
             touched[parent.request_id] = parent
-        results = []
         for parent in touched.values():
             result = self._make_request_output(parent)
             if result is not None:
@@ -127,6 +141,16 @@ class OutputProcessor:
                 self.abort_requests([parent.request_id])
         return results, stopped
 
+    def _pooling_output(self, out: EngineCoreOutput) -> PoolingRequestOutput:
+        """A pooling request's one output (an abort gives an empty vector)."""
+        prompt_ids = self.pooling_requests.pop(out.request_id)
+        data = out.pooling_output
+        if data is None:
+            data = torch.empty(0)
+        return PoolingRequestOutput(request_id=out.request_id, outputs=PoolingOutput(data),
+                                    prompt_token_ids=prompt_ids,
+                                    num_cached_tokens=out.num_cached_tokens, finished=True)
+
     @staticmethod
     def _update_metrics(parent: ParentRequest, out: EngineCoreOutput, now: float) -> None:
         m = parent.metrics
@@ -134,6 +158,7 @@ class OutputProcessor:
             m.first_scheduled_time = now
             m.time_in_queue = now - m.arrival_time
         parent.num_cached_tokens = out.num_cached_tokens
+        m.num_preemptions = max(m.num_preemptions, out.num_preemptions)
         if out.new_token_ids:
             if m.first_token_time is None:
                 m.first_token_time = now

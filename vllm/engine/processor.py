@@ -2,13 +2,14 @@
 (vllm/engine/params.py)."""
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Optional
 
 from vllm.config import ModelConfig, StructuredOutputsConfig
 from vllm.engine.params import RequestParamsPolicy
+from vllm.inputs import PromptType, check_prompt_keys
 from vllm.sampling_params import SamplingParams
 
-PromptType = Union[str, dict[str, Any]]
+__all__ = ["Processor", "PromptType"]
 
 
 class Processor:
@@ -29,6 +30,7 @@ class Processor:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, dict):
+            check_prompt_keys(prompt)
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
                 if not isinstance(ids, (list, tuple)) or not all(

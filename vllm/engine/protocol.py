@@ -95,6 +95,16 @@ class EngineClient(ABC):
         async for output in self.iterate(stream):
             yield output
 
+    async def encode(self, prompt: Any, pooling_params: Any, request_id: str, *,
+                     lora_request: Any = None, priority: int = 0,
+                     arrival_time: Optional[float] = None) -> AsyncGenerator[Any, None]:
+        """A pooling request (PoolingParams) on a pooling model: its one
+        PoolingRequestOutput, as a stream like `generate`'s (vLLM's name)."""
+        async for output in self.generate(prompt, pooling_params, request_id,
+                                          lora_request=lora_request, priority=priority,
+                                          arrival_time=arrival_time):
+            yield output
+
     @abstractmethod
     async def add_request(self, request_id: str, prompt: Any, params: Any,
                           arrival_time: Optional[float] = None,

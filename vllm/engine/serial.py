@@ -9,6 +9,7 @@ plain pickle when it can, cloudpickle (functions by value) when it cannot.
 """
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from typing import Any
 
@@ -70,19 +71,23 @@ class MessageDecoder:
         return self._decoder.decode(data)
 
 
+_OUTPUT_FIELDS = tuple(f.name for f in dataclasses.fields(EngineCoreOutput))
+
+
 def pack_outputs(outputs: list[EngineCoreOutput]) -> list[list[Any]]:
-    """EngineCoreOutputs as msgpack arrays, field order as the dataclass."""
-    return [[o.request_id, o.new_token_ids, o.new_logprobs, o.new_prompt_logprobs,
-             o.finish_reason, o.stop_reason, o.num_cached_tokens] for o in outputs]
+    """EngineCoreOutputs as msgpack arrays, in the dataclass's field order (a tensor
+    field, a pooling request's vector, travels pickled)."""
+    return [[getattr(o, name) for name in _OUTPUT_FIELDS] for o in outputs]
 
 
 def unpack_outputs(rows: list[list[Any]]) -> list[EngineCoreOutput]:
     outputs = []
-    for (rid, tokens, logprobs, prompt_logprobs, finish, stop, cached) in rows:
-        if logprobs is not None:
-            logprobs = [tuple(entry) for entry in logprobs]
-        if prompt_logprobs is not None:
-            prompt_logprobs = tuple(prompt_logprobs)
-        outputs.append(EngineCoreOutput(rid, tokens, logprobs, prompt_logprobs, finish, stop,
-                                        cached))
+    for row in rows:
+        out = EngineCoreOutput(**dict(zip(_OUTPUT_FIELDS, row)))
+        # msgpack has no tuples: the logprob rows were (ids, logprobs, rank) tuples.
+        if out.new_logprobs is not None:
+            out.new_logprobs = [tuple(entry) for entry in out.new_logprobs]
+        if out.new_prompt_logprobs is not None:
+            out.new_prompt_logprobs = tuple(out.new_prompt_logprobs)
+        outputs.append(out)
     return outputs

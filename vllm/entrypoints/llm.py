@@ -12,6 +12,10 @@ from vllm.config import DEFAULT_MODEL
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import PromptType
+from vllm.entrypoints.offline_queue import OfflineQueueMixin
+from vllm.entrypoints.offline_stats import OfflineStats
+from vllm.entrypoints.pooling_offline import PoolingOfflineMixin
+from vllm.metrics.reader import Metric
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
 from vllm.sampling_params import BeamSearchParams, SamplingParams
@@ -21,7 +25,7 @@ logger = logging.getLogger(__name__)
 ChatMessages = list[dict[str, Any]]
 
 
-class LLM:
+class LLM(PoolingOfflineMixin, OfflineQueueMixin):
     """An LLM for offline batched generation, with vLLM's constructor arguments.
 
     Any EngineArgs field may be passed as a keyword (max_num_seqs, block_size,
@@ -49,6 +53,30 @@ class LLM:
                                  enforce_eager=enforce_eager, **kwargs)
         self.llm_engine = LLMEngine.from_engine_args(engine_args)
         self.request_counter = itertools.count()
+        self._queued: list[str] = []
+        """Request ids of enqueue() not yet collected by wait_for_completion()."""
+        self._stashed: dict[str, Any] = {}
+        """Outputs of queued requests that finished while another call ran the engine."""
+        self._stats = (None if engine_args.disable_log_stats
+                       else OfflineStats(self.llm_engine.model_config,
+                                         self.llm_engine.vllm_config.cache_config))
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLM":
+        return cls(**vars(engine_args))
+
+    def get_world_size(self, include_dp: bool = True) -> int:
+        """tensor x pipeline parallel ranks (the offline LLM runs one replica, so the
+        data-parallel size is 1 either way)."""
+        return self.llm_engine.vllm_config.parallel_config.world_size
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's Prometheus metrics as Counter / Gauge / Histogram objects
+        (vllm.metrics.reader); needs LLM(..., disable_log_stats=False)."""
+        if self._stats is None:
+            raise ValueError("Stat logging disabled: create the LLM with "
+                             "disable_log_stats=False to collect metrics.")
+        return self._stats.snapshot()
 
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
@@ -167,8 +195,10 @@ class LLM:
         try:
             for prompt, p, lora in zip(prompts, params, loras):
                 request_id = str(next(self.request_counter))
-                self.llm_engine.add_request(request_id, prompt, p, lora_request=lora)
+                queued = self.llm_engine.add_request(request_id, prompt, p, lora_request=lora)
                 added.append(request_id)
+                if self._stats is not None:
+                    self._stats.on_request_added(request_id, p, queued)
         except Exception:
             self.llm_engine.abort_request(added)
             raise
@@ -176,17 +206,22 @@ class LLM:
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine
-        finished: dict[str, RequestOutput] = {}
+        # Queued requests (enqueue) that finished during an earlier run wait here.
+        finished = {r: self._stashed.pop(r) for r in request_ids if r in self._stashed}
         bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True,
                    disable=not use_tqdm)
         in_toks = out_toks = 0
         try:
             while engine.has_unfinished_requests():
-                for output in engine.step():
+                step_outputs = engine.step()
+                if self._stats is not None:
+                    self._stats.on_step(step_outputs, engine.get_stats())
+                for output in step_outputs:
                     if output.finished:
                         finished[output.request_id] = output
                         in_toks += len(output.prompt_token_ids)
-                        out_toks += sum(len(o.token_ids) for o in output.outputs)
+                        if isinstance(output, RequestOutput):  # pooling: no output tokens
+                            out_toks += sum(len(o.token_ids) for o in output.outputs)
                         elapsed = bar.format_dict["elapsed"] or 1e-9
                         bar.set_postfix_str(f"est. speed input: {in_toks / elapsed:.2f} toks/s,"
                                             f" output: {out_toks / elapsed:.2f} toks/s")
@@ -196,6 +231,8 @@ class LLM:
             raise
         finally:
             bar.close()
+        wanted = set(request_ids)
+        self._stashed.update({r: o for r, o in finished.items() if r not in wanted})
         return [finished[r] for r in request_ids if r in finished]
 
     # ---------------------------------------------------------------- chat

@@ -223,3 +223,16 @@ class RayWorkerWrapper:
         if self.worker is not None:
             self.worker.shutdown()
         leave_process_groups()
+
+
+def initialize_ray_cluster(parallel_config: Any, ray_address: Optional[str] = None) -> Any:
+    """vLLM's public helper: connect to the Ray cluster (at `ray_address`, else
+    RAY_ADDRESS, else a local one) and reserve one bundle per rank of
+    `parallel_config`; returns the placement group. The Ray executor does the same
+    by itself; this is for applications that prepare the cluster first."""
+    if ray_address:
+        os.environ["RAY_ADDRESS"] = ray_address
+    world_size = parallel_config.world_size
+    acquire_ray_cluster(world_size)
+    from vllm.platforms import current_platform
+    return create_placement_group(world_size, ray_device_key(current_platform.device_type))

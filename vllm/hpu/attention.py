@@ -38,6 +38,7 @@ from vllm.attention.fp8_kv import is_fp8
 from vllm.hpu.paged_attn import (FlatPAMetadata, check_fsdpa_gqa,
                                                dequantize_kv, flat_paged_attention,
                                                quantize_kv,
+                                               encoder_prompt_attention,
                                                gather_context, prompt_attention,
                                                prompt_attention_masked,
                                                prompt_attention_with_context,
@@ -119,6 +120,23 @@ class HPUAttentionImpl:
                                        getattr(layer, "logits_soft_cap", None),
                                        getattr(layer, "sliding_window", None), slopes,
                                        scales)
+        return out.reshape(rows, hq * d)
+
+    def forward_encoder_only(self, layer, query: torch.Tensor, key: torch.Tensor,
+                             value: torch.Tensor, md: HPUAttentionMetadata) -> torch.Tensor:
+        """Bidirectional attention within each padded prompt of the bucket, no KV cache
+        (encoder-only pooling models: whole prompts, never a decode)."""
+        if not md.is_prompt or md.context_block_list is not None:
+            raise ValueError("encoder-only attention runs on whole prompts only (no decode, "
+                             "no cached context).")
+        rows = query.shape[0]
+        hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+        batch = md.query_lens.shape[0]
+        seq = rows // batch
+        out = encoder_prompt_attention(query.view(batch, seq, hq, d),
+                                       key.view(batch, seq, hkv, d),
+                                       value.view(batch, seq, hkv, d), md.query_lens,
+                                       layer.scale, self.fsdpa_gqa)
         return out.reshape(rows, hq * d)
 
     @staticmethod

@@ -90,6 +90,8 @@ class HPUModelRunner(ModelRunnerBase):
         sc = vllm_config.scheduler_config
         super().__init__(vllm_config, device)
         self.max_model_len = mc.max_model_len
+        self.is_pooling = getattr(mc, "runner_type", "generate") == "pooling"
+        """Pooling model: prompt buckets only, pooled hidden states instead of logits."""
         self.mode = ExecutionMode.select(habana.is_lazy(), mc.enforce_eager or self.calibrating)
         """An INC measurement runs without graphs or compiled regions: its layers update
         host-side statistics per pass (a calibration run is short; speed is moot)."""
@@ -258,6 +260,9 @@ class HPUModelRunner(ModelRunnerBase):
         exact shapes serving uses."""
         batch = self.dummy_batch(is_prompt, bucket)
         hidden, logits = self._run_batch(batch, use_graph=use_graph)
+        if self.is_pooling:
+            self._bucket_pooled(batch, hidden)
+            return
         if logits is None:
             return  # a pipeline stage before the last: no logits
         words = (self.model_config.vocab_size + 31) // 32
@@ -297,6 +302,21 @@ class HPUModelRunner(ModelRunnerBase):
         logprobs = self._prompt_log_softmax(logits)
         for k in k_buckets:
             self._prompt_logprobs_of(logits, target, k, logprobs)
+
+    def pooled_rows(self, fwd: ForwardPass, hidden: torch.Tensor,
+                    indices: list[int]) -> torch.Tensor:
+        """The bucket pooled at its fixed shape (warmed per bucket), then the real
+        entries picked on the host."""
+        pooled = self._bucket_pooled(fwd.platform_data, hidden).to("cpu")
+        return pooled[indices]
+
+    def _bucket_pooled(self, batch: HPUBatch, hidden: torch.Tensor) -> torch.Tensor:
+        """[B, out]: every entry of a prompt bucket pooled (padding entries too)."""
+        lengths = batch.attn_metadata.query_lens
+        size = lengths.shape[0]
+        with self.tracker.track_pass(f"pooler {tuple(batch.bucket)}",
+                                     ("pooler", tuple(hidden.shape), hidden.dtype, size)):
+            return self.model.pooler.pooled_padded(hidden, lengths, size, batch.row_stride)
 
     def warmup_defragmenter(self) -> None:
         """Every swap bucket of the defragmenter, as no-op swaps of the pad block."""
@@ -339,7 +359,9 @@ class HPUModelRunner(ModelRunnerBase):
         """The buckets and operations the warmup runs (it sees nothing else)."""
         return WarmupOps(
             prompt_buckets=self.bucketing.prompt_buckets,
-            decode_buckets=self.bucketing.decode_buckets, block_size=self.block_size,
+            # A pooling request ends with its prompt: nothing ever decodes.
+            decode_buckets=[] if self.is_pooling else self.bucketing.decode_buckets,
+            block_size=self.block_size,
             mode=self.mode, uses_hpu_graphs=self.uses_hpu_graphs, mem_margin=self.mem_margin,
             run_dummy_batch=lambda is_prompt, bucket: self.run_dummy_batch(
                 is_prompt, bucket, use_graph=False),
@@ -385,6 +407,8 @@ class HPUModelRunner(ModelRunnerBase):
         with self.calibration(self._real_rows(batch) if self.calibrating else None):
             hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch),
                                              lora_slots=fwd.lora_mapping, serving=True)
+        if self.is_pooling:
+            return PassOutput(hidden_states=hidden, sample_logits=None)
         if logits is None:
             return None  # a pipeline stage before the last: its activations went on
         rows = [i for i, s in enumerate(batch.seqs) if s.sample]
@@ -672,6 +696,8 @@ class HPUModelRunner(ModelRunnerBase):
             if serving:
                 get_pp_group().send_tensor_dict(hidden.tensors)
             return hidden, None
+        if self.is_pooling:
+            return hidden, None  # the pooler reads the hidden states (pooled_rows)
         # The logits gather runs outside the graph: a shape of its own, tracked.
         with self.tracker.track_pass(f"logits {tuple(batch.logits_indices.shape)}",
                                      ("logits", tuple(hidden.shape), hidden.dtype,

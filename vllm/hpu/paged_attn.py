@@ -316,6 +316,25 @@ def prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     return out.transpose(1, 2)
 
 
+def encoder_prompt_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             query_lens: torch.Tensor, scale: float,
+                             gqa_mode: str = "native") -> torch.Tensor:
+    """Bidirectional prefill (encoder-only models): q [B, T, Hq, D] -> [B, T, Hq, D].
+
+    Right padding: row i of a sequence sees every key j < its length; an additive
+    [B, 1, 1, T] mask (a fixed shape per bucket) hides the padding. A padded batch
+    entry (length 0) still sees key 0, so padding never yields NaN."""
+    q = query.transpose(1, 2)
+    k, v = fsdpa_kv(q, key.transpose(1, 2), value.transpose(1, 2), gqa_mode)
+    t = query.shape[1]
+    lens = query_lens.to(query.device).clamp(min=1)
+    visible = torch.arange(t, device=query.device)[None, :] < lens[:, None]
+    mask = torch.zeros(visible.shape, dtype=query.dtype, device=query.device)
+    mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None, :]
+    out = habana.FusedSDPA.apply(q, k, v, mask, 0.0, False, scale, "None", False)
+    return out.transpose(1, 2)
+
+
 def context_attention_mask(context_lens: torch.Tensor, past_len: int, new_len: int,
                            dtype: torch.dtype) -> torch.Tensor:
     """Additive mask [B, 1, T, past_len + T]: past j < context_len, new part causal."""

@@ -46,6 +46,10 @@ def get_model(vllm_config: Any, device: Union[str, torch.device] = "cpu") -> nn.
     model_config = vllm_config.model_config
     load_format = vllm_config.load_config.load_format
     model_cls, arch = ModelRegistry.resolve_model_cls(model_config.architectures)
+    if getattr(model_config, "runner_type", "generate") == "pooling" and not getattr(
+            model_cls, "is_pooling_model", False):
+        from vllm.model_executor.models.adapters import as_embedding_model
+        model_cls = as_embedding_model(model_cls)  # --convert embed
     start = time.perf_counter()
     quant_config = getattr(model_config, "quant_config", None)
     with (torch.no_grad(), _default_dtype(model_config.torch_dtype), torch.device(device),

@@ -99,6 +99,8 @@ def load_model_config(model_config: ModelConfig) -> ModelConfig:
     generation_config = get_generation_config(mc.generation_config, model_path)
     mc.set_loaded(model_path=model_path, tokenizer_path=tokenizer_path, hf_config=hf_config,
                   quant_config=quant_config, generation_config=generation_config)
+    from vllm.transformers_utils.runner import resolve_runner
+    resolve_runner(mc)
     return mc
 
 

@@ -104,6 +104,8 @@ class CPUModelRunner(ModelRunnerBase):
         the choice for their length (`_prefill_kind`)."""
         if n == 1:
             return True
+        if getattr(self.model_config, "is_encoder_only", False):
+            return False  # a whole prompt, attended bidirectionally (encoder_attention.py)
         return self._prefill_kind(self.requests[req_id].num_computed_tokens + n) == ROWWISE
 
     def _prepare_inputs(self, so: SchedulerOutput) -> list[ForwardPass]:

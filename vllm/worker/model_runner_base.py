@@ -51,6 +51,7 @@ from vllm.sample.sampler import Sampler
 from vllm.sequence import IntermediateTensors
 from vllm.worker.input_batch import InputBatch
 from vllm.worker.kv_cache_alloc import zeroed_tensors
+from vllm.worker.pooling_runner import execute_pooling
 from vllm.worker.request_state import CachedRequestState
 from vllm.worker.sleep_mode import (SLEEP_TAGS, SleepingWeights, check_level2_supported,
                                     check_sleep_level, check_wake_tags, release_weights,
@@ -305,6 +306,8 @@ class ModelRunnerBase:
         self._update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        if getattr(self.model_config, "runner_type", "generate") == "pooling":
+            return execute_pooling(self, scheduler_output)
         pending: list[tuple[ForwardPass, PassOutput, torch.Tensor]] = []
         prompt_lps: dict[str, PromptLogprobs] = {}
         for fwd in self._prepare_inputs(scheduler_output):
@@ -331,6 +334,15 @@ class ModelRunnerBase:
             req_ids=req_ids, sampled_token_ids=[sampled.get(r, []) for r in req_ids],
             logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
             prompt_logprobs=prompt_lps)
+
+    def pooled_rows(self, fwd: ForwardPass, hidden: torch.Tensor,
+                    indices: list[int]) -> torch.Tensor:
+        """Pooling runner (worker/pooling_runner.py): [len(indices), out] float32, the
+        pooled vectors of requests `fwd.req_ids[i]` for i in `indices` (before their
+        params' normalize / softmax). Flat layouts pool just those requests' rows; HPU
+        pools the whole bucket at a fixed shape."""
+        return self.model.pooler.pooled(hidden, [fwd.row_offsets[i] for i in indices],
+                                        [fwd.num_tokens[i] for i in indices])
 
     def _forward(self, fwd: ForwardPass) -> Optional[torch.Tensor]:
         """The model on one pass in its forward context, as a pipeline stage: receives

@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm.attention.fp8_kv import dequantize_kv, is_fp8, quantize_kv
+from vllm.attention.ops.encoder_attention import encoder_attention
 from vllm.attention.ops.masked_attention import masked_attention
 from vllm.native import cpu_ops, prefill_ops
 
@@ -326,6 +327,20 @@ class TorchSDPABackendImpl:
                                           layer.scale, out)
         _prefills(out, q, k, v, kv_cache, md, layer, skip_flash=md.flash is not None)
         return out
+
+    def forward_encoder_only(self, layer, query: torch.Tensor, key: torch.Tensor,
+                             value: torch.Tensor, md: TorchSDPAMetadata) -> torch.Tensor:
+        """Bidirectional attention within each sequence of the step, no KV cache.
+
+        The pooling runner never chunks an encoder's prompt and never reuses a cached
+        prefix, so each sequence is whole here: a one-token prompt is a decode row (it
+        sees only itself), every other prompt a prefill with no context."""
+        if any(p.context_len for p in md.prefills):
+            raise ValueError("encoder-only attention needs whole prompts (no cached "
+                             "context); chunked prefill and prefix caching must be off.")
+        seqs = [(i, 1) for i in range(md.num_decodes)]
+        seqs += [(p.query_start, p.query_len) for p in md.prefills]
+        return encoder_attention(layer, query, key, value, seqs)
 
     def _forward_fp8(self, layer, query: torch.Tensor, key: torch.Tensor,
                      value: torch.Tensor, kv_cache: torch.Tensor,

@@ -35,13 +35,16 @@ from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_se
 from vllm.entrypoints.openai.errors import (BadRequestError, OpenAIError,
                                             ServiceUnavailableError, error_type_for,
                                             lone_surrogate_path, make_error, validation_error)
+from vllm.entrypoints.openai.pooling_routes import install_pooling_routes
+from vllm.entrypoints.openai.responses_routes import install_responses_routes
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                               DetokenizeRequest, LoadLoRAAdapterRequest,
                                               TokenizeRequest, UnloadLoRAAdapterRequest,
                                               VersionResponse)
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from vllm.entrypoints.openai.serving_engine import copy_tokenizer
+from vllm.entrypoints.openai.serving_engine import SSE_HEADERS, copy_tokenizer
+from vllm.entrypoints.openai.serving_extras import ServerLoadMiddleware, install_extra_routes
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
 from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from vllm.entrypoints.openai.tokenizer_pool import TokenizerPool
@@ -49,7 +52,6 @@ from vllm.version import __version__
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")  # not __main__ under -m
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 MIN_BODY_LIMIT_BYTES = 2 << 20
 BODY_BYTES_PER_PROMPT_CHAR = 8
 """Request bodies may be this many bytes per character of the longest possible prompt
@@ -463,6 +465,10 @@ def build_app(args: argparse.Namespace, engine: EngineClient) -> FastAPI:
     app.router.route_class = JSONBodyRoute
     _install_error_handlers(app)
     _install_routes(app)
+    install_pooling_routes(app, state, with_cancellation)
+    install_responses_routes(app, state, with_cancellation)
+    install_extra_routes(app, _respond)
+    app.add_middleware(ServerLoadMiddleware, state=app.state)
     app.add_middleware(CORSMiddleware,
                        allow_origins=getattr(args, "allowed_origins", []),
                        allow_credentials=getattr(args, "allow_credentials", False),

@@ -148,6 +148,15 @@ NOT_IMPLEMENTED_FIELDS: dict[str, tuple[Any, str]] = {
     "functions": (None, "function calling"),
     "audio": (None, "audio output"),
     "prediction": (None, "predicted outputs"),
+    "repetition_detection": (None, "repetition detection"),
+    "session_id": (None, "sessions (session_id)"),
+    "watermarking": (None, "watermarking"),
+    "mm_payload": ("tensors", "multimodal render payloads (mm_payload)"),
+    "return_mm_kwargs": (None, "multimodal render payloads (return_mm_kwargs)"),
+    "ec_transfer_params": (None, "encoder-cache transfer (ec_transfer_params)"),
+    "routed_experts_prompt_start": (0, "routed-expert data (routed_experts_prompt_start)"),
+    "return_token_offsets": (False, "token offsets (vLLM returns them only from its render "
+                                    "endpoints, which this server does not have)"),
 }
 """vLLM request fields this server does not implement, refused when set to anything but
 vLLM's default. Remove a field's entry when it is implemented."""
@@ -187,6 +196,9 @@ class SamplingFields(OpenAIBaseModel):
     return_tokens_as_token_ids: Optional[bool] = None
     return_token_ids: Optional[bool] = None
     """Add prompt_token_ids and each choice's token_ids to the response (vLLM)."""
+    stream_interval: Optional[int] = Field(default=None, ge=1)
+    """Tokens batched into each streamed chunk (first and last chunks go at once);
+    ignored without stream."""
     truncation_side: Optional[Literal["left", "right"]] = None
     """With truncate_prompt_tokens: 'left' (default) drops the prompt's first tokens,
     'right' its last ones."""
@@ -382,6 +394,9 @@ class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
 class ChatCompletionRequest(SamplingFields):
     # OpenAI: https://platform.openai.com/docs/api-reference/chat/create
     messages: list[ChatMessage]
+    return_prompt_text: Optional[bool] = None
+    """Include `prompt_text`, the chat template's output, in the response (streaming:
+    in the first chunk)."""
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(default=0, ge=0)
     max_tokens: Optional[int] = None
@@ -508,6 +523,8 @@ class ChatCompletionResponse(ResponseModel):
     system_fingerprint: Optional[str] = None
     prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = None
     prompt_token_ids: Optional[list[int]] = None
+    prompt_text: Optional[str] = None
+    """With return_prompt_text: the rendered prompt."""
 
 
 class DeltaMessage(ResponseModel):
@@ -540,6 +557,8 @@ class ChatCompletionStreamResponse(ResponseModel):
     usage: Optional[UsageInfo] = None
     prompt_token_ids: Optional[list[int]] = None
     """With return_token_ids: the prompt's ids, in the first chunk only."""
+    prompt_text: Optional[str] = None
+    """With return_prompt_text: the rendered prompt, in the first chunk only."""
 
 
 # ------------------------------------------------------------------ models

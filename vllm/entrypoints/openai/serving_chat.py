@@ -23,6 +23,7 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatComplet
                                               DeltaMessage, random_uuid)
 from vllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, PromptInput, sse,
                                                    sse_error)
+from vllm.entrypoints.openai.stream_interval import batch_stream
 from vllm.entrypoints.openai.template_sandbox import TemplateSandbox
 
 
@@ -107,6 +108,8 @@ class OpenAIServingChat(OpenAIServing):
             raise self.engine_error(e, "messages", "messages", max_tokens_param,
                                     "top_logprobs") from e
         outputs = self.engine.iterate(stream)
+        if request.stream and (request.stream_interval or 1) > 1:
+            outputs = batch_stream(outputs, request.stream_interval)
         created = int(time.time())
         role = self.response_role_for(request)
         if request.stream:
@@ -162,7 +165,8 @@ class OpenAIServingChat(OpenAIServing):
                              final.num_cached_tokens),
             prompt_logprobs=(self.prompt_logprobs_json(final.prompt_logprobs)
                              if request.prompt_logprobs is not None else None),
-            prompt_token_ids=list(prompt.token_ids) if with_ids else None)
+            prompt_token_ids=list(prompt.token_ids) if with_ids else None,
+            prompt_text=prompt.text if request.return_prompt_text else None)
 
     # --------------------------------------------------------------- stream
     async def _stream(self, request: ChatCompletionRequest, prompt: PromptInput, outputs: Any,
@@ -176,13 +180,14 @@ class OpenAIServingChat(OpenAIServing):
         def chunk(index: int, delta: DeltaMessage, logprobs: Any = None,
                   finish_reason: Optional[str] = None, stop_reason: Any = None,
                   token_ids: Optional[list[int]] = None,
-                  prompt_token_ids: Optional[list[int]] = None) -> str:
+                  prompt_token_ids: Optional[list[int]] = None,
+                  prompt_text: Optional[str] = None) -> str:
             usage = None
             if request.continuous_usage:
                 usage = self.usage(prompt_tokens, completion_tokens, cached_tokens)
             return sse(ChatCompletionStreamResponse(
                 id=request_id, created=created, model=model_name, usage=usage,
-                prompt_token_ids=prompt_token_ids,
+                prompt_token_ids=prompt_token_ids, prompt_text=prompt_text,
                 choices=[ChatCompletionResponseStreamChoice(
                     index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
                     stop_reason=stop_reason, token_ids=token_ids)]))
@@ -192,7 +197,9 @@ class OpenAIServingChat(OpenAIServing):
             for index in range(request.n):
                 first_ids = list(prompt.token_ids) if with_ids and index == 0 else None
                 yield chunk(index, DeltaMessage(role=role, content=""),
-                            prompt_token_ids=first_ids)
+                            prompt_token_ids=first_ids,
+                            prompt_text=(prompt.text if request.return_prompt_text
+                                         and index == 0 else None))
             echo = self._echo_text(request, role)
             if echo:
                 for index in range(request.n):

@@ -16,6 +16,7 @@ from vllm.entrypoints.openai.protocol import (CompletionRequest, CompletionRespo
                                               CompletionStreamResponse, random_uuid)
 from vllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, PromptInput,
                                                    merge_async_iterators, sse, sse_error)
+from vllm.entrypoints.openai.stream_interval import batch_stream
 from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import BeamSearchParams
 
@@ -56,6 +57,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 raise self.engine_error(errors[0], "prompt", "prompt") from errors[0]
             raise errors[0]
         iterators = [self.engine.iterate(s) for s in streams]
+        if request.stream and (request.stream_interval or 1) > 1:
+            iterators = [batch_stream(it, request.stream_interval) for it in iterators]
         created = int(time.time())
         if request.stream:
             return self._stream(request, prompts, iterators, base_id, created, model_name)

@@ -391,6 +391,8 @@ def sse(data: Any) -> str:
 
 
 SSE_DONE = "data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+"""Headers of every event-stream response (no caching, no proxy buffering)."""
 
 
 def sse_error(err: BaseException) -> str:

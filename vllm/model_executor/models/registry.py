@@ -31,6 +31,13 @@ _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     "GraniteMoeForCausalLM": ("granitemoe", "GraniteMoeForCausalLM"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
+    # pooling models (encoder-only; vllm/transformers_utils/runner.py picks the runner)
+    "BertModel": ("bert", "BertModel"),
+    "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
+    "XLMRobertaModel": ("roberta", "XLMRobertaModel"),
+    "RobertaModel": ("roberta", "XLMRobertaModel"),
+    "XLMRobertaForSequenceClassification": ("roberta", "XLMRobertaForSequenceClassification"),
+    "RobertaForSequenceClassification": ("roberta", "XLMRobertaForSequenceClassification"),
 }
 
 
