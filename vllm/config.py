@@ -583,6 +583,8 @@ class VllmConfig:
     """Set when LoRA adapters are enabled (--enable-lora)."""
     structured_outputs_config: StructuredOutputsConfig = field(
         default_factory=StructuredOutputsConfig)
+    speculative_config: Optional[Any] = None
+    """A `vllm.spec_decode.config.SpeculativeConfig` when speculative decoding is on."""
 
     def __post_init__(self) -> None:
         from vllm.platforms import current_platform
@@ -599,6 +601,8 @@ class VllmConfig:
         if self.cache_config.block_size is None:
             self.cache_config.block_size = current_platform.default_block_size()
         current_platform.check_and_update_config(self)
+        if self.speculative_config is not None:
+            self.speculative_config.verify_with(self)
 
     def _configure_pooling(self) -> None:
         """A pooling request is one whole-prompt pass: the pooler reads every hidden

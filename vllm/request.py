@@ -76,6 +76,8 @@ class Request:
     pooling_params: Optional[PoolingParams] = None
     """Set for a pooling request: one step over the whole prompt, then the pooler's
     output instead of a token (its sampling_params are a neutral one-token stand-in)."""
+    spec_token_ids: list[int] = field(default_factory=list)
+    """Draft tokens proposed for the request's next step (speculative decoding)."""
 
     @property
     def lora_int_id(self) -> int:

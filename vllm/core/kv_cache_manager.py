@@ -87,16 +87,19 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: Optional[list[KVCacheBlock]] = None,
-                       ) -> Optional[list[KVCacheBlock]]:
+                       num_lookahead_tokens: int = 0) -> Optional[list[KVCacheBlock]]:
         """Make room for `num_new_tokens` more tokens; None if the pool is too small.
 
         `new_computed_blocks` are prefix-cache hits for a request being scheduled from
         the waiting queue; their tokens are already counted in num_computed_tokens.
+        `num_lookahead_tokens` more slots are reserved past them (a draft model writes
+        its drafts' KV there); they are never hashed for the prefix cache.
         """
         new_computed_blocks = new_computed_blocks or []
         req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_required = -(-(num_computed + num_new_tokens) // self.block_size)
+        num_required = -(-(num_computed + num_new_tokens + num_lookahead_tokens)
+                         // self.block_size)
         num_new_blocks = num_required - len(req_blocks) - len(new_computed_blocks)
         # Hits sitting in the free queue stop being free once touched.
         num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)

@@ -62,8 +62,8 @@ class SchedulerOutput:
     """Requests finished or aborted since the last step: workers drop their state.
     Preempted requests are not in it: the workers keep their state for the resume."""
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
-    """Draft tokens scheduled per request (speculative decoding; empty until it lands,
-    see ModelRunnerBase.update_draft_tokens)."""
+    """Draft tokens scheduled per request (speculative decoding): they follow its known
+    tokens in `num_scheduled_tokens` (see ModelRunnerBase.update_draft_tokens)."""
     structured_output_request_ids: dict[str, int] = field(default_factory=dict)
     """Constrained requests that sample this step -> their row of `grammar_bitmask`."""
     grammar_bitmask: Optional[np.ndarray] = None
@@ -81,12 +81,17 @@ class ModelRunnerOutput:
     """Per scheduled request, in batch order."""
     req_ids: list[str]
     sampled_token_ids: list[list[int]]
-    """One token for a request that reached the end of its known tokens, else []."""
-    logprobs: Optional[list[Optional[tuple[list[int], list[float], int]]]] = None
-    """Per request: (token ids [sampled, top-k...], logprobs, rank of sampled) or None."""
+    """The tokens of a request that reached the end of its known tokens (one, or with
+    speculative decoding its accepted drafts and one more), else []."""
+    logprobs: Optional[list[Optional[list[tuple[list[int], list[float], int]]]]] = None
+    """Per request: one (token ids [sampled, top-k...], logprobs, rank of sampled) per
+    sampled token, or None."""
     prompt_logprobs: dict[str, tuple[list[list[int]], list[list[float]], list[int]]] = \
         field(default_factory=dict)
     """Per request with prompt logprobs: rows for the prompt positions computed this step."""
     pooler_output: dict[str, Any] = field(default_factory=dict)
     """Per pooling request whose prompt completed this step: its pooled vector (a CPU
     float32 tensor), from the pooling runner (vllm/worker/pooling_runner.py)."""
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    """Draft tokens proposed for each request's next step (speculative decoding; only
+    requests with drafts)."""

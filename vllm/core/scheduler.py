@@ -22,6 +22,7 @@ from vllm.core.kv_cache_manager import KVCacheManager
 from vllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                     SchedulerOutput)
 from vllm.request import Request, RequestStatus
+from vllm.spec_decode.metrics import SpecDecodingStats
 from vllm.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ class SchedulerStats:
     """LoRA adapter name -> running requests using it."""
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
     """LoRA adapter name -> waiting requests using it."""
+    spec_decoding_stats: Optional[SpecDecodingStats] = None
+    """Draft acceptance counts (cumulative) when speculative decoding is on."""
 
 
 @dataclass
@@ -89,6 +92,13 @@ class Scheduler:
         self.structured_output_manager = StructuredOutputManager(vllm_config)
         self._failed_outputs: list[EngineCoreOutput] = []
         """Outputs of requests that ended without being scheduled (grammar compile failed)."""
+        spec = getattr(vllm_config, "speculative_config", None)
+        self.num_spec_tokens = spec.num_speculative_tokens if spec is not None else 0
+        self.spec_decoding_stats = (SpecDecodingStats(self.num_spec_tokens)
+                                    if spec is not None else None)
+        self.num_lookahead_tokens = (self.num_spec_tokens
+                                     if getattr(spec, "use_draft_model", False) else 0)
+        """KV slots reserved past each step's tokens for a draft model's drafts."""
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
@@ -140,10 +150,12 @@ class Scheduler:
         preemptions_before = self.num_preemptions
         loras: set[int] = set()  # distinct adapters of this step (one device slot each)
 
+        spec_tokens: dict[str, list[int]] = {}
         idx = 0
         while idx < len(self.running) and budget > 0:
             request = self.running[idx]
-            num_new = min(_num_pending(request), budget)
+            drafts = self._drafts_to_schedule(request, budget)
+            num_new = min(_num_pending(request) + len(drafts), budget)
             if (num_new <= 0 or not self._lora_fits(request, loras)
                     or self._has_enough_in_flight(request)):
                 idx += 1
@@ -152,6 +164,8 @@ class Scheduler:
             if new_blocks is None:
                 break  # the request itself was preempted
             num_scheduled[request.request_id] = num_new
+            if drafts:
+                spec_tokens[request.request_id] = drafts
             budget -= num_new
             self._record_running(request, new_blocks, new_reqs, cached_reqs)
             if request.lora_int_id:
@@ -162,12 +176,12 @@ class Scheduler:
             budget = self._schedule_waiting(budget, num_scheduled, new_reqs, cached_reqs,
                                             loras)
 
-        so_ids, bitmask = self._grammar_bitmask(num_scheduled)
+        so_ids, bitmask = self._grammar_bitmask(num_scheduled, spec_tokens)
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached_reqs,
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
-            finished_req_ids=self.finished_req_ids,
+            finished_req_ids=self.finished_req_ids, scheduled_spec_decode_tokens=spec_tokens,
             structured_output_request_ids=so_ids, grammar_bitmask=bitmask)
         self.finished_req_ids = set()
         if self.async_scheduling:
@@ -205,14 +219,37 @@ class Scheduler:
         return any(r.use_structured_output or r.wants_prompt_logprobs
                    or r.pooling_params is not None for r in self.requests.values())
 
+    def _drafts_to_schedule(self, request: Request, budget: int) -> list[int]:
+        """The request's proposed drafts this step may verify: only for a request that
+        is caught up (one known token left to compute), cut so that the k + 1 tokens
+        fit the budget, max_tokens and max_model_len (no overshoot)."""
+        drafts = request.spec_token_ids
+        if not drafts or request.num_tokens - request.num_computed_tokens != 1:
+            return []
+        room = min(budget, request.max_tokens - request.num_output_tokens,
+                   self.max_model_len - request.num_tokens) - 1
+        drafts = drafts[:max(room, 0)]
+        if drafts and request.use_structured_output:
+            # Only drafts the grammar allows: the verification rows are masked by it.
+            drafts = self.structured_output_manager.valid_draft_prefix(request, drafts)
+        return drafts
+
+    def _lookahead(self, request: Request, num_new: int) -> int:
+        """Slots to reserve past the step's tokens for draft-model drafts (within
+        max_model_len)."""
+        end = request.num_computed_tokens + num_new
+        return max(0, min(self.num_lookahead_tokens, self.max_model_len - end))
+
     def _lora_fits(self, request: Request, loras: set[int]) -> bool:
         """Whether the request's adapter has a device slot in this step: it is the base
         model, its adapter is already in the step, or a slot is still free."""
         lora_id = request.lora_int_id
         return not lora_id or lora_id in loras or len(loras) < self.max_loras
 
-    def _grammar_bitmask(self, num_scheduled: dict[str, int]):
-        """Bitmask rows of the constrained requests that sample this step."""
+    def _grammar_bitmask(self, num_scheduled: dict[str, int],
+                         spec_tokens: dict[str, list[int]]):
+        """Bitmask rows of the constrained requests that sample this step (one more
+        per draft token they verify)."""
         sampling = []
         for req_id, n in num_scheduled.items():
             request = self.requests[req_id]
@@ -221,12 +258,13 @@ class Scheduler:
                 sampling.append(request)
         if not sampling:
             return {}, None
-        return self.structured_output_manager.grammar_bitmask(sampling)
+        return self.structured_output_manager.grammar_bitmask(sampling, spec_tokens)
 
     def _allocate_or_preempt(self, request: Request, num_new: int):
         """Allocate slots, preempting from the back of `running` until it fits."""
         while True:
-            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            new_blocks = self.kv_cache_manager.allocate_slots(
+                request, num_new, num_lookahead_tokens=self._lookahead(request, num_new))
             if new_blocks is not None:
                 return new_blocks
             victim = self.running.pop()
@@ -236,6 +274,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
+        request.spec_token_ids = []
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -244,12 +283,13 @@ class Scheduler:
         logger.debug("Preempted request %s (recompute)", request.request_id)
 
     def _record_running(self, request, new_blocks, new_reqs, cached_reqs) -> None:
-        # A running request samples at most one token per step, so the last output token
-        # is all a rank that did not sample can be missing.
+        # A running request samples at most 1 + k tokens per step (k: drafts), so its
+        # last 1 + k output tokens are all a rank that did not sample can be missing.
         cached_reqs.append(CachedRequestData(
             req_id=request.request_id, new_block_ids=[b.block_id for b in new_blocks],
             num_computed_tokens=request.num_computed_tokens,
-            new_token_ids=request.output_token_ids[-1:], num_tokens=request.num_tokens))
+            new_token_ids=request.output_token_ids[-(1 + self.num_spec_tokens):],
+            num_tokens=request.num_tokens))
 
     def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int],
                           new_reqs: list[NewRequestData],
@@ -291,8 +331,9 @@ class Scheduler:
             if not self.enable_chunked_prefill and num_new > budget:
                 break
             num_new = min(num_new, budget)
-            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new,
-                                                              computed_blocks)
+            new_blocks = self.kv_cache_manager.allocate_slots(
+                request, num_new, computed_blocks,
+                self._lookahead(request, num_computed + num_new))
             if new_blocks is None:
                 break
             self.waiting.popleft()
@@ -367,20 +408,19 @@ class Scheduler:
             if req_id in runner_output.pooler_output:
                 outputs.append(self._finish_pooling(request, runner_output.pooler_output[req_id]))
                 continue
+            self._account_drafts(request, scheduler_output, new_ids)
             prompt_lp = runner_output.prompt_logprobs.get(req_id)
             if prompt_lp is not None and request.num_computed_tokens >= request.num_prompt_tokens:
                 request.prompt_logprobs_done = True
             if not new_ids and prompt_lp is None:
                 continue  # a prefill chunk that produced nothing to report
             if new_ids:
-                request.append_output_token_ids(new_ids)
-                self._advance_grammar(request, new_ids)
-                if not request.is_finished():
-                    self._check_stop(request)
+                new_ids = self._append_until_stop(request, new_ids)
+                request.spec_token_ids = runner_output.spec_token_ids.get(req_id, [])
             logprobs = runner_output.logprobs[i] if runner_output.logprobs else None
             outputs.append(EngineCoreOutput(
                 request_id=req_id, new_token_ids=new_ids,
-                new_logprobs=[logprobs] if (logprobs is not None and new_ids) else None,
+                new_logprobs=logprobs[:len(new_ids)] if (logprobs and new_ids) else None,
                 new_prompt_logprobs=prompt_lp,
                 finish_reason=request.get_finished_reason(), stop_reason=request.stop_reason,
                 num_cached_tokens=max(request.num_cached_tokens, 0),
@@ -401,6 +441,31 @@ class Scheduler:
                                 finish_reason=request.get_finished_reason(),
                                 num_cached_tokens=max(request.num_cached_tokens, 0),
                                 pooling_output=pooled)
+
+    def _account_drafts(self, request: Request, so: SchedulerOutput,
+                        new_ids: list[int]) -> None:
+        """Rejected drafts' KV is not the request's: take them out of its computed
+        tokens (their slots are overwritten by the next step's tokens); count the
+        acceptance."""
+        drafts = so.scheduled_spec_decode_tokens.get(request.request_id)
+        if not drafts or not new_ids:
+            return
+        num_accepted = len(new_ids) - 1
+        request.num_computed_tokens -= len(drafts) - num_accepted
+        self.spec_decoding_stats.observe_draft(len(drafts), num_accepted)
+
+    def _append_until_stop(self, request: Request, new_ids: list[int]) -> list[int]:
+        """Append the step's tokens one at a time (grammar, then stop checks), stopping
+        at the first that ends the request (EOS, stop token, length, grammar): tokens
+        after it (accepted drafts) are dropped. Returns the appended ones."""
+        for n, token_id in enumerate(new_ids, 1):
+            request.append_output_token_ids([token_id])
+            self._advance_grammar(request, [token_id])
+            if not request.is_finished():
+                self._check_stop(request)
+            if request.is_finished():
+                return new_ids[:n]
+        return new_ids
 
     def _advance_grammar(self, request: Request, new_ids: list[int]) -> None:
         """Feed accepted tokens to the request's grammar (a rejected one ends it)."""
@@ -440,7 +505,9 @@ class Scheduler:
             prefix_cache_hits=pc.hits, num_preemptions=self.num_preemptions,
             num_deferred_reqs=min(self.num_deferred_reqs, len(self.waiting)),
             running_lora_adapters=_count_loras(self.running),
-            waiting_lora_adapters=_count_loras(self.waiting))
+            waiting_lora_adapters=_count_loras(self.waiting),
+            spec_decoding_stats=(self.spec_decoding_stats.copy()
+                                 if self.spec_decoding_stats is not None else None))
 
 
 def _num_pending(request: Request) -> int:

@@ -14,9 +14,10 @@ unit tests need no process group and no port.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -237,6 +238,20 @@ def _make_group(name: str, all_ranks: list[list[int]], rank: int,
             mine = GroupCoordinator(ranks, rank, device_group, cpu_group, name)
     assert mine is not None, "every rank belongs to one group of each kind"
     return mine
+
+
+@contextlib.contextmanager
+def single_rank_groups() -> Iterator[None]:
+    """Within the block this rank is a world of its own (TP and PP size 1): a model
+    built or run here is whole on this rank and its collectives are no-ops. What a
+    speculative-decoding draft model (TP 1) beside a tensor-parallel target uses."""
+    global _TP, _PP
+    saved = (_TP, _PP)
+    _TP, _PP = _single("tp"), _single("pp")
+    try:
+        yield
+    finally:
+        _TP, _PP = saved
 
 
 def model_parallel_is_initialized() -> bool:

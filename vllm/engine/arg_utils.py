@@ -17,6 +17,7 @@ from vllm.config import (CONVERT_CHOICES, DEFAULT_MODEL, KV_CACHE_DTYPES, RUNNER
                          CacheConfig, DeviceConfig,
                          LoadConfig, LoRAConfig, ModelConfig, ParallelConfig,
                          SchedulerConfig, StructuredOutputsConfig, VllmConfig)
+from vllm.spec_decode.config import SpeculativeConfig
 from vllm.transformers_utils.config import create_model_config
 from vllm.utils.argparse_utils import human_readable_int, parse_json_dict
 
@@ -165,9 +166,12 @@ class EngineArgs:
                                    choices=["", *ReasoningParserManager.names()],
                                    help=_DOCS.get("reasoning_parser", ""))
             elif f.name == "speculative_config":
-                group.add_argument(flag, type=json.loads, default=None,
-                                   help="Speculative decoding config as JSON (not supported "
-                                        "yet: refused).")
+                group.add_argument(
+                    flag, type=json.loads, default=None,
+                    help="Speculative decoding config as JSON, e.g. '{\"method\": \"ngram\", "
+                         "\"num_speculative_tokens\": 3}'. Keys: " + "; ".join(
+                             f"{k}: {v}" for k, v in _field_docs(SpeculativeConfig).items()
+                             if k != "draft_model_config"))
             else:
                 group.add_argument(flag, type=_parse_type(f.type), default=default,
                                    help=help_text)
@@ -180,8 +184,6 @@ class EngineArgs:
 
     # ------------------------------------------------------------- config
     def create_engine_config(self) -> VllmConfig:
-        if self.speculative_config:
-            raise ValueError("speculative_config: speculative decoding is not supported yet.")
         model_config = create_model_config(
             model=self.model, tokenizer=self.tokenizer, dtype=self.dtype, seed=self.seed,
             max_model_len=self.max_model_len, served_model_name=self.served_model_name,
@@ -220,7 +222,21 @@ class EngineArgs:
                           load_config=LoadConfig(load_format=self.load_format,
                                                  download_dir=self.download_dir),
                           lora_config=self._lora_config(),
-                          structured_outputs_config=so_config)
+                          structured_outputs_config=so_config,
+                          speculative_config=self._speculative_config(model_config))
+
+    def _speculative_config(self, target: Any) -> Optional[SpeculativeConfig]:
+        """The parsed --speculative-config; a draft model's config is loaded here, with
+        the target's dtype and context length."""
+        spec = SpeculativeConfig.from_cli(self.speculative_config)
+        if spec is not None and spec.use_draft_model:
+            spec.draft_model_config = create_model_config(
+                model=spec.model, dtype=str(target.torch_dtype).removeprefix("torch."),
+                seed=self.seed,
+                max_model_len=target.max_model_len, quantization=spec.quantization,
+                revision=spec.revision, tokenizer_mode=self.tokenizer_mode,
+                enforce_eager=self.enforce_eager, download_dir=self.download_dir)
+        return spec
 
     def _lora_config(self) -> Optional[LoRAConfig]:
         if not self.enable_lora:

@@ -145,10 +145,13 @@ class AsyncLLMEngine(EngineClient):
         self.log_requests = log_requests
         self.max_log_len = max_log_len
         lora_config = getattr(self.vllm_config, "lora_config", None)
+        spec_config = getattr(self.vllm_config, "speculative_config", None)
         self.stats = StatsTracker(self.model_config.served_model_name[0],
                                   self.model_config.max_model_len, log_stats=log_stats,
                                   max_loras=lora_config.max_loras if lora_config else None,
-                                  cache_config=getattr(self.vllm_config, "cache_config", None))
+                                  cache_config=getattr(self.vllm_config, "cache_config", None),
+                                  num_spec_tokens=(spec_config.num_speculative_tokens
+                                                   if spec_config is not None else 0))
         self._inbox: "queue.SimpleQueue[Union[_Add, _Abort]]" = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # orders "post to inbox" against "engine died"

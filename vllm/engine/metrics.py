@@ -16,6 +16,8 @@ from typing import Any, Iterable, Optional
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
                                PlatformCollector, ProcessCollector, generate_latest)
 
+from vllm.spec_decode.metrics import SpecDecodingProm
+
 logger = logging.getLogger(__name__)
 
 # Bucket edges as in vLLM, so dashboards built for vLLM read the same.
@@ -57,6 +59,7 @@ class PrometheusMetrics:
         self.model_name = model_name
         labels = ["model_name", "engine"]
         values = (model_name, str(engine_index))
+        self.labels, self.label_values = labels, values
         reg = self.registry
 
         def gauge(name: str, doc: str) -> Any:
@@ -211,10 +214,15 @@ class StatsTracker:
 
     def __init__(self, model_name: str, max_model_len: int, log_stats: bool = True,
                  max_loras: Optional[int] = None, engine_index: int = 0,
-                 cache_config: Any = None) -> None:
+                 cache_config: Any = None, num_spec_tokens: int = 0) -> None:
         self.metrics = PrometheusMetrics(model_name, max_model_len, engine_index=engine_index)
         if cache_config is not None:
             self.metrics.set_cache_config_info(cache_config)
+        m = self.metrics
+        # vLLM's spec-decode counters, only with speculative decoding (num_spec_tokens: k).
+        self.spec_decoding = (SpecDecodingProm(m.registry, m.labels, m.label_values,
+                                               num_spec_tokens)
+                              if num_spec_tokens else None)
         self.log_stats = log_stats
         self.max_loras = max_loras
         # vLLM's LoRA info gauge (only with --enable-lora): one series per combination of
@@ -340,6 +348,9 @@ class StatsTracker:
         self._last_preemptions = _inc_by_growth(m.num_preemptions, stats.num_preemptions,
                                                 self._last_preemptions)
         self._last_scheduler_stats = stats
+        spec_stats = getattr(stats, "spec_decoding_stats", None)
+        if self.spec_decoding is not None and spec_stats is not None:
+            self.spec_decoding.observe(spec_stats)
         if self.lora_info is not None:
             self.lora_info.labels(
                 max_lora=str(self.max_loras),
@@ -373,6 +384,8 @@ class StatsTracker:
             w.prompt_tokens / elapsed, w.generation_tokens / elapsed,
             getattr(s, "num_running_reqs", 0), getattr(s, "num_waiting_reqs", 0),
             100.0 * getattr(s, "kv_cache_usage", 0.0), hit_rate)
+        if self.spec_decoding is not None:
+            self.spec_decoding.log()
         self._window = _Window(start=now)
 
 

@@ -6,9 +6,10 @@ under one ParentRequest; the user sees one RequestOutput with n completions.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -165,7 +166,13 @@ class OutputProcessor:
             m.last_token_time = now
 
     def _process_tokens(self, state: RequestState, out: EngineCoreOutput) -> bool:
-        """Detokenize, check stop strings; True if a stop string ended the request."""
+        """Detokenize, check stop strings; True if a stop string ended the request.
+
+        Several tokens in one step (speculative decoding) are taken one at a time when
+        stop strings are set, so tokens after the one completing a stop string are
+        dropped, as without speculation."""
+        if len(out.new_token_ids) > 1 and state.params.stop and state.params.detokenize:
+            return any(self._process_tokens(state, part) for part in _per_token(out))
         params = state.params
         new_ids = out.new_token_ids
         state.token_ids.extend(new_ids)
@@ -260,3 +267,14 @@ class OutputProcessor:
             index=child.index, text=text, token_ids=ids,
             cumulative_logprob=child.cumulative_logprob, logprobs=lps,
             finish_reason=child.finish_reason, stop_reason=child.stop_reason)
+
+
+def _per_token(out: EngineCoreOutput) -> Iterator[EngineCoreOutput]:
+    """`out` as one output per new token (the finish reason on the last)."""
+    last = len(out.new_token_ids) - 1
+    for i, token_id in enumerate(out.new_token_ids):
+        yield dataclasses.replace(
+            out, new_token_ids=[token_id],
+            new_logprobs=out.new_logprobs[i:i + 1] if out.new_logprobs else None,
+            finish_reason=out.finish_reason if i == last else None,
+            stop_reason=out.stop_reason if i == last else None)

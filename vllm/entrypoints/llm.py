@@ -59,7 +59,8 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin):
         """Outputs of queued requests that finished while another call ran the engine."""
         self._stats = (None if engine_args.disable_log_stats
                        else OfflineStats(self.llm_engine.model_config,
-                                         self.llm_engine.vllm_config.cache_config))
+                                         self.llm_engine.vllm_config.cache_config,
+                                         self.llm_engine.vllm_config.speculative_config))
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLM":

@@ -17,10 +17,13 @@ from vllm.outputs import RequestOutput
 
 class OfflineStats:
 
-    def __init__(self, model_config: Any, cache_config: Any = None) -> None:
+    def __init__(self, model_config: Any, cache_config: Any = None,
+                 speculative_config: Any = None) -> None:
         self.tracker = StatsTracker(model_config.served_model_name[0],
                                     model_config.max_model_len, log_stats=False,
-                                    cache_config=cache_config)
+                                    cache_config=cache_config,
+                                    num_spec_tokens=(speculative_config.num_speculative_tokens
+                                                     if speculative_config else 0))
         self._seen: dict[str, dict[int, int]] = {}
         """Request id -> tokens already counted per completion index."""
 

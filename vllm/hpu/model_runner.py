@@ -44,6 +44,7 @@ from vllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logpr
 from vllm.sample.metadata import greedy_sample
 from vllm.sample.ops.bitmask import apply_token_bitmask_, rows_bitmask
 from vllm.sample.sampler import Sampler, SamplerOutput
+from vllm.spec_decode.rejection_sampler import NO_DRAFT, rejection_sample
 from vllm.sequence import IntermediateTensors
 from vllm.hpu.bucketing import Bucket, HPUBucketingContext
 from vllm.hpu.compile_tracker import CompileTracker
@@ -97,10 +98,18 @@ class HPUModelRunner(ModelRunnerBase):
         host-side statistics per pass (a calibration run is short; speed is moot)."""
         self.device_label = "hpu:0"
         """Device named in the log lines (the worker sets its own index)."""
-        self.contiguous_pa = resolve_contiguous_pa(cc.enable_prefix_caching)
+        # Speculative decoding: a request verifying k drafts takes k + 1 decode rows
+        # (each one query row against its paged context), so decode buckets reach
+        # max_num_seqs * (k + 1) rows; its rows share blocks, which contiguous PA's one
+        # owner per block cannot express.
+        rows_per_seq = 1 + (self.spec_decode.config.num_speculative_tokens
+                            if self.spec_decode is not None else 0)
+        self.contiguous_pa = (resolve_contiguous_pa(cc.enable_prefix_caching)
+                              and rows_per_seq == 1)
         chunked = sc.enable_chunked_prefill and sc.max_num_batched_tokens < mc.max_model_len
         self.bucketing = HPUBucketingContext(
-            max_num_seqs=sc.max_num_seqs, max_num_prefill_seqs=None, block_size=self.block_size,
+            max_num_seqs=sc.max_num_seqs * rows_per_seq,
+            max_num_prefill_seqs=min(sc.max_num_seqs, 64), block_size=self.block_size,
             max_num_batched_tokens=sc.max_num_batched_tokens, max_model_len=mc.max_model_len,
             use_prompt_context=cc.enable_prefix_caching or chunked,
             contiguous_pa=self.contiguous_pa)
@@ -281,11 +290,13 @@ class HPUModelRunner(ModelRunnerBase):
         if key not in self._warmed_samplers:
             self._warmed_samplers.add(key)
             self._run_argmax(logits.clone())
-            table = self.input_batch.sampling.penalty_tables_for(vocab, logits.device)
-            for k in [None] + k_buckets:
-                md = warmup_metadata(logits.shape[0], vocab, k, logits.device,
-                                     table.token_stats)
+            for md in self._warmup_metadatas(logits, k_buckets):
                 self._run_sampler(logits.clone(), md)
+        key = ("rejection", tuple(logits.shape))
+        if (self.spec_decode is not None and not batch.is_prompt
+                and key not in self._warmed_samplers):
+            self._warmed_samplers.add(key)
+            self._warm_rejection(logits, [None] + self._warmup_metadatas(logits, k_buckets))
         if not batch.is_prompt:
             return
         width = batch.row_stride
@@ -438,23 +449,26 @@ class HPUModelRunner(ModelRunnerBase):
             apply_token_bitmask_(logits, bitmask.to(logits.device))
 
     def _sample_passes(self, pending: list[tuple[ForwardPass, PassOutput, torch.Tensor]]
-                       ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
+                       ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
         """Each pass sampled on its bucket's [B, vocab] logits (see hpu_sampling.py):
         no gather of the sampling rows, one warmed sampler shape per batch size."""
         sampled: dict[str, list[int]] = {}
-        logprobs: dict[str, LogprobsRow] = {}
+        logprobs: dict[str, list[LogprobsRow]] = {}
         with self.profiler.record("sample", rows=sum(len(p[0].sample_req_ids)
                                                      for p in pending)):
             for fwd, _, logits in pending:
                 batch: HPUBatch = fwd.platform_data
                 rows = {i: s.req_id for i, s in enumerate(batch.seqs) if s.sample}
-                tokens, lps = self._sample_bucket(logits, rows)
+                if any(r in self.num_draft_tokens for r in rows.values()):
+                    tokens, lps = self._verify_bucket(logits, rows)
+                else:
+                    tokens, lps = self._sample_bucket(logits, rows)
                 sampled.update(tokens)
                 logprobs.update(lps)
         return sampled, logprobs
 
     def _sample_bucket(self, logits: torch.Tensor, rows: dict[int, str]
-                       ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
+                       ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
         """Sample all B rows of `logits` (dummy greedy rows where nobody samples), keep
         the rows of `rows` (bucket row -> request)."""
         req_ids = list(rows.values())
@@ -485,6 +499,39 @@ class HPUModelRunner(ModelRunnerBase):
             self._finalizer = (key, functools.partial(fixed_shapes,
                                                       token_stats=tables.token_stats))
         return self._finalizer[1]
+
+    def _verify_bucket(self, logits: torch.Tensor, rows: dict[int, str]
+                       ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
+        """Speculative decoding: the rejection sampler on all B rows of the decode
+        bucket (a request's verification rows are consecutive, from row 0; padding
+        rows are neutral greedy rows without a draft), one warmed shape per B."""
+        req_ids = [rows[i] for i in range(len(rows))]
+        md = self.input_batch.sampling_metadata(
+            [rows.get(i) for i in range(logits.shape[0])], logits.shape[-1], logits.device,
+            finalize=self._fixed_shapes(logits.shape[-1], logits.device))
+        with self.tracker.track_pass(f"rejection sampler {tuple(logits.shape)}",
+                                     ("rejection", sampler_signature(logits, md))):
+            order, result = self.spec_decode.verify(self.sampler, logits, req_ids, md)
+        return self._record_verified(order, result)
+
+    def _warmup_metadatas(self, logits: torch.Tensor, k_buckets: list[int]) -> list[Any]:
+        """The full fixed-shape metadata of each logprob bucket (and none) at the
+        logits' batch size."""
+        vocab = logits.shape[-1]
+        table = self.input_batch.sampling.penalty_tables_for(vocab, logits.device)
+        return [warmup_metadata(logits.shape[0], vocab, k, logits.device, table.token_stats)
+                for k in [None] + k_buckets]
+
+    def _warm_rejection(self, logits: torch.Tensor, metadatas: list[Any]) -> None:
+        """The rejection sampler at a decode bucket's batch size, for the argmax and
+        every full metadata shape (what `_verify_bucket` runs)."""
+        rows = logits.shape[0]
+        for md in metadatas:
+            with self.tracker.track_pass(f"rejection sampler {tuple(logits.shape)}",
+                                         ("rejection", sampler_signature(logits, md))):
+                rejection_sample(self.sampler, logits.clone(), md,
+                                 torch.full((rows,), NO_DRAFT, device=logits.device),
+                                 [0] * rows)
 
     def _run_argmax(self, logits: torch.Tensor) -> torch.Tensor:
         signature = sampler_signature(logits, None)
@@ -587,6 +634,13 @@ class HPUModelRunner(ModelRunnerBase):
                 decodes.append(DecodeSeq(req_id, st.token_ids[start], start,
                                          table[start // bs] * bs + start % bs, start + 1,
                                          table[:start // bs + 1], sample))
+                continue
+            if req_id in self.num_draft_tokens:
+                # Draft verification: one decode row per token, each sampling.
+                decodes.extend(DecodeSeq(req_id, st.token_ids[p], p,
+                                         table[p // bs] * bs + p % bs, p + 1,
+                                         table[:p // bs + 1], True)
+                               for p in range(start, start + n))
                 continue
             pos = np.arange(start, start + n, dtype=np.int64)
             slots = np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs

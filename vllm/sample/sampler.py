@@ -80,6 +80,17 @@ class Sampler(nn.Module):
         greedy = None if md.all_random else greedy_sample(logits)
         if md.all_greedy:
             return greedy
+        probs = self.compute_probs(logits, md)
+        sampled = random_sample(probs, md.generators)
+        if greedy is None:
+            return sampled
+        return torch.where(md.greedy_mask, greedy, sampled)
+
+
+    def compute_probs(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """The distribution random rows sample from: processed float32 logits (in place)
+        -> temperature -> min_p -> top-k / top-p -> softmax. Speculative decoding's
+        rejection sampler verifies drafts against exactly this."""
         logits = logits.div_(md.temperature.unsqueeze(1))
         if md.min_p is not None:
             logits = apply_min_p(logits, md.min_p)
@@ -87,11 +98,7 @@ class Sampler(nn.Module):
             logits = apply_top_k_top_p_sorted(logits, md.top_k, md.top_p)
         elif md.top_k is not None or md.top_p is not None:
             logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        sampled = random_sample(probs, md.generators)
-        if greedy is None:
-            return sampled
-        return torch.where(md.greedy_mask, greedy, sampled)
+        return torch.softmax(logits, dim=-1, dtype=torch.float32)
 
 
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

@@ -169,21 +169,64 @@ class StructuredOutputManager:
         so_req = request.structured_output_request
         return so_req is not None and so_req.grammar is not None and so_req.reasoning_ended
 
-    def grammar_bitmask(self, requests: list["Request"]
+    def grammar_bitmask(self, requests: list["Request"],
+                        spec_tokens: Optional[dict[str, list[int]]] = None
                         ) -> tuple[dict[str, int], Optional[np.ndarray]]:
-        """One int32 row of allowed-token bits per constrained request about to sample.
+        """One int32 row of allowed-token bits per constrained request about to sample;
+        a request verifying k draft tokens (`spec_tokens`) gets k + 1 consecutive rows,
+        row j the allowed tokens after its first j drafts (the matcher is advanced over
+        them and rolled back).
 
-        Returns ({req_id: row}, bitmask [rows, ceil(vocab / 32)]); ({}, None) when no
-        request of the step is constrained.
+        Returns ({req_id: first row}, bitmask [rows, ceil(vocab / 32)]); ({}, None)
+        when no request of the step is constrained.
         """
         rows = [r for r in requests if self.should_constrain(r)]
         if not rows:
             return {}, None
-        bitmask = np.full((len(rows), self.bitmask_words), -1, dtype=np.int32)
+        spec_tokens = spec_tokens or {}
+        drafts = [spec_tokens.get(r.request_id, []) for r in rows]
+        bitmask = np.full((len(rows) + sum(map(len, drafts)), self.bitmask_words), -1,
+                          dtype=np.int32)
         view = torch.from_numpy(bitmask)
-        for i, request in enumerate(rows):
-            request.structured_output_request.grammar.fill_bitmask(view, i)
-        return {r.request_id: i for i, r in enumerate(rows)}, bitmask
+        first: dict[str, int] = {}
+        row = 0
+        for request, tokens in zip(rows, drafts):
+            grammar = request.structured_output_request.grammar
+            first[request.request_id] = row
+            grammar.fill_bitmask(view, row)
+            for token_id in tokens:
+                row += 1
+                if not grammar.accept_tokens([token_id]):  # validated when scheduled
+                    raise RuntimeError(f"request {request.request_id}: a scheduled draft "
+                                       f"token {token_id} is not allowed by its grammar")
+                grammar.fill_bitmask(view, row)
+            if tokens:
+                grammar.rollback(len(tokens))
+            row += 1
+        return first, bitmask
+
+    def valid_draft_prefix(self, request: "Request", drafts: list[int]) -> list[int]:
+        """The longest prefix of `drafts` the request's grammar accepts (the matcher is
+        rolled back). None of them while reasoning: the constraint's start is unknown."""
+        if not self.should_constrain(request):
+            return []
+        grammar = request.structured_output_request.grammar
+        row = torch.empty((1, self.bitmask_words), dtype=torch.int32)
+        n = 0
+        # Each draft is checked against the allowed-token bits first: feeding a token
+        # the grammar forbids would leave some matchers (llguidance) in an error state.
+        while n < len(drafts) and not grammar.is_terminated():
+            grammar.fill_bitmask(row, 0)
+            token_id = drafts[n]
+            word = token_id // 32
+            if word >= self.bitmask_words or not (int(row[0, word]) >> (token_id % 32)) & 1:
+                break
+            if not grammar.accept_tokens([token_id]):
+                break
+            n += 1
+        if n:
+            grammar.rollback(n)
+        return drafts[:n]
 
     def accept_tokens(self, request: "Request", token_ids: list[int]) -> bool:
         """Advance the request's matcher over newly accepted tokens; False if rejected.

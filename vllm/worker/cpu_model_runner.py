@@ -24,8 +24,8 @@ from vllm.attention.backends.torch_sdpa import NATIVE_PREFILL_MAX_LEN, TorchSDPA
 from vllm.config import VllmConfig
 from vllm.core.sched_output import SchedulerOutput
 from vllm.native import cpu_ops
-from vllm.worker.flat_layout import (build_flat_layout, flat_forward_pass, kv_cache_shape,
-                                     order_batch)
+from vllm.worker.flat_layout import (FlatLayout, build_flat_layout, decode_first_layout,
+                                     flat_forward_pass, kv_cache_shape, order_batch)
 from vllm.worker.model_runner_base import ForwardPass, ModelRunnerBase
 
 logger = logging.getLogger(__name__)
@@ -52,11 +52,7 @@ class CPUModelRunner(ModelRunnerBase):
     def load_model(self) -> None:
         from vllm.model_executor.model_loader import get_model
         start = time.perf_counter()
-        with _no_thread_team(self.device):
-            self.model = get_model(self.vllm_config, device=self.device)
-            if self.device.type == "cpu":
-                from vllm.native.gemm import pack_linear_weights
-                pack_linear_weights(self.model)
+        self.model = self._load_weights(self.vllm_config)
         if self.native_attention:
             tp = self.vllm_config.parallel_config.tensor_parallel_size
             heads = max(1, self.model_config.hf_config.num_attention_heads // tp)
@@ -66,7 +62,18 @@ class CPUModelRunner(ModelRunnerBase):
         from vllm.lora.models import create_lora_manager
         self.lora_manager = create_lora_manager(self.model, self.vllm_config, self.device,
                                                 static_shapes=False)
+        self._load_draft_model(self._load_weights, self._draft_pass)
         logger.info("Loading model weights took %.2f s", time.perf_counter() - start)
+
+    def _load_weights(self, vllm_config: VllmConfig) -> torch.nn.Module:
+        """A model of `vllm_config`, loaded on one thread, its linears packed."""
+        from vllm.model_executor.model_loader import get_model
+        with _no_thread_team(self.device):
+            model = get_model(vllm_config, device=self.device)
+            if self.device.type == "cpu":
+                from vllm.native.gemm import pack_linear_weights
+                pack_linear_weights(model)
+        return model
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """One [2, kv_heads, num_blocks * block_size, head_size] tensor per owned layer
@@ -79,6 +86,7 @@ class CPUModelRunner(ModelRunnerBase):
         self.kv_caches = self._allocate_kv_caches(kv_cache_shape(
             num_blocks, self.block_size, self._kv_heads_per_rank(),
             self.model_config.get_head_size(), self._kv_parts()))
+        self._init_draft_kv_cache(num_blocks, kv_cache_shape)
 
     def _weights_restored(self) -> None:
         """The packed copies were dropped with the weights: pack again, as at load."""
@@ -100,9 +108,10 @@ class CPUModelRunner(ModelRunnerBase):
 
     def _is_row_wise(self, req_id: str, n: int) -> bool:
         """Whether this request's n new tokens go through the paged single-query
-        kernel, one row per token: every decode, and prefills where that kernel is
-        the choice for their length (`_prefill_kind`)."""
-        if n == 1:
+        kernel, one row per token: every decode, draft verification (speculative
+        decoding: each row then computes exactly what a decode step would), and
+        prefills where that kernel is the choice for their length (`_prefill_kind`)."""
+        if n == 1 or (self.native_attention and req_id in self.num_draft_tokens):
             return True
         if getattr(self.model_config, "is_encoder_only", False):
             return False  # a whole prompt, attended bidirectionally (encoder_attention.py)
@@ -113,11 +122,21 @@ class CPUModelRunner(ModelRunnerBase):
         req_ids, num_row_wise = order_batch(self.requests, so.num_scheduled_tokens,
                                             self._is_row_wise)
         flat = build_flat_layout(self.requests, req_ids, so.num_scheduled_tokens,
-                                 num_row_wise, self.block_size)
+                                 num_row_wise, self.block_size, self.num_draft_tokens)
         for seq in flat.prefills:
             seq.flash = self._prefill_kind(seq.context_len + seq.query_len) == FLASH
-        return [flat_forward_pass(flat, req_ids, self.block_size, self.device,
-                                  self.native_attention, self._long_tensor)]
+        return [self._flat_pass(flat, req_ids)]
+
+    def _draft_pass(self, seqs: dict, num_new: dict[str, int]) -> ForwardPass:
+        """A draft model's pass (speculative decoding): decodes row-wise first."""
+        k = self.spec_decode.config.num_speculative_tokens
+        return self._flat_pass(*decode_first_layout(
+            seqs, num_new, self.block_size,
+            lambda r, n: n == 1 or (self.native_attention and n <= k + 1)))
+
+    def _flat_pass(self, flat: FlatLayout, req_ids: list[str]) -> ForwardPass:
+        return flat_forward_pass(flat, req_ids, self.block_size, self.device,
+                                 self.native_attention, self._long_tensor)
 
     def _long_tensor(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

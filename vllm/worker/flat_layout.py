@@ -35,8 +35,10 @@ class FlatLayout:
     prefills: list[PrefillSeq] = field(default_factory=list)
     prefill_block_ids: list[list[int]] = field(default_factory=list)
     logits_indices: list[int] = field(default_factory=list)
-    """Row of each sampling request's last new token."""
+    """Row of each sampling request's last new token (with k draft tokens: its last
+    k + 1 rows, the rows that verify them)."""
     sample_req_ids: list[str] = field(default_factory=list)
+    """The request of each logits row (repeated for its verification rows)."""
 
 
 def order_batch(requests: Mapping[str, CachedRequestState], num_scheduled: Mapping[str, int],
@@ -53,8 +55,10 @@ def order_batch(requests: Mapping[str, CachedRequestState], num_scheduled: Mappi
 
 def build_flat_layout(requests: Mapping[str, CachedRequestState], req_ids: list[str],
                       num_scheduled: Mapping[str, int], num_row_wise: int,
-                      block_size: int) -> FlatLayout:
-    """Rows for `req_ids` (in that order), the first `num_row_wise` of them row-wise."""
+                      block_size: int, num_drafts: Mapping[str, int] = {}) -> FlatLayout:
+    """Rows for `req_ids` (in that order), the first `num_row_wise` of them row-wise;
+    a request with num_drafts[r] = k draft tokens (already after its known tokens in
+    `token_ids`) gets logits at its last k + 1 rows."""
     bs = block_size
     out = FlatLayout()
     row_lens: list[int] = []
@@ -83,8 +87,9 @@ def build_flat_layout(requests: Mapping[str, CachedRequestState], req_ids: list[
             out.prefills.append(PrefillSeq(query_start=offset, query_len=n, context_len=start))
             out.prefill_block_ids.append(st.block_ids)
         if start + n == st.num_tokens:
-            out.logits_indices.append(offset + n - 1)
-            out.sample_req_ids.append(req_id)
+            k = num_drafts.get(req_id, 0)
+            out.logits_indices.extend(range(offset + n - 1 - k, offset + n))
+            out.sample_req_ids.extend([req_id] * (k + 1))
         out.row_offsets.append(offset)
         out.num_tokens.append(n)
         offset += n
@@ -92,6 +97,16 @@ def build_flat_layout(requests: Mapping[str, CachedRequestState], req_ids: list[
         out.decode_seq_lens = np.asarray(row_lens, dtype=np.int64)
         out.decode_block_table = row_block_table(row_tables, out.decode_seq_lens, bs)
     return out
+
+
+def decode_first_layout(requests: Mapping[str, CachedRequestState],
+                        num_new: Mapping[str, int], block_size: int,
+                        is_row_wise: Callable[[str, int], bool]
+                        ) -> tuple[FlatLayout, list[str]]:
+    """(layout, request order), row-wise requests first: a pass outside the
+    scheduler's step (a draft model's)."""
+    req_ids, num_row_wise = order_batch(requests, num_new, is_row_wise)
+    return build_flat_layout(requests, req_ids, num_new, num_row_wise, block_size), req_ids
 
 
 def row_block_table(tables: list[tuple[list[int], int]], seq_lens: np.ndarray,

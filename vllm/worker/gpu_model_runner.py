@@ -17,8 +17,8 @@ import torch
 
 from vllm.config import VllmConfig
 from vllm.core.sched_output import SchedulerOutput
-from vllm.worker.flat_layout import (build_flat_layout, flat_forward_pass, kv_cache_shape,
-                                     order_batch)
+from vllm.worker.flat_layout import (FlatLayout, build_flat_layout, decode_first_layout,
+                                     flat_forward_pass, kv_cache_shape, order_batch)
 from vllm.worker.model_runner_base import ForwardPass, ModelRunnerBase
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class GPUModelRunner(ModelRunnerBase):
         from vllm.model_executor.model_loader import get_model
         start = time.perf_counter()
         self.model = get_model(self.vllm_config, device=self.device)
+        self._load_draft_model(lambda cfg: get_model(cfg, device=self.device), self._draft_pass)
         logger.info("Loading model weights took %.2f s", time.perf_counter() - start)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -48,6 +49,7 @@ class GPUModelRunner(ModelRunnerBase):
         self.kv_caches = self._allocate_kv_caches(kv_cache_shape(
             num_blocks, self.block_size, self._kv_heads_per_rank(),
             self.model_config.get_head_size(), self._kv_parts()))
+        self._init_draft_kv_cache(num_blocks, kv_cache_shape)
 
     @torch.inference_mode()
     def profile_run(self) -> None:
@@ -67,9 +69,17 @@ class GPUModelRunner(ModelRunnerBase):
         req_ids, num_row_wise = order_batch(self.requests, so.num_scheduled_tokens,
                                             lambda req_id, n: n == 1)
         flat = build_flat_layout(self.requests, req_ids, so.num_scheduled_tokens,
-                                 num_row_wise, self.block_size)
-        return [flat_forward_pass(flat, req_ids, self.block_size, self.device, False,
-                                  self._to_device)]
+                                 num_row_wise, self.block_size, self.num_draft_tokens)
+        return [self._flat_pass(flat, req_ids)]
+
+    def _draft_pass(self, seqs: dict, num_new: dict[str, int]) -> ForwardPass:
+        """A draft model's pass (speculative decoding): decodes row-wise first."""
+        return self._flat_pass(*decode_first_layout(seqs, num_new, self.block_size,
+                                                    lambda r, n: n == 1))
+
+    def _flat_pass(self, flat: FlatLayout, req_ids: list[str]) -> ForwardPass:
+        return flat_forward_pass(flat, req_ids, self.block_size, self.device, False,
+                                 self._to_device)
 
     def _to_device(self, values: list[int]) -> torch.Tensor:
         """An int64 tensor on the device, staged in pinned memory and copied async."""

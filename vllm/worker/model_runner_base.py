@@ -49,6 +49,7 @@ from vllm.sample.metadata import greedy_sample
 from vllm.sample.ops.bitmask import apply_grammar_bitmask
 from vllm.sample.sampler import Sampler
 from vllm.sequence import IntermediateTensors
+from vllm.spec_decode.spec_runner import SpecDecodeRunner
 from vllm.worker.input_batch import InputBatch
 from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.pooling_runner import execute_pooling
@@ -136,6 +137,11 @@ class ModelRunnerBase:
         self.sleeping_tags: set[str] = set()
         """What sleep mode released and wake_up has not restored yet (sleep_mode.py)."""
         self._sleeping_weights: Optional[SleepingWeights] = None
+        self.spec_decode: Optional[SpecDecodeRunner] = None
+        """Speculative decoding's runner side (vllm/spec_decode/spec_runner.py)."""
+        spec_config = getattr(vllm_config, "speculative_config", None)
+        if spec_config is not None:
+            self.spec_decode = SpecDecodeRunner(vllm_config, self.device)
         from vllm.platforms import current_platform
         self.attn_impl = load_attn_impl(current_platform.get_attn_backend_cls())
 
@@ -221,8 +227,33 @@ class ModelRunnerBase:
     def get_kv_cache_block_bytes(self) -> int:
         """Bytes of one KV block across all layers this rank holds."""
         elem = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
-        return (self._kv_parts() * len(self._owned_layer_ids()) * self.block_size
-                * self._kv_heads_per_rank() * self.model_config.get_head_size() * elem)
+        target = (self._kv_parts() * len(self._owned_layer_ids()) * self.block_size
+                  * self._kv_heads_per_rank() * self.model_config.get_head_size() * elem)
+        draft = self._draft_model()
+        return target + (draft.block_bytes(self.kv_cache_dtype) if draft is not None else 0)
+
+    # ------------------------------------------------- draft model (spec decode)
+    def _draft_model(self) -> Optional[Any]:
+        """The draft-model proposer of speculative decoding, if that is the method."""
+        return self.spec_decode.draft_model if self.spec_decode is not None else None
+
+    def _load_draft_model(self, load_fn: Any, make_pass: Any) -> None:
+        """Platform setup hook: load the draft model with the platform's loader
+        (`load_fn(vllm_config) -> model`); `make_pass(seqs, num_new) -> ForwardPass`
+        lays out its passes. Only the driver rank proposes, so only it loads the draft
+        (whole, TP 1); every rank counts its KV bytes, so their block counts agree."""
+        draft = self._draft_model()
+        if draft is not None and self.is_driver:
+            draft.load(load_fn)
+            draft.make_pass, draft.attn_impl = make_pass, self.attn_impl
+
+    def _init_draft_kv_cache(self, num_blocks: int, cache_shape: Any) -> None:
+        """The draft model's KV cache: the target's block count, the draft's shapes
+        (`cache_shape(num_blocks, block_size, kv_heads, head_size)`: the platform's)."""
+        draft = self._draft_model()
+        if draft is not None:
+            draft.initialize_kv_cache(num_blocks, self.kv_cache_dtype, cache_shape,
+                                      zeroed_tensors)
 
     def _allocate_kv_caches(self, shape: tuple[int, ...]) -> list[torch.Tensor]:
         """One zeroed cache of `shape` per layer this rank owns, indexed by global layer
@@ -247,6 +278,9 @@ class ModelRunnerBase:
             check_level2_supported(self.vllm_config)
         kv_bytes = sum(t.numel() * t.element_size() for t in self._cache_tensors())
         self.kv_caches = []
+        draft = self._draft_model()
+        if draft is not None:  # its cache comes back with the target's (initialize_kv_cache)
+            draft.kv_caches = []
         self._release_kv_cache()
         self._weights_released()
         self._sleeping_weights = release_weights(self.model, level, self.device)
@@ -326,6 +360,8 @@ class ModelRunnerBase:
                     scheduler_output)
                 pending.append((fwd, out, logits))
             self._prompt_logprobs(fwd, out.hidden_states, scheduler_output, prompt_lps)
+        if self.spec_decode is not None:
+            self.spec_decode.remove_drafts(self.requests)
         if not self.is_driver:
             return None
         sampled, logprobs = self._sample_passes(pending)
@@ -333,7 +369,8 @@ class ModelRunnerBase:
         return ModelRunnerOutput(
             req_ids=req_ids, sampled_token_ids=[sampled.get(r, []) for r in req_ids],
             logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
-            prompt_logprobs=prompt_lps)
+            prompt_logprobs=prompt_lps,
+            spec_token_ids=self._propose_drafts(sampled))
 
     def pooled_rows(self, fwd: ForwardPass, hidden: torch.Tensor,
                     indices: list[int]) -> torch.Tensor:
@@ -391,7 +428,7 @@ class ModelRunnerBase:
 
     # ------------------------------------------------------------- sampling
     def _sample_passes(self, pending: list[tuple[ForwardPass, PassOutput, torch.Tensor]]
-                       ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
+                       ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
         """Sample the step's passes (each: its logits after the processors): the
         sampling rows of every pass gathered and joined, one sampler call. HPU
         overrides this to sample each pass on its bucket's fixed shape."""
@@ -405,11 +442,14 @@ class ModelRunnerBase:
         return self._sample(parts[0] if len(parts) == 1 else torch.cat(parts), req_ids)
 
     def _sample(self, logits: torch.Tensor, req_ids: list[str]
-                ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
+                ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
         """Sample one token per row of `logits` (row i: request req_ids[i]), append it
-        to the request's state; return the tokens and the asked-for logprobs."""
+        to the request's state; return the tokens and the asked-for logprobs. With
+        draft tokens in the step, verify them instead (`_sample_with_drafts`)."""
         lp_lists = None
         md = self.input_batch.sampling_metadata(req_ids, logits.shape[-1], logits.device)
+        if self.spec_decode is not None and self.spec_decode.num_drafts:
+            return self._sample_with_drafts(logits, req_ids, md)
         if md is None:  # every row takes the argmax of its raw logits
             token_ids = greedy_sample(logits).tolist()
         else:
@@ -422,22 +462,54 @@ class ModelRunnerBase:
 
     def _record_samples(self, req_ids: list[str], token_ids: list[int],
                         lp_lists: Optional[tuple[list, list, list]]
-                        ) -> tuple[dict[str, list[int]], dict[str, LogprobsRow]]:
+                        ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
         """Append token_ids[i] to request req_ids[i] (its state and the batch's penalty
         counts); its logprobs (row i of `lp_lists`, cut to the K it asked for) when it
         asked."""
         self.input_batch.record_output_tokens(req_ids, token_ids)
         sampled: dict[str, list[int]] = {}
-        logprobs: dict[str, LogprobsRow] = {}
+        logprobs: dict[str, list[LogprobsRow]] = {}
         for i, req_id in enumerate(req_ids):
             state = self.requests[req_id]
             state.append_token(token_ids[i])
             sampled[req_id] = [token_ids[i]]
             k = state.sampling_params.logprobs
             if lp_lists is not None and k is not None:
-                logprobs[req_id] = (lp_lists[0][i][:k + 1], lp_lists[1][i][:k + 1],
-                                    lp_lists[2][i])
+                logprobs[req_id] = [(lp_lists[0][i][:k + 1], lp_lists[1][i][:k + 1],
+                                     lp_lists[2][i])]
         return sampled, logprobs
+
+    # ------------------------------------------------ speculative decoding
+    def _sample_with_drafts(self, logits: torch.Tensor, req_ids: list[str], md: Any
+                            ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
+        """Verify the step's drafts (vllm/spec_decode/rejection_sampler.py): each
+        request's accepted drafts and one more token are appended to its state."""
+        order, result = self.spec_decode.verify(self.sampler, logits, req_ids, md)
+        return self._record_verified(order, result)
+
+    def _record_verified(self, order: list[str], result: Any
+                         ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
+        """Append each request's verified tokens (`RejectionOutput`, requests in
+        `order`) to its state and the penalty counts; its logprobs if it asked."""
+        sampled: dict[str, list[int]] = {}
+        logprobs: dict[str, list[LogprobsRow]] = {}
+        for i, req_id in enumerate(order):
+            tokens = result.output_token_ids[i]
+            for token_id in tokens:
+                self.requests[req_id].append_token(token_id)
+            self.input_batch.record_output_tokens([req_id] * len(tokens), tokens)
+            sampled[req_id] = tokens
+            k = self.requests[req_id].sampling_params.logprobs
+            if result.logprobs is not None and k is not None:
+                logprobs[req_id] = [(ids[:k + 1], lps[:k + 1], rank)
+                                    for ids, lps, rank in result.logprobs[i]]
+        return sampled, logprobs
+
+    def _propose_drafts(self, sampled: dict[str, list[int]]) -> dict[str, list[int]]:
+        """The next step's drafts (driver rank; none without speculative decoding)."""
+        if self.spec_decode is None or not sampled:
+            return {}
+        return self.spec_decode.propose(self.requests, sampled)
 
     def _prompt_logprobs(self, fwd: ForwardPass, hidden: torch.Tensor, so: SchedulerOutput,
                          result: dict[str, PromptLogprobs]) -> None:
@@ -474,16 +546,26 @@ class ModelRunnerBase:
     def update_draft_tokens(self, so: SchedulerOutput) -> None:
         """Speculative decoding hook, called once per step at the end of `_update_states`.
 
-        Extension point: it is to place each request's scheduled draft tokens
-        (`so.scheduled_spec_decode_tokens`) after its known tokens, so that
-        `_prepare_inputs` lays them out like any other new token and `_sample` may
-        return several tokens per request (`ModelRunnerOutput.sampled_token_ids`
-        is already a list per request). Not implemented yet: refuses draft tokens.
+        Places each request's scheduled draft tokens (`so.scheduled_spec_decode_tokens`)
+        after its known tokens, so that `_prepare_inputs` lays them out like any other
+        new token and gives their rows logits (`num_draft_tokens`); `_sample` then
+        verifies them and may return several tokens per request. They leave the
+        states again right after the forward. Refuses drafts when speculative
+        decoding is not configured.
         """
-        if so.scheduled_spec_decode_tokens:
+        if self.spec_decode is not None:
+            self.spec_decode.place_drafts(so, self.requests)
+        elif so.scheduled_spec_decode_tokens:
             raise NotImplementedError(
-                "speculative decoding is not supported by this model runner yet "
-                f"(draft tokens scheduled for {sorted(so.scheduled_spec_decode_tokens)}).")
+                "speculative decoding: draft tokens were scheduled for "
+                f"{sorted(so.scheduled_spec_decode_tokens)}, but this engine was not started "
+                "with a speculative_config.")
+
+    @property
+    def num_draft_tokens(self) -> dict[str, int]:
+        """Requests verifying draft tokens this step -> how many (their last k + 1 new
+        tokens give sampling logits)."""
+        return self.spec_decode.num_drafts if self.spec_decode is not None else {}
 
     def prepare_lora_mapping(self, fwd: ForwardPass) -> Optional[np.ndarray]:
         """LoRA hook, called once per pass after `_prepare_inputs`, before the forward.

@@ -40,8 +40,17 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.T
 
 def _constrained_rows(req_ids: list[str], structured_ids: dict[str, int]
                       ) -> list[tuple[int, int]]:
-    """(logits row, bitmask row) of each constrained request among `req_ids`."""
-    return [(i, structured_ids[r]) for i, r in enumerate(req_ids) if r in structured_ids]
+    """(logits row, bitmask row) of each constrained request among `req_ids`; the j-th
+    row of a request (speculative decoding: its draft-verifying rows) takes bitmask
+    row structured_ids[r] + j."""
+    picks: list[tuple[int, int]] = []
+    seen: dict[str, int] = {}
+    for i, r in enumerate(req_ids):
+        if r in structured_ids:
+            j = seen.get(r, 0)
+            seen[r] = j + 1
+            picks.append((i, structured_ids[r] + j))
+    return picks
 
 
 def rows_bitmask(req_ids: list[str], structured_ids: dict[str, int],
