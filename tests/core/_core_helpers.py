@@ -17,7 +17,8 @@ def make_config(block_size: int = 4, max_num_seqs: int = 8, max_num_batched_toke
     return SimpleNamespace(
         scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs,
                                          max_num_batched_tokens=max_num_batched_tokens,
-                                         enable_chunked_prefill=enable_chunked_prefill),
+                                         enable_chunked_prefill=enable_chunked_prefill,
+                                         async_scheduling=False),
         model_config=SimpleNamespace(max_model_len=max_model_len, vocab_size=1000),
         cache_config=SimpleNamespace(block_size=block_size,
                                      enable_prefix_caching=enable_prefix_caching,
