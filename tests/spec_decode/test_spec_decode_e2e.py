@@ -152,6 +152,8 @@ def test_refused_combinations_name_the_field(model):
         LLM(model=model, pipeline_parallel_size=2, speculative_config=NGRAM, **COMMON)
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         LLM(model=model, speculative_config={"method": "ngram"}, **COMMON)
+    with pytest.raises(ValueError, match="speculative_config.*async_scheduling"):
+        LLM(model=model, async_scheduling=True, speculative_config=NGRAM, **COMMON)
 
 
 # ------------------------------------------------------------------ draft model
