@@ -152,8 +152,21 @@ def test_refused_combinations_name_the_field(model):
         LLM(model=model, pipeline_parallel_size=2, speculative_config=NGRAM, **COMMON)
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         LLM(model=model, speculative_config={"method": "ngram"}, **COMMON)
-    with pytest.raises(ValueError, match="speculative_config.*async_scheduling"):
-        LLM(model=model, async_scheduling=True, speculative_config=NGRAM, **COMMON)
+
+
+def test_async_scheduling_with_speculation_is_token_identical(baseline, model):
+    """--async-scheduling with n-gram speculation: each step waits for the accepted
+    tokens (the drafts come from them); the tokens are those without speculation."""
+    params = [_greedy(5 + 7 * (i % 6)) for i in range(len(PROMPTS))]
+    want = baseline.generate(PROMPTS, params, use_tqdm=False)
+    llm = LLM(model=model, async_scheduling=True, speculative_config=NGRAM, **COMMON)
+    try:
+        assert llm.llm_engine.engine_core._must_sync()
+        got = llm.generate(PROMPTS, params, use_tqdm=False)
+        assert _ids(got) == _ids(want)
+        assert llm.llm_engine.get_stats().spec_decoding_stats.num_accepted_tokens > 0
+    finally:
+        llm.llm_engine.shutdown()
 
 
 # ------------------------------------------------------------------ draft model

@@ -74,9 +74,13 @@ class Scheduler:
         self.max_num_seqs = sc.max_num_seqs
         self.max_num_batched_tokens = sc.max_num_batched_tokens
         self.enable_chunked_prefill = sc.enable_chunked_prefill
-        self.async_scheduling = sc.async_scheduling
+        self.async_scheduling = (sc.async_scheduling and
+                                 getattr(vllm_config, "speculative_config", None) is None)
         """Progress is booked when a step is scheduled, not when its tokens come back:
-        the next step can be scheduled while this one runs (see _book_scheduled)."""
+        the next step can be scheduled while this one runs (see _book_scheduled). Not
+        with speculative decoding: a step's drafts come from the previous step's accepted
+        tokens, so the engine waits for them (EngineCore._must_sync) and books them when
+        they are back, as without async scheduling."""
         self.max_model_len = vllm_config.model_config.max_model_len
         self.block_size = vllm_config.cache_config.block_size
         self.kv_cache_manager = KVCacheManager(

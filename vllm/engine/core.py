@@ -144,9 +144,11 @@ class EngineCore:
 
     def _must_sync(self) -> bool:
         """Whether the next schedule needs the tokens of the step in flight: ranks other
-        than the sampling one learn tokens only from the scheduler, and the scheduler's
-        own reasons (grammars, prompt logprobs)."""
-        return self.executor.world_size > 1 or self.scheduler.needs_sync()
+        than the sampling one learn tokens only from the scheduler, speculative decoding
+        proposes from the accepted tokens (the scheduler then books at update time), and
+        the scheduler's own reasons (grammars, prompt logprobs, pooling)."""
+        return (self.executor.world_size > 1 or not self.scheduler.async_scheduling
+                or self.scheduler.needs_sync())
 
     def _collect(self) -> list[EngineCoreOutput]:
         scheduler_output, future = self._in_flight

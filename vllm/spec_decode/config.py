@@ -7,8 +7,11 @@ Field names and defaults are vLLM's. Only values here: the draft model's own
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
 
 NGRAM = "ngram"
 DRAFT_MODEL = "draft_model"
@@ -113,8 +116,10 @@ class SpeculativeConfig:
             raise ValueError("speculative_config: speculative decoding is not supported "
                              "with pipeline_parallel_size > 1 yet.")
         if getattr(vllm_config.scheduler_config, "async_scheduling", False):
-            raise ValueError("speculative_config: speculative decoding is not supported "
-                             "with async_scheduling yet.")
+            logger.warning("async_scheduling with speculative decoding: each step waits "
+                           "for the previous step's accepted tokens (the drafts come from "
+                           "them), so scheduling does not overlap the forward; the step "
+                           "still runs on the executor's own thread.")
         if self.use_draft_model:
             self._verify_draft(vllm_config)
 
