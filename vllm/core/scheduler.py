@@ -369,7 +369,8 @@ class Scheduler:
                 block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
                 num_computed_tokens=num_computed,
                 wants_prompt_logprobs=request.wants_prompt_logprobs,
-                lora_request=request.lora_request, pooling_params=request.pooling_params))
+                lora_request=request.lora_request, pooling_params=request.pooling_params,
+                mm_inputs=request.mm_features))
         return budget
 
     def _grammar_ready(self, request: Request) -> bool:

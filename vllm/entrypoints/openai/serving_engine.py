@@ -137,7 +137,7 @@ class OpenAIServing:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def check_token_ids(self, token_ids: Sequence[int], param: str) -> None:
-        vocab = max(len(self.tokenizer), self.model_config.hf_config.vocab_size
+        vocab = max(len(self.tokenizer), self.model_config.vocab_size
                     if self.model_config.hf_config is not None else 0)
         for tid in token_ids:
             if not 0 <= tid < vocab:

@@ -1,0 +1,54 @@
+"""One multimodal item of a prompt, as it travels from the frontend to the core."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class MultiModalFeature:
+    """An image of a prompt: its processed tensors and where its tokens sit.
+
+    Plain tensors and ints only, so it pickles across to an engine core in another
+    process with its Request.
+    """
+    modality: str
+    """"image"."""
+    identifier: str
+    """Content hash of the item (hasher.py): the encoder-cache key and part of the
+    prefix-cache keys of the blocks it covers."""
+    offset: int
+    """Prompt position of its first placeholder token."""
+    length: int
+    """Placeholder tokens it fills (= rows of its encoder output)."""
+    data: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The processor's tensors for this item alone (LLaVA: pixel_values [1, 3, H, W];
+    Qwen2.5-VL: pixel_values [patches, dim] and image_grid_thw [1, 3])."""
+    mrope_positions: Optional[torch.Tensor] = None
+    """Reserved for models with multimodal rotary positions (None otherwise)."""
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    def overlaps(self, start: int, end: int) -> bool:
+        """Whether any of its placeholder tokens lies in positions [start, end)."""
+        return self.offset < end and start < self.end
+
+
+def placeholder_runs(token_ids: list[int], token_id: int) -> list[tuple[int, int]]:
+    """(offset, length) of each maximal run of `token_id` in `token_ids`, in order."""
+    runs: list[tuple[int, int]] = []
+    i, n = 0, len(token_ids)
+    while i < n:
+        if token_ids[i] != token_id:
+            i += 1
+            continue
+        j = i
+        while j < n and token_ids[j] == token_id:
+            j += 1
+        runs.append((i, j - i))
+        i = j
+    return runs
