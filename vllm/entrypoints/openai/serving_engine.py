@@ -44,8 +44,13 @@ class PromptInput:
     """One prompt ready for the engine: its token ids and, when known, its text."""
     token_ids: list[int]
     text: Optional[str] = None
+    multi_modal_data: Optional[dict[str, Any]] = None
+    """Images of a chat prompt: the engine's processor expands their placeholders in
+    `text`, so `token_ids` are then the unexpanded ones."""
 
     def engine_prompt(self) -> dict[str, Any]:
+        if self.multi_modal_data:
+            return {"prompt": self.text, "multi_modal_data": self.multi_modal_data}
         prompt: dict[str, Any] = {"prompt_token_ids": self.token_ids}
         if self.text is not None:
             prompt["prompt"] = self.text
