@@ -62,3 +62,25 @@ def test_text_model_refuses_images(tiny_model_factory):
     with pytest.raises(ValueError, match="multi_modal_data"):
         llm.generate({"prompt": "hi", "multi_modal_data": {"image": random_image(0, 8, 8)}},
                      _params(), use_tqdm=False)
+
+
+def test_chat_with_image_parts_matches_transformers(llm, tiny_llava):
+    import base64
+    import io
+
+    from transformers import AutoTokenizer
+    first, second = random_image(5, 40, 40), random_image(6, 32, 48)
+    buf = io.BytesIO()
+    second.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    messages = [{"role": "user", "content": [
+        {"type": "image_pil", "image_pil": first},
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "Same?"}]}]
+    out = llm.chat(messages, _params(), use_tqdm=False)[0]
+    text = AutoTokenizer.from_pretrained(tiny_llava).apply_chat_template(
+        [{"role": "user", "content": "<image>\n<image>\nSame?"}], tokenize=False,
+        add_generation_prompt=True)
+    expected = hf_greedy(tiny_llava, "LlavaForConditionalGeneration", text,
+                         [first, second], 8)
+    assert list(out.outputs[0].token_ids) == expected
