@@ -610,11 +610,12 @@ class ModelRunnerBase:
         (`SchedulerOutput.free_encoder_mm_hashes`), so a prompt split over several steps,
         or another request with the same image, does not run the encoder again.
         """
+        if not getattr(self.model, "supports_multimodal", False):
+            self._refuse_requests_with(fwd.req_ids, "mm_inputs", "multimodal inputs")
+            return None
         spans = self._mm_spans(fwd)
         if not spans:
             return None
-        if not getattr(self.model, "supports_multimodal", False):
-            self._refuse_requests_with(fwd.req_ids, "mm_inputs", "multimodal inputs")
         self._run_encoder([f for f, _, _, _ in spans])
         embeds = self.model.get_input_embeddings(fwd.input_ids)
         for feature, row, lo, hi in spans:
