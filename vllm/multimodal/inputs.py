@@ -38,17 +38,23 @@ class MultiModalFeature:
         return self.offset < end and start < self.end
 
 
-def placeholder_runs(token_ids: list[int], token_id: int) -> list[tuple[int, int]]:
-    """(offset, length) of each maximal run of `token_id` in `token_ids`, in order."""
-    runs: list[tuple[int, int]] = []
-    i, n = 0, len(token_ids)
-    while i < n:
-        if token_ids[i] != token_id:
-            i += 1
-            continue
-        j = i
-        while j < n and token_ids[j] == token_id:
-            j += 1
-        runs.append((i, j - i))
-        i = j
-    return runs
+def placeholder_ranges(token_ids: list[int], token_id: int,
+                       lengths: list[int]) -> list[tuple[int, int]]:
+    """(offset, length) of each item, given how many placeholder tokens each one has:
+    items fill the placeholder tokens in order, each a contiguous stretch (adjacent
+    items, e.g. "<image><image>", make one run that is cut by these lengths).
+    ValueError when the placeholders do not add up."""
+    positions = [i for i, t in enumerate(token_ids) if t == token_id]
+    if len(positions) != sum(lengths):
+        raise ValueError(f"The prompt has {len(positions)} image tokens after expansion, "
+                         f"but its images need {sum(lengths)}: each image needs one "
+                         "placeholder in the prompt.")
+    ranges, k = [], 0
+    for n in lengths:
+        start = positions[k]
+        if positions[k + n - 1] != start + n - 1:
+            raise ValueError("An image's placeholder tokens are not contiguous in the "
+                             "prompt.")
+        ranges.append((start, n))
+        k += n
+    return ranges

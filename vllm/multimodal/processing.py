@@ -3,8 +3,9 @@
 The processor (AutoProcessor of the checkpoint) resizes and normalizes the images and
 expands each image placeholder of the prompt into as many image tokens as the vision
 encoder yields for it. Its output is cut here into one `MultiModalFeature` per image
-(which tensors belong to which image is the model class's business:
-`split_mm_data`), placed at the runs of the model's image token in the expanded ids.
+(which tensors belong to which image and how many tokens each one fills are the model
+class's business: `split_mm_data`, `num_mm_tokens`), placed in order over the model's
+image tokens in the expanded ids.
 This runs in the API process; the features travel to the core with the Request.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 from typing import Any, Optional
 
 from vllm.multimodal.hasher import hash_image
-from vllm.multimodal.inputs import MultiModalFeature, placeholder_runs
+from vllm.multimodal.inputs import MultiModalFeature, placeholder_ranges
 
 logger = logging.getLogger(__name__)
 
@@ -98,12 +99,10 @@ class MultiModalProcessor:
             raise ValueError(f"multi_modal_data: the model's processor rejected the "
                              f"input: {e}") from e
         ids = out["input_ids"][0].tolist()
-        runs = placeholder_runs(ids, self.image_token_id)
-        if len(runs) != len(images):
-            raise ValueError(
-                f"The prompt has {len(runs)} image placeholder(s) "
-                f"({self.image_placeholder!r}) but {len(images)} image(s) were given.")
         per_item = self.model_cls.split_mm_data(out, len(images))
+        lengths = [self.model_cls.num_mm_tokens(self.model_config.hf_config, d)
+                   for d in per_item]
+        runs = placeholder_ranges(ids, self.image_token_id, lengths)
         return ids, [MultiModalFeature(modality="image", identifier=hash_image(im),
                                        offset=off, length=n, data=data)
                      for im, (off, n), data in zip(images, runs, per_item)]

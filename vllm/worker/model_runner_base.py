@@ -645,12 +645,16 @@ class ModelRunnerBase:
         todo = {f.identifier: f for f in features if f.identifier not in self.encoder_cache}
         if not todo:
             return
-        outputs = self.model.embed_multimodal([f.data for f in todo.values()])
+        outputs = self._encode_mm_items([f.data for f in todo.values()])
         for (key, feature), out in zip(todo.items(), outputs):
             if out.shape[0] != feature.length:
                 raise ValueError(f"The vision encoder gave {out.shape[0]} embeddings for an "
                                  f"image with {feature.length} placeholder tokens.")
             self.encoder_cache[key] = out
+
+    def _encode_mm_items(self, items: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """The vision encoder on a batch of images (HPU: padded to bucketed sizes)."""
+        return self.model.embed_multimodal(items)
 
     def free_encoder_outputs(self, so: SchedulerOutput) -> None:
         """Drop the encoder outputs the scheduler evicted from its mirror of the cache."""

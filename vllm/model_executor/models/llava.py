@@ -102,7 +102,24 @@ class LlavaForConditionalGeneration(nn.Module):
         pixels = hf_outputs["pixel_values"]
         return [{"pixel_values": pixels[i:i + 1].contiguous()} for i in range(num_items)]
 
+    @staticmethod
+    def num_mm_tokens(hf_config: Any, item: dict[str, torch.Tensor]) -> int:
+        """Placeholder tokens of one image: its patches (plus the class token with
+        the "full" strategy)."""
+        patch = hf_config.vision_config.patch_size
+        h, w = item["pixel_values"].shape[-2:]
+        full = getattr(hf_config, "vision_feature_select_strategy", "default") == "full"
+        return (h // patch) * (w // patch) + int(full)
+
     # --------------------------------------------------------------- runner
+    def dummy_mm_item(self) -> dict[str, torch.Tensor]:
+        """One blank image at the tower's resolution (warmup: the processor resizes
+        every image to it, so it has the shapes of all of them)."""
+        vc = self.config.vision_config
+        weight = self.multi_modal_projector.linear_1.weight
+        return {"pixel_values": torch.zeros(1, vc.num_channels, vc.image_size, vc.image_size,
+                                            dtype=weight.dtype, device=weight.device)}
+
     def embed_multimodal(self, items: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """One [placeholder tokens, hidden] tensor per image, batched through the tower."""
         device = self.multi_modal_projector.linear_1.weight.device
