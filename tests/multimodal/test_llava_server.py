@@ -106,9 +106,15 @@ def test_repeated_image_hits_the_prefix_cache(client, media):
     _, base = media
     parts = [{"type": "image_url", "image_url": {"url": f"{base}/red.png"}},
              {"type": "text", "text": "Describe this picture in great detail, please."}]
-    _chat(client, parts, max_tokens=2)
+    first = _chat(client, parts, max_tokens=2)
     again = _chat(client, parts, max_tokens=2)
     assert again.usage.prompt_tokens_details.cached_tokens > 0
+    stream = client.chat.completions.create(
+        model=client.models.list().data[0].id, max_tokens=2, temperature=0.0, stream=True,
+        messages=[{"role": "user", "content": parts}],
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    usage = [c.usage for c in stream if c.usage is not None][-1]
+    assert usage.prompt_tokens == first.usage.prompt_tokens  # the image's tokens counted
 
 
 def _bad_cases(media):

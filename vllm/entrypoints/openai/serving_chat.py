@@ -217,6 +217,8 @@ class OpenAIServingChat(OpenAIServing):
                     yield chunk(index, DeltaMessage(content=echo))
             async for output in outputs:
                 cached_tokens = output.num_cached_tokens or 0
+                if prompt.multi_modal_data and output.prompt_token_ids:
+                    prompt_tokens = len(output.prompt_token_ids)  # images expanded
                 for c in output.outputs:
                     completion_tokens += len(c.token_ids)
                     if not c.text and not c.token_ids and c.finish_reason is None:
