@@ -613,6 +613,8 @@ class ModelRunnerBase:
         if not getattr(self.model, "supports_multimodal", False):
             self._refuse_requests_with(fwd.req_ids, "mm_inputs", "multimodal inputs")
             return None
+        if not get_pp_group().is_first_rank:
+            return None  # later pipeline stages start from the previous stage's states
         spans = self._mm_spans(fwd)
         if not spans:
             return None
