@@ -40,6 +40,8 @@ def decode_image(data: bytes) -> Any:
     except UnidentifiedImageError as e:
         raise ValueError("Unsupported or corrupt image format: the bytes are not an image "
                          "this server can read (PNG, JPEG, GIF, BMP, WebP, ...).") from e
+    except Image.DecompressionBombError as e:  # PIL's own cap, far above ours
+        raise ValueError(f"The image is too large: {e}") from e
     width, height = image.size
     if width * height > envs.VLLM_MEDIA_MAX_PIXELS:
         raise ValueError(f"The image is too large: {width}x{height} pixels exceeds "
