@@ -10,13 +10,10 @@ This runs in the API process; the features travel to the core with the Request.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional
 
 from vllm.multimodal.hasher import hash_image
 from vllm.multimodal.inputs import MultiModalFeature, placeholder_ranges
-
-logger = logging.getLogger(__name__)
 
 SUPPORTED_MODALITIES = ("image",)
 DEFAULT_LIMIT_PER_PROMPT = 1
