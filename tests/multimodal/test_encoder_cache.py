@@ -85,3 +85,20 @@ def test_same_image_reuses_blocks_and_a_different_image_never_does(chunked_llm):
     assert again.num_cached_tokens > 0
     assert chunked_llm.collective_rpc(_count_encoder_runs)[0] == before  # cache hit
     assert run(second).num_cached_tokens == 0  # the image sits in the first block
+
+
+def test_preempted_image_requests_resume_with_the_same_tokens(tiny_llava):
+    # 8 blocks of 16 tokens for two requests that grow to ~75 and ~50 tokens: one is
+    # preempted, its encoder outputs released, and it is recomputed from its images.
+    llm = LLM(tiny_llava, dtype="float32", max_model_len=128, num_gpu_blocks_override=8,
+              enable_prefix_caching=False, limit_mm_per_prompt={"image": 2})
+    prompts = [("USER: <image> and <image> compare. ASSISTANT:",
+                [random_image(1, 64, 64), random_image(2, 24, 48)]),
+               ("USER: <image> describe it. ASSISTANT:", [random_image(3, 40, 40)])]
+    outs = llm.generate([{"prompt": t, "multi_modal_data": {"image": i}} for t, i in prompts],
+                        SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True),
+                        use_tqdm=False)
+    assert llm.llm_engine.get_stats().num_preemptions > 0
+    for (text, images), out in zip(prompts, outs):
+        assert list(out.outputs[0].token_ids) == hf_greedy(
+            tiny_llava, "LlavaForConditionalGeneration", text, images, 30)
