@@ -100,6 +100,11 @@ def test_base64_and_http_images_match_transformers(client, media, tiny_llava):
                          _rendered(tiny_llava, 2, "What differs?"), images, 6)
     assert out.choices[0].token_ids == expected
     assert out.usage.prompt_tokens > 32  # both images expanded into their 16 tokens each
+    import httpx
+    tokenized = httpx.post(str(client.base_url).replace("/v1/", "/tokenize"), json={
+        "model": client.models.list().data[0].id,
+        "messages": [{"role": "user", "content": parts}]}, timeout=60).json()
+    assert tokenized["count"] == out.usage.prompt_tokens
 
 
 def test_repeated_image_hits_the_prefix_cache(client, media):

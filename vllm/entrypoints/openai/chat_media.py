@@ -19,18 +19,29 @@ class ChatImages:
     def __init__(self, model_config: Any) -> None:
         self.model_config = model_config
         self.enabled = bool(getattr(model_config, "is_multimodal_model", False))
-        self._placeholder: Optional[str] = None
+        self._processor: Any = None
+
+    @property
+    def processor(self) -> Any:
+        """The model's MultiModalProcessor (vllm/multimodal/processing.py), loaded once."""
+        if self._processor is None:
+            from vllm.multimodal.processing import MultiModalProcessor
+            self._processor = MultiModalProcessor(self.model_config)
+        return self._processor
 
     @property
     def placeholder(self) -> Optional[str]:
         """The model's image placeholder text (None: a text-only model, whose chat
         requests may not carry images)."""
-        if not self.enabled:
-            return None
-        if self._placeholder is None:
-            from vllm.multimodal.processing import MultiModalProcessor
-            self._placeholder = MultiModalProcessor(self.model_config).image_placeholder
-        return self._placeholder
+        return self.processor.image_placeholder if self.enabled else None
+
+    def expanded_ids(self, text: str, images: list[Any]) -> list[int]:
+        """The prompt's token ids with each image's placeholder expanded, as the engine
+        will see them (what /tokenize reports)."""
+        try:
+            return self.processor.process(text, {"image": images})[0]
+        except ValueError as e:
+            raise BadRequestError(str(e), param="messages") from e
 
     async def load(self, refs: list[Any]) -> list[Any]:
         """PIL images of the request's image references, in order."""
