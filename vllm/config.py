@@ -116,6 +116,12 @@ class ModelConfig:
     pooler_config: Optional[PoolerConfig] = None
     """Pooler settings as JSON, e.g. '{"pooling_type": "MEAN", "use_activation": true,
     "dimensions": 256}'; default: the model's (its sentence-transformers files)."""
+    limit_mm_per_prompt: Optional[dict] = None
+    """Most multimodal items per prompt, by modality, as JSON, e.g. '{"image": 2}'
+    (default: 1 image); only multimodal models take images."""
+    allowed_local_media_path: str = ""
+    """A directory whose files requests may name as file:// image URLs (default: none,
+    file:// URLs are refused). Only for trusted environments."""
 
     # Filled by the loader (transformers_utils/config.py) through set_loaded().
     model_path: str = field(init=False, default="")
@@ -155,11 +161,26 @@ class ModelConfig:
                              f"{type(self.hf_overrides).__name__}.")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
+        self._check_mm_limits()
         self._check_generation_config()
         if not self.served_model_name:
             self.served_model_name = [self.model]
         elif isinstance(self.served_model_name, str):
             self.served_model_name = [self.served_model_name]
+
+    def _check_mm_limits(self) -> None:
+        limits = self.limit_mm_per_prompt
+        if limits is None:
+            return
+        if not isinstance(limits, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                and v >= 0 for k, v in limits.items()):
+            raise ValueError("limit_mm_per_prompt must map modalities to non-negative "
+                             f"integers, e.g. {{\"image\": 2}}; got {limits!r}.")
+        unknown = sorted(set(limits) - {"image"})
+        if unknown:
+            raise ValueError(f"limit_mm_per_prompt: modality {unknown[0]!r} is not "
+                             "supported; only 'image' is.")
 
     def set_loaded(self, *, model_path: str, tokenizer_path: str, hf_config: Any,
                    quant_config: Any = None,
@@ -234,7 +255,7 @@ class ModelConfig:
 
     @property
     def embedding_size(self) -> int:
-        return self.hf_config.hidden_size
+        return self.hf_text_config.hidden_size
 
     @property
     def matryoshka_dimensions(self) -> Optional[list[int]]:
@@ -253,24 +274,31 @@ class ModelConfig:
 
     @property
     def vocab_size(self) -> int:
-        return self.hf_config.vocab_size
+        return self.hf_text_config.vocab_size
 
     @property
     def hf_text_config(self) -> Any:
-        return self.hf_config
+        """The language model's config: a multimodal config's `text_config` (LLaVA,
+        Qwen2.5-VL), else `hf_config` itself. Sizes of the KV cache come from it."""
+        return getattr(self.hf_config, "text_config", None) or self.hf_config
+
+    @property
+    def is_multimodal_model(self) -> bool:
+        """The checkpoint has a vision tower (its config nests a `vision_config`)."""
+        return getattr(self.hf_config, "vision_config", None) is not None
 
     @property
     def use_mla(self) -> bool:
         """Multi-head latent attention (DeepSeek-V2/V3): the KV cache holds one latent
         "head" per token, `kv_lora_rank + qk_rope_head_dim` wide, and no separate V."""
-        cfg = self.hf_config
+        cfg = self.hf_text_config
         return (getattr(cfg, "model_type", None) in _MLA_MODEL_TYPES
                 and getattr(cfg, "kv_lora_rank", None) is not None)
 
     def get_num_kv_heads(self) -> int:
         """KV heads of the whole model (vLLM's rule: Falcon's multi-query and
         `num_kv_heads`, the latent cache's single head)."""
-        cfg = self.hf_config
+        cfg = self.hf_text_config
         if self.use_mla:
             return 1
         falcon_new_arch = (getattr(cfg, "model_type", None) in _FALCON_MODEL_TYPES
@@ -284,26 +312,27 @@ class ModelConfig:
 
     def get_head_size(self) -> int:
         """Width of one cached head (for MLA the latent plus the rope key)."""
-        cfg = self.hf_config
+        cfg = self.hf_text_config
         if self.use_mla:
             return cfg.kv_lora_rank + cfg.qk_rope_head_dim
         return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     def get_num_layers(self) -> int:
-        return self.hf_config.num_hidden_layers
+        return self.hf_text_config.num_hidden_layers
 
     def _resolve_dtype(self) -> torch.dtype:
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
-        cfg_dtype = getattr(self.hf_config, "dtype", None) or getattr(
-            self.hf_config, "torch_dtype", None)
+        cfg_dtype = (getattr(self.hf_config, "dtype", None)
+                     or getattr(self.hf_config, "torch_dtype", None)
+                     or getattr(self.hf_text_config, "dtype", None))
         if isinstance(cfg_dtype, str):
             cfg_dtype = _DTYPES.get(cfg_dtype, torch.float32)
         from vllm.platforms import current_platform
         return current_platform.resolve_auto_dtype(cfg_dtype or torch.float32)
 
     def _resolve_max_model_len(self) -> None:
-        cfg = self.hf_config
+        cfg = self.hf_text_config
         derived = None
         for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
             if getattr(cfg, key, None):

@@ -90,6 +90,12 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                         "503) after its engine died, instead of exiting."),
     "VLLM_CHAT_TEMPLATE_WORKERS": (int, 4, "Helper processes that render request-supplied "
                                    "chat templates at once, each under its own deadline."),
+    "VLLM_IMAGE_FETCH_TIMEOUT": (float, 5.0, "Seconds to fetch one http(s) image URL of a "
+                                 "chat request (vLLM's name)."),
+    "VLLM_MEDIA_MAX_BYTES": (int, 20 * 2**20, "Largest image file or download accepted, in "
+                             "bytes (a data URL's decoded size, an http(s) body, a file)."),
+    "VLLM_MEDIA_MAX_PIXELS": (int, 40_000_000, "Largest image accepted, in pixels (width x "
+                              "height), checked before its pixels are decoded."),
     "VLLM_CHAT_TEMPLATE_TIMEOUT_S": (float, 5.0, "Seconds a request-supplied chat template "
                                      "(--trust-request-chat-template) may take to render."),
     "VLLM_ENABLE_V1_MULTIPROCESSING": (_opt_bool, None, "Run the engine core in its own "

@@ -3,8 +3,9 @@
 
 A prompt is a string, a `TextPrompt` ({"prompt": str}) or a `TokensPrompt`
 ({"prompt_token_ids": [...]}, optionally with the text it came from). vLLM's
-`EmbedsPrompt` (precomputed input embeddings) and multimodal data are refused with a
-ValueError naming the field: no model served here takes them yet.
+`EmbedsPrompt` (precomputed input embeddings) is refused with a ValueError naming the
+field. `multi_modal_data` ({"image": ...}) is taken by multimodal models
+(Processor.process_prompt) and refused for the others.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class TextPrompt(TypedDict):
     """A text prompt, tokenized by the engine."""
     prompt: str
     multi_modal_data: NotRequired[Any]
-    """Refused: no multimodal model is served here."""
+    """{"image": PIL image or list} for multimodal models (vllm/multimodal)."""
     cache_salt: NotRequired[str]
 
 
@@ -47,8 +48,6 @@ PromptType = DecoderOnlyPrompt
 _REFUSED_KEYS = {
     "prompt_embeds": "prompt embeddings (EmbedsPrompt) are not supported: no served model "
                      "takes input embeddings",
-    "multi_modal_data": "multimodal inputs are not supported: no multimodal model is "
-                        "served here",
     "encoder_prompt": "encoder-decoder prompts are not supported: no encoder-decoder "
                       "model is served here",
 }

@@ -11,6 +11,7 @@ from vllm.pooling_params import PoolingParams
 from vllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from vllm.multimodal.inputs import MultiModalFeature
     from vllm.structured_output.request import StructuredOutputRequest
 
 
@@ -78,6 +79,8 @@ class Request:
     output instead of a token (its sampling_params are a neutral one-token stand-in)."""
     spec_token_ids: list[int] = field(default_factory=list)
     """Draft tokens proposed for the request's next step (speculative decoding)."""
+    mm_features: Optional[list["MultiModalFeature"]] = None
+    """The prompt's images (vllm/multimodal), in prompt order; None: text only."""
 
     @property
     def lora_int_id(self) -> int:

@@ -2,7 +2,9 @@
 
 Prefix caching identifies a full block by a hash chained over every token before
 it: hash(parent_hash, block_tokens, extra_keys), where the extra keys name the LoRA
-adapter the KV was computed with (none for the base model). Only full blocks are
+adapter the KV was computed with (none for the base model) and the content hashes of
+the images whose placeholder tokens the block covers (placeholders are the same token
+ids for every image, so without them a different image would hit the same blocks). Only full blocks are
 cached, and a hit never covers the last prompt token (it must be computed to get
 logits), so the hit is capped at num_tokens - 1 tokens.
 """
@@ -23,6 +25,16 @@ _ROOT_HASH = hash("vllm-prefix-cache-root")
 def hash_block_tokens(parent_hash: Optional[int], token_ids: tuple[int, ...],
                       extra_keys: Optional[tuple] = None) -> int:
     return hash((_ROOT_HASH if parent_hash is None else parent_hash, token_ids, extra_keys))
+
+
+def _extra_keys(lora_key: Optional[object], mm_features: Optional[list], start: int,
+                end: int) -> Optional[tuple]:
+    """What besides its tokens tells a block's KV apart: the adapter and the images
+    with placeholder tokens in positions [start, end) (None when neither)."""
+    images = tuple(f.identifier for f in mm_features or () if f.overlaps(start, end))
+    if not images:
+        return lora_key
+    return (lora_key, images)
 
 
 @dataclass
@@ -52,9 +64,10 @@ class KVCacheManager:
         bs = self.block_size
         hashes = request.block_hashes
         tokens = request.all_token_ids
-        extra = request.lora_request.cache_key if request.lora_request else None
+        lora = request.lora_request.cache_key if request.lora_request else None
         for i in range(len(hashes), len(tokens) // bs):
             parent = hashes[-1] if hashes else None
+            extra = _extra_keys(lora, request.mm_features, i * bs, (i + 1) * bs)
             hashes.append(hash_block_tokens(parent, tuple(tokens[i * bs:(i + 1) * bs]), extra))
         return hashes
 

@@ -26,9 +26,9 @@ class NewRequestData:
     ModelRunnerBase.prepare_lora_mapping)."""
     pooling_params: Optional[PoolingParams] = None
     """Set for a pooling request: the runner pools its prompt instead of sampling."""
-    mm_inputs: Optional[Any] = None
-    """Multimodal inputs of the prompt (None: text only). The runner refuses any other
-    value until multimodal models land (see ModelRunnerBase.gather_mm_embeddings)."""
+    mm_inputs: Optional[list[Any]] = None
+    """The prompt's `MultiModalFeature`s (vllm/multimodal/inputs.py), None: text only.
+    The runner merges their encoder outputs in (ModelRunnerBase.gather_mm_embeddings)."""
 
 
 @dataclass
@@ -70,6 +70,10 @@ class SchedulerOutput:
     """[rows, ceil(vocab / 32)] int32: bit t % 32 of word t // 32 set = token t allowed.
     None when no request of the step is constrained (see
     ModelRunnerBase.apply_logits_processors)."""
+
+    free_encoder_mm_hashes: list[str] = field(default_factory=list)
+    """Images whose encoder outputs the runner drops now (the scheduler's
+    EncoderCacheManager evicted them; vllm/multimodal/encoder_cache.py)."""
 
     @property
     def is_empty(self) -> bool:

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Optional
 
 from vllm.config import VllmConfig
 from vllm.core.kv_cache_manager import KVCacheManager
+from vllm.multimodal.encoder_cache import EncoderCacheManager, schedule_encoder_inputs
 from vllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                     SchedulerOutput)
 from vllm.request import Request, RequestStatus
@@ -94,6 +95,10 @@ class Scheduler:
         lora_config = vllm_config.lora_config
         self.max_loras = lora_config.max_loras if lora_config is not None else 0
         self.structured_output_manager = StructuredOutputManager(vllm_config)
+        # Image encoder work per step and the runner's encoder cache, in placeholder
+        # tokens: at least a whole prompt's worth, so any image that fits fits here.
+        self.encoder_budget = max(self.max_num_batched_tokens, self.max_model_len)
+        self.encoder_cache_manager = EncoderCacheManager(self.encoder_budget)
         self._failed_outputs: list[EngineCoreOutput] = []
         """Outputs of requests that ended without being scheduled (grammar compile failed)."""
         spec = getattr(vllm_config, "speculative_config", None)
@@ -128,6 +133,7 @@ class Scheduler:
 
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
+        self.encoder_cache_manager.release(request.request_id, request.mm_features)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
 
@@ -153,6 +159,7 @@ class Scheduler:
         cached_reqs: list[CachedRequestData] = []
         preemptions_before = self.num_preemptions
         loras: set[int] = set()  # distinct adapters of this step (one device slot each)
+        self._encoder_left = self.encoder_budget
 
         spec_tokens: dict[str, list[int]] = {}
         idx = 0
@@ -164,9 +171,18 @@ class Scheduler:
                     or self._has_enough_in_flight(request)):
                 idx += 1
                 continue
+            wanted = num_new
+            num_new, to_encode = self._fit_encoder_inputs(request, request.num_computed_tokens,
+                                                          num_new)
+            if num_new <= 0:
+                idx += 1
+                continue
+            if num_new < wanted:
+                drafts = []  # cut before an image: still in the prompt, no drafts
             new_blocks = self._allocate_or_preempt(request, num_new)
             if new_blocks is None:
                 break  # the request itself was preempted
+            self._book_encoder_inputs(request, to_encode)
             num_scheduled[request.request_id] = num_new
             if drafts:
                 spec_tokens[request.request_id] = drafts
@@ -186,7 +202,8 @@ class Scheduler:
             num_scheduled_tokens=num_scheduled,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids, scheduled_spec_decode_tokens=spec_tokens,
-            structured_output_request_ids=so_ids, grammar_bitmask=bitmask)
+            structured_output_request_ids=so_ids, grammar_bitmask=bitmask,
+            free_encoder_mm_hashes=self.encoder_cache_manager.take_freed())
         self.finished_req_ids = set()
         if self.async_scheduling:
             self._book_scheduled(num_scheduled)
@@ -279,6 +296,7 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
         request.spec_token_ids = []
+        self.encoder_cache_manager.release(request.request_id, request.mm_features)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -335,11 +353,16 @@ class Scheduler:
             if not self.enable_chunked_prefill and num_new > budget:
                 break
             num_new = min(num_new, budget)
+            wanted = num_new
+            num_new, to_encode = self._fit_encoder_inputs(request, num_computed, num_new)
+            if num_new <= 0 or (num_new < wanted and not self.enable_chunked_prefill):
+                break
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request, num_new, computed_blocks,
                 self._lookahead(request, num_computed + num_new))
             if new_blocks is None:
                 break
+            self._book_encoder_inputs(request, to_encode)
             self.waiting.popleft()
             self.running.append(request)
             resumed = request.status == RequestStatus.PREEMPTED
@@ -369,8 +392,32 @@ class Scheduler:
                 block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
                 num_computed_tokens=num_computed,
                 wants_prompt_logprobs=request.wants_prompt_logprobs,
-                lora_request=request.lora_request, pooling_params=request.pooling_params))
+                lora_request=request.lora_request, pooling_params=request.pooling_params,
+                mm_inputs=request.mm_features))
         return budget
+
+    def _fit_encoder_inputs(self, request: Request, start: int, num_new: int
+                            ) -> tuple[int, list]:
+        """(tokens that fit this step's encoder budget and cache, images to encode)."""
+        if not request.mm_features:
+            return num_new, []
+        num_new, to_encode, self._encoder_left = schedule_encoder_inputs(
+            self.encoder_cache_manager, request.request_id, request.mm_features, start,
+            num_new, self._encoder_left)
+        return num_new, to_encode
+
+    def _book_encoder_inputs(self, request: Request, to_encode: list) -> None:
+        """The request's images in this chunk: cached ones it now uses, new ones
+        allocated (the runner encodes them this step)."""
+        if not request.mm_features:
+            return
+        manager = self.encoder_cache_manager
+        for feature in request.mm_features:
+            if manager.is_cached(feature.identifier):
+                manager.use(request.request_id, feature.identifier)
+        for feature in to_encode:
+            if not manager.is_cached(feature.identifier):
+                manager.allocate(request.request_id, feature.identifier, feature.length)
 
     def _grammar_ready(self, request: Request) -> bool:
         """Whether the request's grammar is compiled; a failed compile ends the request."""

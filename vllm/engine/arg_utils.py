@@ -75,6 +75,8 @@ class EngineArgs:
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: Optional[dict] = None
+    limit_mm_per_prompt: Optional[dict] = None
+    allowed_local_media_path: str = ""
     # cache
     block_size: Optional[int] = None
     gpu_memory_utilization: float = 0.9
@@ -146,7 +148,8 @@ class EngineArgs:
                 group.add_argument(flag, type=str, default=default, help=help_text,
                                    choices=list(RUNNER_CHOICES if f.name == "runner"
                                                 else CONVERT_CHOICES))
-            elif f.name in ("hf_overrides", "override_generation_config", "pooler_config"):
+            elif f.name in ("hf_overrides", "override_generation_config", "pooler_config",
+                            "limit_mm_per_prompt"):
                 group.add_argument(flag, type=parse_json_dict, default=None, help=help_text)
             elif f.type in ("bool", bool):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction,
@@ -194,7 +197,9 @@ class EngineArgs:
             generation_config=self.generation_config,
             override_generation_config=self.override_generation_config,
             enable_sleep_mode=self.enable_sleep_mode, runner=self.runner,
-            convert=self.convert, pooler_config=self.pooler_config)
+            convert=self.convert, pooler_config=self.pooler_config,
+            limit_mm_per_prompt=self.limit_mm_per_prompt,
+            allowed_local_media_path=self.allowed_local_media_path)
         cache_config = CacheConfig(
             block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,

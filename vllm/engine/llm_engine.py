@@ -91,7 +91,7 @@ class LLMEngine:
                              "the embeddings and score APIs), not SamplingParams.")
         if lora_request is not None:
             self._check_lora_request(lora_request)
-        prompt_text, prompt_ids = self.processor.tokenize_prompt(prompt)
+        prompt_text, prompt_ids, mm_features = self.processor.process_prompt(prompt)
         params, max_tokens = self.processor.process_params(prompt_ids, params)
         so_request = self.processor.structured_output_request(params)
         arrival = arrival_time if arrival_time is not None else time.time()
@@ -103,7 +103,7 @@ class LLMEngine:
         requests = [Request(
             request_id=cid, prompt_token_ids=prompt_ids, sampling_params=cparams,
             eos_token_id=self.processor.eos_token_id, arrival_time=arrival,
-            max_tokens=max_tokens, lora_request=lora_request,
+            max_tokens=max_tokens, lora_request=lora_request, mm_features=mm_features,
             structured_output_request=(dataclasses.replace(so_request)
                                        if so_request is not None else None))
             for cid, cparams in zip(child_ids, child_params)]

@@ -20,10 +20,38 @@ class Processor:
         self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
         self.tokenizer = tokenizer
         self.params_policy = RequestParamsPolicy.from_model_config(model_config)
+        self.mm_processor = None
+        """Images -> features (vllm/multimodal/processing.py), for multimodal models."""
+        if getattr(model_config, "is_multimodal_model", False):
+            from vllm.multimodal.processing import MultiModalProcessor
+            self.mm_processor = MultiModalProcessor(model_config)
         self.eos_token_id: Optional[int] = tokenizer.eos_token_id
         if self.eos_token_id is None:
             eos = model_config.try_get_generation_config().get("eos_token_id")
             self.eos_token_id = eos[0] if isinstance(eos, list) else eos
+
+    def process_prompt(self, prompt: PromptType
+                       ) -> tuple[Optional[str], list[int], Optional[list]]:
+        """(prompt text or None, token ids, multimodal features or None).
+
+        A prompt with `multi_modal_data` goes through the model's processor, which
+        expands its image placeholders; a token prompt is decoded to text for it.
+        """
+        mm_data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        if mm_data is None:
+            return (*self.tokenize_prompt(prompt), None)
+        if self.mm_processor is None:
+            raise ValueError("multi_modal_data: multimodal inputs are not supported by "
+                             f"this model ({', '.join(self.model_config.architectures)}).")
+        text = prompt.get("prompt")
+        if not isinstance(text, str):
+            ids = prompt.get("prompt_token_ids")
+            if ids is None:
+                raise ValueError("A prompt with multi_modal_data needs 'prompt' text or "
+                                 "'prompt_token_ids'.")
+            text = self.tokenizer.decode(list(ids))
+        ids, features = self.mm_processor.process(text, mm_data)
+        return text, ids, features or None
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         """(prompt text or None, token ids) for a str, {"prompt"} or {"prompt_token_ids"}."""
@@ -31,6 +59,9 @@ class Processor:
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, dict):
             check_prompt_keys(prompt)
+            if prompt.get("multi_modal_data") is not None:
+                raise ValueError("multi_modal_data: multimodal inputs are taken by "
+                                 "generation requests only (not pooling or beam search).")
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
                 if not isinstance(ids, (list, tuple)) or not all(

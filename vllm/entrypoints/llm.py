@@ -243,16 +243,37 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin):
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              chat_template_kwargs: Optional[dict[str, Any]] = None,
              lora_request: Optional[LoRARequest] = None) -> list[RequestOutput]:
+        """Chat completions offline. With a multimodal model, content parts may be
+        {"type": "image_url", "image_url": {"url": ...}} (data:, http(s):, file: under
+        allowed_local_media_path) or {"type": "image_pil", "image_pil": PIL image}."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
-        prompts = [{"prompt_token_ids": self._apply_chat_template(
-            conv, chat_template, add_generation_prompt, continue_final_message,
-            chat_template_kwargs or {})} for conv in conversations]
+        prompts = [self._chat_prompt(conv, chat_template, add_generation_prompt,
+                                     continue_final_message, chat_template_kwargs or {})
+                   for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
                              lora_request=lora_request)
 
+    def _chat_prompt(self, conversation: ChatMessages, *template_args: Any) -> dict[str, Any]:
+        """The engine prompt of one conversation: token ids, or for a multimodal model
+        whose messages hold images, the rendered text and the images (loaded here)."""
+        mm = self.llm_engine.processor.mm_processor
+        if mm is None or not _has_image_parts(conversation):
+            return {"prompt_token_ids": self._apply_chat_template(conversation, *template_args)}
+        from vllm.entrypoints.openai.chat_utils import conversation_and_images
+        from vllm.entrypoints.openai.errors import OpenAIError
+        from vllm.multimodal.media import load_image_url
+        try:
+            conversation, refs = conversation_and_images(conversation, mm.image_placeholder)
+        except OpenAIError as e:  # the server's 400 is the offline API's ValueError
+            raise ValueError(str(e)) from e
+        root = self.llm_engine.model_config.allowed_local_media_path
+        images = [load_image_url(r, root) if isinstance(r, str) else r for r in refs]
+        text = self._apply_chat_template(conversation, *template_args, tokenize=False)
+        return {"prompt": text, "multi_modal_data": {"image": images}}
+
     def _apply_chat_template(self, conversation: ChatMessages, chat_template: Optional[str],
                              add_generation_prompt: bool, continue_final_message: bool,
-                             kwargs: dict[str, Any]) -> list[int]:
+                             kwargs: dict[str, Any], tokenize: bool = True) -> Any:
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message and add_generation_prompt cannot both "
                              "be true.")
@@ -263,4 +284,12 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin):
             conversation, chat_template=chat_template, tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, **kwargs)
+        if not tokenize:
+            return text
         return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _has_image_parts(conversation: Any) -> bool:
+    return any(isinstance(m, dict) and isinstance(m.get("content"), list) and any(
+        isinstance(p, dict) and p.get("type") in ("image_url", "image_pil")
+        for p in m["content"]) for m in conversation)

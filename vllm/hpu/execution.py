@@ -92,18 +92,21 @@ class HPUModelAdapter(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
                 kv_caches: list[torch.Tensor], lora_slots: Optional[torch.Tensor] = None,
-                intermediate_tensors: Optional[IntermediateTensors] = None
+                intermediate_tensors: Optional[IntermediateTensors] = None,
+                inputs_embeds: Optional[torch.Tensor] = None
                 ) -> Union[torch.Tensor, IntermediateTensors]:
         """Hidden states; on a pipeline stage before the last, its IntermediateTensors
-        (a later stage gets the previous one's as `intermediate_tensors`)."""
+        (a later stage gets the previous one's as `intermediate_tensors`). A
+        multimodal model's prompt passes bring `inputs_embeds` (images merged in)."""
         args = (input_ids, positions) if intermediate_tensors is None else (
             input_ids, positions, intermediate_tensors)
+        kwargs = {} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         with set_forward_context(attn_metadata, kv_caches, self.attn_impl):
             if lora_slots is None or self.lora_batch is None:
-                return self.model(*args)
+                return self.model(*args, **kwargs)
             self.lora_batch.set_indices(lora_slots)  # inside the graph: an input
             try:
-                return self.model(*args)
+                return self.model(*args, **kwargs)
             finally:
                 self.lora_batch.clear()
 
@@ -151,7 +154,8 @@ def prepare_forward_module(model: nn.Module, attn_impl: Any, mode: ExecutionMode
 def run_forward(module: nn.Module, mode: ExecutionMode, use_graph: bool,
                 input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any,
                 kv_caches: list[torch.Tensor], lora_slots: Optional[torch.Tensor] = None,
-                intermediate_tensors: Optional[IntermediateTensors] = None
+                intermediate_tensors: Optional[IntermediateTensors] = None,
+                inputs_embeds: Optional[torch.Tensor] = None
                 ) -> Union[torch.Tensor, IntermediateTensors]:
     """One forward pass; in lazy modes the graph is cut before and after it.
 
@@ -161,6 +165,8 @@ def run_forward(module: nn.Module, mode: ExecutionMode, use_graph: bool,
     extra = () if lora_slots is None else (lora_slots,)
     kwargs: dict[str, Any] = ({} if intermediate_tensors is None else
                               {"intermediate_tensors": intermediate_tensors})
+    if inputs_embeds is not None:
+        kwargs["inputs_embeds"] = inputs_embeds
     if mode.is_lazy:
         habana.mark_step()
     if mode is ExecutionMode.HPU_GRAPHS:

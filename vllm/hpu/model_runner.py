@@ -162,6 +162,13 @@ class HPUModelRunner(ModelRunnerBase):
             lora_batch=self.lora_manager.batch if self.lora_manager else None)
         if self.uses_hpu_graphs:
             log_took("Wrapping in HPU Graph", wrap_before)
+        self.vision_encoder = None
+        if getattr(self.model, "supports_multimodal", False):
+            from vllm.hpu.mm_encoder import HPUVisionEncoder
+            from vllm.multimodal.processing import mm_limit
+            self.vision_encoder = HPUVisionEncoder(
+                self.model, self.tracker, self.mode.value,
+                mm_limit(self.model_config.limit_mm_per_prompt, "image"))
         log_took("Loading model weights", before, time.perf_counter() - start)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -360,6 +367,8 @@ class HPUModelRunner(ModelRunnerBase):
         self.capture_on_first_use = False  # warmed: graphs follow the memory budget
         with self.profiler.record("warmup"):
             result = HPUWarmup(self.warmup_ops()).run()
+            if getattr(self, "vision_encoder", None) is not None:
+                self.vision_encoder.warmup()
         self.tracker.finish_warmup()
         self.warmup_seconds = result.seconds
         logger.info("Warmup finished in %.0f secs, allocated %s of device memory "
@@ -417,7 +426,8 @@ class HPUModelRunner(ModelRunnerBase):
         batch: HPUBatch = fwd.platform_data
         with self.calibration(self._real_rows(batch) if self.calibrating else None):
             hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch),
-                                             lora_slots=fwd.lora_mapping, serving=True)
+                                             lora_slots=fwd.lora_mapping, serving=True,
+                                             inputs_embeds=fwd.inputs_embeds)
         if self.is_pooling:
             return PassOutput(hidden_states=hidden, sample_logits=None)
         if logits is None:
@@ -723,7 +733,8 @@ class HPUModelRunner(ModelRunnerBase):
 
     def _run_batch(self, batch: HPUBatch, use_graph: bool,
                    kv_caches: Optional[list[torch.Tensor]] = None,
-                   lora_slots: Optional[np.ndarray] = None, serving: bool = False
+                   lora_slots: Optional[np.ndarray] = None, serving: bool = False,
+                   inputs_embeds: Optional[torch.Tensor] = None
                    ) -> tuple[Any, Optional[torch.Tensor]]:
         """Forward pass plus logits at the batch's [B] logits rows.
 
@@ -734,10 +745,11 @@ class HPUModelRunner(ModelRunnerBase):
         intermediate = self._stage_input(batch, serving)
         phase = "prompt" if batch.is_prompt else "decode"
         label = f"{phase} {tuple(batch.bucket)}"
+        inputs_embeds = self._prompt_embeds(batch, inputs_embeds, label)
         signature = None if use_graph else (
             self.mode.value, bool(kv),
             input_signature((batch.input_ids, batch.positions, batch.attn_metadata, lora,
-                             intermediate)),
+                             intermediate, inputs_embeds)),
             baked_constants(self.model))
         if use_graph:
             self._count_graph_run((batch.is_prompt, batch.bucket, lora is not None, bool(kv)))
@@ -745,7 +757,8 @@ class HPUModelRunner(ModelRunnerBase):
                                   graph=use_graph), \
                 self.tracker.track_pass(label, signature):
             hidden = run_forward(self.forward_module, self.mode, use_graph, batch.input_ids,
-                                 batch.positions, batch.attn_metadata, kv, lora, intermediate)
+                                 batch.positions, batch.attn_metadata, kv, lora, intermediate,
+                                 inputs_embeds)
         if not get_pp_group().is_last_rank:
             if serving:
                 get_pp_group().send_tensor_dict(hidden.tensors)
@@ -758,6 +771,23 @@ class HPUModelRunner(ModelRunnerBase):
                                       tuple(batch.logits_indices.shape))):
             logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         return hidden, logits
+
+    def _prompt_embeds(self, batch: HPUBatch, inputs_embeds: Optional[torch.Tensor],
+                       label: str) -> Optional[torch.Tensor]:
+        """A multimodal model's prompt passes always take embeddings (images merged in,
+        or the tokens' own), so each prompt bucket has one signature, the one its warmup
+        compiled; the embedding lookup is its own tracked shape."""
+        if (inputs_embeds is not None or not batch.is_prompt
+                or getattr(self, "vision_encoder", None) is None
+                or not get_pp_group().is_first_rank):
+            return inputs_embeds
+        with self.tracker.track_pass(f"embed {label}", ("embed", self.mode.value,
+                                                        tuple(batch.input_ids.shape))):
+            return self.model.get_input_embeddings(batch.input_ids)
+
+    def _encode_mm_items(self, items: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """The vision encoder in bucketed image batches (vllm/hpu/mm_encoder.py)."""
+        return self.vision_encoder.encode(items)
 
     def _count_graph_run(self, key: tuple) -> None:
         """Graph captures (first run of a key) and replays, counted by the runner so

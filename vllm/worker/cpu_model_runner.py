@@ -55,7 +55,7 @@ class CPUModelRunner(ModelRunnerBase):
         self.model = self._load_weights(self.vllm_config)
         if self.native_attention:
             tp = self.vllm_config.parallel_config.tensor_parallel_size
-            heads = max(1, self.model_config.hf_config.num_attention_heads // tp)
+            heads = max(1, self.model_config.hf_text_config.num_attention_heads // tp)
             self.prefill_plan = prefill_choice.choose_plan(
                 heads, self._kv_heads_per_rank(), self.model_config.get_head_size(),
                 self.dtype)

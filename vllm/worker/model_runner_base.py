@@ -22,9 +22,9 @@ only `_prepare_inputs`, `_execute_pass` and its setup (model loading, KV cache).
 Feature hooks (one call site each, here): `update_draft_tokens` (speculative
 decoding), `prepare_lora_mapping` (LoRA), `gather_mm_embeddings` (multimodal),
 `apply_logits_processors` (structured outputs, per-row logits processors). They
-cost nothing while a feature is unused; the ones whose feature is not implemented
-yet (draft tokens, multimodal inputs) are extension points that refuse its inputs
-with NotImplementedError instead of ignoring them. docs/INTERNALS.md shows where
+cost nothing while a feature is unused; the one whose feature is not implemented
+yet (draft tokens) is an extension point that refuses its inputs with
+NotImplementedError instead of ignoring them. docs/INTERNALS.md shows where
 each sits in the step.
 """
 from __future__ import annotations
@@ -134,6 +134,9 @@ class ModelRunnerBase:
         self.kv_caches: list[torch.Tensor] = []
         self.num_kv_blocks = 0
         """Blocks of the KV cache (what a wake-up from sleep allocates again)."""
+        self.encoder_cache: dict[str, torch.Tensor] = {}
+        """Image content hash -> its encoder output [tokens, hidden] (see
+        gather_mm_embeddings; the scheduler's EncoderCacheManager decides what stays)."""
         self.sleeping_tags: set[str] = set()
         """What sleep mode released and wake_up has not restored yet (sleep_mode.py)."""
         self._sleeping_weights: Optional[SleepingWeights] = None
@@ -389,7 +392,11 @@ class ModelRunnerBase:
         if not pp.is_first_rank:
             intermediate = IntermediateTensors(pp.recv_tensor_dict(device=self.device))
         with set_forward_context(fwd.attn_metadata, self.kv_caches, self.attn_impl):
-            hidden = self.model(fwd.input_ids, fwd.positions, intermediate)
+            if fwd.inputs_embeds is None:
+                hidden = self.model(fwd.input_ids, fwd.positions, intermediate)
+            else:
+                hidden = self.model(fwd.input_ids, fwd.positions, intermediate,
+                                    inputs_embeds=fwd.inputs_embeds)
         if not pp.is_last_rank:
             pp.send_tensor_dict(hidden.tensors)
             return None
@@ -397,6 +404,7 @@ class ModelRunnerBase:
 
     def _update_states(self, so: SchedulerOutput) -> None:
         """Bring request states and the persistent batch in line with `so`."""
+        self.free_encoder_outputs(so)
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
             self.input_batch.remove_request(req_id)
@@ -594,14 +602,66 @@ class ModelRunnerBase:
     def gather_mm_embeddings(self, fwd: ForwardPass) -> Optional[torch.Tensor]:
         """Multimodal hook, called once per pass after `prepare_lora_mapping`.
 
-        Extension point: it is to return the pass's input embeddings with the encoder
-        outputs of its requests' multimodal items merged in at their placeholder
-        positions; `_execute_pass` then feeds `fwd.inputs_embeds` instead of the token
-        ids. Returns None for text-only passes (the only case supported yet); refuses
-        requests that carry multimodal inputs.
+        Returns the pass's input embeddings with the encoder outputs of its requests'
+        images written over their placeholder rows (`_execute_pass` then feeds
+        `fwd.inputs_embeds` instead of the token ids), or None for a pass with no
+        placeholder token in it. An image's encoder output is computed once and kept in
+        `encoder_cache` by its content hash until the scheduler frees it
+        (`SchedulerOutput.free_encoder_mm_hashes`), so a prompt split over several steps,
+        or another request with the same image, does not run the encoder again.
         """
-        self._refuse_requests_with(fwd.req_ids, "mm_inputs", "multimodal inputs")
-        return None
+        if not getattr(self.model, "supports_multimodal", False):
+            self._refuse_requests_with(fwd.req_ids, "mm_inputs", "multimodal inputs")
+            return None
+        if not get_pp_group().is_first_rank:
+            return None  # later pipeline stages start from the previous stage's states
+        spans = self._mm_spans(fwd)
+        if not spans:
+            return None
+        self._run_encoder([f for f, _, _, _ in spans])
+        embeds = self.model.get_input_embeddings(fwd.input_ids)
+        for feature, row, lo, hi in spans:
+            out = self.encoder_cache[feature.identifier]
+            embeds[row:row + hi - lo] = out[lo:hi].to(embeds.dtype)
+        return embeds
+
+    def _mm_spans(self, fwd: ForwardPass) -> list[tuple[Any, int, int, int]]:
+        """(feature, first row, lo, hi) for each image whose placeholder tokens lo..hi-1
+        (relative to the image) are among the pass's rows."""
+        spans = []
+        for req_id, offset, n in zip(fwd.req_ids, fwd.row_offsets, fwd.num_tokens):
+            state = self.requests[req_id]
+            if not state.mm_inputs:
+                continue
+            start = state.num_computed_tokens
+            for feature in state.mm_inputs:
+                if feature.overlaps(start, start + n):
+                    lo = max(start, feature.offset)
+                    hi = min(start + n, feature.end)
+                    spans.append((feature, offset + lo - start, lo - feature.offset,
+                                  hi - feature.offset))
+        return spans
+
+    def _run_encoder(self, features: list[Any]) -> None:
+        """Encode, in one batch, the images of `features` not in the encoder cache."""
+        todo = {f.identifier: f for f in features if f.identifier not in self.encoder_cache}
+        if not todo:
+            return
+        outputs = self._encode_mm_items([f.data for f in todo.values()])
+        for (key, feature), out in zip(todo.items(), outputs):
+            if out.shape[0] != feature.length:
+                raise ValueError(f"The vision encoder gave {out.shape[0]} embeddings for an "
+                                 f"image with {feature.length} placeholder tokens.")
+            self.encoder_cache[key] = out
+
+    def _encode_mm_items(self, items: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        """The vision encoder on a batch of images (HPU: padded to bucketed sizes)."""
+        return self.model.embed_multimodal(items)
+
+    def free_encoder_outputs(self, so: SchedulerOutput) -> None:
+        """Drop the encoder outputs the scheduler evicted from its mirror of the cache."""
+        for key in so.free_encoder_mm_hashes:
+            self.encoder_cache.pop(key, None)
 
     def apply_logits_processors(self, logits: torch.Tensor, req_ids: list[Optional[str]],
                                 so: SchedulerOutput) -> torch.Tensor:

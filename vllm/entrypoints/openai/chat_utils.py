@@ -1,8 +1,10 @@
 """Chat messages -> prompt text through a Jinja chat template.
 
 The template is the request's `chat_template`, else the server's --chat-template, else the
-tokenizer's own. Message content may be a string or a list of {"type": "text"} parts;
-other part types (images, audio) are refused: this server runs text-only models.
+tokenizer's own. Message content may be a string or a list of {"type": "text"} parts,
+and, for multimodal models, {"type": "image_url"} parts: each image becomes the
+model's placeholder text in the message (the processor expands it) and its URL is
+collected in order (`conversation_and_images`). Other part types are refused.
 """
 from __future__ import annotations
 
@@ -46,38 +48,77 @@ def check_request_chat_template(request: Any, trusted: bool) -> None:
 
 
 def conversation_from_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Plain dicts for the template; list content is joined into one string."""
+    """Plain dicts for the template; list content is joined into one string (text-only:
+    image parts are refused)."""
+    return conversation_and_images(messages, None)[0]
+
+
+def conversation_and_images(messages: list[Any], image_placeholder: Optional[str]
+                            ) -> tuple[list[dict[str, Any]], list[Any]]:
+    """(conversation dicts, image references in order). `messages` are ChatMessage
+    models or plain dicts (the offline LLM.chat); an image reference is an image_url's
+    URL or, offline, a PIL image (`image_pil` parts). Image parts are refused when
+    `image_placeholder` is None (a text-only model)."""
     if not messages:
         raise BadRequestError("messages must contain at least one message.", param="messages")
-    conversation = []
+    conversation, images = [], []
     for i, message in enumerate(messages):
-        entry: dict[str, Any] = dict(message.model_extra or {})
-        entry["role"] = message.role
-        entry["content"] = _content_text(message.content, i)
-        if message.name is not None:
-            entry["name"] = message.name
+        if isinstance(message, dict):
+            entry = {k: v for k, v in message.items() if k != "content"}
+            content = message.get("content")
+        else:
+            entry = dict(message.model_extra or {})
+            entry["role"] = message.role
+            if message.name is not None:
+                entry["name"] = message.name
+            content = message.content
+        entry["content"] = _content_text(content, i, image_placeholder, images)
         conversation.append(entry)
-    return conversation
+    return conversation, images
 
 
-def _content_text(content: Any, index: int) -> str:
+def _part_field(part: Any, name: str) -> Any:
+    return part.get(name) if isinstance(part, dict) else getattr(part, name, None)
+
+
+def _content_text(content: Any, index: int, image_placeholder: Optional[str] = None,
+                  images: Optional[list[Any]] = None) -> str:
     """A message's text; null content (e.g. an assistant turn) is the empty string, which
-    every text template can render."""
+    every text template can render. Image parts become `image_placeholder`."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     texts = []
     for j, part in enumerate(content):
-        if part.type != "text":
-            raise BadRequestError(
-                f"Content part type {part.type!r} is not supported; only 'text' parts are "
-                "(this server runs text-only models).", param=f"messages.{index}.content.{j}")
-        if part.text is None:
+        kind = _part_field(part, "type")
+        param = f"messages.{index}.content.{j}"
+        if kind in ("image_url", "image_pil") and image_placeholder is not None:
+            texts.append(image_placeholder)
+            images.append(_image_ref(part, kind, param))
+            continue
+        if kind != "text":
+            allowed = ("'text' and 'image_url' parts are" if image_placeholder is not None
+                       else "'text' parts are (this model takes no images)")
+            raise BadRequestError(f"Content part type {kind!r} is not supported; only "
+                                  f"{allowed}.", param=param)
+        text = _part_field(part, "text")
+        if text is None:
             raise BadRequestError("A 'text' content part needs a 'text' field.",
-                                  param=f"messages.{index}.content.{j}.text")
-        texts.append(part.text)
+                                  param=f"{param}.text")
+        texts.append(text)
     return "\n".join(texts)
+
+
+def _image_ref(part: Any, kind: str, param: str) -> Any:
+    value = _part_field(part, kind)
+    if kind == "image_pil":
+        return value
+    url = _part_field(value, "url") if value is not None else None
+    if not isinstance(url, str) or not url:
+        raise BadRequestError("An 'image_url' content part needs image_url.url.",
+                              param=f"{param}.image_url")
+    return url
 
 
 def apply_chat_template(tokenizer: Any, conversation: list[dict[str, Any]], *,

@@ -353,9 +353,15 @@ class CompletionStreamResponse(ResponseModel):
 
 
 # -------------------------------------------------------------------- chat
+class ImageURL(OpenAIBaseModel):
+    url: str
+    detail: Optional[str] = None
+
+
 class ChatContentPart(OpenAIBaseModel):
     type: str
     text: Optional[str] = None
+    image_url: Optional[ImageURL] = None
 
 
 class ChatMessage(OpenAIBaseModel):

@@ -15,7 +15,9 @@ import vllm.envs as envs
 from vllm.entrypoints.openai.chat_parsing import ChoiceParser, ToolPlan
 from vllm.entrypoints.openai.chat_utils import (apply_chat_template,
                                                 check_request_chat_template,
-                                                conversation_from_messages)
+                                                conversation_and_images)
+from vllm.entrypoints.openai.chat_media import ChatImages
+from vllm.entrypoints.openai.errors import BadRequestError
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
                                               ChatCompletionResponseChoice,
                                               ChatCompletionResponseStreamChoice,
@@ -46,6 +48,7 @@ class OpenAIServingChat(OpenAIServing):
         self.response_role = response_role
         self.chat_template = chat_template
         self.trust_request_chat_template = trust_request_chat_template
+        self.chat_images = ChatImages(self.model_config)
         # Request templates are code from the client: rendered in a killable helper process.
         self.template_sandbox = (TemplateSandbox(self.tokenizer,
                                                  envs.VLLM_CHAT_TEMPLATE_TIMEOUT_S,
@@ -55,7 +58,8 @@ class OpenAIServingChat(OpenAIServing):
     async def render_prompt(self, request: Any) -> PromptInput:
         """Messages -> template text -> token ids (shared with /tokenize)."""
         check_request_chat_template(request, self.trust_request_chat_template)
-        conversation = conversation_from_messages(request.messages)
+        conversation, image_refs = conversation_and_images(request.messages,
+                                                           self.chat_images.placeholder)
         self.check_prompt_chars(sum(len(m["content"]) for m in conversation), "messages",
                                 "messages")
         job = dict(conversation=conversation,
@@ -70,6 +74,9 @@ class OpenAIServingChat(OpenAIServing):
         else:
             text = await self.run_blocking(apply_chat_template, self.tokenizer, **job)
         ids = await self.tokenize_text(text, request.add_special_tokens, "messages")
+        if image_refs:
+            images = await self.chat_images.load(image_refs)
+            return PromptInput(ids, text, multi_modal_data={"image": images})
         return PromptInput(ids, text)
 
     def response_role_for(self, request: ChatCompletionRequest) -> str:
@@ -86,6 +93,9 @@ class OpenAIServingChat(OpenAIServing):
         truncated = self.truncate(prompt.token_ids, request.truncate_prompt_tokens,
                                   self.max_model_len, request.truncation_side)
         if truncated is not prompt.token_ids:
+            if prompt.multi_modal_data:
+                raise BadRequestError("truncate_prompt_tokens cannot cut a prompt with "
+                                      "images.", param="truncate_prompt_tokens")
             prompt = PromptInput(truncated, None)
         max_tokens_param = ("max_completion_tokens" if request.max_completion_tokens
                             is not None else "max_tokens")
@@ -158,14 +168,15 @@ class OpenAIServingChat(OpenAIServing):
                 logprobs=logprobs, finish_reason=parser.finish_reason(c.finish_reason),
                 stop_reason=c.stop_reason,
                 token_ids=list(c.token_ids) if with_ids else None))
-        prompt_tokens = len(prompt.token_ids)
+        prompt_ids = (final.prompt_token_ids if prompt.multi_modal_data
+                      and final.prompt_token_ids else prompt.token_ids)  # images expanded
         return ChatCompletionResponse(
             id=request_id, created=created, model=model_name, choices=choices,
-            usage=self.usage(len(prompt.token_ids), completion_tokens,
+            usage=self.usage(len(prompt_ids), completion_tokens,
                              final.num_cached_tokens),
             prompt_logprobs=(self.prompt_logprobs_json(final.prompt_logprobs)
                              if request.prompt_logprobs is not None else None),
-            prompt_token_ids=list(prompt.token_ids) if with_ids else None,
+            prompt_token_ids=list(prompt_ids) if with_ids else None,
             prompt_text=prompt.text if request.return_prompt_text else None)
 
     # --------------------------------------------------------------- stream
@@ -206,6 +217,8 @@ class OpenAIServingChat(OpenAIServing):
                     yield chunk(index, DeltaMessage(content=echo))
             async for output in outputs:
                 cached_tokens = output.num_cached_tokens or 0
+                if prompt.multi_modal_data and output.prompt_token_ids:
+                    prompt_tokens = len(output.prompt_token_ids)  # images expanded
                 for c in output.outputs:
                     completion_tokens += len(c.token_ids)
                     if not c.text and not c.token_ids and c.finish_reason is None:

@@ -44,8 +44,13 @@ class PromptInput:
     """One prompt ready for the engine: its token ids and, when known, its text."""
     token_ids: list[int]
     text: Optional[str] = None
+    multi_modal_data: Optional[dict[str, Any]] = None
+    """Images of a chat prompt: the engine's processor expands their placeholders in
+    `text`, so `token_ids` are then the unexpanded ones."""
 
     def engine_prompt(self) -> dict[str, Any]:
+        if self.multi_modal_data:
+            return {"prompt": self.text, "multi_modal_data": self.multi_modal_data}
         prompt: dict[str, Any] = {"prompt_token_ids": self.token_ids}
         if self.text is not None:
             prompt["prompt"] = self.text
@@ -137,7 +142,7 @@ class OpenAIServing:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def check_token_ids(self, token_ids: Sequence[int], param: str) -> None:
-        vocab = max(len(self.tokenizer), self.model_config.hf_config.vocab_size
+        vocab = max(len(self.tokenizer), self.model_config.vocab_size
                     if self.model_config.hf_config is not None else 0)
         for tid in token_ids:
             if not 0 <= tid < vocab:

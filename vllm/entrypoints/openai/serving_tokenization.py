@@ -20,7 +20,12 @@ class OpenAIServingTokenization(OpenAIServing):
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
             self.check_supported(request)
-            token_ids = (await self.chat.render_prompt(request)).token_ids
+            prompt = await self.chat.render_prompt(request)
+            token_ids = prompt.token_ids
+            if prompt.multi_modal_data:  # the engine's view: image placeholders expanded
+                token_ids = await self.run_blocking(
+                    self.chat.chat_images.expanded_ids, prompt.text,
+                    prompt.multi_modal_data["image"])
         else:
             token_ids = await self.tokenize_text(request.prompt, request.add_special_tokens)
         token_strs = None
