@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
@@ -50,7 +49,7 @@ def resolve_strategy(exponential: Optional[bool] = None) -> str:
             raise ValueError(f"VLLM_BUCKETING_STRATEGY must be one of {STRATEGIES}, got "
                              f"{strategy!r}.")
         return strategy
-    if "VLLM_EXPONENTIAL_BUCKETING" in os.environ:
+    if envs.is_set("VLLM_EXPONENTIAL_BUCKETING"):
         logger.warning("VLLM_EXPONENTIAL_BUCKETING is deprecated: use "
                        "VLLM_BUCKETING_STRATEGY=exp|lin.")
         return "exp" if envs.VLLM_EXPONENTIAL_BUCKETING else "lin"
@@ -533,6 +532,17 @@ class HPUBucketingContext:
                        "new graph. Raise the VLLM_%s_*_BUCKET_MAX settings to cover it.",
                        kind, tuple(bucket), tuple(want), kind.upper())
         return bucket
+
+    def drop_cold_bucket(self, is_prompt: bool, bucket: Bucket) -> bool:
+        """Forget a bucket the warmup did not compile when another one covers it (a
+        batch then pads further instead of compiling while serving); True if dropped."""
+        buckets = self.prompt_buckets if is_prompt else self.decode_buckets
+        if bucket not in buckets or not _covering([b for b in buckets if b != bucket],
+                                                   bucket):
+            return False
+        buckets.remove(bucket)
+        self._lookup_cache.clear()
+        return True
 
     @property
     def num_prompt_buckets(self) -> int:
