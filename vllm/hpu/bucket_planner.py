@@ -58,7 +58,7 @@ from vllm.hpu.padding_cost import DECODE_ROW_WEIGHT, decode_cost, prompt_cost, w
 logger = logging.getLogger(__name__)
 
 PLAN_FORMAT = "vllm-hpu-bucket-plan"
-MAX_CANDIDATES = 64
+MAX_CANDIDATES = 128
 INF = float("inf")
 
 
