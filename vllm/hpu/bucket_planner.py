@@ -327,12 +327,22 @@ def default_context(limits: EngineLimits, strategy: str = "exp") -> HPUBucketing
 
 def make_plan(passes: list[TracePass], limits: EngineLimits, max_prompt_buckets: int,
               max_decode_buckets: int, row_weight: int = DECODE_ROW_WEIGHT,
-              cover_limits: bool = False, max_candidates: int = MAX_CANDIDATES) -> BucketPlan:
-    """The optimal plan for the trace (see the module doc), with its traffic weights."""
+              cover_limits: bool = True, max_candidates: int = MAX_CANDIDATES) -> BucketPlan:
+    """The optimal plan for the trace (see the module doc), with its traffic weights.
+
+    `cover_limits` adds passes of weight 0 that the plan must cover, so that traffic
+    unlike the trace still finds a warmed bucket (never a compile while serving): a
+    lone prompt of the longest chunk, a full prompt batch within the token budget (a
+    prompt batch no bucket covers is split by the runner), and the largest decode
+    batch the limits allow (a decode batch cannot be split).
+    """
     prompt_pts, decode_pts = trace_points(passes)
-    if cover_limits:  # 0-pass points: covered, not weighted
-        prompt_pts.setdefault((limits.prefill_seqs, min(limits.max_num_batched_tokens,
-                                                        limits.max_model_len)), 0)
+    if cover_limits:
+        longest = min(limits.max_num_batched_tokens, limits.max_model_len)
+        prompt_pts.setdefault((1, longest), 0)
+        full = limits.prefill_seqs
+        prompt_pts.setdefault((full, max(1, min(longest, limits.max_num_batched_tokens // full))),
+                              0)
         decode_pts.setdefault((limits.max_num_seqs, limits.max_num_seqs * -(
             -limits.max_model_len // limits.block_size)), 0)
     if not prompt_pts or not decode_pts:
@@ -382,8 +392,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="warmup seconds of one bucket (a never-warmed shape costs 200-400 ms)")
     p.add_argument("--output", default=None, help="write the plan here (JSON)")
     p.add_argument("--decode-row-weight", type=int, default=DECODE_ROW_WEIGHT)
-    p.add_argument("--cover-limits", action="store_true",
-                   help="also cover the largest batch the engine limits allow")
+    p.add_argument("--no-cover-limits", dest="cover_limits", action="store_false",
+                   help="plan only the trace's shapes (by default the plan also covers the "
+                        "largest batches the engine limits allow, so that no traffic compiles)")
+    p.add_argument("--max-candidates", type=int, default=MAX_CANDIDATES,
+                   help="bucket values considered per dimension (more: closer to the optimum, "
+                        "slower)")
     for name in ("block-size", "max-num-seqs", "max-num-batched-tokens", "max-model-len"):
         p.add_argument(f"--{name}", type=int, default=None,
                        help="engine limit (read from a recorded trace's header)")
@@ -408,7 +422,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if limits is None:
         raise ValueError("the trace has no header: give the engine limits.")
     base = default_context(limits)
-    n_prompt, n_decode = base.num_prompt_buckets, base.num_decode_buckets
+    n_prompt, n_decode = base_prompt, base_decode = (base.num_prompt_buckets,
+                                                     base.num_decode_buckets)
     base_ev = evaluate(base, passes, args.decode_row_weight)
     if args.max_buckets is not None:
         n_prompt = n_decode = args.max_buckets
@@ -416,10 +431,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         cap = warmup_seconds_to_buckets(args.warmup_budget_s / 2, args.seconds_per_bucket)
         n_prompt, n_decode = min(n_prompt, cap), min(n_decode, cap)
     plan = make_plan(passes, limits, n_prompt, n_decode, args.decode_row_weight,
-                     args.cover_limits)
+                     args.cover_limits, args.max_candidates)
     print(f"trace: {sum(p.phase == 'prompt' for p in passes)} prompt passes, "
           f"{sum(p.phase == 'decode' for p in passes)} decode passes")
-    print(f"default exp buckets: {n_prompt} prompt, {n_decode} decode;"
+    print(f"default exp buckets: {base_prompt} prompt, {base_decode} decode;"
           f" padding waste prompt {base_ev.waste['prompt']:.1%}, decode "
           f"{base_ev.waste['decode']:.1%} (bucket rounding alone: prompt "
           f"{base_ev.rounding_waste['prompt']:.1%}; {base_ev.fallbacks} fallback buckets)")
