@@ -142,12 +142,9 @@ class HPUModelRunner(ModelRunnerBase):
 
     @staticmethod
     def _is_driver() -> bool:
-        """One rank records the trace (every TP rank runs the same passes)."""
-        try:
-            from vllm.distributed.parallel_state import get_tp_group
-            return get_tp_group().rank_in_group == 0
-        except Exception:  # groups not initialised yet (a runner built in a unit test)
-            return True
+        """One rank records the trace (every TP rank and PP stage runs the same passes)."""
+        from vllm.distributed.parallel_state import get_tp_group
+        return get_tp_group().rank_in_group == 0 and get_pp_group().is_first_rank
 
     # ------------------------------------------------------------------ setup
     @property
