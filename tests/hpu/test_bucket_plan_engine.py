@@ -3,12 +3,13 @@ the planned run compiles nothing after warmup and measures the padding the plann
 predicted; a warmup budget leaves buckets cold and says which."""
 from __future__ import annotations
 
-import pytest
 
 from tests.hpu.conftest import make_llm, platform_env, ragged_prompt_ids, release, runner_of
 from vllm import SamplingParams
-from vllm.hpu.bucket_planner import make_plan
+from vllm.hpu.bucket_planner import BucketPlan, make_plan
 from vllm.hpu.bucket_trace import read_trace
+from vllm.hpu.bucketing import Bucket, HPUBucketingContext
+from vllm.hpu.warmup_order import traffic_order
 
 ARGS = dict(max_model_len=256, max_num_seqs=4, block_size=16, kv_cache_memory_bytes=1 << 20,
             enable_prefix_caching=False)
@@ -78,3 +79,31 @@ def test_warmup_budget_leaves_cold_buckets_logged(tiny_model_factory, caplog):
             assert runner.tracker.num_compiles_warmup > 0
         finally:
             release(llm)
+
+
+def test_warmup_budget_warms_the_busiest_buckets_first(tiny_model_factory, tmp_path):
+    """With a plan, the buckets that carried the most trace passes are warmed first:
+    a budget that allows only part of the warmup leaves the rarely used ones cold,
+    and a cold bucket covered by a warm one is dropped from the lookup."""
+    plan = BucketPlan(16, [Bucket(1, 16, 0), Bucket(2, 128, 0)],
+                      [Bucket(1, 1, 4), Bucket(4, 1, 64)], prompt_weights=[10, 1],
+                      decode_weights=[20, 1])
+    plan.save(str(tmp_path / "plan.json"))
+    path = tiny_model_factory("llama")
+    with platform_env("hpu", VLLM_BUCKET_PLAN=str(tmp_path / "plan.json")):
+        llm = make_llm(model=path, **ARGS)
+        runner = runner_of(llm)
+        try:
+            ops = runner.warmup_ops()
+        finally:
+            release(llm)
+    order = traffic_order(ops.prompt_buckets, ops.decode_buckets, 16, ops.prompt_traffic,
+                          ops.decode_traffic)
+    assert order[:2] == [(False, Bucket(1, 1, 4)), (True, Bucket(1, 16, 0))]
+    assert set(order[2:]) == {(True, Bucket(2, 128, 0)), (False, Bucket(4, 1, 64))}
+    ctx = HPUBucketingContext(4, None, 16, 256, 256, num_kv_blocks=64,
+                              use_prompt_context=False, strategy="plan", plan=plan)
+    assert ctx.drop_cold_bucket(True, Bucket(1, 16, 0), {Bucket(1, 16, 0)})
+    assert not ctx.drop_cold_bucket(True, Bucket(2, 128, 0), {Bucket(2, 128, 0)})
+    assert ctx.find_prompt_bucket(1, 10) == Bucket(2, 128, 0)
+

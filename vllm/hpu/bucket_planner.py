@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field

@@ -533,11 +533,12 @@ class HPUBucketingContext:
                        kind, tuple(bucket), tuple(want), kind.upper())
         return bucket
 
-    def drop_cold_bucket(self, is_prompt: bool, bucket: Bucket) -> bool:
-        """Forget a bucket the warmup did not compile when another one covers it (a
-        batch then pads further instead of compiling while serving); True if dropped."""
+    def drop_cold_bucket(self, is_prompt: bool, bucket: Bucket, cold: set[Bucket]) -> bool:
+        """Forget a bucket the warmup did not compile when a warm one (not in `cold`)
+        covers it: a batch then pads further instead of compiling while serving.
+        True if dropped."""
         buckets = self.prompt_buckets if is_prompt else self.decode_buckets
-        if bucket not in buckets or not _covering([b for b in buckets if b != bucket],
+        if bucket not in buckets or not _covering([b for b in buckets if b not in cold],
                                                    bucket):
             return False
         buckets.remove(bucket)

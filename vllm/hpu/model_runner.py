@@ -374,8 +374,10 @@ class HPUModelRunner(ModelRunnerBase):
         self.tracker.finish_warmup()
         self.warmup_seconds = result.seconds
         self.cold_buckets = [b for _, b in result.cold]
-        for is_prompt, bucket in result.cold:
-            self.bucketing.drop_cold_bucket(is_prompt, bucket)
+        for phase in (True, False):
+            cold = {b for p, b in result.cold if p == phase}
+            for bucket in cold:
+                self.bucketing.drop_cold_bucket(phase, bucket, cold)
         logger.info("Warmup finished in %.0f secs, allocated %s of device memory "
                     "(%d graph compilations).", result.seconds,
                     format_bytes(result.allocated_bytes), self.tracker.num_compiles_warmup)
