@@ -3,7 +3,6 @@ the planned run compiles nothing after warmup and measures the padding the plann
 predicted; a warmup budget leaves buckets cold and says which."""
 from __future__ import annotations
 
-
 from tests.hpu.conftest import make_llm, platform_env, ragged_prompt_ids, release, runner_of
 from vllm import SamplingParams
 from vllm.hpu.bucket_planner import BucketPlan, make_plan
