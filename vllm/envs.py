@@ -121,7 +121,18 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                "mode."),
     "VLLM_SKIP_WARMUP": (_bool, False, "Skip bucket warmup (first requests then compile; "
                          "HPU graphs are captured on first use)."),
-    "VLLM_EXPONENTIAL_BUCKETING": (_bool, True, "Exponential buckets (default) or linear."),
+    "VLLM_EXPONENTIAL_BUCKETING": (_bool, True, "Deprecated alias of VLLM_BUCKETING_STRATEGY"
+                                   " (true: exp, false: lin)."),
+    "VLLM_BUCKETING_STRATEGY": (str, "", "HPU bucket ranges: exp (default), lin, pad "
+                                "(padding capped by *_PAD_PERCENT / *_PAD_MAX) or plan "
+                                "(VLLM_BUCKET_PLAN)."),
+    "VLLM_BUCKET_PLAN": (str, "", "Bucket plan file written by python -m "
+                         "vllm.hpu.bucket_planner; implies VLLM_BUCKETING_STRATEGY=plan."),
+    "VLLM_BUCKET_TRACE": (str, "", "Record the HPU runner's pass shapes to this file (a "
+                          "trace for the bucket planner)."),
+    "VLLM_WARMUP_BUDGET_S": (float, 0.0, "HPU warmup time budget in seconds (0: none): "
+                             "buckets are warmed in order of expected traffic and the "
+                             "rest is left cold."),
     "VLLM_GRAPH_RESERVED_MEM": (float, 0.1, "Share of usable memory kept for HPU graphs."),
     "VLLM_GRAPH_PROMPT_RATIO": (float, 0.3, "Share of graph memory given to prompt graphs."),
     "VLLM_GRAPH_PROMPT_STRATEGY": (str, "min_tokens", "Prompt capture order (min_tokens|max_bs)."),
@@ -144,6 +155,12 @@ for _kind in ("PROMPT", "DECODE"):
         for _part in ("MIN", "STEP", "MAX"):
             environment_variables[f"VLLM_{_kind}_{_dim}_BUCKET_{_part}"] = (
                 _opt_int, None, f"{_kind.lower()} {_dim.lower()} bucket {_part.lower()}")
+        environment_variables[f"VLLM_{_kind}_{_dim}_BUCKET_PAD_PERCENT"] = (
+            _opt_int, None, f"pad strategy: most padding of a {_kind.lower()} {_dim.lower()} "
+            "bucket, in percent of its value (default 25)")
+        environment_variables[f"VLLM_{_kind}_{_dim}_BUCKET_PAD_MAX"] = (
+            _opt_int, None, f"pad strategy: most padding of a {_kind.lower()} {_dim.lower()} "
+            "bucket (default a quarter of its max)")
 
 
 def __getattr__(name: str) -> Any:

@@ -89,6 +89,19 @@ def test_server_starts_on_fake_hpu_with_warmup_logs(tmp_path):
                           re.MULTILINE)
         assert found, "vllm:hpu_graph_compilations_total missing from /metrics"
         assert float(found.group(1)) == 0.0
+        # Bucket padding metrics: both phases ran, each pass counted in its bucket.
+        for phase in ("prompt", "decode"):
+            waste = re.search(r'^vllm:hpu_padding_waste_ratio\{[^}]*phase="%s"[^}]*\} (\S+)$'
+                              % phase, metrics, re.MULTILINE)
+            assert waste and 0.0 <= float(waste.group(1)) < 1.0, phase
+            padded = re.search(r'^vllm:hpu_padded_tokens_total\{[^}]*phase="%s"[^}]*\} (\S+)$'
+                               % phase, metrics, re.MULTILINE)
+            assert padded and float(padded.group(1)) > 0, phase
+        assert re.search(r'^vllm:hpu_bucket_hits_total\{(?=[^}]*phase="prompt")'
+                         r'(?=[^}]*bucket="1,128,0")[^}]*\} 1\.0$', metrics, re.MULTILINE)
+        assert re.search(r'^vllm:hpu_warmup_seconds\{[^}]*\} [\d.e-]+$', metrics, re.MULTILINE)
+        assert re.search(r'^vllm:hpu_fallback_bucket_passes_total\{[^}]*\} 0\.0$', metrics,
+                         re.MULTILINE)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -379,7 +379,9 @@ class AsyncLLMEngine(EngineClient):
                     outputs = self.engine.step()
                     self._dispatch(outputs)
                 else:
-                    self._publish_stats()
+                    # Going idle: poll the workers' counters now, or the last second of
+                    # work (its compiles, its bucket padding) would wait for the next step.
+                    self._publish_stats(force=True)
                     self._wake.wait()
         except BaseException as exc:  # noqa: BLE001 - any crash kills the engine, reported
             logger.exception("The engine loop stopped with an error.")
@@ -461,7 +463,7 @@ class AsyncLLMEngine(EngineClient):
 
     _COMPILE_STATS_INTERVAL_S = 1.0
 
-    def _publish_stats(self) -> None:
+    def _publish_stats(self, force: bool = False) -> None:
         get_stats = getattr(self.engine, "get_stats", None)
         if get_stats is not None:
             self.stats.on_scheduler_stats(get_stats())
@@ -469,7 +471,8 @@ class AsyncLLMEngine(EngineClient):
         get_compile_stats = getattr(self.engine, "get_compile_stats", None)
         now = time.monotonic()
         if get_compile_stats is not None and not self._no_compile_stats and \
-                now - getattr(self, "_compile_stats_at", 0.0) >= self._COMPILE_STATS_INTERVAL_S:
+                (force or now - getattr(self, "_compile_stats_at", 0.0) >=
+                 self._COMPILE_STATS_INTERVAL_S):
             self._compile_stats_at = now
             compile_stats = get_compile_stats()
             # None: the platform compiles no graphs (CPU); it will not start to.

@@ -222,6 +222,12 @@ class LLMEngine:
         """HPU graph compilations (during and after warmup, buckets); None on CPU."""
         return self.call_utility("get_compile_stats")
 
+    def get_bucket_stats(self) -> Optional[dict]:
+        """HPU bucket padding since warmup: padded vs real compute and waste per phase,
+        passes per bucket, fallback-bucket passes, warmup seconds, buckets left cold,
+        compiles after warmup; None on platforms without buckets."""
+        return self.call_utility("get_bucket_stats")
+
     def reset_prefix_cache(self) -> bool:
         return self.call_utility("reset_prefix_cache")
 

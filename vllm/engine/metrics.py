@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
+from vllm.engine.bucket_metrics import BucketMetrics
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
                                PlatformCollector, ProcessCollector, generate_latest)
 
@@ -131,6 +132,7 @@ class PrometheusMetrics:
         self.hpu_graph_compilations = counter(
             "vllm:hpu_graph_compilations",
             "Graph compilations after warmup (HPU): new shapes compiled while serving.")
+        self.hpu_buckets = BucketMetrics(reg, labels, values)
         token_buckets = build_1_2_5_buckets(max(1, max_model_len))
         self.request_prompt_tokens = histogram("vllm:request_prompt_tokens",
                                                "Number of prefill tokens processed.",
@@ -366,6 +368,7 @@ class StatsTracker:
         self._last_compiles = _inc_by_growth(self.metrics.hpu_graph_compilations,
                                              stats.get("num_compiles_after_warmup", 0),
                                              getattr(self, "_last_compiles", 0))
+        self.metrics.hpu_buckets.update(stats.get("buckets"))
 
     def maybe_log(self, force: bool = False) -> None:
         """Log throughput and cache usage every LOG_INTERVAL_S while there is activity."""

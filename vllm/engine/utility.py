@@ -97,6 +97,7 @@ UTILITIES: dict[str, Utility] = {
     "list_loras": Utility(on_workers("list_loras", _same_on_every_rank)),
     # HPU graph compile accounting (None on other platforms).
     "get_compile_stats": Utility(on_driver("get_compile_stats"), merge_replicas=list),
+    "get_bucket_stats": Utility(on_driver("get_bucket_stats"), merge_replicas=list),
     # INC: MEASURE writes the statistics (json path per rank); QUANTIZE reloads scales.
     "finalize_calibration": Utility(on_workers("finalize_calibration", list),
                                     merge_replicas=_concat),

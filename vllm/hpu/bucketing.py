@@ -8,23 +8,52 @@ of shapes ("buckets"), all compiled during warmup. A bucket is
 - decode: `query_len` = 1 and `num_blocks` = KV blocks of the whole batch (the
   highest block id + 1 with contiguous paged attention).
 
-Each dimension takes its values from a range `(min, step, max)`, either linear
-(ramp-up by doubling below `step`, then multiples of `step`) or exponential
-(`VLLM_EXPONENTIAL_BUCKETING`, the default). Prompt buckets are the grid of
-bs x query x ctx values that some real batch can need (see `_prompt_fits`); decode
-buckets the grid of bs x blocks with at least one block per sequence.
+`VLLM_BUCKETING_STRATEGY` picks how: `exp` (the default), `lin` or `pad` give
+each dimension its values from a range `(min, step, max)`: exponential points,
+linear (ramp-up by doubling below `step`, then multiples of `step`) or padding-
+capped (each value at most `*_PAD_PERCENT` percent and `*_PAD_MAX` above the one
+before). Prompt buckets are the grid of bs x query x ctx values that some real batch
+can need (see `_prompt_fits`); decode buckets the grid of bs x blocks with at least
+one block per sequence. `plan` takes the buckets of a plan file
+(`VLLM_BUCKET_PLAN`, from `python -m vllm.hpu.bucket_planner`) instead of the 12
+range knobs; the exponential ranges then only round fallback buckets.
+`VLLM_EXPONENTIAL_BUCKETING` is the strategy's deprecated alias.
 """
 from __future__ import annotations
 
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from vllm import envs
 from vllm.hpu.log import log_bucket_config, log_generated_buckets
 
+if TYPE_CHECKING:
+    from vllm.hpu.bucket_planner import BucketPlan
+
 logger = logging.getLogger(__name__)
+
+STRATEGIES = ("exp", "lin", "pad", "plan")
+
+
+def resolve_strategy(exponential: Optional[bool] = None) -> str:
+    """VLLM_BUCKETING_STRATEGY, else the deprecated VLLM_EXPONENTIAL_BUCKETING, else
+    `plan` when VLLM_BUCKET_PLAN is set, else `exp`. `exponential` (an explicit
+    caller's choice) wins over all of them."""
+    if exponential is not None:
+        return "exp" if exponential else "lin"
+    strategy = envs.VLLM_BUCKETING_STRATEGY.strip().lower()
+    if strategy:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"VLLM_BUCKETING_STRATEGY must be one of {STRATEGIES}, got "
+                             f"{strategy!r}.")
+        return strategy
+    if envs.is_set("VLLM_EXPONENTIAL_BUCKETING"):
+        logger.warning("VLLM_EXPONENTIAL_BUCKETING is deprecated: use "
+                       "VLLM_BUCKETING_STRATEGY=exp|lin.")
+        return "exp" if envs.VLLM_EXPONENTIAL_BUCKETING else "lin"
+    return "plan" if envs.VLLM_BUCKET_PLAN else "exp"
 
 
 class Bucket(NamedTuple):
@@ -78,6 +107,27 @@ def exponential_range(bmin: int, bstep: int, bmax: int, num: int) -> list[int]:
     return sorted(values)
 
 
+def pad_range(bmin: int, bstep: int, bmax: int, pad_max: int, pad_percent: int) -> list[int]:
+    """Values from min to max, each at most `pad_percent`% of itself and `pad_max`
+    above the one before (never less than `step`, rounded down to it): the most a
+    batch is padded is bounded relative to its size.
+
+    (128, 128, 2048, 512, 25) -> 128 256 384 512 640 768 896 1024 1280 1536 1920 2048.
+    """
+    _check_range(bmin, bstep, bmax)
+    if not 0 < pad_percent <= 100 or pad_max < 1:
+        raise ValueError(f"pad bucketing needs 0 < PAD_PERCENT <= 100 and PAD_MAX >= 1, got "
+                         f"{pad_percent} and {pad_max}.")
+    values = [0] if bmin == 0 else []
+    v = bstep if bmin == 0 else bmin
+    while v < bmax:
+        values.append(v)
+        pad = min(pad_max, v * pad_percent // 100)
+        v += max(bstep, pad // bstep * bstep)
+    values.append(bmax)
+    return values
+
+
 def fill_low_end(values: list[int]) -> list[int]:
     """The powers of two strictly between the first two values, added.
 
@@ -115,14 +165,20 @@ def _round_up(x: int, multiple: int) -> int:
 
 @dataclass(frozen=True)
 class BucketRange:
-    """One dimension's range; `num` set means exponential with that many points."""
+    """One dimension's range; `num` set means exponential with that many points,
+    `pad_percent` set the pad strategy's range."""
     env_prefix: str  # e.g. VLLM_PROMPT_BS_BUCKET
     min: int
     step: int
     max: int
     num: Optional[int] = None
+    pad_percent: Optional[int] = None
+    pad_max: Optional[int] = None
 
     def values(self) -> list[int]:
+        if self.pad_percent is not None:
+            return pad_range(self.min, self.step, self.max, self.pad_max or 1,
+                             self.pad_percent)
         if self.num is None:
             return linear_range(self.min, self.step, self.max)
         return exponential_range(self.min, self.step, self.max, self.num)
@@ -156,6 +212,22 @@ def read_bucket_range(phase: str, dim: str, bmin: int, bstep: int, bmax: int,
     return BucketRange(prefix, parts["MIN"], parts["STEP"], parts["MAX"], num)
 
 
+def read_pad_range(phase: str, dim: str, bmin: int, bstep: int, bmax: int,
+                   lowest_min: int) -> BucketRange:
+    """The pad strategy's range: the linear knobs plus *_PAD_PERCENT (default 25) and
+    *_PAD_MAX (default a quarter of the max), vllm-gaudi's padding-aware defaults."""
+    r = read_bucket_range(phase, dim, bmin, bstep, bmax, None, lowest_min)
+    percent = getattr(envs, f"{r.env_prefix}_PAD_PERCENT")
+    pad_max = getattr(envs, f"{r.env_prefix}_PAD_MAX")
+    percent = 25 if percent is None else percent
+    pad_max = max(1, -(-r.max // 4)) if pad_max is None else pad_max
+    if not 0 < percent <= 100:
+        raise ValueError(f"{r.env_prefix}_PAD_PERCENT must be in (0, 100], got {percent}.")
+    if pad_max < 1:
+        raise ValueError(f"{r.env_prefix}_PAD_MAX must be >= 1, got {pad_max}.")
+    return BucketRange(r.env_prefix, r.min, r.step, r.max, None, percent, pad_max)
+
+
 def _with_previous(values: list[int]) -> list[tuple[int, int]]:
     """(previous value or 0, value) for each value of an ascending range."""
     return list(zip([0] + values[:-1], values))
@@ -186,15 +258,18 @@ class HPUBucketingContext:
         num_kv_blocks: KV blocks available; decode buckets are generated once known.
         use_prompt_context: False when neither prefix caching nor chunked prefill can
             give a prompt a context, so prompt buckets all have 0 context blocks.
-        exponential: exponential ranges (None: VLLM_EXPONENTIAL_BUCKETING).
+        exponential: exponential ranges (True) or linear (False); None: `strategy`.
         contiguous_pa: decode `num_blocks` is the highest physical block id + 1, which
             can be anything up to the cache size, so decode block buckets reach it.
+        strategy: exp | lin | pad | plan (None: `resolve_strategy`).
+        plan: the plan of the `plan` strategy (None: read VLLM_BUCKET_PLAN).
     """
 
     def __init__(self, max_num_seqs: int, max_num_prefill_seqs: Optional[int],
                  block_size: int, max_num_batched_tokens: int, max_model_len: int,
                  num_kv_blocks: Optional[int] = None, use_prompt_context: bool = True,
-                 exponential: Optional[bool] = None, contiguous_pa: bool = False) -> None:
+                 exponential: Optional[bool] = None, contiguous_pa: bool = False,
+                 strategy: Optional[str] = None, plan: Optional["BucketPlan"] = None) -> None:
         for name, value in (("max_num_seqs", max_num_seqs), ("block_size", block_size),
                             ("max_num_batched_tokens", max_num_batched_tokens),
                             ("max_model_len", max_model_len)):
@@ -212,7 +287,11 @@ class HPUBucketingContext:
         self.max_model_len = max_model_len
         self.use_prompt_context = use_prompt_context
         self.contiguous_pa = contiguous_pa
-        self.exponential = envs.VLLM_EXPONENTIAL_BUCKETING if exponential is None else exponential
+        self.strategy = strategy or resolve_strategy(exponential)
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}.")
+        self.plan = self._load_plan(plan) if self.strategy == "plan" else None
+        self.exponential = self.strategy in ("exp", "plan")
         self.num_kv_blocks: Optional[int] = None
         self.prompt_buckets: list[Bucket] = []
         self.decode_buckets: list[Bucket] = []
@@ -224,6 +303,18 @@ class HPUBucketingContext:
         self.generate_prompt_buckets()
         if num_kv_blocks is not None:
             self.generate_decode_buckets(num_kv_blocks)
+
+    def _load_plan(self, plan: Optional["BucketPlan"]) -> "BucketPlan":
+        from vllm.hpu.bucket_planner import load_plan
+        if plan is None:
+            if not envs.VLLM_BUCKET_PLAN:
+                raise ValueError("VLLM_BUCKETING_STRATEGY=plan needs VLLM_BUCKET_PLAN=path "
+                                 "(write one with python -m vllm.hpu.bucket_planner).")
+            plan = load_plan(envs.VLLM_BUCKET_PLAN)
+        if plan.block_size != self.block_size:
+            raise ValueError(f"the bucket plan was made for block_size {plan.block_size}, "
+                             f"the engine runs {self.block_size}.")
+        return plan
 
     # ---- ranges ----
 
@@ -241,6 +332,11 @@ class HPUBucketingContext:
     def _prompt_ranges(self) -> tuple[BucketRange, BucketRange, BucketRange]:
         bsz, mps = self.block_size, self.max_num_prefill_seqs
         max_ctx = self._max_ctx_blocks() if self.use_prompt_context else 0
+        if self.strategy == "pad":
+            query_max = max(min(self.max_num_batched_tokens, self.max_model_len), bsz)
+            return (read_pad_range("PROMPT", "BS", 1, 1, mps, 1),
+                    read_pad_range("PROMPT", "SEQ", bsz, bsz, query_max, 1),
+                    read_pad_range("PROMPT", "BLOCK", 0, 1, max(max_ctx, 1), 0))
         if self.exponential:
             query_max = min(self.max_num_batched_tokens, self.max_model_len)
             bs = read_bucket_range("PROMPT", "BS", 1, 2, mps,
@@ -264,6 +360,10 @@ class HPUBucketingContext:
         max_blocks = max(128, mns * -(-self.max_model_len // bsz))
         if self.contiguous_pa:
             max_blocks = max(max_blocks, num_kv_blocks)
+        if self.strategy == "pad":
+            return (read_pad_range("DECODE", "BS", 1, 1, mns, 1),
+                    read_pad_range("DECODE", "BLOCK", 1, 1,
+                                   min(max_blocks, num_kv_blocks), 1))
         if self.exponential:
             bs = read_bucket_range("DECODE", "BS", 1, 2, mns, lambda m: _log2_ceil(m) + 1, 1)
             blocks = read_bucket_range("DECODE", "BLOCK", 1, bsz, min(max_blocks, num_kv_blocks),
@@ -281,10 +381,13 @@ class HPUBucketingContext:
         seq_values = seq_r.values()
         ctx_values = ctx_r.values() if self.use_prompt_context else [0]
         query_cap = self._query_cap(seq_values)
-        buckets = [Bucket(b, q, c) for b in bs_r.values()
-                   for q_prev, q in _with_previous(seq_values)
-                   for c_prev, c in _with_previous(ctx_values)
-                   if self._prompt_fits(Bucket(b, q, c), q_prev, c_prev, query_cap)]
+        if self.plan is not None:
+            buckets = self._plan_prompt_buckets(ctx_values, query_cap)
+        else:
+            buckets = [Bucket(b, q, c) for b in bs_r.values()
+                       for q_prev, q in _with_previous(seq_values)
+                       for c_prev, c in _with_previous(ctx_values)
+                       if self._prompt_fits(Bucket(b, q, c), q_prev, c_prev, query_cap)]
         self.prompt_buckets = sorted(buckets)
         self._lookup_cache.clear()
         blocks = ctx_r.as_list() if self.use_prompt_context else [0, 0, 0]
@@ -292,6 +395,19 @@ class HPUBucketingContext:
                           f", blocks:{blocks}")
         log_generated_buckets("Prompt", self.prompt_buckets)
         return self.prompt_buckets
+
+    def _plan_prompt_buckets(self, ctx_values: list[int], query_cap: int) -> list[Bucket]:
+        """The plan's buckets; with prompt context, each also at the context values of
+        the exponential range that a batch in it can have (the planner plans plain
+        prompts only)."""
+        assert self.plan is not None
+        buckets = set(self.plan.prompt_buckets)
+        for b in self.plan.prompt_buckets:
+            for c_prev, c in _with_previous([v for v in ctx_values if v > 0]):
+                if self._prompt_fits(Bucket(b.batch_size, b.query_len, c), 0, c_prev,
+                                     max(query_cap, b.query_len)):
+                    buckets.add(Bucket(b.batch_size, b.query_len, c))
+        return list(buckets)
 
     def _query_cap(self, seq_values: list[int]) -> int:
         """The query bucket of the longest possible prompt chunk."""
@@ -336,6 +452,9 @@ class HPUBucketingContext:
             block_values = fill_low_end(block_values)
         buckets = [Bucket(b, 1, n) for b in self.decode_bs_range.values()
                    for n in block_values if b <= n]
+        if self.plan is not None:
+            buckets = sorted({Bucket(b.batch_size, 1, min(b.num_blocks, num_kv_blocks))
+                              for b in self.plan.decode_buckets})
         self.decode_buckets = sorted(buckets)
         self._lookup_cache.clear()
         log_bucket_config("Decode", self.decode_bs_range.as_list(), "block",
@@ -413,6 +532,18 @@ class HPUBucketingContext:
                        "new graph. Raise the VLLM_%s_*_BUCKET_MAX settings to cover it.",
                        kind, tuple(bucket), tuple(want), kind.upper())
         return bucket
+
+    def drop_cold_bucket(self, is_prompt: bool, bucket: Bucket, cold: set[Bucket]) -> bool:
+        """Forget a bucket the warmup did not compile when a warm one (not in `cold`)
+        covers it: a batch then pads further instead of compiling while serving.
+        True if dropped."""
+        buckets = self.prompt_buckets if is_prompt else self.decode_buckets
+        if bucket not in buckets or not _covering([b for b in buckets if b not in cold],
+                                                   bucket):
+            return False
+        buckets.remove(bucket)
+        self._lookup_cache.clear()
+        return True
 
     @property
     def num_prompt_buckets(self) -> int:

@@ -46,6 +46,7 @@ from vllm.sample.ops.bitmask import apply_token_bitmask_, rows_bitmask
 from vllm.sample.sampler import Sampler, SamplerOutput
 from vllm.spec_decode.rejection_sampler import NO_DRAFT, rejection_sample
 from vllm.sequence import IntermediateTensors
+from vllm.hpu.bucket_accounting import BucketAccounting
 from vllm.hpu.bucketing import Bucket, HPUBucketingContext
 from vllm.hpu.compile_tracker import CompileTracker
 from vllm.hpu.defragmenter import HPUDefragmenter, swap_blocks, swap_buckets
@@ -114,6 +115,7 @@ class HPUModelRunner(ModelRunnerBase):
             use_prompt_context=cc.enable_prefix_caching or chunked,
             contiguous_pa=self.contiguous_pa)
         self.tracker = CompileTracker()
+        self.accounting = BucketAccounting(self.bucketing, record_trace=self._is_driver())
         self.sampler = Sampler(static_shapes=True)
         self.capture_on_first_use = False
         """VLLM_SKIP_WARMUP with HPU graphs: a bucket's graph is captured when first run."""
@@ -130,10 +132,19 @@ class HPUModelRunner(ModelRunnerBase):
         self.mem_margin = 0
         """Bytes kept free for gpu_memory_utilization < 1 (set by the worker)."""
         self.warmup_seconds: Optional[float] = None
+        self.cold_buckets: list[Bucket] = []
+        """Buckets the warmup left uncompiled (VLLM_WARMUP_BUDGET_S ran out, or their
+        graph would not fit in memory)."""
         self._finalizer: Optional[tuple[Any, Callable[..., Any]]] = None
         logger.info("HPU execution mode: %s (PT_HPU_LAZY_MODE=%d, enforce_eager=%s); "
                     "contiguous PA: %s.", self.mode.value, int(self.mode.is_lazy),
                     mc.enforce_eager, self.contiguous_pa)
+
+    @staticmethod
+    def _is_driver() -> bool:
+        """One rank records the trace (every TP rank and PP stage runs the same passes)."""
+        from vllm.distributed.parallel_state import get_tp_group
+        return get_tp_group().rank_in_group == 0 and get_pp_group().is_first_rank
 
     # ------------------------------------------------------------------ setup
     @property
@@ -371,12 +382,21 @@ class HPUModelRunner(ModelRunnerBase):
                 self.vision_encoder.warmup()
         self.tracker.finish_warmup()
         self.warmup_seconds = result.seconds
+        self.cold_buckets = [b for _, b in result.cold]
+        for phase in (True, False):
+            cold = {b for p, b in result.cold if p == phase}
+            for bucket in cold:
+                self.bucketing.drop_cold_bucket(phase, bucket, cold)
         logger.info("Warmup finished in %.0f secs, allocated %s of device memory "
                     "(%d graph compilations).", result.seconds,
                     format_bytes(result.allocated_bytes), self.tracker.num_compiles_warmup)
 
     def warmup_ops(self) -> WarmupOps:
         """The buckets and operations the warmup runs (it sees nothing else)."""
+        plan = self.bucketing.plan
+        if envs.VLLM_WARMUP_BUDGET_S < 0:
+            raise ValueError(f"VLLM_WARMUP_BUDGET_S must be >= 0, got "
+                             f"{envs.VLLM_WARMUP_BUDGET_S}.")
         return WarmupOps(
             prompt_buckets=self.bucketing.prompt_buckets,
             # A pooling request ends with its prompt: nothing ever decodes.
@@ -385,7 +405,10 @@ class HPUModelRunner(ModelRunnerBase):
             mode=self.mode, uses_hpu_graphs=self.uses_hpu_graphs, mem_margin=self.mem_margin,
             run_dummy_batch=lambda is_prompt, bucket: self.run_dummy_batch(
                 is_prompt, bucket, use_graph=False),
-            capture_graph=self.capture_graph, warmup_defragmenter=self.warmup_defragmenter)
+            capture_graph=self.capture_graph, warmup_defragmenter=self.warmup_defragmenter,
+            prompt_traffic=plan.traffic(True) if plan is not None else None,
+            decode_traffic=plan.traffic(False) if plan is not None else None,
+            budget_s=envs.VLLM_WARMUP_BUDGET_S)
 
     def skip_warmup(self) -> None:
         """No warmup; with HPU graphs each bucket's graph is captured on first use."""
@@ -667,6 +690,7 @@ class HPUModelRunner(ModelRunnerBase):
         if decodes:
             blocks = decode_blocks_needed(decodes, bs, self.contiguous_pa)
             bucket = self.bucketing.find_decode_bucket(len(decodes), blocks)
+            self.accounting.decode_pass(bucket, len(decodes), blocks)
             batches.append(build_decode_batch(decodes, bucket, bs, self.pad_block_id,
                                               self.contiguous_pa, self.dtype, self.device))
         for level in dependency_levels(prompts, bs):
@@ -674,6 +698,8 @@ class HPUModelRunner(ModelRunnerBase):
                 bucket = self.bucketing.find_prompt_bucket(
                     len(group), max(s.query_len for s in group),
                     max(s.num_context_blocks for s in group))
+                self.accounting.prompt_pass(bucket, [s.query_len for s in group],
+                                            [s.num_context_blocks for s in group])
                 batches.append(build_prompt_batch(group, bucket, bs, self.pad_block_id,
                                                   self.device))
         return batches
@@ -808,5 +834,15 @@ class HPUModelRunner(ModelRunnerBase):
                      num_fallback_buckets=len(self.bucketing.fallback_buckets),
                      num_graphed_buckets=len(self.graphed_buckets),
                      num_graph_captures=self.num_graph_captures,
-                     num_graph_replays=self.num_graph_replays)
+                     num_graph_replays=self.num_graph_replays,
+                     buckets=self.get_bucket_stats())
+        return stats
+
+    def get_bucket_stats(self) -> dict:
+        """Padding (padded vs real compute per phase), bucket hits, fallback passes
+        since warmup, and what the warmup left cold (see bucket_accounting.py)."""
+        stats = self.accounting.stats()
+        stats.update(warmup_seconds=self.warmup_seconds,
+                     num_compiles_after_warmup=self.tracker.num_compiles_after_warmup,
+                     cold_buckets=[list(b) for b in self.cold_buckets])
         return stats

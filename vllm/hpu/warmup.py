@@ -1,7 +1,9 @@
 """Warmup: compile every bucket, then capture HPU graphs within the memory reserved.
 
 Phase 1 runs one dummy batch per bucket, largest first (so an out-of-memory shows
-up at once), prompt buckets then decode buckets: each run is the compile that
+up at once), prompt buckets then decode buckets, or with a bucket plan or a time
+budget (`VLLM_WARMUP_BUDGET_S`) in order of expected traffic (`warmup_order.py`),
+stopping when the budget is spent and logging the buckets left cold; each run is the compile that
 serving would otherwise pay for, for the forward and everything after it in the
 step: the logits gather, the structured-output bitmask, the sampler (argmax and
 full, every logprob bucket) and the prompt-logprob gathers (see hpu_sampling.py);
@@ -37,6 +39,7 @@ from vllm.distributed.parallel_state import get_tp_group
 from vllm.hpu.bucketing import Bucket
 from vllm.hpu.execution import ExecutionMode, warmup_context
 from vllm.hpu.log import format_bytes, log_graph_memory, log_warmup_step
+from vllm.hpu.warmup_order import WarmupItem, largest_first, traffic_order
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +130,11 @@ class WarmupOps:
     """(is_prompt, bucket): one compile pass, no graph."""
     capture_graph: Callable[[bool, Bucket], None]
     warmup_defragmenter: Callable[[], None]
+    prompt_traffic: Optional[dict[Bucket, int]] = None
+    decode_traffic: Optional[dict[Bucket, int]] = None
+    """Trace passes per bucket, from a bucket plan (None: unknown)."""
+    budget_s: float = 0.0
+    """Seconds the compile phase may take (0: no limit)."""
 
 
 @dataclass
@@ -136,6 +144,8 @@ class WarmupResult:
     """Device memory the warmup left allocated (graphs, caches of compiled code)."""
     prompt_graphs: Optional[CaptureResult] = None
     decode_graphs: Optional[CaptureResult] = None
+    cold: list[WarmupItem] = field(default_factory=list)
+    """(is_prompt, bucket) the compile phase did not reach within the time budget."""
 
 
 class HPUWarmup:
@@ -151,21 +161,43 @@ class HPUWarmup:
     def run(self) -> WarmupResult:
         ops = self.ops
         start, free_start = time.perf_counter(), self._free()
-        prompt = sorted(ops.prompt_buckets, reverse=True,
-                        key=lambda b: (b.batch_size * (b.query_len + b.num_blocks *
-                                                       ops.block_size), b))
-        decode = sorted(ops.decode_buckets, reverse=True,
-                        key=lambda b: (b.batch_size * b.num_blocks, b))
+        prompt = largest_first(ops.prompt_buckets, True, ops.block_size)
+        decode = largest_first(ops.decode_buckets, False, ops.block_size)
+        cold: list[WarmupItem] = []
         with warmup_context(ops.mode):
-            self._compile_phase("Prompt", True, prompt)
-            self._compile_phase("Decode", False, decode)
+            if ops.budget_s > 0 or ops.prompt_traffic or ops.decode_traffic:
+                cold = self._compile_by_traffic(start)
+                prompt = [b for b in prompt if (True, b) not in cold]
+                decode = [b for b in decode if (False, b) not in cold]
+            else:
+                self._compile_phase("Prompt", True, prompt)
+                self._compile_phase("Decode", False, decode)
         ops.warmup_defragmenter()
         graphs: tuple[Optional[CaptureResult], Optional[CaptureResult]] = (None, None)
         if ops.uses_hpu_graphs:
             graphs = self._capture_graphs(prompt, decode)
         habana.synchronize()
         return WarmupResult(time.perf_counter() - start, max(0, free_start - self._free()),
-                            *graphs)
+                            *graphs, cold=cold)
+
+    def _compile_by_traffic(self, start: float) -> list[WarmupItem]:
+        """Compile both phases' buckets in order of expected traffic until the budget
+        is spent; returns the buckets left cold (logged)."""
+        ops = self.ops
+        order = traffic_order(ops.prompt_buckets, ops.decode_buckets, ops.block_size,
+                              ops.prompt_traffic, ops.decode_traffic)
+        for i, (is_prompt, bucket) in enumerate(order):
+            if ops.budget_s > 0 and time.perf_counter() - start >= ops.budget_s:
+                cold = order[i:]
+                logger.warning(
+                    "Warmup budget VLLM_WARMUP_BUDGET_S=%.1f s spent after %d of %d buckets; "
+                    "left cold (they compile on first use, or batches take a larger warm "
+                    "bucket): prompt %s, decode %s", ops.budget_s, i, len(order),
+                    [tuple(b) for p, b in cold if p], [tuple(b) for p, b in cold if not p])
+                return cold
+            log_warmup_step("Prompt" if is_prompt else "Decode", i + 1, len(order), bucket)
+            ops.run_dummy_batch(is_prompt, bucket)
+        return []
 
     def _compile_phase(self, phase: str, is_prompt: bool, buckets: list[Bucket]) -> None:
         for i, bucket in enumerate(tqdm(buckets, desc=f"Warmup {phase.lower()} buckets",

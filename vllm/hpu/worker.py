@@ -181,6 +181,10 @@ class HPUWorker(WorkerBase):
         """Compile accounting for metrics (see HPUModelRunner.get_compile_stats)."""
         return self.model_runner.get_compile_stats()
 
+    def get_bucket_stats(self) -> dict:
+        """Padding and bucket accounting (see HPUModelRunner.get_bucket_stats)."""
+        return self.model_runner.get_bucket_stats()
+
     def shutdown(self) -> None:
         super().shutdown()
         if self.model_runner is not None:

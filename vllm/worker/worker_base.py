@@ -89,6 +89,10 @@ class WorkerBase:
         """Graph-compile accounting of platforms that compile per shape (HPU); else None."""
         return None
 
+    def get_bucket_stats(self) -> Optional[dict]:
+        """Shape-bucket padding accounting of platforms that pad to buckets (HPU); else None."""
+        return None
+
     def finalize_calibration(self) -> Optional[str]:
         """INC MEASURE: write this rank's statistics now (INC's finalize_calibration)."""
         runner = self.model_runner
