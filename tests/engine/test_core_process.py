@@ -173,3 +173,22 @@ def test_fake_hpu_core_out_of_process_with_preemption(tiny, monkeypatch):
     # the last request arrives, so the batches (and the cold shapes a preempted prompt's
     # recompute reaches in this tiny pool, 4-7 here) differ.
     print(f"\ncompiles after warmup (in, out of process): {compiles}")
+
+
+def test_unguarded_script_gets_a_clear_error(tiny, tmp_path):
+    """A script file without the `if __name__ == "__main__":` guard: spawn re-imports it
+    in the core process, which fails; the frontend says why instead of hanging."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(textwrap.dedent(f"""
+        import os
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        from vllm import LLM
+        LLM(model={tiny!r}, dtype="float32", max_model_len=256)
+    """))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=240, env=env)
+    assert out.returncode != 0
+    assert 'guard its top level with `if __name__ == "__main__":`' in out.stderr, \
+        out.stderr[-3000:]

@@ -136,6 +136,16 @@ class MPEngineCoreClient:
         return sock
 
     def _wait_ready(self) -> None:
+        try:
+            self._wait_ready_message()
+        except EngineCoreDeadError as exc:
+            raise EngineCoreDeadError(
+                f"{exc} It died before it was ready (its log is above). A script that "
+                "starts an engine core process must guard its top level with `if "
+                "__name__ == \"__main__\":`: the process starts with spawn, which "
+                "imports the script again.") from None
+
+    def _wait_ready_message(self) -> None:
         while True:
             message = self._recv(timeout_ms=None)
             if message is None:
