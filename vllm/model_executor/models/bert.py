@@ -10,7 +10,6 @@ XLM-RoBERTa variants (roberta.py) reuse these layers with RoBERTa's positions an
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterable, Optional
 
 import torch
@@ -19,8 +18,8 @@ from torch import nn
 
 from vllm.attention import Attention
 from vllm.model_executor.layers.pooler import TOKEN_TYPE_SHIFT, Pooler
+from vllm.model_executor.models.utils import check_loaded
 
-logger = logging.getLogger(__name__)
 
 _BUFFERS = ("position_ids", "token_type_ids")
 """Index buffers some checkpoints store; recomputed here."""
@@ -217,14 +216,7 @@ class BertPoolingBase(nn.Module):
                                  f"{tuple(tensor.shape)}, parameter {tuple(param.shape)}.")
             param.data.copy_(tensor)
             loaded.add(target)
-        if ignored:
-            logger.warning("Ignored %d checkpoint tensors with no matching parameter: %s",
-                           len(ignored), ", ".join(ignored[:8]))
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters, "
-                             f"e.g. {', '.join(missing[:5])}.")
-        return loaded
+        return check_loaded(params, loaded, ignored)
 
 
 class BertModel(BertPoolingBase):

@@ -16,7 +16,6 @@ drop the `transformer.` prefix, which `load_weights` adds back.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterable, Optional, Union
 
 import torch
@@ -30,13 +29,11 @@ from vllm.distributed.parallel_state import (get_tensor_model_parallel_rank,
                                              get_tensor_model_parallel_world_size)
 from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear, divide
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-from vllm.model_executor.models.utils import (PPMissingLayer, attach_lm_head,
+from vllm.model_executor.models.utils import (PPMissingLayer, attach_lm_head, check_loaded,
                                               default_weight_loader,
                                               make_layers)
 from vllm.native.gemm import drop_packed_weights
 from vllm.sequence import IntermediateTensors
-
-logger = logging.getLogger(__name__)
 
 
 class BloomAttention(nn.Module):
@@ -192,14 +189,7 @@ class BloomForCausalLM(nn.Module):
             param = params[name]
             getattr(param, "weight_loader", default_weight_loader)(param, tensor)
             loaded.add(name)
-        if ignored:
-            logger.warning("Ignored %d checkpoint tensors with no matching parameter: %s",
-                           len(ignored), ", ".join(ignored[:8]))
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters, "
-                             f"e.g. {', '.join(missing[:5])}.")
-        return loaded
+        return check_loaded(params, loaded, ignored)
 
     def _on_other_stage(self, name: str) -> bool:
         parts = name.split(".")

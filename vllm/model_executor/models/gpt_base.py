@@ -11,7 +11,6 @@ families add the residual inside the block, some in parallel with the MLP).
 """
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any, Callable, Iterable, Optional, Union
 
@@ -25,13 +24,12 @@ from vllm.model_executor.layers.linear import (ColumnParallelLinear, QKVParallel
                                                RowParallelLinear)
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-from vllm.model_executor.models.utils import (PPMissingLayer, attach_lm_head,
+from vllm.model_executor.models.utils import (PPMissingLayer, attach_lm_head, check_loaded,
                                               default_weight_loader, make_layers,
                                               partial_rotary_factor_of, rope_config)
 from vllm.native.gemm import drop_packed_weights
 from vllm.sequence import IntermediateTensors
 
-logger = logging.getLogger(__name__)
 
 SplitQKV = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
@@ -255,14 +253,7 @@ class GPTStyleForCausalLM(nn.Module):
             param = params[name]
             getattr(param, "weight_loader", default_weight_loader)(param, tensor)
             loaded.add(name)
-        if ignored:
-            logger.warning("Ignored %d checkpoint tensors with no matching parameter: %s",
-                           len(ignored), ", ".join(ignored[:8]))
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters, "
-                             f"e.g. {', '.join(missing[:5])}.")
-        return loaded
+        return check_loaded(params, loaded, ignored)
 
     def _on_other_stage(self, name: str) -> bool:
         m = re.match(rf"{self.base_name}\.{self.base.layers_name}\.(\d+)\.", name)

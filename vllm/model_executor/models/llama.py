@@ -13,7 +13,6 @@ be anything (e.g. empty tensors).
 """
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any, Iterable, Optional, Union
 
@@ -30,14 +29,12 @@ from vllm.model_executor.layers.linear import (MergedColumnParallelLinear, QKVPa
                                                RowParallelLinear)
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-from vllm.model_executor.models.utils import (PPMissingLayer, attach_lm_head,
+from vllm.model_executor.models.utils import (PPMissingLayer, attach_lm_head, check_loaded,
                                               default_weight_loader, head_dim_of, make_layers,
                                               partial_rotary_factor_of, rope_config,
                                               sliding_window_of)
 from vllm.native.gemm import drop_packed_weights
 from vllm.sequence import IntermediateTensors
-
-logger = logging.getLogger(__name__)
 
 
 class LlamaMLP(nn.Module):
@@ -281,15 +278,7 @@ class LlamaForCausalLM(nn.Module):
             else:
                 loader(param, tensor, shard_id)
             loaded.add(target)
-        if ignored:
-            logger.warning("Ignored %d checkpoint tensors with no matching parameter: %s",
-                           len(ignored), ", ".join(ignored[:8]))
-        missing = sorted(n for n in set(params) - loaded
-                         if not getattr(params[n], "optional", False))
-        if missing:
-            raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters, "
-                             f"e.g. {', '.join(missing[:5])}.")
-        return loaded
+        return check_loaded(params, loaded, ignored)
 
     def _param_name(self, name: str) -> tuple[str, Optional[Union[str, int, tuple]]]:
         """(parameter name, shard id for its weight_loader, or None) of a checkpoint

@@ -1,6 +1,7 @@
 """Helpers shared by the decoder-only model files: PP layer split, config reading."""
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Optional
 
 import torch
@@ -114,3 +115,20 @@ def sliding_window_of(config: Any, layer_idx: int) -> Optional[int]:
     if first is not None and layer_idx < first:
         return None
     return int(window)
+
+
+def check_loaded(params: dict[str, nn.Parameter], loaded: set[str],
+                 ignored: list[str]) -> set[str]:
+    """The end of every `load_weights`: warn about checkpoint tensors nothing took, and
+    fail naming the parameters no tensor filled (a parameter marked `optional` may stay
+    as built). Returns `loaded`."""
+    if ignored:
+        logging.getLogger(__name__).warning(
+            "Ignored %d checkpoint tensors with no matching parameter: %s", len(ignored),
+            ", ".join(ignored[:8]))
+    missing = sorted(n for n in set(params) - loaded
+                     if not getattr(params[n], "optional", False))
+    if missing:
+        raise ValueError(f"The checkpoint has no weights for {len(missing)} parameters, "
+                         f"e.g. {', '.join(missing[:5])}.")
+    return loaded
