@@ -117,6 +117,13 @@ class MPEngineCoreClient:
         start = time.perf_counter()
         self.proc.start()
         death_reader.close()
+        # What a wait watches: the core's messages, its exit, and (`step()` only) wakeups.
+        self._poller = zmq.Poller()
+        self._poller.register(self._output, zmq.POLLIN)
+        self._poller.register(self.proc.sentinel, zmq.POLLIN)
+        self._wakeable_poller = zmq.Poller()
+        for sock in (self._output, self.proc.sentinel, self._wake_r):
+            self._wakeable_poller.register(sock, zmq.POLLIN)
         self._finalizer = weakref.finalize(self, _close, self.proc, self._input, self._output,
                                            self._ctx, self._death_writer, self._dir,
                                            self._wake_r, self._wake_w)
@@ -147,7 +154,7 @@ class MPEngineCoreClient:
 
     def _wait_ready_message(self) -> None:
         while True:
-            message = self._recv(timeout_ms=None)
+            message = self._recv()
             if message is None:
                 continue
             kind, *fields = message
@@ -175,7 +182,7 @@ class MPEngineCoreClient:
         (until `wakeup()` or the core's death, which raises EngineCoreDeadError)."""
         with self._lock:
             while not self._pending:
-                message = self._recv(timeout_ms=None)
+                message = self._recv()
                 if message is None:
                     break  # woken up: the caller has news to send first
                 self._absorb(message)
@@ -194,9 +201,6 @@ class MPEngineCoreClient:
         """The scheduler's stats as of the last outputs received."""
         return self._stats
 
-    def has_unfinished_requests(self) -> bool:
-        return self._stats.num_running_reqs + self._stats.num_waiting_reqs > 0
-
     # --------------------------------------------------------- utilities
     def call_utility(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Run an admin operation in the core between two steps; its result or error."""
@@ -205,7 +209,7 @@ class MPEngineCoreClient:
             self._send(serial.UTILITY, call_id, name, MessageEncoder.opaque(args),
                        MessageEncoder.opaque(kwargs))
             while call_id not in self._replies:
-                message = self._recv(timeout_ms=None, wakeable=False)
+                message = self._recv(wakeable=False)
                 if message is not None:
                     self._absorb(message)
             ok, value = self._replies.pop(call_id)
@@ -268,25 +272,16 @@ class MPEngineCoreClient:
         with self._lock:
             self._input.send(self._encoder.encode(kind, *fields))
 
-    def _recv(self, timeout_ms: Optional[int], wakeable: bool = True) -> Optional[list[Any]]:
+    def _recv(self, wakeable: bool = True) -> Optional[list[Any]]:
         """The next message; None when woken up. Raises when the core died."""
-        poller = zmq.Poller()
-        poller.register(self._output, zmq.POLLIN)
-        poller.register(self.proc.sentinel, zmq.POLLIN)
-        if wakeable:
-            poller.register(self._wake_r, zmq.POLLIN)
-        while True:
-            events = dict(poller.poll(timeout_ms))
-            if self._output in events:
-                return self._decoder.decode(self._output.recv())
-            if wakeable and self._wake_r.fileno() in events:
-                self._clear_wakeups()
-                return None
-            if self.proc.sentinel in events:
-                self._dead = self._death_message()
-                raise EngineCoreDeadError(self._dead)
-            if timeout_ms is not None:
-                return None
+        events = dict((self._wakeable_poller if wakeable else self._poller).poll())
+        if self._output in events:
+            return self._decoder.decode(self._output.recv())
+        if self.proc.sentinel in events:
+            self._dead = self._death_message()
+            raise EngineCoreDeadError(self._dead)
+        self._clear_wakeups()
+        return None
 
     def _drain(self) -> None:
         """Take every message already waiting, without blocking."""
