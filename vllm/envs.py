@@ -25,6 +25,10 @@ def _opt_int(value: str) -> int | None:
     return int(value) if value.strip() else None
 
 
+def _opt_float(value: str) -> float | None:
+    return float(value) if value.strip() else None
+
+
 # name -> (parser, default, documentation)
 environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     # ---- build / platform ----
@@ -133,8 +137,10 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_WARMUP_BUDGET_S": (float, 0.0, "HPU warmup time budget in seconds (0: none): "
                              "buckets are warmed in order of expected traffic and the "
                              "rest is left cold."),
-    "VLLM_GRAPH_RESERVED_MEM": (float, 0.1, "Share of usable memory kept for HPU graphs."),
-    "VLLM_GRAPH_PROMPT_RATIO": (float, 0.3, "Share of graph memory given to prompt graphs."),
+    "VLLM_GRAPH_RESERVED_MEM": (_opt_float, None, "Share of usable memory kept for HPU "
+                                "graphs; unset: measured from probe graphs at start-up."),
+    "VLLM_GRAPH_PROMPT_RATIO": (_opt_float, None, "Share of graph memory given to prompt "
+                                "graphs; unset: their measured share (0.3 when set by hand)."),
     "VLLM_GRAPH_PROMPT_STRATEGY": (str, "min_tokens", "Prompt capture order (min_tokens|max_bs)."),
     "VLLM_GRAPH_DECODE_STRATEGY": (str, "max_bs", "Decode capture order (max_bs|min_tokens)."),
     "VLLM_PROFILER_ENABLED": (_bool, False, "Write a high-level profile trace."),

@@ -90,7 +90,7 @@ WARMUP_LINES = [
     r"Prompt bucket config \(min, step, max_warmup\) bs:\[1, 2, 2\], seq:\[128, 128, 128\]",
     r"Generated 2 prompt buckets: \[\(1, 128, 0\), \(2, 128, 0\)\]",
     r"Free device memory: [\d.]+ \w+, [\d.]+ \w+ usable \(gpu_memory_utilization=0\.9\), "
-    r"[\d.]+ \w+ reserved for HPUGraphs \(VLLM_GRAPH_RESERVED_MEM=0\.1\), [\d.]+ \w+ "
+    r"[\d.]+ \w+ reserved for HPUGraphs \(measured: [\d.]+ of usable\), [\d.]+ \w+ "
     r"reserved for KV cache",
     # The block range (1, 128, 16) gives 1 and 16; the powers of two fill the gap.
     r"Generated 12 decode buckets: "
@@ -109,7 +109,7 @@ WARMUP_LINES = [
     r"and -?[\d.]+ \w+ of host memory \([\d.]+ \w+/[\d.]+ \w+ used\)",
     r"# HPU blocks: 16, # CPU blocks: 0",
     r"Using [\d.]+ \w+/[\d.]+ \w+ of free device memory for HPUGraphs, [\d.]+ \w+ for prompt "
-    r"and [\d.]+ \w+ for decode \(VLLM_GRAPH_PROMPT_RATIO=0\.3\)",
+    r"and [\d.]+ \w+ for decode \(VLLM_GRAPH_PROMPT_RATIO=0\.\d+\)",
     r"Warmup finished in \d+ secs, allocated [\d.]+ \w+ of device memory",
 ]
 

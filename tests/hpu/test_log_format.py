@@ -89,6 +89,7 @@ def test_second_prompt_capture_pass_continues_the_numbering(caplog, monkeypatch)
                             uses_hpu_graphs=True, mem_margin=runner.mem_margin,
                             run_dummy_batch=lambda is_prompt, bucket: None,
                             capture_graph=runner.capture_graph,
+                            forget_graph=lambda is_prompt, bucket: None,
                             warmup_defragmenter=lambda: None)
             HPUWarmup(ops)._capture_graphs(prompt, decode)
     finally:

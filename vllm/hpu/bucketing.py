@@ -443,24 +443,29 @@ class HPUBucketingContext:
 
     def generate_decode_buckets(self, num_kv_blocks: int) -> list[Bucket]:
         """bs x blocks grid, blocks clamped to the KV cache, at least a block per sequence."""
-        if num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}.")
         self.num_kv_blocks = num_kv_blocks
+        self.decode_buckets = self.decode_grid(num_kv_blocks)
         self.decode_bs_range, self.decode_block_range = self._decode_ranges(num_kv_blocks)
-        block_values = sorted({min(v, num_kv_blocks) for v in self.decode_block_range.values()})
-        if self.exponential:
-            block_values = fill_low_end(block_values)
-        buckets = [Bucket(b, 1, n) for b in self.decode_bs_range.values()
-                   for n in block_values if b <= n]
-        if self.plan is not None:
-            buckets = sorted({Bucket(b.batch_size, 1, min(b.num_blocks, num_kv_blocks))
-                              for b in self.plan.decode_buckets})
-        self.decode_buckets = sorted(buckets)
         self._lookup_cache.clear()
         log_bucket_config("Decode", self.decode_bs_range.as_list(), "block",
                           self.decode_block_range.as_list())
         log_generated_buckets("Decode", self.decode_buckets)
         return self.decode_buckets
+
+    def decode_grid(self, num_kv_blocks: int) -> list[Bucket]:
+        """The decode buckets a KV cache of `num_kv_blocks` blocks gets (no state
+        changed: the graph memory estimate asks before the cache is sized)."""
+        if num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {num_kv_blocks}.")
+        bs_range, block_range = self._decode_ranges(num_kv_blocks)
+        block_values = sorted({min(v, num_kv_blocks) for v in block_range.values()})
+        if self.exponential:
+            block_values = fill_low_end(block_values)
+        buckets = [Bucket(b, 1, n) for b in bs_range.values() for n in block_values if b <= n]
+        if self.plan is not None:
+            buckets = sorted({Bucket(b.batch_size, 1, min(b.num_blocks, num_kv_blocks))
+                              for b in self.plan.decode_buckets})
+        return sorted(buckets)
 
     # ---- lookup ----
 

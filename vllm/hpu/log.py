@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import psutil
 
@@ -118,5 +118,17 @@ def log_profile_run(before: MemorySnapshot, bucket: tuple) -> None:
 def log_graph_memory(graph_mem: int, free: int, prompt: int, decode: int,
                      ratio: float) -> None:
     logger.info("Using %s/%s of free device memory for HPUGraphs, %s for prompt and %s for "
-                "decode (VLLM_GRAPH_PROMPT_RATIO=%s)", format_bytes(graph_mem),
+                "decode (VLLM_GRAPH_PROMPT_RATIO=%.3g)", format_bytes(graph_mem),
                 format_bytes(free), format_bytes(prompt), format_bytes(decode), ratio)
+
+
+def log_graph_models(models: tuple, plan: Any, num_prompt: int, num_decode: int) -> None:
+    """The measured graph memory models and the reserve they give (graph_memory.py)."""
+    prompt, decode = models
+    logger.info("HPU graph memory measured on %d probe graphs: prompt %s; decode %s",
+                len(prompt.samples) + len(decode.samples), prompt.describe(), decode.describe())
+    logger.info("HPU graph memory needed for %d prompt + %d decode buckets: %s + %s, "
+                "reserving %s%s", num_prompt, num_decode, format_bytes(int(plan.prompt_bytes)),
+                format_bytes(int(plan.decode_bytes)), format_bytes(plan.reserve),
+                " (capped at half the usable memory: the rest run without graphs)"
+                if plan.capped else "")

@@ -25,6 +25,7 @@ write into.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import time
 from typing import Any, Callable, Optional
@@ -38,7 +39,7 @@ from vllm.hpu import habana
 from vllm.hpu.attention import HPUKVCache
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from vllm.distributed.parallel_state import get_pp_group
+from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.hpu.graph_keys import baked_constants, input_signature
 from vllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
 from vllm.sample.metadata import greedy_sample
@@ -51,20 +52,27 @@ from vllm.hpu.bucketing import Bucket, HPUBucketingContext
 from vllm.hpu.compile_tracker import CompileTracker
 from vllm.hpu.defragmenter import HPUDefragmenter, swap_blocks, swap_buckets
 from vllm.hpu.execution import ExecutionMode, prepare_forward_module, run_forward
+from vllm.hpu.graph_memory import (GraphMemoryModel, GraphReservePlan, fit_models,
+                                  is_device_oom, plan_graph_reserve, probe_buckets,
+                                  oom_is_recoverable, reduce_capture)
 from vllm.hpu.input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_decode_batch,
                                         build_prompt_batch, decode_blocks_needed,
                                         dependency_levels, group_prompts, pad_slots)
 from vllm.hpu.profiler import HPUProfiler
 from vllm.hpu.sampling import (fixed_shapes, logprobs_bucket, logprobs_buckets,
                                sampler_signature, warmup_metadata)
-from vllm.hpu.log import (MemorySnapshot, format_bytes, log_profile_run, log_took,
-                          log_weights_loaded)
+from vllm.hpu.log import (MemorySnapshot, format_bytes, log_graph_models, log_profile_run,
+                          log_took, log_weights_loaded)
 from vllm.hpu.warmup import HPUWarmup, WarmupOps
 from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.model_runner_base import (ForwardPass, LogprobsRow, ModelRunnerBase, PassOutput,
                                            PromptLogprobs)
 
 logger = logging.getLogger(__name__)
+
+PROBE_CACHE_BLOCKS = 64
+"""KV blocks of the temporary cache the graph memory probes run on (enough for the
+per-block cost to show; at most what the real cache could hold)."""
 
 
 def resolve_contiguous_pa(enable_prefix_caching: bool) -> bool:
@@ -118,6 +126,10 @@ class HPUModelRunner(ModelRunnerBase):
         self.accounting = BucketAccounting(self.bucketing, record_trace=self._is_driver())
         self.sampler = Sampler(static_shapes=True)
         self.capture_on_first_use = False
+        self.graph_refused: set[tuple[bool, Bucket]] = set()
+        """Buckets whose graph did not fit (they run without one)."""
+        self.graph_models: Optional[tuple[GraphMemoryModel, GraphMemoryModel]] = None
+        """Measured graph memory, (prompt, decode): graph_memory.py."""
         """VLLM_SKIP_WARMUP with HPU graphs: a bucket's graph is captured when first run."""
         self.num_graph_captures = 0
         self.num_graph_replays = 0
@@ -361,6 +373,79 @@ class HPUModelRunner(ModelRunnerBase):
         self.graphed_buckets.add((is_prompt, bucket))
         self.run_dummy_batch(is_prompt, bucket, use_graph=True)
 
+    def measure_graph_memory(self, usable: int, upper: int) -> GraphReservePlan:
+        """Capture probe graphs on a temporary KV cache, fit the graph memory models
+        and return the reserve every bucket's graph needs (graph_memory.py), for a KV
+        cache of at most `upper` blocks; the probe graphs and the cache are dropped."""
+        # Every TP rank probes the same buckets (each probe is a collective): the
+        # smallest rank's limits decide, as they decide the KV cache.
+        tp = get_tp_group()
+        upper = max(1, tp.all_reduce_int(upper, "min"))
+        usable = tp.all_reduce_int(usable, "min")
+        decode = [] if self.is_pooling else self.bucketing.decode_grid(upper)
+        rows = max((b.batch_size for b in decode), default=1)
+        # At most a quarter of what the cache could hold: the probe graphs need room too.
+        probe_blocks = max(1, min(upper // 4, max(rows, PROBE_CACHE_BLOCKS)))
+        self.num_kv_blocks, self.pad_block_id = probe_blocks, probe_blocks
+        self._restore_kv_cache()
+        samples: dict[bool, list[tuple[Bucket, int]]] = {True: [], False: []}
+        try:
+            for is_prompt, buckets in ((True, self.bucketing.prompt_buckets), (False, decode)):
+                for bucket in probe_buckets(is_prompt, buckets, probe_blocks):
+                    used = self._probe_capture(is_prompt, bucket)
+                    if used is not None:
+                        samples[is_prompt].append((bucket, used))
+        finally:
+            self._drop_graphs()
+            self.kv_caches, self.defragmenter = [], None
+            self.num_kv_blocks, self.pad_block_id = 0, -1
+            gc.collect()
+        self.graph_models = fit_models(samples)
+        plan = plan_graph_reserve(*self.graph_models, self.bucketing.prompt_buckets, decode,
+                                  usable)
+        log_graph_models(self.graph_models, plan, len(self.bucketing.prompt_buckets),
+                         len(decode))
+        return plan
+
+    def _probe_capture(self, is_prompt: bool, bucket: Bucket) -> Optional[int]:
+        """Bytes one capture took (the most any TP rank measured), or None when some
+        rank has no device memory left or its device refused the capture."""
+        tp = get_tp_group()
+        before, failed = habana.mem_get_info()[0], False
+        if tp.all_reduce_int(before, "min") <= 0:
+            return None  # some rank cannot hold any graph: none is captured anywhere
+        try:
+            self.capture_graph(is_prompt, bucket)
+            habana.synchronize()
+        except Exception as error:  # noqa: BLE001 - only a device OOM is absorbed
+            if not (is_device_oom(error) and oom_is_recoverable(tp)):
+                raise
+            failed = True
+            logger.warning("Graph memory probe %s out of device memory: %s", tuple(bucket),
+                           error)
+        return reduce_capture(tp.all_reduce_int, before - habana.mem_get_info()[0],
+                              failed)
+
+    def _drop_graphs(self) -> None:
+        """Free every captured graph: a fresh wrapper captures again on first use."""
+        habana.release_hpu_graphs(self.forward_module)
+        self.forward_module = prepare_forward_module(
+            self.model, self.attn_impl, self.mode,
+            lora_batch=self.lora_manager.batch if self.lora_manager else None)
+        self.graphed_buckets.clear()
+        self._graph_keys.clear()
+        self.num_graph_captures = self.num_graph_replays = 0
+
+    def release_graphs(self) -> None:
+        """Shutdown: free the captured graphs (on the fake HPU, their ledger entries)."""
+        if self.uses_hpu_graphs and getattr(self, "forward_module", None) is not None:
+            habana.release_hpu_graphs(self.forward_module)
+
+    def _forget_graph(self, is_prompt: bool, bucket: Bucket) -> None:
+        """A capture failed: the bucket runs without a graph (and is never retried)."""
+        self.graphed_buckets.discard((is_prompt, bucket))
+        self.graph_refused.add((is_prompt, bucket))
+
     @torch.inference_mode()
     def profile_run(self) -> None:
         """The largest prompt pass without a KV cache: peak activation memory."""
@@ -405,7 +490,8 @@ class HPUModelRunner(ModelRunnerBase):
             mode=self.mode, uses_hpu_graphs=self.uses_hpu_graphs, mem_margin=self.mem_margin,
             run_dummy_batch=lambda is_prompt, bucket: self.run_dummy_batch(
                 is_prompt, bucket, use_graph=False),
-            capture_graph=self.capture_graph, warmup_defragmenter=self.warmup_defragmenter,
+            capture_graph=self.capture_graph, forget_graph=self._forget_graph,
+            warmup_defragmenter=self.warmup_defragmenter, graph_models=self.graph_models,
             prompt_traffic=plan.traffic(True) if plan is not None else None,
             decode_traffic=plan.traffic(False) if plan is not None else None,
             budget_s=envs.VLLM_WARMUP_BUDGET_S)
@@ -448,9 +534,7 @@ class HPUModelRunner(ModelRunnerBase):
         logits processors); the base picks the sampling rows after them."""
         batch: HPUBatch = fwd.platform_data
         with self.calibration(self._real_rows(batch) if self.calibrating else None):
-            hidden, logits = self._run_batch(batch, use_graph=self._graphed(batch),
-                                             lora_slots=fwd.lora_mapping, serving=True,
-                                             inputs_embeds=fwd.inputs_embeds)
+            hidden, logits = self._run_serving_batch(batch, fwd)
         if self.is_pooling:
             return PassOutput(hidden_states=hidden, sample_logits=None)
         if logits is None:
@@ -464,6 +548,26 @@ class HPUModelRunner(ModelRunnerBase):
         return PassOutput(hidden_states=hidden, sample_logits=logits,
                           logits_req_ids=row_req_ids,
                           sample_rows=torch.tensor(rows, device=logits.device))
+
+    def _run_serving_batch(self, batch: HPUBatch, fwd: ForwardPass
+                           ) -> tuple[Any, Optional[torch.Tensor]]:
+        """The pass; a graph captured on first use that runs out of device memory is
+        dropped and the pass runs again without one (its KV writes are the same). With
+        pipeline stages the pass cannot be repeated (it consumed its input), and with
+        tensor parallelism the peers are inside the pass's collectives: raised."""
+        use_graph = self._graphed(batch)
+        run = functools.partial(self._run_batch, batch, lora_slots=fwd.lora_mapping,
+                                serving=True, inputs_embeds=fwd.inputs_embeds)
+        try:
+            return run(use_graph=use_graph)
+        except Exception as error:  # noqa: BLE001 - only a device OOM is absorbed
+            if (not (use_graph and is_device_oom(error)) or get_pp_group().world_size > 1
+                    or not oom_is_recoverable(get_tp_group())):
+                raise
+            logger.warning("HPU graph capture of bucket %s ran out of device memory (%s); "
+                           "it runs without a graph.", tuple(batch.bucket), error)
+            self._forget_graph(batch.is_prompt, batch.bucket)
+            return run(use_graph=False)
 
     def _apply_grammar_bitmask(self, logits: torch.Tensor, req_ids: list[Optional[str]],
                                so: SchedulerOutput) -> None:
@@ -721,11 +825,32 @@ class HPUModelRunner(ModelRunnerBase):
         key = (batch.is_prompt, batch.bucket)
         if key in self.graphed_buckets:
             return True
+        if key in self.graph_refused:
+            return False
         if self.capture_on_first_use or batch.bucket in self.bucketing.fallback_buckets:
+            if not self._first_use_fits(key):
+                return False
             logger.info("Capturing the HPU graph of %s bucket %s on first use.",
                         "prompt" if batch.is_prompt else "decode", tuple(batch.bucket))
             self.graphed_buckets.add(key)
             return True
+        return False
+
+    def _first_use_fits(self, key: tuple[bool, Bucket]) -> bool:
+        """A graph captured while serving must fit above the memory margin by the
+        measured model (no model: try, the out-of-memory guard catches a failure)."""
+        if self.graph_models is None:
+            return True
+        is_prompt, bucket = key
+        need = self.graph_models[0 if is_prompt else 1].estimate(bucket)
+        free = habana.mem_get_info()[0] - self.mem_margin
+        if need <= free:
+            return True
+        logger.warning("Not capturing the HPU graph of %s bucket %s: it needs about %s, %s "
+                       "is free above the memory margin; it runs without a graph.",
+                       "prompt" if is_prompt else "decode", tuple(bucket),
+                       format_bytes(int(need)), format_bytes(max(0, free)))
+        self.graph_refused.add(key)
         return False
 
     def _lora_slot_tensor(self, batch: HPUBatch, slots: Optional[np.ndarray]

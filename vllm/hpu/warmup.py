@@ -11,11 +11,15 @@ then the defragmenter's swap buckets (on the fake HPU in torch.compile mode the
 compiled regions skip their arithmetic meanwhile, see `warmup_context`).
 Phase 2 (HPU graph mode only) captures graphs.
 The memory left for graphs (free memory minus the margin kept by
-gpu_memory_utilization) is split by VLLM_GRAPH_PROMPT_RATIO; prompt buckets are
-captured in VLLM_GRAPH_PROMPT_STRATEGY order and decode buckets in
-VLLM_GRAPH_DECODE_STRATEGY order. A bucket whose estimated memory (tokens times
-the bytes per token measured so far in its phase) does not fit is skipped and
-keeps running without a graph; memory one phase leaves over goes to the other.
+gpu_memory_utilization) is split by VLLM_GRAPH_PROMPT_RATIO (unset: by the
+phases' measured shares); prompt buckets are captured in
+VLLM_GRAPH_PROMPT_STRATEGY order and decode buckets in VLLM_GRAPH_DECODE_STRATEGY
+order. A bucket whose estimated memory (the memory model measured before the KV
+cache was sized, graph_memory.py; with VLLM_GRAPH_RESERVED_MEM set by hand,
+tokens times the bytes per token measured so far in its phase) does not fit is
+skipped and keeps running without a graph, and so is one whose capture the device
+refuses (out of memory: logged, never fatal); memory one phase leaves over goes
+to the other.
 
 With tensor parallelism the ranks must capture the same buckets (a graph holds the
 layers' collectives, so a rank replaying one while its peer runs eagerly would not
@@ -38,6 +42,8 @@ from vllm.hpu import habana
 from vllm.distributed.parallel_state import get_tp_group
 from vllm.hpu.bucketing import Bucket
 from vllm.hpu.execution import ExecutionMode, warmup_context
+from vllm.hpu.graph_memory import (GraphMemoryModel, is_device_oom, oom_is_recoverable,
+                                   reduce_capture)
 from vllm.hpu.log import format_bytes, log_graph_memory, log_warmup_step
 from vllm.hpu.warmup_order import WarmupItem, largest_first, traffic_order
 
@@ -75,30 +81,60 @@ class CaptureResult:
     left_bytes: int = 0
     bytes_per_token: Optional[float] = None
     """Measured graph memory per token (None until something was captured)."""
+    out_of_memory: list[Bucket] = field(default_factory=list)
+    """Buckets whose capture the device refused (also in `skipped`)."""
+    predicted_bytes: float = 0.0
+    """The memory model's estimate for the captured buckets (0 without a model)."""
+
+
+class GraphCaptureOOM(Exception):
+    """A capture the device could not allocate (on any TP rank); `used_bytes` is what
+    it took before failing."""
+
+    def __init__(self, used_bytes: int) -> None:
+        super().__init__(f"graph capture out of memory after {used_bytes} bytes")
+        self.used_bytes = used_bytes
 
 
 def capture_within_budget(buckets: list[Bucket], budget: int, tokens_of: Callable[[Bucket], int],
                           capture: Callable[[Bucket], int],
-                          bytes_per_token: Optional[float] = None) -> CaptureResult:
+                          bytes_per_token: Optional[float] = None,
+                          model: Optional[GraphMemoryModel] = None) -> CaptureResult:
     """Capture buckets in order while their estimated memory fits `budget`.
 
-    `capture(bucket)` records the graph and returns the bytes it took. The estimate
-    is tokens times the bytes per token measured so far (`bytes_per_token` seeds
-    it); with nothing measured yet a bucket is tried whenever some budget is left.
+    `capture(bucket)` records the graph and returns the bytes it took, or raises
+    `GraphCaptureOOM` (the bucket is then skipped, never fatal). The estimate is the
+    measured memory `model`'s, scaled up by how much the captures so far exceeded
+    their estimates; without a model, tokens times the bytes per token measured so
+    far (`bytes_per_token` seeds it), and with nothing measured yet a bucket is
+    tried whenever some budget is left.
     """
     result = CaptureResult(bytes_per_token=bytes_per_token)
     tokens_done = 0
     for bucket in buckets:
         left = budget - result.used_bytes
         tokens = tokens_of(bucket)
-        estimate = tokens * (result.bytes_per_token or 0.0)
+        if model is not None:
+            scale = max(1.0, result.used_bytes / result.predicted_bytes
+                        if result.predicted_bytes > 0 else 1.0)
+            estimate = model.estimate(bucket) * scale
+        else:
+            estimate = tokens * (result.bytes_per_token or 0.0)
         if left <= 0 or estimate > left:
             result.skipped.append(bucket)
             continue
-        result.used_bytes += max(0, capture(bucket))
+        try:
+            used = max(0, capture(bucket))
+        except GraphCaptureOOM as oom:
+            result.used_bytes += max(0, oom.used_bytes)
+            result.skipped.append(bucket)
+            result.out_of_memory.append(bucket)
+            continue
+        result.used_bytes += used
         tokens_done += tokens
         result.captured.append(bucket)
-        result.bytes_per_token = result.used_bytes / tokens_done
+        result.predicted_bytes += model.estimate(bucket) if model is not None else 0.0
+        result.bytes_per_token = result.used_bytes / max(1, tokens_done)
     result.left_bytes = max(0, budget - result.used_bytes)
     return result
 
@@ -110,8 +146,13 @@ def _check_ratio(name: str, value: float, upper_inclusive: bool) -> float:
     return value
 
 
-def graph_reserved_fraction() -> float:
-    return _check_ratio("VLLM_GRAPH_RESERVED_MEM", envs.VLLM_GRAPH_RESERVED_MEM, False)
+DEFAULT_PROMPT_RATIO = 0.3
+
+
+def graph_reserved_fraction() -> Optional[float]:
+    """VLLM_GRAPH_RESERVED_MEM when the user set it; None: measure (graph_memory.py)."""
+    value = envs.VLLM_GRAPH_RESERVED_MEM
+    return None if value is None else _check_ratio("VLLM_GRAPH_RESERVED_MEM", value, False)
 
 
 @dataclass
@@ -129,12 +170,17 @@ class WarmupOps:
     run_dummy_batch: Callable[[bool, Bucket], None]
     """(is_prompt, bucket): one compile pass, no graph."""
     capture_graph: Callable[[bool, Bucket], None]
+    forget_graph: Callable[[bool, Bucket], None]
+    """(is_prompt, bucket): a capture failed; the bucket runs without a graph."""
     warmup_defragmenter: Callable[[], None]
     prompt_traffic: Optional[dict[Bucket, int]] = None
     decode_traffic: Optional[dict[Bucket, int]] = None
     """Trace passes per bucket, from a bucket plan (None: unknown)."""
     budget_s: float = 0.0
     """Seconds the compile phase may take (0: no limit)."""
+    graph_models: Optional[tuple[GraphMemoryModel, GraphMemoryModel]] = None
+    """(prompt, decode) graph memory measured before the KV cache was sized
+    (graph_memory.py); None when VLLM_GRAPH_RESERVED_MEM was set by hand."""
 
 
 @dataclass
@@ -207,7 +253,8 @@ class HPUWarmup:
 
     def _capture_graphs(self, prompt: list[Bucket], decode: list[Bucket]
                         ) -> tuple[CaptureResult, CaptureResult]:
-        ratio = _check_ratio("VLLM_GRAPH_PROMPT_RATIO", envs.VLLM_GRAPH_PROMPT_RATIO, True)
+        models = self.ops.graph_models
+        ratio = self._prompt_ratio(prompt, decode)
         graph_mem = get_tp_group().all_reduce_int(max(0, self._free() - self.ops.mem_margin),
                                                   "min")
         prompt_budget = int(graph_mem * ratio)
@@ -219,12 +266,19 @@ class HPUWarmup:
         d = self._capture_phase("Decode", False, decode_order, decode_budget + p.left_bytes)
         if p.skipped and d.left_bytes > 0:
             # The second prompt pass continues the first one's numbering (i/N of all).
-            again = self._capture_phase("Prompt", True, p.skipped, d.left_bytes,
+            retry = [b for b in p.skipped if b not in p.out_of_memory]
+            again = self._capture_phase("Prompt", True, retry, d.left_bytes,
                                         p.bytes_per_token, first_index=len(p.captured) + 1,
                                         total=len(prompt))
             p.captured += again.captured
-            p.skipped = again.skipped
+            p.skipped = [b for b in p.skipped if b not in again.captured]
+            p.out_of_memory += again.out_of_memory
             p.used_bytes += again.used_bytes
+            p.predicted_bytes += again.predicted_bytes
+        if models is not None:
+            logger.info("Graph memory: captured %s, the measured model predicted %s",
+                        format_bytes(p.used_bytes + d.used_bytes),
+                        format_bytes(int(p.predicted_bytes + d.predicted_bytes)))
         for phase, res, total in (("Prompt", p, len(prompt)), ("Decode", d, len(decode))):
             logger.info("Graph/%s captured:%d (%.1f%%) used_mem:%s buckets:%s", phase,
                         len(res.captured), 100.0 * len(res.captured) / max(1, total),
@@ -233,6 +287,18 @@ class HPUWarmup:
                 logger.info("Graph/%s not captured (no graph memory left; they run without "
                             "a graph): %s", phase, sorted(tuple(b) for b in res.skipped))
         return p, d
+
+    def _prompt_ratio(self, prompt: list[Bucket], decode: list[Bucket]) -> float:
+        """VLLM_GRAPH_PROMPT_RATIO when set; else the prompt graphs' share of the
+        measured estimate (0.3, vllm-gaudi's default, without a measurement)."""
+        if envs.VLLM_GRAPH_PROMPT_RATIO is not None:
+            return _check_ratio("VLLM_GRAPH_PROMPT_RATIO", envs.VLLM_GRAPH_PROMPT_RATIO, True)
+        models = self.ops.graph_models
+        if models is None:
+            return DEFAULT_PROMPT_RATIO
+        want_p = sum(models[0].estimate(b) for b in prompt)
+        want_d = sum(models[1].estimate(b) for b in decode)
+        return want_p / (want_p + want_d) if want_p + want_d > 0 else DEFAULT_PROMPT_RATIO
 
     def _capture_phase(self, phase: str, is_prompt: bool, buckets: list[Bucket],
                        budget: int, bytes_per_token: Optional[float] = None,
@@ -247,14 +313,30 @@ class HPUWarmup:
         def capture(bucket: Bucket) -> int:
             log_warmup_step(f"Graph/{phase}", next(counter), total, bucket)
             before = self._free()
-            self.ops.capture_graph(is_prompt, bucket)
-            habana.synchronize()
+            failed = False
+            try:
+                self.ops.capture_graph(is_prompt, bucket)
+                habana.synchronize()
+            except Exception as error:  # noqa: BLE001 - only a device OOM is absorbed
+                if not (is_device_oom(error) and oom_is_recoverable(get_tp_group())):
+                    raise
+                failed = True
+                logger.warning("Graph/%s %s: capture ran out of device memory (%s); the "
+                               "bucket runs without a graph.", phase, tuple(bucket), error)
             progress.update(1)
-            return get_tp_group().all_reduce_int(before - self._free(), "max")
+            # Every rank takes the same decision: a graph on one rank only would not match.
+            used = reduce_capture(get_tp_group().all_reduce_int, before - self._free(),
+                                  failed)
+            if used is None:
+                self.ops.forget_graph(is_prompt, bucket)
+                raise GraphCaptureOOM(max(0, before - self._free()))
+            return used
 
         try:
+            model = None if self.ops.graph_models is None else (
+                self.ops.graph_models[0 if is_prompt else 1])
             return capture_within_budget(buckets, budget,
                                          lambda b: bucket_tokens(is_prompt, b), capture,
-                                         bytes_per_token)
+                                         bytes_per_token, model)
         finally:
             progress.close()

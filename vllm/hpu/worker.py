@@ -4,8 +4,11 @@ Memory, after the weights are loaded and a profile run at the largest prompt
 bucket has touched its peak activations:
 
     usable    = free * gpu_memory_utilization
-    KV cache  = usable * (1 - VLLM_GRAPH_RESERVED_MEM)
-    graphs    = usable * VLLM_GRAPH_RESERVED_MEM   (0 unless HPU graphs are used)
+    graphs    = what every bucket's graph takes by the memory model measured on
+                probe graphs (graph_memory.py), at most half of usable; or
+                usable * VLLM_GRAPH_RESERVED_MEM when that is set by hand
+                (0 unless HPU graphs are used)
+    KV cache  = usable - graphs
 
 `num_gpu_blocks_override` or `kv_cache_memory_bytes` replace the automatic KV size.
 One block of the cache is the pad block, so the cache holds num_blocks + 1 blocks.
@@ -45,17 +48,26 @@ class HPUMemoryBudget:
 
     @classmethod
     def plan(cls, free: int, gpu_memory_utilization: float,
-             graph_reserved_mem: float) -> "HPUMemoryBudget":
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError("gpu_memory_utilization must be in (0, 1], got "
-                             f"{gpu_memory_utilization}.")
-        if not 0 <= graph_reserved_mem < 1:
-            raise ValueError(f"VLLM_GRAPH_RESERVED_MEM must be in [0, 1), got "
-                             f"{graph_reserved_mem}.")
-        usable = int(free * gpu_memory_utilization)
-        kv_cache = int(usable * (1 - graph_reserved_mem))
+             graph_reserved_mem: float, graph_bytes: Optional[int] = None
+             ) -> "HPUMemoryBudget":
+        """`graph_bytes` (measured) replaces the `graph_reserved_mem` share when given."""
+        usable = usable_bytes(free, gpu_memory_utilization)
+        if graph_bytes is not None:
+            kv_cache = usable - min(usable, max(0, graph_bytes))
+        else:
+            if not 0 <= graph_reserved_mem < 1:
+                raise ValueError(f"VLLM_GRAPH_RESERVED_MEM must be in [0, 1), got "
+                                 f"{graph_reserved_mem}.")
+            kv_cache = int(usable * (1 - graph_reserved_mem))
         return cls(free=free, usable=usable, graph_reserved=usable - kv_cache,
                    kv_cache=kv_cache, margin=free - usable)
+
+
+def usable_bytes(free: int, gpu_memory_utilization: float) -> int:
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError("gpu_memory_utilization must be in (0, 1], got "
+                         f"{gpu_memory_utilization}.")
+    return int(free * gpu_memory_utilization)
 
 
 def before_collective() -> Optional[Callable[[], None]]:
@@ -130,42 +142,63 @@ class HPUWorker(WorkerBase):
         runner: HPUModelRunner = self.model_runner
         cc = self.vllm_config.cache_config
         runner.profile_run()
-        free, _ = habana.mem_get_info()
-        reserved = graph_reserved_fraction() if runner.uses_hpu_graphs else 0.0
-        budget = HPUMemoryBudget.plan(free, cc.gpu_memory_utilization, reserved)
+        budget, source = self._plan_budget(runner, cc.gpu_memory_utilization)
         self.memory_budget = budget
         runner.mem_margin = budget.margin
         logger.info("Free device memory: %s, %s usable (gpu_memory_utilization=%s), %s "
-                    "reserved for HPUGraphs (VLLM_GRAPH_RESERVED_MEM=%s), %s reserved for "
-                    "KV cache", format_bytes(budget.free), format_bytes(budget.usable),
-                    cc.gpu_memory_utilization, format_bytes(budget.graph_reserved), reserved,
+                    "reserved for HPUGraphs (%s), %s reserved for KV cache",
+                    format_bytes(budget.free), format_bytes(budget.usable),
+                    cc.gpu_memory_utilization, format_bytes(budget.graph_reserved), source,
                     format_bytes(budget.kv_cache))
-        block_bytes = runner.get_kv_cache_block_bytes()
-        if cc.num_gpu_blocks_override is not None:
-            num_blocks = cc.num_gpu_blocks_override
-            source = "num_gpu_blocks_override"
-        elif cc.kv_cache_memory_bytes is not None:
-            num_blocks = cc.kv_cache_memory_bytes // block_bytes - 1
-            source = "kv_cache_memory_bytes"
-        else:
-            num_blocks = budget.kv_cache // block_bytes - 1
-            source = "memory budget"
-            num_blocks = self._fake_cap(num_blocks)
-        num_blocks = max(1, num_blocks)
+        num_blocks, source = self._kv_blocks(budget.kv_cache, log_cap=True)
         logger.info("KV cache: %d blocks of %s (+1 pad block) from %s.", num_blocks,
-                    format_bytes(block_bytes), source)
+                    format_bytes(runner.get_kv_cache_block_bytes()), source)
         return num_blocks
 
-    def _fake_cap(self, num_blocks: int) -> int:
+    def _kv_blocks(self, kv_bytes: int, log_cap: bool = False) -> tuple[int, str]:
+        """KV blocks for `kv_bytes` of budget, unless the user chose them."""
+        cc = self.vllm_config.cache_config
+        block_bytes = self.model_runner.get_kv_cache_block_bytes()
+        if cc.num_gpu_blocks_override is not None:
+            return max(1, cc.num_gpu_blocks_override), "num_gpu_blocks_override"
+        if cc.kv_cache_memory_bytes is not None:
+            return max(1, cc.kv_cache_memory_bytes // block_bytes - 1), "kv_cache_memory_bytes"
+        return max(1, self._fake_cap(kv_bytes // block_bytes - 1, log_cap)), "memory budget"
+
+    def _max_kv_blocks(self, usable: int) -> int:
+        """The most blocks the cache can get (all usable memory, or the user's choice):
+        the decode buckets whose graphs the reserve must hold are at most these."""
+        return self._kv_blocks(usable)[0]
+
+    def _plan_budget(self, runner: HPUModelRunner, utilization: float
+                     ) -> tuple[HPUMemoryBudget, str]:
+        """The budget, and what set the graph reserve (for the log line)."""
+        reserved = graph_reserved_fraction()
+        if not runner.uses_hpu_graphs:
+            return HPUMemoryBudget.plan(habana.mem_get_info()[0], utilization, 0.0), \
+                "VLLM_GRAPH_RESERVED_MEM=0.0"
+        if reserved is not None:
+            return HPUMemoryBudget.plan(habana.mem_get_info()[0], utilization, reserved), \
+                f"VLLM_GRAPH_RESERVED_MEM={reserved}"
+        free = habana.mem_get_info()[0]
+        usable = usable_bytes(free, utilization)
+        plan = runner.measure_graph_memory(usable, self._max_kv_blocks(usable))
+        free = habana.mem_get_info()[0]  # the probe graphs are gone again
+        return (HPUMemoryBudget.plan(free, utilization, 0.0, graph_bytes=plan.reserve),
+                f"measured: {plan.reserve / max(1, usable_bytes(free, utilization)):.4f} "
+                f"of usable{', capped' if plan.capped else ''}")
+
+    def _fake_cap(self, num_blocks: int, log: bool = True) -> int:
         if not habana.is_fake_hpu():
             return num_blocks
         sc = self.vllm_config.scheduler_config
         bs = self.vllm_config.cache_config.block_size
         cap = sc.max_num_seqs * -(-self.vllm_config.model_config.max_model_len // bs)
         if num_blocks > cap:
-            logger.info("Fake HPU: KV cache capped at %d blocks (max_num_seqs=%d sequences of "
-                        "max_model_len tokens); set kv_cache_memory_bytes or "
-                        "num_gpu_blocks_override to choose.", cap, sc.max_num_seqs)
+            if log:
+                logger.info("Fake HPU: KV cache capped at %d blocks (max_num_seqs=%d sequences "
+                            "of max_model_len tokens); set kv_cache_memory_bytes or "
+                            "num_gpu_blocks_override to choose.", cap, sc.max_num_seqs)
             return cap
         return num_blocks
 
@@ -188,6 +221,7 @@ class HPUWorker(WorkerBase):
     def shutdown(self) -> None:
         super().shutdown()
         if self.model_runner is not None:
+            self.model_runner.release_graphs()
             path = self.model_runner.profiler.flush()
             if path:
                 logger.info("HPU trace written to %s", path)

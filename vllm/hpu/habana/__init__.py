@@ -60,6 +60,11 @@ if _FAKE:
         """The dynamo backend HPU regions compile with (see the table above)."""
         return fake_hpu_backend
 
+    def release_hpu_graphs(module: Any) -> None:
+        """Free the graphs `wrap_in_hpu_graph(module)` captured (their memory leaves
+        the fake ledger); the caller then drops the module."""
+        graph_stats(module).release()
+
     def warmup_regions() -> ContextManager[None]:
         """Wraps torch.compile warmup passes (see the table above)."""
         return shape_only_regions()
@@ -82,6 +87,12 @@ else:  # pragma: no cover - needs a Gaudi image
     def compile_backend() -> Any:  # type: ignore[no-redef]
         return "hpu_backend"
 
+    def release_hpu_graphs(module: Any) -> None:  # type: ignore[no-redef]
+        """On Gaudi a wrapped module's graphs are freed with the module: the caller
+        drops its references (and the collector runs)."""
+        import gc
+        gc.collect()
+
     def warmup_regions() -> ContextManager[None]:  # type: ignore[no-redef]
         return contextlib.nullcontext()
 
@@ -100,7 +111,7 @@ __all__ = [
     "FusedRMSNorm", "FusedSDPA", "compile_backend", "hpu_ops", "RotaryPosEmbeddingMode", "apply_rotary_pos_emb",
     "compile_count", "current_device", "device_count", "graph_stats", "is_fake_hpu",
     "is_lazy", "mark_step", "mark_step_count", "mem_get_info", "metric_localcontext",
-    "mixture_of_experts", "record_compile", "reset_compile_stats", "reset_tracked_memory",
+    "mixture_of_experts", "record_compile", "release_hpu_graphs", "reset_compile_stats", "reset_tracked_memory",
     "set_device", "synchronize", "torch_device_type", "track_alloc", "track_free",
     "tracked_bytes", "warmup_regions", "wrap_in_hpu_graph",
 ]

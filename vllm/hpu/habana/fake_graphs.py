@@ -12,7 +12,10 @@ bake into a graph (graph_constants.py: e.g. fp8 scales passed as Python floats).
 
 Memory model: a captured graph keeps static output buffers, so each capture adds
 the bytes of its outputs to the fake device ledger (`memory.track_alloc`) until
-`release()`; this lets the runner's graph-memory budget be exercised off hardware.
+`release()`; a capture whose buffers exceed the device's free memory raises
+`torch.OutOfMemoryError`, as the real allocator fails. This lets the runner's
+graph-memory budget, and its recovery from an out-of-memory capture, be exercised
+off hardware.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from typing import Any, Callable, Hashable, Optional
 import torch
 from torch import nn
 
-from vllm.hpu.habana import compile_stats, memory
+from vllm.hpu.habana import compile_stats, fake_device, memory
 from vllm.hpu.graph_keys import baked_constants, input_signature
 
 logger = logging.getLogger(__name__)
@@ -39,6 +42,14 @@ def _output_bytes(out: Any) -> int:
     if dataclasses.is_dataclass(out) and not isinstance(out, type):
         return sum(_output_bytes(getattr(out, f.name)) for f in dataclasses.fields(out))
     return 0
+
+
+def _check_fits(nbytes: int) -> None:
+    free, total = fake_device.mem_get_info()
+    if nbytes > free:
+        raise torch.OutOfMemoryError(
+            f"fake HPU out of memory: an HPU graph capture needs {nbytes} bytes, "
+            f"{free} of {total} are free (VLLM_FAKE_HPU_MEMORY_GB)")
 
 
 class FakeHPUGraphForward:
@@ -65,9 +76,11 @@ class FakeHPUGraphForward:
         if sig in self.signatures:
             self.replays += 1
         else:
+            nbytes = _output_bytes(out)
+            _check_fits(nbytes)
             self.captures += 1
             compile_stats.record_compile(("hpu_graph", id(self), sig))
-            self.signatures[sig] = memory.track_alloc(_output_bytes(out))
+            self.signatures[sig] = memory.track_alloc(nbytes)
             logger.debug("fake HPU graph capture #%d", self.captures)
         return out
 
