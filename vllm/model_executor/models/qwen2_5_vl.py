@@ -144,17 +144,21 @@ class Qwen2_5_VLForConditionalGeneration(nn.Module):
         """Encoder work of one image: its patches (what the HPU encoder buckets)."""
         return int(item["pixel_values"].shape[0])
 
+    @property
+    def mm_patches_per_token(self) -> int:
+        """Patches merged into one image token."""
+        return self.config.vision_config.spatial_merge_size ** 2
+
     def dummy_mm_item(self, num_patches: int) -> dict[str, torch.Tensor]:
         """A blank image of `num_patches` patches (a multiple of merge^2): a grid of
-        one merge block's height (warmup of a patch-count bucket)."""
+        one merge block's height (warmup of a patch-count bucket), float32 like the
+        processor's pixels."""
         vc = self.config.vision_config
         merge = vc.spatial_merge_size
         if num_patches % (merge * merge):
             raise ValueError(f"num_patches {num_patches} is not a multiple of {merge * merge}.")
         dim = vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2
-        weight = self.visual.merger.mlp[0].weight
-        return {"pixel_values": torch.zeros(num_patches, dim, dtype=weight.dtype,
-                                            device=weight.device),
+        return {"pixel_values": torch.zeros(num_patches, dim, dtype=torch.float32),
                 "image_grid_thw": torch.tensor([[1, merge, num_patches // merge]])}
 
     def embed_multimodal(self, items: list[dict[str, torch.Tensor]],
