@@ -19,8 +19,7 @@ from typing import Any, Iterable, Optional
 
 from vllm.config import VllmConfig
 from vllm.core.kv_cache_manager import KVCacheManager
-from vllm.multimodal.encoder_cache import (EncoderCacheManager, encoder_budget,
-                                            schedule_encoder_inputs)
+from vllm.multimodal.encoder_cache import EncoderCacheManager, schedule_encoder_inputs
 from vllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                     SchedulerOutput)
 from vllm.request import Request, RequestStatus
@@ -96,7 +95,9 @@ class Scheduler:
         lora_config = vllm_config.lora_config
         self.max_loras = lora_config.max_loras if lora_config is not None else 0
         self.structured_output_manager = StructuredOutputManager(vllm_config)
-        self.encoder_budget = encoder_budget(self.max_num_batched_tokens, self.max_model_len)
+        # Image encoder work per step and the runner's encoder cache, in placeholder
+        # tokens: at least a whole prompt's worth, so any image that fits fits here.
+        self.encoder_budget = max(self.max_num_batched_tokens, self.max_model_len)
         self.encoder_cache_manager = EncoderCacheManager(self.encoder_budget)
         self._failed_outputs: list[EngineCoreOutput] = []
         """Outputs of requests that ended without being scheduled (grammar compile failed)."""

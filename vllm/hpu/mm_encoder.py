@@ -14,10 +14,9 @@ runner's CompileTracker under its input signature. Two kinds of towers:
 - dynamic resolution (Qwen2.5-VL, a model with `mm_item_size`): an image is a
   variable number of patches, so the images of a call are concatenated and padded
   to a bucketed patch count (`patch_buckets`: doubling up to the patches of the
-  scheduler's encoder budget, so any image that fits a prompt fits the largest);
-  the model runs the padded layout with masked attention
-  (`embed_multimodal(items, pad_to=...)`). Images that do not fit the largest
-  bucket together run in several calls.
+  largest image the checkpoint's image processor makes); the model runs the padded
+  layout with masked attention (`embed_multimodal(items, pad_to=...)`). Images
+  that do not fit the largest bucket together run in several calls.
 """
 from __future__ import annotations
 
@@ -47,17 +46,16 @@ def patch_buckets(max_patches: int) -> list[int]:
 
 class HPUVisionEncoder:
 
-    def __init__(self, model: Any, tracker: Any, mode_name: str, max_images: int,
-                 max_mm_tokens: int) -> None:
-        """`max_images`: per-prompt image limit (fixed-resolution towers);
-        `max_mm_tokens`: the scheduler's encoder budget in image tokens per step
-        (dynamic-resolution towers)."""
+    def __init__(self, model: Any, tracker: Any, mode_name: str, model_config: Any) -> None:
         self.model = model
         self.tracker = tracker
         self.mode_name = mode_name
         self.by_patches = hasattr(model, "mm_item_size")
-        self.buckets = (patch_buckets(max_mm_tokens * model.mm_patches_per_token)
-                        if self.by_patches else image_buckets(max_images))
+        if self.by_patches:
+            self.buckets = patch_buckets(model.max_mm_item_size(model_config))
+        else:
+            from vllm.multimodal.processing import mm_limit
+            self.buckets = image_buckets(mm_limit(model_config.limit_mm_per_prompt, "image"))
 
     def encode(self, items: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
         """The model's `embed_multimodal` on `items`, in bucket-sized calls."""

@@ -176,13 +176,8 @@ class HPUModelRunner(ModelRunnerBase):
         self.vision_encoder = None
         if getattr(self.model, "supports_multimodal", False):
             from vllm.hpu.mm_encoder import HPUVisionEncoder
-            from vllm.multimodal.encoder_cache import encoder_budget
-            from vllm.multimodal.processing import mm_limit
-            self.vision_encoder = HPUVisionEncoder(
-                self.model, self.tracker, self.mode.value,
-                mm_limit(self.model_config.limit_mm_per_prompt, "image"),
-                encoder_budget(self.vllm_config.scheduler_config.max_num_batched_tokens,
-                               self.max_model_len))
+            self.vision_encoder = HPUVisionEncoder(self.model, self.tracker, self.mode.value,
+                                                   self.model_config)
         log_took("Loading model weights", before, time.perf_counter() - start)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:

@@ -16,12 +16,6 @@ from collections import OrderedDict
 from typing import Any
 
 
-def encoder_budget(max_num_batched_tokens: int, max_model_len: int) -> int:
-    """Image encoder work per step and the runner's encoder cache, in placeholder
-    tokens: at least a whole prompt's worth, so any image that fits a prompt fits."""
-    return max(max_num_batched_tokens, max_model_len)
-
-
 class EncoderCacheManager:
 
     def __init__(self, capacity: int) -> None:

@@ -144,10 +144,15 @@ class Qwen2_5_VLForConditionalGeneration(nn.Module):
         """Encoder work of one image: its patches (what the HPU encoder buckets)."""
         return int(item["pixel_values"].shape[0])
 
-    @property
-    def mm_patches_per_token(self) -> int:
-        """Patches merged into one image token."""
-        return self.config.vision_config.spatial_merge_size ** 2
+    @staticmethod
+    def max_mm_item_size(model_config: Any) -> int:
+        """Patches of the largest image the checkpoint's image processor makes (its
+        max_pixels: the processor shrinks larger images to fit)."""
+        from transformers import AutoImageProcessor
+        proc = AutoImageProcessor.from_pretrained(model_config.tokenizer_path
+                                                  or model_config.model_path)
+        max_pixels = getattr(proc, "max_pixels", None) or proc.size["longest_edge"]
+        return int(max_pixels) // proc.patch_size ** 2
 
     def dummy_mm_item(self, num_patches: int) -> dict[str, torch.Tensor]:
         """A blank image of `num_patches` patches (a multiple of merge^2): a grid of
