@@ -125,3 +125,13 @@ def test_chunked_prefill_and_preemption_keep_mrope_positions(tiny_qwen2_5_vl):
     for (text, images), out in zip(prompts, outs):
         assert list(out.outputs[0].token_ids) == qwen_vl_hf_greedy(
             tiny_qwen2_5_vl, text, images, 30)
+
+
+@pytest.mark.parametrize("prompt,images,match", [
+    ("User: no placeholder here", [(12, 32, 32)], "image placeholders"),
+    (f"User: {QWEN_VL_IMAGE} three", [(13, 16, 16)] * 3, "At most 2 image"),
+])
+def test_bad_image_input_is_refused(llm, prompt, images, match):
+    with pytest.raises(ValueError, match=match):
+        llm.generate({"prompt": prompt, "multi_modal_data": {"image": _images(images)}},
+                     _params(), use_tqdm=False)
