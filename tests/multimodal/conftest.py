@@ -79,12 +79,12 @@ def make_tiny_qwen2_5_vl(directory: str) -> str:
     text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                 max_position_embeddings=1024, rms_norm_eps=1e-6, bos_token_id=1,
-                eos_token_id=2, tie_word_embeddings=False,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": [2, 3, 3]})
     config = transformers.Qwen2_5_VLConfig(
         vision_config=vision, text_config=text, image_token_id=image, video_token_id=video,
-        vision_start_token_id=start, vision_end_token_id=end, tie_word_embeddings=False)
+        vision_start_token_id=start, vision_end_token_id=end,
+        tie_word_embeddings=True)  # as Qwen2.5-VL-3B: no lm_head tensor saved
     torch.manual_seed(0)
     model = transformers.Qwen2_5_VLForConditionalGeneration(config)
     with torch.no_grad():  # widen near-uniform random logits so greedy is decisive

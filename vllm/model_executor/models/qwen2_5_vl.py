@@ -84,6 +84,9 @@ class Qwen2_5_VLForConditionalGeneration(nn.Module):
         super().__init__()
         config = vllm_config.model_config.hf_config
         self.config = config
+        text = config.text_config
+        if not hasattr(text, "tie_word_embeddings"):  # transformers 5 keeps it on the top
+            text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.visual = Qwen2_5_VisionTransformer(config.vision_config)
         self.language_model = Qwen2_5_VLTextForCausalLM(
             vllm_config=text_vllm_config(vllm_config), prefix="language_model")
