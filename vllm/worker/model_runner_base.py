@@ -21,11 +21,11 @@ only `_prepare_inputs`, `_execute_pass` and its setup (model loading, KV cache).
 
 Feature hooks (one call site each, here): `update_draft_tokens` (speculative
 decoding), `prepare_lora_mapping` (LoRA), `gather_mm_embeddings` (multimodal),
-`prepare_mrope_positions` (multimodal rotary positions), `apply_logits_processors` (structured outputs, per-row logits processors). They
-cost nothing while a feature is unused; the one whose feature is not implemented
-yet (draft tokens) is an extension point that refuses its inputs with
-NotImplementedError instead of ignoring them. docs/INTERNALS.md shows where
-each sits in the step.
+`prepare_mrope_positions` (multimodal rotary positions), `apply_logits_processors`
+(structured outputs, per-row logits processors). They cost nothing while a
+feature is unused; the one whose feature is not implemented yet (draft tokens) is
+an extension point that refuses its inputs with NotImplementedError instead of
+ignoring them. docs/INTERNALS.md shows where each sits in the step.
 """
 from __future__ import annotations
 
