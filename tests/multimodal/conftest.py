@@ -55,13 +55,14 @@ QWEN_VL_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 """What a Qwen2.5-VL prompt holds for one image."""
 
 
-def make_tiny_qwen2_5_vl(directory: str) -> str:
+def make_tiny_qwen2_5_vl(directory: str, tie_word_embeddings: bool = False) -> str:
     """Qwen2.5-VL layout: a 4-block vision encoder (4x4 patches, 2x2 merge, windows of
     2x2 merge blocks, full attention in blocks 1 and 3) and a 2-layer M-RoPE Qwen2,
     with the default model's tokenizer plus Qwen's vision tokens, and the checkpoint's
     image processor (small pixel limits: 4 to 36 image tokens). transformers' processor
     class needs torchvision (its video half), so the parts are saved on their own, as
-    a checkpoint's files are."""
+    a checkpoint's files are. Tied embeddings (as Qwen2.5-VL-3B) save no lm_head; untied
+    ones make the stronger greedy test (a tied random model repeats its input token)."""
     import torch
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
@@ -84,7 +85,7 @@ def make_tiny_qwen2_5_vl(directory: str) -> str:
     config = transformers.Qwen2_5_VLConfig(
         vision_config=vision, text_config=text, image_token_id=image, video_token_id=video,
         vision_start_token_id=start, vision_end_token_id=end,
-        tie_word_embeddings=True)  # as Qwen2.5-VL-3B: no lm_head tensor saved
+        tie_word_embeddings=tie_word_embeddings)
     torch.manual_seed(0)
     model = transformers.Qwen2_5_VLForConditionalGeneration(config)
     with torch.no_grad():  # widen near-uniform random logits so greedy is decisive

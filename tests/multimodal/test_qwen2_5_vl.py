@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.multimodal.conftest import (QWEN_VL_IMAGE, qwen_vl_hf_greedy, qwen_vl_hf_inputs,
-                                       random_image)
+from tests.multimodal.conftest import (QWEN_VL_IMAGE, make_tiny_qwen2_5_vl, qwen_vl_hf_greedy,
+                                       qwen_vl_hf_inputs, random_image)
 from vllm import LLM, SamplingParams
 from vllm.multimodal.mrope import mrope_input_positions
 
@@ -135,3 +135,15 @@ def test_bad_image_input_is_refused(llm, prompt, images, match):
     with pytest.raises(ValueError, match=match):
         llm.generate({"prompt": prompt, "multi_modal_data": {"image": _images(images)}},
                      _params(), use_tqdm=False)
+
+
+def test_tied_word_embeddings_checkpoint(tmp_path):
+    """As Qwen2.5-VL-3B: no lm_head tensor; transformers 5 records the tie on the top
+    config only."""
+    model_dir = make_tiny_qwen2_5_vl(str(tmp_path), tie_word_embeddings=True)
+    llm = LLM(model_dir, dtype="float32", max_model_len=256)
+    text, specs = PROMPTS[0]
+    out = llm.generate({"prompt": text, "multi_modal_data": {"image": _images(specs)}},
+                       _params(4), use_tqdm=False)[0]
+    assert list(out.outputs[0].token_ids) == qwen_vl_hf_greedy(model_dir, text,
+                                                               _images(specs), 4)
