@@ -51,6 +51,93 @@ def tiny_llava(tmp_path_factory) -> str:
     return make_tiny_llava(str(tmp_path_factory.mktemp("tiny-llava")))
 
 
+QWEN_VL_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
+"""What a Qwen2.5-VL prompt holds for one image."""
+
+
+def make_tiny_qwen2_5_vl(directory: str, tie_word_embeddings: bool = False) -> str:
+    """Qwen2.5-VL layout: a 4-block vision encoder (4x4 patches, 2x2 merge, windows of
+    2x2 merge blocks, full attention in blocks 1 and 3) and a 2-layer M-RoPE Qwen2,
+    with the default model's tokenizer plus Qwen's vision tokens, and the checkpoint's
+    image processor (small pixel limits: 4 to 36 image tokens). transformers' processor
+    class needs torchvision (its video half), so the parts are saved on their own, as
+    a checkpoint's files are. Tied embeddings (as Qwen2.5-VL-3B) save no lm_head; untied
+    ones make the stronger greedy test (a tied random model repeats its input token)."""
+    import torch
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil)
+
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
+    tok = transformers.AutoTokenizer.from_pretrained(resolve_model_path(DEFAULT_MODEL))
+    special = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tok.add_special_tokens({"additional_special_tokens": special})
+    start, end, image, video = tok.convert_tokens_to_ids(special)
+    vision = dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=16,
+                  out_hidden_size=64, fullatt_block_indexes=[1, 3], hidden_act="silu")
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=1024, rms_norm_eps=1e-6, bos_token_id=1,
+                eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": [2, 3, 3]})
+    config = transformers.Qwen2_5_VLConfig(
+        vision_config=vision, text_config=text, image_token_id=image, video_token_id=video,
+        vision_start_token_id=start, vision_end_token_id=end,
+        tie_word_embeddings=tie_word_embeddings)
+    torch.manual_seed(0)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config)
+    with torch.no_grad():  # widen near-uniform random logits so greedy is decisive
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
+                             min_pixels=16 * 16, max_pixels=48 * 48).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_5_vl(tmp_path_factory) -> str:
+    return make_tiny_qwen2_5_vl(str(tmp_path_factory.mktemp("tiny-qwen2_5_vl")))
+
+
+def qwen_vl_hf_inputs(model_dir: str, prompt: str, images: list) -> dict:
+    """transformers' model inputs for a Qwen2.5-VL prompt, made here from the
+    checkpoint's image processor and tokenizer (transformers' processor class needs
+    torchvision): each image's placeholder expanded to grid / merge^2 pad tokens,
+    and the token types the model's own M-RoPE position computation reads."""
+    import transformers
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    if not images:
+        return dict(tok([prompt], return_tensors="pt"))
+    images_out = transformers.AutoImageProcessor.from_pretrained(model_dir)(
+        images=images, return_tensors="pt")
+    counts = (images_out["image_grid_thw"].prod(-1) // 4).tolist()
+    pieces = prompt.split("<|image_pad|>")
+    assert len(pieces) == len(counts) + 1
+    text = pieces[0] + "".join("<|image_pad|>" * n + p for n, p in zip(counts, pieces[1:]))
+    inputs = dict(tok([text], return_tensors="pt"), **images_out)
+    inputs["mm_token_type_ids"] = (
+        inputs["input_ids"] == tok.convert_tokens_to_ids("<|image_pad|>")).int()
+    return inputs
+
+
+def qwen_vl_hf_greedy(model_dir: str, prompt: str, images: list,
+                      max_new_tokens: int) -> list[int]:
+    """transformers' greedy continuation of a Qwen2.5-VL prompt with `images` (fp32)."""
+    import torch
+    import transformers
+    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        model_dir, dtype=torch.float32).eval()
+    inputs = qwen_vl_hf_inputs(model_dir, prompt, images)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
 def random_image(seed: int, width: int, height: int):
     from PIL import Image
     pixels = np.random.RandomState(seed).randint(0, 255, (height, width, 3), dtype=np.uint8)

@@ -188,10 +188,8 @@ class HPUModelRunner(ModelRunnerBase):
         self.vision_encoder = None
         if getattr(self.model, "supports_multimodal", False):
             from vllm.hpu.mm_encoder import HPUVisionEncoder
-            from vllm.multimodal.processing import mm_limit
-            self.vision_encoder = HPUVisionEncoder(
-                self.model, self.tracker, self.mode.value,
-                mm_limit(self.model_config.limit_mm_per_prompt, "image"))
+            self.vision_encoder = HPUVisionEncoder(self.model, self.tracker, self.mode.value,
+                                                   self.model_config)
         log_took("Loading model weights", before, time.perf_counter() - start)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -557,7 +555,8 @@ class HPUModelRunner(ModelRunnerBase):
         tensor parallelism the peers are inside the pass's collectives: raised."""
         use_graph = self._graphed(batch)
         run = functools.partial(self._run_batch, batch, lora_slots=fwd.lora_mapping,
-                                serving=True, inputs_embeds=fwd.inputs_embeds)
+                                serving=True, inputs_embeds=fwd.inputs_embeds,
+                                positions=fwd.positions)
         try:
             return run(use_graph=use_graph)
         except Exception as error:  # noqa: BLE001 - only a device OOM is absorbed
@@ -885,13 +884,20 @@ class HPUModelRunner(ModelRunnerBase):
     def _run_batch(self, batch: HPUBatch, use_graph: bool,
                    kv_caches: Optional[list[torch.Tensor]] = None,
                    lora_slots: Optional[np.ndarray] = None, serving: bool = False,
-                   inputs_embeds: Optional[torch.Tensor] = None
+                   inputs_embeds: Optional[torch.Tensor] = None,
+                   positions: Optional[torch.Tensor] = None
                    ) -> tuple[Any, Optional[torch.Tensor]]:
         """Forward pass plus logits at the batch's [B] logits rows.
 
+        `positions`: the pass's (a served pass's, after the M-RoPE hook); default
+        the batch's, as [3, rows] for an M-RoPE model (warmup and profiling).
         On a pipeline stage before the last: its IntermediateTensors, sent on to the
         next stage when `serving`, and no logits (None)."""
         kv = self.kv_caches if kv_caches is None else kv_caches
+        if positions is None:
+            positions = batch.positions
+            if getattr(self.model, "uses_mrope", False):
+                positions = positions.unsqueeze(0).repeat(3, 1)
         lora = self._lora_slot_tensor(batch, lora_slots)
         intermediate = self._stage_input(batch, serving)
         phase = "prompt" if batch.is_prompt else "decode"
@@ -899,7 +905,7 @@ class HPUModelRunner(ModelRunnerBase):
         inputs_embeds = self._prompt_embeds(batch, inputs_embeds, label)
         signature = None if use_graph else (
             self.mode.value, bool(kv),
-            input_signature((batch.input_ids, batch.positions, batch.attn_metadata, lora,
+            input_signature((batch.input_ids, positions, batch.attn_metadata, lora,
                              intermediate, inputs_embeds)),
             baked_constants(self.model))
         if use_graph:
@@ -908,7 +914,7 @@ class HPUModelRunner(ModelRunnerBase):
                                   graph=use_graph), \
                 self.tracker.track_pass(label, signature):
             hidden = run_forward(self.forward_module, self.mode, use_graph, batch.input_ids,
-                                 batch.positions, batch.attn_metadata, kv, lora, intermediate,
+                                 positions, batch.attn_metadata, kv, lora, intermediate,
                                  inputs_embeds)
         if not get_pp_group().is_last_rank:
             if serving:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -26,8 +25,6 @@ class MultiModalFeature:
     data: dict[str, torch.Tensor] = field(default_factory=dict)
     """The processor's tensors for this item alone (LLaVA: pixel_values [1, 3, H, W];
     Qwen2.5-VL: pixel_values [patches, dim] and image_grid_thw [1, 3])."""
-    mrope_positions: Optional[torch.Tensor] = None
-    """Reserved for models with multimodal rotary positions (None otherwise)."""
 
     @property
     def end(self) -> int:

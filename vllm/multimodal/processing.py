@@ -73,14 +73,21 @@ class MultiModalProcessor:
     def hf_processor(self) -> Any:
         """The checkpoint's AutoProcessor, loaded on first use."""
         if self._hf_processor is None:
-            from transformers import AutoProcessor
-            self._hf_processor = AutoProcessor.from_pretrained(
-                self.model_config.tokenizer_path or self.model_config.model_path)
+            path = self.model_config.tokenizer_path or self.model_config.model_path
+            loader = getattr(self.model_cls, "load_hf_processor", None)
+            if loader is None:
+                from transformers import AutoProcessor
+                loader = AutoProcessor.from_pretrained
+            self._hf_processor = loader(path)
         return self._hf_processor
 
     @property
     def image_placeholder(self) -> str:
-        """The text a prompt holds for one image (the processor expands it)."""
+        """The text a chat message's image part becomes (the processor expands its
+        image token): the model's own (`chat_image_placeholder`) or the token alone."""
+        own = getattr(self.model_cls, "chat_image_placeholder", None)
+        if own is not None:
+            return own(self.hf_processor)
         return getattr(self.hf_processor, "image_token", None) or "<image>"
 
     def process(self, prompt_text: str, mm_data: Any) -> tuple[list[int], list[MultiModalFeature]]:

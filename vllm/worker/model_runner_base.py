@@ -21,11 +21,11 @@ only `_prepare_inputs`, `_execute_pass` and its setup (model loading, KV cache).
 
 Feature hooks (one call site each, here): `update_draft_tokens` (speculative
 decoding), `prepare_lora_mapping` (LoRA), `gather_mm_embeddings` (multimodal),
-`apply_logits_processors` (structured outputs, per-row logits processors). They
-cost nothing while a feature is unused; the one whose feature is not implemented
-yet (draft tokens) is an extension point that refuses its inputs with
-NotImplementedError instead of ignoring them. docs/INTERNALS.md shows where
-each sits in the step.
+`prepare_mrope_positions` (multimodal rotary positions), `apply_logits_processors`
+(structured outputs, per-row logits processors). They cost nothing while a
+feature is unused; the one whose feature is not implemented yet (draft tokens) is
+an extension point that refuses its inputs with NotImplementedError instead of
+ignoring them. docs/INTERNALS.md shows where each sits in the step.
 """
 from __future__ import annotations
 
@@ -350,6 +350,7 @@ class ModelRunnerBase:
         for fwd in self._prepare_inputs(scheduler_output):
             fwd.lora_mapping = self.prepare_lora_mapping(fwd)
             fwd.inputs_embeds = self.gather_mm_embeddings(fwd)
+            fwd.positions = self.prepare_mrope_positions(fwd)
             try:
                 out = self._execute_pass(fwd)
             finally:
@@ -624,6 +625,20 @@ class ModelRunnerBase:
             out = self.encoder_cache[feature.identifier]
             embeds[row:row + hi - lo] = out[lo:hi].to(embeds.dtype)
         return embeds
+
+    def prepare_mrope_positions(self, fwd: ForwardPass) -> torch.Tensor:
+        """M-RoPE hook, called once per pass after `gather_mm_embeddings`.
+
+        A model with multimodal rotary positions (`uses_mrope`: Qwen2.5-VL) takes
+        [3, rows] positions (t, h, w; vllm/multimodal/mrope.py): every pass of it
+        gets them, so a platform with fixed shapes sees one shape per bucket. Other
+        models keep `fwd.positions`.
+        """
+        if not getattr(self.model, "uses_mrope", False):
+            return fwd.positions
+        from vllm.multimodal.mrope import pass_mrope_positions
+        return pass_mrope_positions(self.model, self.requests, fwd.req_ids, fwd.row_offsets,
+                                    fwd.num_tokens, fwd.positions)
 
     def _mm_spans(self, fwd: ForwardPass) -> list[tuple[Any, int, int, int]]:
         """(feature, first row, lo, hi) for each image whose placeholder tokens lo..hi-1

@@ -32,6 +32,11 @@ class CachedRequestState(NewRequestData):
     num_prompt_logprobs_sent: int = 0
     """Prompt positions whose logprobs were already returned (a request resumed after
     preemption recomputes its prompt without sending them twice)."""
+    mrope_positions: Optional[torch.Tensor] = None
+    """[3, prompt tokens] M-RoPE positions of a request with images, computed on its
+    first pass (vllm/multimodal/mrope.py); None otherwise."""
+    mrope_position_delta: int = 0
+    """What a token past the prompt adds to its index on all three M-RoPE rows."""
 
     def __post_init__(self) -> None:
         self.token_ids = self.prompt_token_ids + self.output_token_ids

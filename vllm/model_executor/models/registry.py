@@ -33,6 +33,7 @@ _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
     # multimodal (image + text; vllm/multimodal)
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     # pooling models (encoder-only; vllm/transformers_utils/runner.py picks the runner)
     "BertModel": ("bert", "BertModel"),
     "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),

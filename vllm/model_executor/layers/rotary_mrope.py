@@ -1,0 +1,62 @@
+"""Multimodal rotary embedding (M-RoPE) of Qwen2-VL / Qwen2.5-VL language models.
+
+Each token has three positions (temporal, height, width: `positions` [3, T]). The
+rotary frequencies are cut into `mrope_section` (t, h, w: sums to rotary_dim / 2)
+and each section is rotated by its own row of positions. A text token has three
+equal positions, so for text M-RoPE is plain RoPE; an image's tokens carry their
+grid coordinates (vllm/multimodal/mrope.py computes them per request).
+
+Always the torch path: the platforms' rotary kernels take one position per token.
+A [T] positions tensor is accepted too (text only: the three rows are equal).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from vllm.model_executor.custom_op import CustomOp
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+
+@CustomOp.register("mrotary_embedding")
+class MRotaryEmbedding(RotaryEmbedding):
+    """Neox-style RoPE whose frequency sections follow the t/h/w position rows."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int,
+                 base: float, mrope_section: list[int],
+                 dtype: Optional[torch.dtype] = None) -> None:
+        if sum(mrope_section) != rotary_dim // 2:
+            raise ValueError(f"mrope_section {mrope_section} must sum to rotary_dim / 2 = "
+                             f"{rotary_dim // 2}.")
+        self.mrope_section = list(mrope_section)
+        super().__init__(head_size, rotary_dim, max_position_embeddings, base,
+                         is_neox_style=True, dtype=dtype)
+
+    def dispatch_forward(self) -> Callable[..., torch.Tensor]:
+        """torch on every platform (the bound rotary kernels take [T] positions)."""
+        return self.forward_native
+
+    def _tables(self, positions: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin), each [T, 1, rotary_dim]: section i of the half-width
+        tables gathered at position row i, then doubled neox-style."""
+        if positions.dim() == 1:
+            return super()._tables(positions, dtype)
+        compiling = torch.compiler.is_compiling()
+        cached = self._last_tables
+        if (not compiling and cached is not None and cached[0] is positions
+                and cached[1] == dtype):
+            return cached[2]
+        rows = self.cos_sin_cache[positions]  # [3, T, rotary_dim]: [cos | sin] halves
+        cos, sin = rows.chunk(2, dim=-1)
+        cos = torch.cat([c[i] for i, c in enumerate(cos.split(self.mrope_section, -1))], -1)
+        sin = torch.cat([s[i] for i, s in enumerate(sin.split(self.mrope_section, -1))], -1)
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+        tables = (cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1))
+        if not compiling:
+            self._last_tables = (positions, dtype, tables)
+        return tables
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mrope_section={self.mrope_section}"
