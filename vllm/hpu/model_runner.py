@@ -245,6 +245,13 @@ class HPUModelRunner(ModelRunnerBase):
             self.graphed_buckets.clear()
             self.capture_on_first_use = True
 
+    def weights_updated(self) -> None:
+        """An in-place update copied new values into the same device tensors, which the
+        captured graphs read as they replay: no graph is dropped or captured again. In
+        lazy mode the copies are pending ops; run them now, before the next graph."""
+        if self.mode.is_lazy:
+            habana.mark_step()
+
     def _cache_tensors(self) -> list[torch.Tensor]:
         """Every K and V tensor of this rank (what the defragmenter swaps blocks in)."""
         return [t for cache in self.kv_caches if cache is not None for t in cache
