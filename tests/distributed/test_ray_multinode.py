@@ -78,6 +78,14 @@ def test_tp2_across_two_nodes_matches_one_process(two_node_cluster, tiny_qwen2,
         assert [rank for rank, _, _ in placed] == [0, 1]
         assert len({node for _, node, _ in placed}) == 2  # one rank on each node
         assert all(env == "yes" for _, _, env in placed)  # the engine's VLLM_* reached them
+
+        # A rank's death while idle is noticed without any call (its pending watch).
+        os.kill(llm.collective_rpc(lambda w: os.getpid())[1], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        with pytest.raises(RuntimeError, match="rank 1 died unexpectedly during idle time"):
+            while time.monotonic() < deadline:
+                llm.llm_engine.check_health()
+                time.sleep(0.2)
     finally:
         llm.llm_engine.shutdown()
         del llm
