@@ -136,3 +136,32 @@ def test_weight_transfer_config_is_checked():
         ["--weight-transfer-config", '{"backend": "disk"}'])
     assert WeightTransferConfig.from_cli(args.weight_transfer_config).backend == "disk"
     assert torch.is_tensor(torch.zeros(1))
+
+
+@pytest.mark.timeout(180)
+def test_bf16_packed_linears_are_repacked_after_update(ckpt_a, ckpt_b):
+    """bf16 on the CPU runs linears from packed copies of the weights: an update drops
+    them with the old values and finish_weight_update packs the new ones."""
+    from vllm import LLM
+    args = dict(ENGINE, dtype="bfloat16")
+    fresh = LLM(ckpt_b, **args)
+    try:
+        expected = greedy(fresh)
+    finally:
+        _release(fresh)
+    llm = LLM(ckpt_a, weight_transfer_config={"backend": "disk"}, **args)
+    try:
+        def packed(worker) -> int:
+            from vllm.native.gemm import PACKS_ATTR
+            return sum(PACKS_ATTR in m.__dict__ for m in worker.model_runner.model.modules())
+
+        packs = llm.collective_rpc(packed)[0]
+        llm.init_weight_transfer_engine({"init_info": {}})
+        llm.start_weight_update()
+        llm.update_weights({"update_info": {"path": ckpt_b}})
+        assert llm.collective_rpc(packed)[0] == 0  # the copies of the old values are gone
+        llm.finish_weight_update()
+        assert llm.collective_rpc(packed)[0] == packs
+        assert greedy(llm) == expected
+    finally:
+        _release(llm)

@@ -107,3 +107,37 @@ def test_pause_update_resume_over_http(http, ckpt_b, fresh_b_texts):
     r = http.post("/update_weight_version", json={"new_version": "policy-1b"})
     assert r.json() == {"success": True, "new_version": "policy-1b"}
     assert http.get("/weight_info").json() == {"weight_version": "policy-1b"}
+
+
+def _generated_tokens(http) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith("vllm:generation_tokens_total"):
+            return float(line.split()[-1])
+    raise AssertionError("no vllm:generation_tokens_total in /metrics")
+
+
+@pytest.mark.timeout(120)
+def test_pause_keep_freezes_and_wait_drains(http):
+    model = http.get("/v1/models").json()["data"][0]["id"]
+    body = {"model": model, "prompt": PROMPTS[2], "max_tokens": 100, "temperature": 0.0,
+            "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as stream:
+        lines = stream.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert http.post("/pause", params={"mode": "keep"}).json() == {"status": "paused"}
+        frozen = _generated_tokens(http)
+        time.sleep(1.0)
+        assert _generated_tokens(http) == frozen  # kept in the scheduler, no step ran
+        assert http.post("/resume").json() == {"status": "resumed"}
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert _generated_tokens(http) > frozen
+
+    # mode=wait returns once the request in flight finished on its own.
+    with http.stream("POST", "/v1/completions", json=body) as stream:
+        lines = stream.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert http.post("/pause", params={"mode": "wait"}).json() == {"status": "paused"}
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert http.post("/resume").json() == {"status": "resumed"}
