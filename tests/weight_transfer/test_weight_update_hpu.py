@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.hpu.conftest import SMALL_BUCKETS, make_llm, platform_env, release, runner_of
+from vllm.hpu import habana
 
 from _wt_helpers import checkpoint_tensors, greedy, update_by_shm
 
@@ -31,8 +32,11 @@ def test_graphs_replay_with_updated_weights(ckpt_a, ckpt_b):
         storage = {n: p.data_ptr() for n, p in runner.model.named_parameters()}
 
         llm.init_weight_transfer_engine({"init_info": {}})
-        update_by_shm(llm, checkpoint_tensors(ckpt_b))
+        marks = habana.mark_step_count()
+        update_by_shm(llm, checkpoint_tensors(ckpt_b), batches=2)
         llm.finish_weight_update()
+        # Lazy mode: the copies of each batch are flushed, and once more at the end.
+        assert habana.mark_step_count() - marks == 3
         assert greedy(llm) == expected
         # In place: same tensors, the same captured graphs replayed.
         assert {n: p.data_ptr() for n, p in runner.model.named_parameters()} == storage

@@ -245,12 +245,15 @@ class HPUModelRunner(ModelRunnerBase):
             self.graphed_buckets.clear()
             self.capture_on_first_use = True
 
-    def weights_updated(self) -> None:
-        """An in-place update copied new values into the same device tensors, which the
-        captured graphs read as they replay: no graph is dropped or captured again. In
-        lazy mode the copies are pending ops; run them now, before the next graph."""
+    def flush_weight_copies(self) -> None:
+        """Lazy mode: the copies of a batch are pending ops; run them now."""
         if self.mode.is_lazy:
             habana.mark_step()
+
+    def weights_updated(self) -> None:
+        """An in-place update copied new values into the same device tensors, which the
+        captured graphs read as they replay: no graph is dropped or captured again."""
+        self.flush_weight_copies()
 
     def _cache_tensors(self) -> list[torch.Tensor]:
         """Every K and V tensor of this rank (what the defragmenter swaps blocks in)."""

@@ -140,7 +140,9 @@ class WorkerBase:
 
     def update_weights(self, update_info: dict) -> int:
         """Copy one batch of new weights into this rank's parameters, in place."""
-        return self._weight_transfer_engine().update_weights(update_info)
+        count = self._weight_transfer_engine().update_weights(update_info)
+        self.model_runner.flush_weight_copies()
+        return count
 
     def finish_weight_update(self) -> int:
         count = self._weight_transfer_engine().finish_weight_update()
