@@ -63,7 +63,11 @@ def test_tp2_across_two_nodes_matches_one_process(two_node_cluster, tiny_qwen2,
                                                   tiny_reference, monkeypatch):
     from vllm import LLM
     monkeypatch.setenv("RAY_ADDRESS", two_node_cluster.address)
-    monkeypatch.setenv("VLLM_TEST_FORWARDED", "yes")
+    forwarded = {"VLLM_TEST_FORWARDED": "1", "PT_HPU_TEST_FORWARDED": "2",
+                 "HABANA_TEST_FORWARDED": "3"}
+    for name, value in forwarded.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HABANA_VISIBLE_MODULES", "7")  # each node's own business
     llm = LLM(tiny_qwen2, tensor_parallel_size=2, distributed_executor_backend="ray",
               **ENGINE_KWARGS)
     try:
@@ -72,12 +76,19 @@ def test_tp2_across_two_nodes_matches_one_process(two_node_cluster, tiny_qwen2,
         def where(worker):
             import ray as worker_ray
             ctx = worker_ray.get_runtime_context()
-            return (worker.rank, ctx.get_node_id(), os.environ.get("VLLM_TEST_FORWARDED"))
+            env = {n: os.environ.get(n) for n in ("VLLM_TEST_FORWARDED",
+                                                   "PT_HPU_TEST_FORWARDED",
+                                                   "HABANA_TEST_FORWARDED",
+                                                   "HABANA_VISIBLE_MODULES")}
+            return worker.rank, ctx.get_node_id(), env
 
         placed = llm.collective_rpc(where)
         assert [rank for rank, _, _ in placed] == [0, 1]
         assert len({node for _, node, _ in placed}) == 2  # one rank on each node
-        assert all(env == "yes" for _, _, env in placed)  # the engine's VLLM_* reached them
+        # The engine's VLLM_* / PT_HPU_* / HABANA_* reached both nodes; device
+        # visibility did not.
+        assert all(env == {**forwarded, "HABANA_VISIBLE_MODULES": None}
+                   for _, _, env in placed)
 
         # A rank's death while idle is noticed without any call (its pending watch).
         os.kill(llm.collective_rpc(lambda w: os.getpid())[1], signal.SIGKILL)
