@@ -63,7 +63,8 @@ def test_pause_update_resume_over_http(http, ckpt_b, fresh_b_texts):
     assert before != fresh_b_texts
     # Refused calls: 400 with an OpenAI-style error, nothing changed.
     r = http.post("/update_weights", json={"update_info": {"path": ckpt_b}})
-    assert r.status_code == 400 and "init_weight_transfer_engine first" in r.json()["error"]["message"]
+    assert r.status_code == 400
+    assert "init_weight_transfer_engine first" in r.json()["error"]["message"]
     r = http.post("/init_weight_transfer_engine", json={})
     assert r.status_code == 400 and "init_info" in r.json()["error"]["message"]
     r = http.post("/pause", params={"mode": "later"})
