@@ -1,8 +1,17 @@
-"""In-place weight updates with tensor parallelism (TP=2, worker processes): every rank
-maps the shared-memory segment and takes its own shard through the model's loader."""
+"""TP=2 with the engine core in its own process (the server's layout, offline):
+
+- an in-place update: every rank maps the shared-memory segment and takes its own shard
+  through the model's loader; the outputs equal a fresh one-process engine's;
+- then a rank that dies while the engine is idle: the core's idle health check notices,
+  and the frontend reports the core's reason (the dead rank), not only an exit code.
+One engine for both (its start is most of the cost).
+"""
 from __future__ import annotations
 
 import gc
+import os
+import signal
+import time
 
 import pytest
 
@@ -19,13 +28,15 @@ def _release(llm) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_tp2_update_equals_fresh_engine(ckpt_a, ckpt_b):
+def test_tp2_core_process_update_then_idle_rank_death(ckpt_a, ckpt_b, monkeypatch):
     from vllm import LLM
-    fresh = LLM(ckpt_b, **ENGINE)  # one process, TP=1
+    from vllm.engine.core_client import EngineCoreDeadError
+    fresh = LLM(ckpt_b, **ENGINE)  # in this process, TP=1
     try:
         expected = greedy(fresh)
     finally:
         _release(fresh)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     llm = LLM(ckpt_a, tensor_parallel_size=2, distributed_executor_backend="mp",
               weight_transfer_config={"backend": "shm"}, **ENGINE)
     try:
@@ -39,5 +50,12 @@ def test_tp2_update_equals_fresh_engine(ckpt_a, ckpt_b):
         shards = llm.collective_rpc(
             lambda w: tuple(w.model_runner.model.model.layers[0].mlp.down_proj.weight.shape))
         assert shards == [(64, 64), (64, 64)]  # [hidden, intermediate / 2]
+
+        os.kill(llm.collective_rpc(lambda w: os.getpid())[1], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        with pytest.raises(EngineCoreDeadError, match="rank 1 .*died unexpectedly"):
+            while time.monotonic() < deadline:
+                llm.llm_engine.check_health()  # no request: only the idle check can tell
+                time.sleep(0.2)
     finally:
         _release(llm)
