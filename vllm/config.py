@@ -600,6 +600,40 @@ class StructuredOutputsConfig:
         return cls(**value)
 
 
+WEIGHT_TRANSFER_BACKENDS = ("shm", "disk")
+"""Weight-transfer backends written here (vllm/distributed/weight_transfer/): tensors
+from POSIX shared memory, or a safetensors checkpoint on a local disk. Both reach the
+workers of one host; vLLM's "nccl" and "ipc" need CUDA."""
+
+
+@dataclass
+class WeightTransferConfig:
+    """In-place weight updates for RL loops (vLLM's `weight_transfer_config`)."""
+    backend: str = "shm"
+    """How new weights reach the workers: shm (a shared-memory segment of packed
+    tensors) or disk (a safetensors file or directory)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in WEIGHT_TRANSFER_BACKENDS:
+            raise ValueError(f"weight_transfer_config.backend={self.backend!r}: choose one "
+                             f"of {', '.join(WEIGHT_TRANSFER_BACKENDS)} (nccl and ipc need "
+                             "CUDA and are not supported here).")
+
+    @classmethod
+    def from_cli(cls, value: Any) -> Optional["WeightTransferConfig"]:
+        """None, a WeightTransferConfig, or its fields as a dict (--weight-transfer-config)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError("weight_transfer_config must be a dict such as "
+                             f"{{\"backend\": \"shm\"}}, got {type(value).__name__}.")
+        unknown = sorted(set(value) - {"backend"})
+        if unknown:
+            raise ValueError(f"weight_transfer_config: unknown key(s) {', '.join(unknown)} "
+                             "(known: backend).")
+        return cls(**value)
+
+
 @dataclass
 class VllmConfig:
     model_config: ModelConfig
@@ -614,6 +648,8 @@ class VllmConfig:
         default_factory=StructuredOutputsConfig)
     speculative_config: Optional[Any] = None
     """A `vllm.spec_decode.config.SpeculativeConfig` when speculative decoding is on."""
+    weight_transfer_config: Optional[WeightTransferConfig] = None
+    """Set when in-place weight updates are enabled (--weight-transfer-config)."""
 
     def __post_init__(self) -> None:
         from vllm.platforms import current_platform

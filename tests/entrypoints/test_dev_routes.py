@@ -15,7 +15,13 @@ from fake_engine import FakeLLMEngine
 
 DEV_ROUTES = [("post", "/sleep"), ("post", "/wake_up"), ("get", "/is_sleeping"),
               ("post", "/reset_prefix_cache"), ("post", "/start_profile"),
-              ("post", "/stop_profile"), ("get", "/server_info"), ("post", "/collective_rpc")]
+              ("post", "/stop_profile"), ("get", "/server_info"), ("post", "/collective_rpc"),
+              # vLLM's RL routes (rlhf_routes.py)
+              ("post", "/pause"), ("post", "/resume"), ("get", "/is_paused"),
+              ("post", "/init_weight_transfer_engine"), ("post", "/start_weight_update"),
+              ("post", "/update_weights"), ("post", "/finish_weight_update"),
+              ("post", "/update_weight_version"), ("get", "/weight_info"),
+              ("get", "/get_world_size")]
 
 
 @pytest.fixture(scope="module")

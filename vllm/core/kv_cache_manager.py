@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 from vllm.core.block_pool import BlockPool, KVCacheBlock
 from vllm.request import Request
@@ -54,6 +54,9 @@ class KVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
+        self.root_hash = _ROOT_HASH
+        """The parent of every request's first block: a new one after a weight update
+        starts a hash lineage that no block computed with the old weights is in."""
 
     @property
     def usage(self) -> float:
@@ -66,7 +69,7 @@ class KVCacheManager:
         tokens = request.all_token_ids
         lora = request.lora_request.cache_key if request.lora_request else None
         for i in range(len(hashes), len(tokens) // bs):
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else self.root_hash
             extra = _extra_keys(lora, request.mm_features, i * bs, (i + 1) * bs)
             hashes.append(hash_block_tokens(parent, tuple(tokens[i * bs:(i + 1) * bs]), extra))
         return hashes
@@ -153,3 +156,15 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
+
+    def invalidate_prefix_cache(self, waiting: Iterable[Request]) -> bool:
+        """The weights changed: no KV computed before may serve a request after.
+
+        Forgets the cache (possible only when no request holds blocks, as
+        `reset_prefix_cache`), and in any case starts a new hash lineage, so blocks
+        still held by running requests never match a later lookup; waiting requests
+        hash their prompts again under it. Returns whether the cache was emptied."""
+        self.root_hash = hash((_ROOT_HASH, self.root_hash))
+        for request in waiting:
+            request.block_hashes.clear()
+        return self.reset_prefix_cache()

@@ -16,7 +16,8 @@ from typing import Any, Optional
 from vllm.config import (CONVERT_CHOICES, DEFAULT_MODEL, KV_CACHE_DTYPES, RUNNER_CHOICES,
                          CacheConfig, DeviceConfig,
                          LoadConfig, LoRAConfig, ModelConfig, ParallelConfig,
-                         SchedulerConfig, StructuredOutputsConfig, VllmConfig)
+                         SchedulerConfig, StructuredOutputsConfig, VllmConfig,
+                         WeightTransferConfig)
 from vllm.spec_decode.config import SpeculativeConfig
 from vllm.transformers_utils.config import create_model_config
 from vllm.utils.argparse_utils import human_readable_int, parse_json_dict
@@ -113,6 +114,8 @@ class EngineArgs:
     # features refused with a clear error until supported
     speculative_config: Optional[dict] = None
     disable_log_stats: bool = False
+    # in-place weight updates (RL)
+    weight_transfer_config: Optional[Any] = None
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -163,6 +166,12 @@ class EngineArgs:
                          "\"xgrammar\"}'. Keys: " + "; ".join(
                              f"{k}: {v}" for k, v in _field_docs(
                                  StructuredOutputsConfig).items()))
+            elif f.name == "weight_transfer_config":
+                group.add_argument(
+                    flag, type=parse_json_dict, default=None,
+                    help="In-place weight updates as JSON, e.g. '{\"backend\": \"shm\"}'. "
+                         "Keys: " + "; ".join(f"{k}: {v}" for k, v in _field_docs(
+                             WeightTransferConfig).items()))
             elif f.name == "reasoning_parser":
                 from vllm.reasoning import ReasoningParserManager
                 group.add_argument(flag, type=str, default="",
@@ -228,7 +237,9 @@ class EngineArgs:
                                                  download_dir=self.download_dir),
                           lora_config=self._lora_config(),
                           structured_outputs_config=so_config,
-                          speculative_config=self._speculative_config(model_config))
+                          speculative_config=self._speculative_config(model_config),
+                          weight_transfer_config=WeightTransferConfig.from_cli(
+                              self.weight_transfer_config))
 
     def _speculative_config(self, target: Any) -> Optional[SpeculativeConfig]:
         """The parsed --speculative-config; a draft model's config is loaded here, with

@@ -24,6 +24,7 @@ from typing import Any, AsyncGenerator, Iterable, Optional, Union
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.metrics import StatsTracker
+from vllm.engine.pause import PauseGate, resolve_pause_mode
 from vllm.engine.protocol import EngineClient, EngineDeadError
 
 logger = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ class AsyncLLMEngine(EngineClient):
         self._shutdown_done = False
         self._start_requested = start_engine_loop
         self._no_compile_stats = False
+        self._gate = PauseGate()
+        self._held = False  # pause mode "keep": the loop thread runs no step (its own)
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -257,6 +260,7 @@ class AsyncLLMEngine(EngineClient):
                 raise RuntimeError("The engine loop is not running; call "
                                    "start_background_loop() first.")
             self.start_background_loop()
+        await self._gate.wait_open()  # paused for a weight update: wait for resume
         if request_id in self._pending_ids:
             raise ValueError(f"request_id {request_id!r} is already in use by a running "
                              "request.")
@@ -314,6 +318,41 @@ class AsyncLLMEngine(EngineClient):
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         self._pending_ids.difference_update(ids)
         self._post_quietly(_Abort(ids, notify=True))
+
+    # ------------------------------------------------------------ pause
+    async def pause_generation(self, mode: str = "abort", clear_cache: bool = True,
+                               wait_for_inflight_requests: bool = False) -> None:
+        """Stop generating (vllm/engine/pause.py): new requests wait until resume, the
+        running ones are aborted, waited for, or kept frozen (`mode`); then, unless
+        kept, the prefix cache is cleared (`clear_cache`)."""
+        mode = resolve_pause_mode(mode, wait_for_inflight_requests)
+        if self._gate.paused:
+            return
+        self._gate.pause()
+        if mode == "abort":
+            await self.abort(list(self._pending_ids))
+        elif mode == "wait":
+            while self._pending_ids:
+                if self._dead is not None:
+                    raise self._dead
+                await asyncio.sleep(0.01)
+        else:
+            await self._call(lambda engine: self._set_held(True))
+        if clear_cache and mode != "keep":
+            await self.reset_prefix_cache()
+
+    async def resume_generation(self) -> None:
+        """Serve again: waiting requests are admitted, frozen ones continue."""
+        if self._held:
+            await self._call(lambda engine: self._set_held(False))
+        self._gate.resume()
+
+    async def is_paused(self) -> bool:
+        return self._gate.paused
+
+    def _set_held(self, held: bool) -> None:
+        """On the loop thread, between steps: whether steps may run."""
+        self._held = held
 
     # ------------------------------------------------------------ shutdown
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -375,7 +414,7 @@ class AsyncLLMEngine(EngineClient):
                 self._drain_inbox()
                 if self._stopping:
                     break
-                if self.engine.has_unfinished_requests():
+                if self.engine.has_unfinished_requests() and not self._held:
                     outputs = self.engine.step()
                     self._dispatch(outputs)
                 else:

@@ -41,6 +41,8 @@ class EngineCore:
         self.loaded_loras: dict[int, Any] = {}
         """LoRARequests the workers loaded and checked, by id (see utility.py)."""
         self._sleeping_tags: set[str] = set()
+        self.weight_version: Optional[str] = None
+        """The label of the weights served, set by the last weight update (utility.py)."""
         self._profiling = False
         self.async_scheduling = vllm_config.scheduler_config.async_scheduling
         self._in_flight: Optional[tuple[SchedulerOutput, Future]] = None

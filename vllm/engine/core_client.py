@@ -241,9 +241,23 @@ class MPEngineCoreClient:
     def check_health(self) -> None:
         """Raise when the core process is gone (no round trip: a flag and a waitpid)."""
         if self._dead is None and not self.proc.is_alive():
-            self._dead = self._death_message()
+            self._read_last_words()
+            if self._dead is None:
+                self._dead = self._death_message()
         if self._dead is not None:
             raise EngineCoreDeadError(self._dead)
+
+    def _read_last_words(self) -> None:
+        """Take the messages the core sent before it exited, its reason (DEAD) among
+        them, unless another thread is reading the sockets (that thread gets them)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._drain()
+        except EngineCoreDeadError:
+            pass  # self._dead now holds the core's own reason
+        finally:
+            self._lock.release()
 
     @property
     def executor(self) -> Any:

@@ -30,6 +30,9 @@ from vllm.request import RequestStatus
 
 logger = logging.getLogger(__name__)
 
+IDLE_HEALTH_CHECK_MS = 1000
+"""How often an idle core asks its executor whether every worker still lives."""
+
 
 def run_engine_core(vllm_config: Any, input_addr: str, output_addr: str,
                     death_reader: Connection) -> None:
@@ -136,7 +139,10 @@ class EngineCoreProc:
     def _handle_inputs(self, block: bool) -> bool:
         """Apply every waiting message; False when the frontend asked to shut down."""
         if block:
-            self.inputs.poll()
+            # Idle: wake up now and then to notice a worker that died meanwhile (its
+            # error ends this process as a failed step would).
+            while not self.inputs.poll(IDLE_HEALTH_CHECK_MS):
+                self.core.check_health()
         while True:
             try:
                 data = self.inputs.recv(zmq.NOBLOCK)

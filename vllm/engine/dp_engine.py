@@ -197,6 +197,19 @@ class DPAsyncLLMEngine(EngineClient):
                                          for r in self.replicas))
         return utility.merge_replicas(list(results))
 
+    async def pause_generation(self, mode: str = "abort", clear_cache: bool = True,
+                               wait_for_inflight_requests: bool = False) -> None:
+        """Every replica pauses (and resumes) together: one set of weights is served."""
+        await asyncio.gather(*(r.pause_generation(mode, clear_cache,
+                                                  wait_for_inflight_requests)
+                               for r in self.replicas))
+
+    async def resume_generation(self) -> None:
+        await asyncio.gather(*(r.resume_generation() for r in self.replicas))
+
+    async def is_paused(self) -> bool:
+        return any([await r.is_paused() for r in self.replicas])
+
     async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         by_replica: dict[int, list[str]] = {}

@@ -170,6 +170,41 @@ class EngineClient(ABC):
         return await self.call_utility("collective_rpc", method, timeout=timeout, args=args,
                                        kwargs=kwargs)
 
+    # In-place weight updates (vLLM's RL surface; vllm/distributed/weight_transfer/).
+    # `request`: a WeightTransfer*Request or {"init_info": ...} / {"update_info": ...}.
+    async def init_weight_transfer_engine(self, request: Any) -> None:
+        from vllm.engine.weight_requests import request_info
+        await self.call_utility("init_weight_transfer_engine",
+                                request_info(request, "init_info"))
+
+    async def start_weight_update(self) -> None:
+        await self.call_utility("start_weight_update")
+
+    async def update_weights(self, request: Any) -> None:
+        from vllm.engine.weight_requests import request_info
+        await self.call_utility("update_weights", request_info(request, "update_info"))
+
+    async def finish_weight_update(self, weight_version: Optional[str] = None) -> None:
+        """End the update (no prefix cached before is reused); label it if given."""
+        await self.call_utility("finish_weight_update", weight_version)
+
+    async def update_weight_version(self, new_version: str) -> None:
+        await self.call_utility("update_weight_version", new_version)
+
+    async def get_weight_version(self) -> Optional[str]:
+        return await self.call_utility("get_weight_version")
+
+    async def pause_generation(self, mode: str = "abort", clear_cache: bool = True,
+                               wait_for_inflight_requests: bool = False) -> None:
+        """Stop generating around a weight update (vllm/engine/pause.py)."""
+        raise ValueError(f"{type(self).__name__} cannot pause generation.")
+
+    async def resume_generation(self) -> None:
+        raise ValueError(f"{type(self).__name__} cannot pause generation.")
+
+    async def is_paused(self) -> bool:
+        return False
+
     # ------------------------------------------------------------ lifecycle
     @abstractmethod
     def start_background_loop(self) -> None:

@@ -90,6 +90,35 @@ def _remove_lora(core: Any, lora_id: int) -> bool:
     return all(core.collective_rpc("remove_lora", args=(lora_id,)))
 
 
+def _start_weight_update(core: Any) -> None:
+    """Refused while the engine sleeps: the parameters are offloaded or gone."""
+    core.check_awake()
+    core.collective_rpc("start_weight_update")
+
+
+def _update_weights(core: Any, update_info: dict) -> int:
+    """One batch of new weights on every rank; how many tensors a rank loaded."""
+    return core.collective_rpc("update_weights", args=(update_info,))[0]
+
+
+def _finish_weight_update(core: Any, weight_version: Any = None) -> None:
+    """End the update on every rank, then make sure no KV computed with the old weights
+    serves a later request (vllm/core/kv_cache_manager.py); set the version if given."""
+    core.collective_rpc("finish_weight_update")
+    scheduler = core.scheduler
+    if not scheduler.kv_cache_manager.invalidate_prefix_cache(scheduler.waiting):
+        logger.info("Weights updated while requests run: their KV blocks stay theirs, no "
+                    "later request will reuse them.")
+    if weight_version is not None:
+        _update_weight_version(core, weight_version)
+
+
+def _update_weight_version(core: Any, new_version: Any) -> None:
+    if not isinstance(new_version, str):
+        raise ValueError(f"weight_version must be a string, got {type(new_version).__name__}.")
+    core.weight_version = new_version
+
+
 UTILITIES: dict[str, Utility] = {
     # LoRA adapters: every rank of every replica holds every adapter.
     "add_lora": Utility(_add_lora, merge_replicas=any),
@@ -111,6 +140,13 @@ UTILITIES: dict[str, Utility] = {
     "is_sleeping": Utility(on_core("is_sleeping"), merge_replicas=any),
     "start_profile": Utility(on_core("start_profile")),
     "stop_profile": Utility(on_core("stop_profile")),
+    # In-place weight updates (vllm/distributed/weight_transfer/), vLLM's RL surface.
+    "init_weight_transfer_engine": Utility(on_workers("init_weight_transfer_engine")),
+    "start_weight_update": Utility(_start_weight_update),
+    "update_weights": Utility(_update_weights),
+    "finish_weight_update": Utility(_finish_weight_update),
+    "update_weight_version": Utility(_update_weight_version),
+    "get_weight_version": Utility(lambda core: core.weight_version),
     # Anything else a worker can do: one result per rank (of every replica).
     "collective_rpc": Utility(on_core("collective_rpc"), merge_replicas=_concat),
 }

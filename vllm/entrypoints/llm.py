@@ -15,6 +15,7 @@ from vllm.engine.processor import PromptType
 from vllm.entrypoints.offline_queue import OfflineQueueMixin
 from vllm.entrypoints.offline_stats import OfflineStats
 from vllm.entrypoints.pooling_offline import PoolingOfflineMixin
+from vllm.entrypoints.weight_update_offline import WeightUpdateOfflineMixin
 from vllm.metrics.reader import Metric
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 ChatMessages = list[dict[str, Any]]
 
 
-class LLM(PoolingOfflineMixin, OfflineQueueMixin):
+class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
     """An LLM for offline batched generation, with vLLM's constructor arguments.
 
     Any EngineArgs field may be passed as a keyword (max_num_seqs, block_size,

@@ -10,7 +10,7 @@ hosted by rank 0 (the engine's node when it has a rank; loopback on one machine)
 Per step the SchedulerOutput is put in the object store once and every actor reads
 it; only the driver rank's ModelRunnerOutput is fetched. A dead actor or a failed
 call raises RuntimeError and stops the other actors (their process group is lost).
-Unlike the multiprocess executor, a death while idle is noticed at the next call.
+A death while idle is noticed by `check_health` (a pending `watch` call per actor fails).
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ class RayDistributedExecutor(DistributedExecutorBase):
         device_key = ray_device_key(self.vllm_config.device_config.device)
         self.placement_group = None
         self.workers: list[Any] = []
+        self._watches: list[Any] = []
         pg_box: list[Any] = [None]
         # The finalizer shares these containers, so it sees what is created below.
         self._finalizer = weakref.finalize(self, _shutdown_ray_workers, self.workers, pg_box)
@@ -67,7 +68,8 @@ class RayDistributedExecutor(DistributedExecutorBase):
         options: dict[str, Any] = dict(resources)
         if env:
             options["runtime_env"] = {"env_vars": env}
-        actor_cls = ray.remote(RayWorkerWrapper)
+        actor_cls = ray.remote(concurrency_groups={RayWorkerWrapper.WATCH_GROUP: 1})(
+            RayWorkerWrapper)
         actors = [actor_cls.options(
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=self.placement_group, placement_group_bundle_index=i,
@@ -79,6 +81,8 @@ class RayDistributedExecutor(DistributedExecutorBase):
         order = sorted(range(len(actors)), key=lambda i: (ips[i] != driver_ip, ips[i]))
         self.workers[:] = [actors[i] for i in order]
         self.worker_ips = [ips[i] for i in order]
+        self._watches = [w.watch.options(concurrency_group=RayWorkerWrapper.WATCH_GROUP)
+                         .remote() for w in self.workers]
 
     def _init_workers(self) -> None:
         ray = self.ray
@@ -180,6 +184,18 @@ class RayDistributedExecutor(DistributedExecutorBase):
         return RuntimeError(self._failure)
 
     def check_health(self) -> None:
+        """Raise once a rank's actor died, even while idle (its `watch` call failed);
+        a local poll of the pending calls, no round trip."""
+        if self._failure is None and self._watches:
+            from ray.exceptions import RayActorError
+            ready, _ = self.ray.wait(self._watches, num_returns=len(self._watches),
+                                     timeout=0)
+            for ref in ready:
+                try:
+                    self.ray.get(ref)
+                except RayActorError as e:
+                    self._fail(self._death_message(self._watches.index(ref), "idle time", e))
+                    break
         if self._failure is not None:
             raise RuntimeError(self._failure)
 

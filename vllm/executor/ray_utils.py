@@ -188,9 +188,20 @@ class RayWorkerWrapper:
     `execute_method`, which mirrors the multiprocess executor's RPCs.
     """
 
+    WATCH_GROUP = "watch"
+    """The actor's concurrency group of `watch`: its own thread, so the one waiting call
+    never delays the ordered calls of the default group."""
+
     def __init__(self) -> None:
         self.worker: Optional[Any] = None
         self.rank: Optional[int] = None
+        self._stopped = threading.Event()
+
+    def watch(self) -> None:
+        """Returns at shutdown. The executor keeps one call of it pending per actor: the
+        call fails (RayActorError) as soon as Ray learns that the actor's process or
+        node died, so a death is noticed while the engine is idle too."""
+        self._stopped.wait()
 
     def get_node_ip(self) -> str:
         import ray
@@ -220,6 +231,7 @@ class RayWorkerWrapper:
 
     def shutdown(self) -> None:
         from vllm.executor.multiproc_utils import leave_process_groups
+        self._stopped.set()
         if self.worker is not None:
             self.worker.shutdown()
         leave_process_groups()

@@ -255,6 +255,16 @@ class HPUModelRunner(ModelRunnerBase):
             self.graphed_buckets.clear()
             self.capture_on_first_use = True
 
+    def flush_weight_copies(self) -> None:
+        """Lazy mode: the copies of a batch are pending ops; run them now."""
+        if self.mode.is_lazy:
+            habana.mark_step()
+
+    def weights_updated(self) -> None:
+        """An in-place update copied new values into the same device tensors, which the
+        captured graphs read as they replay: no graph is dropped or captured again."""
+        self.flush_weight_copies()
+
     def _cache_tensors(self) -> list[torch.Tensor]:
         """Every K and V tensor of this rank (what the defragmenter swaps blocks in)."""
         return [t for cache in self.kv_caches if cache is not None for t in cache

@@ -329,6 +329,15 @@ class ModelRunnerBase:
     def _weights_restored(self) -> None:
         """Platform hook, after the weights are back (e.g. repack them for kernels)."""
 
+    def flush_weight_copies(self) -> None:
+        """After each batch of an in-place weight update: make the copies happen now
+        (a lazy device would otherwise hold every batch's host tensors until the end)."""
+
+    def weights_updated(self) -> None:
+        """After an in-place weight update: the values changed, the storage did not.
+        Copies derived from the weights (the CPU's packed linears) are made again."""
+        self._weights_restored()
+
     @property
     def is_driver(self) -> bool:
         """The rank that samples (TP rank 0 of the last PP stage); the others learn the

@@ -26,6 +26,7 @@ class WorkerBase:
         self.distributed_init_method = distributed_init_method
         self.model_runner = None
         self._profiler: Optional[WorkerProfiler] = None
+        self._weight_transfer = None
 
     def init_device(self) -> None:
         raise NotImplementedError
@@ -117,6 +118,42 @@ class WorkerBase:
 
     def stop_profile(self) -> None:
         self.profiler.stop()
+
+    # ---------------------------------------------- in-place weight updates
+    def init_weight_transfer_engine(self, init_info: Optional[dict] = None) -> None:
+        """Open this rank's receiver of new weights (vllm/distributed/weight_transfer/)."""
+        config = self.vllm_config.weight_transfer_config
+        if config is None:
+            raise ValueError("Weight transfer is not configured; start the engine with "
+                             "weight_transfer_config={'backend': 'shm'} "
+                             "(--weight-transfer-config '{\"backend\": \"shm\"}').")
+        if getattr(self.vllm_config.model_config, "quant_config", None) is not None:
+            raise ValueError("In-place weight updates of a quantized model are not "
+                             "supported (its loaded weights are post-processed).")
+        from vllm.distributed.weight_transfer import create_weight_transfer_engine
+        engine = create_weight_transfer_engine(config, self.model_runner.model)
+        engine.init_transfer_engine(init_info)
+        self._weight_transfer = engine
+
+    def start_weight_update(self) -> None:
+        self._weight_transfer_engine().start_weight_update()
+
+    def update_weights(self, update_info: dict) -> int:
+        """Copy one batch of new weights into this rank's parameters, in place."""
+        count = self._weight_transfer_engine().update_weights(update_info)
+        self.model_runner.flush_weight_copies()
+        return count
+
+    def finish_weight_update(self) -> int:
+        count = self._weight_transfer_engine().finish_weight_update()
+        self.model_runner.weights_updated()
+        return count
+
+    def _weight_transfer_engine(self):
+        if self._weight_transfer is None:
+            raise ValueError("The weight transfer engine is not initialized; call "
+                             "init_weight_transfer_engine first.")
+        return self._weight_transfer
 
     # ---------------------------------------------------------- sleep mode
     def sleep(self, level: int = 1) -> None:

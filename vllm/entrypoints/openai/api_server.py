@@ -37,6 +37,7 @@ from vllm.entrypoints.openai.errors import (BadRequestError, OpenAIError,
                                             lone_surrogate_path, make_error, validation_error)
 from vllm.entrypoints.openai.pooling_routes import install_pooling_routes
 from vllm.entrypoints.openai.responses_routes import install_responses_routes
+from vllm.entrypoints.openai.rlhf_routes import install_rlhf_routes
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionRequest,
                                               DetokenizeRequest, LoadLoRAAdapterRequest,
                                               TokenizeRequest, UnloadLoRAAdapterRequest,
@@ -408,7 +409,8 @@ def _install_profiler_routes(app: FastAPI) -> None:
 
 
 def _install_dev_routes(app: FastAPI) -> None:
-    """vLLM's development routes (VLLM_SERVER_DEV_MODE=1): sleep mode, prefix cache."""
+    """vLLM's development routes (VLLM_SERVER_DEV_MODE=1): sleep mode, prefix cache,
+    pausing and in-place weight updates (rlhf_routes.py)."""
     logger.warning("SECURITY WARNING: Development endpoints are enabled! This should NOT be "
                    "used in production!")
 
@@ -436,6 +438,8 @@ def _install_dev_routes(app: FastAPI) -> None:
     @app.get("/is_sleeping")
     async def is_sleeping(raw_request: Request) -> JSONResponse:
         return JSONResponse({"is_sleeping": await _state(raw_request).engine.is_sleeping()})
+
+    install_rlhf_routes(app, lambda raw_request: _state(raw_request).engine)
 
 
 # ----------------------------------------------------------------------- app

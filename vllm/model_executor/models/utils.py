@@ -1,8 +1,10 @@
 """Helpers shared by the decoder-only model files: PP layer split, config reading."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -117,11 +119,34 @@ def sliding_window_of(config: Any, layer_idx: int) -> Optional[int]:
     return int(window)
 
 
+_PARTIAL_UPDATE = contextvars.ContextVar("vllm_partial_weight_update", default=False)
+
+
+@contextlib.contextmanager
+def weight_update_scope() -> Iterator[None]:
+    """`load_weights` calls inside take a subset of the weights (an in-place update,
+    vllm/distributed/weight_transfer/): parameters that receive nothing keep their
+    values, and a tensor no parameter takes is an error, not a warning (a misspelt
+    name would otherwise leave the old weight serving silently)."""
+    token = _PARTIAL_UPDATE.set(True)
+    try:
+        yield
+    finally:
+        _PARTIAL_UPDATE.reset(token)
+
+
 def check_loaded(params: dict[str, nn.Parameter], loaded: set[str],
                  ignored: list[str]) -> set[str]:
     """The end of every `load_weights`: warn about checkpoint tensors nothing took, and
     fail naming the parameters no tensor filled (a parameter marked `optional` may stay
-    as built). Returns `loaded`."""
+    as built). Returns `loaded`. Inside `weight_update_scope` the rules of a partial
+    update apply instead."""
+    if _PARTIAL_UPDATE.get():
+        if ignored:
+            raise ValueError(f"Unknown weight name(s) for this model: "
+                             f"{', '.join(ignored[:8])}"
+                             f"{' ...' if len(ignored) > 8 else ''}.")
+        return loaded
     if ignored:
         logging.getLogger(__name__).warning(
             "Ignored %d checkpoint tensors with no matching parameter: %s", len(ignored),
