@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm import envs
+from vllm.model_executor.layers.batch_invariant import row_invariant_linear
 from vllm.native import gemm_autotune
 from vllm.native.gemm_autotune import FP32, NATIVE, ONEDNN, TORCH, GemmPlan
 from vllm.native import cpu_ops
@@ -108,9 +110,12 @@ def drop_packed_weights(model: nn.Module) -> None:
 
 def linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, through the kernel chosen for this many rows."""
+    """`F.linear(x, weight, bias)`, through the kernel chosen for this many rows
+    (with VLLM_BATCH_INVARIANT=1 and no native plan: in fixed row tiles)."""
     plan = module.__dict__.get(PLAN_ATTR)
     if plan is None or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+        if envs.VLLM_BATCH_INVARIANT:
+            return row_invariant_linear(x, weight, bias)
         return F.linear(x, weight, bias)
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
