@@ -108,20 +108,27 @@ def drop_packed_weights(model: nn.Module) -> None:
                 delattr(module, attr)
 
 
+def _torch_linear(x: torch.Tensor, weight: torch.Tensor,
+                  bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """torch's GEMM; in fixed row tiles under VLLM_BATCH_INVARIANT=1 (its kernel choice
+    varies with the row count)."""
+    if envs.VLLM_BATCH_INVARIANT:
+        return row_invariant_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
 def linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)`, through the kernel chosen for this many rows
     (with VLLM_BATCH_INVARIANT=1 and no native plan: in fixed row tiles)."""
     plan = module.__dict__.get(PLAN_ATTR)
     if plan is None or x.dtype != torch.bfloat16 or x.device.type != "cpu":
-        if envs.VLLM_BATCH_INVARIANT:
-            return row_invariant_linear(x, weight, bias)
-        return F.linear(x, weight, bias)
+        return _torch_linear(x, weight, bias)
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     kind = plan.kind_for(rows)
     if kind == TORCH or rows == 0:
-        return F.linear(x, weight, bias)
+        return _torch_linear(x, weight, bias)
     packed = module.__dict__[PACKS_ATTR][kind]
     if kind == NATIVE:
         x2 = x.reshape(rows, k)

@@ -187,9 +187,10 @@ def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int,
     if forced is not None:
         kind = forced if forced in kinds else fallback_kind()
         if kind != NATIVE and envs.VLLM_BATCH_INVARIANT:
+            kind = TORCH  # torch's GEMM in fixed row tiles (gemm.py: _torch_linear)
             logger.warning("VLLM_BATCH_INVARIANT=1: this CPU has no native bf16 GEMM "
-                           "(AVX512-BF16 or AVX2 + FMA), so %s runs every linear layer "
-                           "and results may still vary with the batch.", kind)
+                           "(AVX512-BF16 or AVX2 + FMA), so every linear layer runs "
+                           "torch's GEMM in fixed 64-row tiles (slower).")
         return {s: GemmPlan((kind,) * len(ROW_BUCKETS)) for s in weights}
     path = cache_path(kinds)
     cached = autotune.load(path)
