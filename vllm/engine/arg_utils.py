@@ -17,6 +17,7 @@ from vllm.config import (CONVERT_CHOICES, DEFAULT_MODEL, KV_CACHE_DTYPES, RUNNER
                          CacheConfig, DeviceConfig,
                          LoadConfig, LoRAConfig, ModelConfig, ParallelConfig,
                          SchedulerConfig, StructuredOutputsConfig, VllmConfig)
+from vllm.kv_transfer.config import KVTransferConfig
 from vllm.spec_decode.config import SpeculativeConfig
 from vllm.transformers_utils.config import create_model_config
 from vllm.utils.argparse_utils import human_readable_int, parse_json_dict
@@ -112,6 +113,8 @@ class EngineArgs:
     lora_dtype: str = "auto"
     # features refused with a clear error until supported
     speculative_config: Optional[dict] = None
+    # KV transfer (prefill/decode disaggregation)
+    kv_transfer_config: Optional[Any] = None
     disable_log_stats: bool = False
 
     def __post_init__(self) -> None:
@@ -175,6 +178,13 @@ class EngineArgs:
                          "\"num_speculative_tokens\": 3}'. Keys: " + "; ".join(
                              f"{k}: {v}" for k, v in _field_docs(SpeculativeConfig).items()
                              if k != "draft_model_config"))
+            elif f.name == "kv_transfer_config":
+                group.add_argument(
+                    flag, type=json.loads, default=None,
+                    help="KV transfer config as JSON (prefill/decode disaggregation), e.g. "
+                         "'{\"kv_connector\": \"P2pZmqConnector\", \"kv_role\": "
+                         "\"kv_producer\"}'. Keys: " + "; ".join(
+                             f"{k}: {v}" for k, v in _field_docs(KVTransferConfig).items()))
             else:
                 group.add_argument(flag, type=_parse_type(f.type), default=default,
                                    help=help_text)
@@ -228,7 +238,8 @@ class EngineArgs:
                                                  download_dir=self.download_dir),
                           lora_config=self._lora_config(),
                           structured_outputs_config=so_config,
-                          speculative_config=self._speculative_config(model_config))
+                          speculative_config=self._speculative_config(model_config),
+                          kv_transfer_config=KVTransferConfig.from_cli(self.kv_transfer_config))
 
     def _speculative_config(self, target: Any) -> Optional[SpeculativeConfig]:
         """The parsed --speculative-config; a draft model's config is loaded here, with
