@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -65,18 +66,25 @@ def pd(tiny_model_factory):
     model = tiny_model_factory("llama")
     kv_port = free_port()
     env = {"VLLM_BATCH_INVARIANT": "1"}
-    prefill = RemoteServer(_server_args(model, {
-        "kv_connector": "P2pZmqConnector", "kv_role": "kv_producer", "kv_port": kv_port}),
-        env=env)
-    decode = proxy = None
+    configs = [{"kv_connector": "P2pZmqConnector", "kv_role": "kv_producer",
+                "kv_port": kv_port},
+               {"kv_connector": "P2pZmqConnector", "kv_role": "kv_consumer",
+                "kv_connector_extra_config": {"timeout_s": KV_TIMEOUT_S}}]
+    # Both servers start at once (each waits for its own /health).
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(RemoteServer, _server_args(model, c), env=env)
+                   for c in configs]
+    started = [f.result() for f in futures if f.exception() is None]
+    proxy = None
     try:
-        decode = RemoteServer(_server_args(model, {
-            "kv_connector": "P2pZmqConnector", "kv_role": "kv_consumer",
-            "kv_connector_extra_config": {"timeout_s": KV_TIMEOUT_S}}), env=env)
+        for f in futures:
+            if f.exception() is not None:
+                raise f.exception()
+        prefill, decode = started
         proxy = Proxy(prefill.url, decode.url)
         yield prefill, decode, proxy
     finally:
-        for part in (proxy, decode, prefill):
+        for part in [proxy, *started]:
             if part is not None:
                 part.stop()
 
@@ -106,7 +114,6 @@ def _by_source(url: str) -> dict[str, float]:
 
 
 def _parallel(fn, items):
-    from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(len(items)) as pool:
         return list(pool.map(fn, items))
 
