@@ -69,8 +69,10 @@ def test_cli_flag_parses_json():
 def test_example_connector_pair_equals_one_instance(tiny_model_factory, tmp_path):
     path = tiny_model_factory("llama")
     with platform_env("cpu"):
+        # The producer chunks its prompts (48 tokens a step): each is saved with its
+        # last chunk, from the blocks of all its chunks.
         producer = make_llm(model=path, kv_transfer_config=_example("kv_producer", tmp_path),
-                            **ARGS)
+                            max_num_batched_tokens=48, **ARGS)
         try:
             prompts = ragged_prompt_ids(producer.get_tokenizer(), LENGTHS)
             reference = _tokens(_run(producer, prompts, GREEDY))  # and saves every prompt

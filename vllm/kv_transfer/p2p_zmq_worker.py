@@ -121,9 +121,11 @@ class KVServer:
         while not self._stop.is_set():
             if not poller.poll(_POLL_MS):
                 continue
-            identity, header = self._socket.recv_multipart()
+            identity, *rest = self._socket.recv_multipart()
             try:
-                frames = self._answer(json.loads(header))
+                if len(rest) != 1:
+                    raise KVTransferError(f"a fetch is one JSON frame, got {len(rest)}")
+                frames = self._answer(json.loads(rest[0]))
             except Exception as e:  # noqa: BLE001 - reported to the consumer
                 frames = [json.dumps({"ok": False, "error": str(e)}).encode()]
             self._socket.send_multipart([identity, *frames], copy=False)
