@@ -425,9 +425,10 @@ class Scheduler:
     def _num_external_tokens(self, request: Request, num_local: int) -> int:
         """Prompt tokens after the `num_local` cached ones that the KV connector loads
         from another engine: asked only at a request's first admission (a preempted
-        one recomputes; the remote copy may be gone)."""
+        one recomputes; the remote copy may be gone), and never for prompt logprobs
+        (they need every prompt position computed here)."""
         if (self.connector is None or request.num_cached_tokens >= 0
-                or request.num_computed_tokens != 0):
+                or request.num_computed_tokens != 0 or request.wants_prompt_logprobs):
             return 0
         num_external, _ = self.connector.get_num_new_matched_tokens(request, num_local)
         return num_external

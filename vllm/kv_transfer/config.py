@@ -92,6 +92,11 @@ class KVTransferConfig:
         if getattr(vllm_config.model_config, "runner_type", "generate") == "pooling":
             raise ValueError("kv_transfer_config: KV transfer serves generating models; a "
                              "pooling model keeps no KV cache between steps.")
+        if (self.kv_connector == "P2pZmqConnector"
+                and vllm_config.parallel_config.data_parallel_size > 1):
+            raise ValueError("kv_transfer_config: P2pZmqConnector serves one engine per "
+                             "kv_port; run one instance per data-parallel replica instead "
+                             "of data_parallel_size > 1.")
         spec = getattr(vllm_config, "speculative_config", None)
         if spec is not None and spec.use_draft_model:
             raise ValueError("kv_transfer_config: a draft model keeps its own KV cache, which "
