@@ -14,7 +14,7 @@ from tests.hpu.conftest import (SMALL_BUCKETS, make_llm, platform_env, ragged_pr
                                 release, runner_of)
 from vllm import SamplingParams
 from vllm.kv_transfer import KVTransferConfig
-from vllm.kv_transfer.metadata import prompt_digest
+from vllm.kv_transfer.example_connector import entry_key
 
 LENGTHS = [3, 9, 16, 17, 31, 40, 55, 64, 70, 12, 33, 47, 90, 100, 21, 5]
 """16 prompts: one-token, block-aligned (16, 64) and partial last blocks."""
@@ -93,10 +93,10 @@ def test_example_connector_pair_equals_one_instance(tiny_model_factory, tmp_path
             # file missing) ends with finish reason "error", and the engine goes on.
             fresh = ragged_prompt_ids(consumer.get_tokenizer(), [20, 24], seed=7)
             assert _run(consumer, fresh[:1], GREEDY)[0].num_external_computed_tokens == 0
-            entry = tmp_path / prompt_digest(fresh[1])
-            entry.mkdir()
-            (entry / "meta.json").write_text(json.dumps(
-                {"num_tokens": 24, "token_hash": prompt_digest(fresh[1])}))
+            key = entry_key(path, fresh[1])
+            (tmp_path / key).mkdir()
+            (tmp_path / key / "meta.json").write_text(json.dumps(
+                {"num_tokens": 24, "token_hash": key}))
             broken = _run(consumer, fresh[1:], GREEDY)[0].outputs[0]
             assert broken.finish_reason == "error" and broken.token_ids == []
             assert _tokens(_run(consumer, prompts[:2], GREEDY)) == reference[:2]

@@ -21,8 +21,8 @@ class KVTransferConfig:
     """kv_producer (a prefill instance: saves the KV it computes), kv_consumer (a decode
     instance: loads KV computed elsewhere) or kv_both."""
     engine_id: Optional[str] = None
-    """This engine's name in logs and transfer parameters (default: the connector's
-    address or directory)."""
+    """P2pZmqConnector: this engine's name in the kv_transfer_params it hands out
+    (remote_engine_id; default kv_ip:kv_port)."""
     kv_ip: str = "127.0.0.1"
     """P2pZmqConnector: the address a producer's workers listen on (and announce)."""
     kv_port: int = 14579

@@ -20,6 +20,17 @@ META_FILE = "meta.json"
 """Written last into an entry: {"num_tokens": N, "token_hash": ...}."""
 
 
+def entry_salt(model: str, lora_request: Any = None) -> str:
+    """Besides the token ids, an entry is named by the model and the LoRA adapter that
+    computed its KV (another model's KV of the same shape must not be taken)."""
+    return f"{model}|{lora_salt(lora_request)}"
+
+
+def entry_key(model: str, prompt_token_ids: list[int], lora_request: Any = None) -> str:
+    """The name of a prompt's entry (also its `token_hash`)."""
+    return prompt_digest(prompt_token_ids, entry_salt(model, lora_request))
+
+
 def entry_dir(root: str, key: str) -> str:
     return os.path.join(root, key)
 
@@ -38,10 +49,14 @@ class ExampleConnectorScheduler(KVConnectorSchedulerBase):
     def __init__(self, vllm_config: Any) -> None:
         super().__init__(vllm_config)
         self.root = self.config.get_from_extra_config("shared_storage_path", None)
+        self.model = vllm_config.model_config.model
         os.makedirs(self.root, exist_ok=True)
 
     def _key(self, prompt_token_ids: list[int], lora_request: Any) -> str:
-        return prompt_digest(prompt_token_ids, lora_salt(lora_request))
+        return entry_key(self.model, prompt_token_ids, lora_request)
+
+    def _salt(self, lora_request: Any) -> str:
+        return entry_salt(self.model, lora_request)
 
     def _available_tokens(self, request: Any) -> int:
         key = self._key(request.prompt_token_ids, request.lora_request)

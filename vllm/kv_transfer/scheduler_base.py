@@ -94,7 +94,7 @@ class KVConnectorSchedulerBase:
             if key is not None:
                 self._saving[new.req_id] = _Saving(
                     key, list(new.prompt_token_ids), list(new.block_ids),
-                    lora_salt(new.lora_request))
+                    self._salt(new.lora_request))
             self._maybe_save(meta, new.req_id, new.num_computed_tokens, scheduler_output)
         for cached in scheduler_output.scheduled_cached_reqs:
             saving = self._saving.get(cached.req_id)
@@ -136,6 +136,10 @@ class KVConnectorSchedulerBase:
         return False, self._finished_params(request)
 
     # ----------------------------------------------------------- subclasses
+    def _salt(self, lora_request: Any) -> str:
+        """What besides the token ids names a request's KV (`prompt_digest`'s salt)."""
+        return lora_salt(lora_request)
+
     def _available_tokens(self, request: Any) -> int:
         """Leading prompt tokens of `request` whose KV the medium holds (0: none)."""
         raise NotImplementedError
