@@ -156,6 +156,14 @@ def test_streamed_through_proxy_and_kv_transfer_params(pd):
             if line.startswith("data: ") and line != "data: [DONE]":
                 text += json.loads(line[6:])["choices"][0]["text"]
     assert text == full["choices"][0]["text"]
+    # Chat goes through the proxy the same way.
+    chat = {"messages": [{"role": "user", "content": "Name three colours."}],
+            "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+    direct = httpx.post(prefill.url + "/v1/chat/completions", json=chat, timeout=60)
+    proxied = httpx.post(proxy.url + "/v1/chat/completions", json=chat, timeout=60)
+    assert direct.status_code == proxied.status_code == 200, proxied.text
+    assert (proxied.json()["choices"][0]["message"]["content"]
+            == direct.json()["choices"][0]["message"]["content"])
 
 
 def test_bad_kv_transfer_params_are_400(pd):
