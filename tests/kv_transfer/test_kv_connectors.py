@@ -94,8 +94,8 @@ def test_example_connector_pair_equals_one_instance(tiny_model_factory, tmp_path
             fresh = ragged_prompt_ids(consumer.get_tokenizer(), [20, 24], seed=7)
             assert _run(consumer, fresh[:1], GREEDY)[0].num_external_computed_tokens == 0
             key = entry_key(path, fresh[1])
-            (tmp_path / key).mkdir()
-            (tmp_path / key / "meta.json").write_text(json.dumps(
+            (tmp_path / key / "rank0").mkdir(parents=True)
+            (tmp_path / key / "rank0" / "meta.json").write_text(json.dumps(
                 {"num_tokens": 24, "token_hash": key}))
             broken = _run(consumer, fresh[1:], GREEDY)[0].outputs[0]
             assert broken.finish_reason == "error" and broken.token_ids == []
@@ -154,3 +154,28 @@ def test_p2p_pair_on_fake_hpu_equals_one_instance_without_compiles(tiny_model_fa
                 release(consumer)
             release(producer)
     gc.collect()
+
+
+def test_example_connector_with_tensor_parallelism(tiny_model_factory, tmp_path):
+    """TP=2: each rank saves and loads its own shard of the heads (rank<r>/)."""
+    path = tiny_model_factory("llama")
+    args = dict(ARGS, tensor_parallel_size=2, kv_cache_memory_bytes=8 << 20)
+    with platform_env("cpu"):
+        producer = make_llm(model=path, kv_transfer_config=_example("kv_producer", tmp_path),
+                            **args)
+        try:
+            prompts = ragged_prompt_ids(producer.get_tokenizer(), LENGTHS[:8])
+            reference = _tokens(_run(producer, prompts, GREEDY))
+        finally:
+            release(producer)
+        entry = next(p for p in tmp_path.iterdir() if not p.name.startswith("."))
+        assert sorted(p.name for p in entry.iterdir()) == ["rank0", "rank1"]
+        consumer = make_llm(model=path, kv_transfer_config=_example("kv_consumer", tmp_path),
+                            **args)
+        try:
+            outputs = _run(consumer, prompts, GREEDY)
+            assert _tokens(outputs) == reference
+            assert [o.num_external_computed_tokens for o in outputs] == \
+                [n - 1 for n in LENGTHS[:8]]
+        finally:
+            release(consumer)

@@ -2,8 +2,8 @@
 
 vLLM's example connector, for tests and single hosts (a shared or network file system
 would do for several). A producer writes the KV of each prompt it computes to
-`shared_storage_path/<key>/`, the key naming the prompt's token ids (and LoRA
-adapter); a consumer finds a prompt there by computing the same key, so it needs no
+`shared_storage_path/<key>/rank<r>/` (one directory per worker rank, each holding
+its shard), the key naming the prompt's token ids (and model, LoRA adapter); a consumer finds a prompt there by computing the same key, so it needs no
 `kv_transfer_params`. Unlike vLLM's, which reuses only whole blocks, it loads every
 prompt token but the last (the one the consumer computes for its first logits).
 """
@@ -31,14 +31,16 @@ def entry_key(model: str, prompt_token_ids: list[int], lora_request: Any = None)
     return prompt_digest(prompt_token_ids, entry_salt(model, lora_request))
 
 
-def entry_dir(root: str, key: str) -> str:
-    return os.path.join(root, key)
+def entry_dir(root: str, key: str, rank: int = 0) -> str:
+    """Where worker `rank` keeps its shard (and pipeline stage) of the entry's KV."""
+    return os.path.join(root, key, f"rank{rank}")
 
 
-def read_entry_meta(root: str, key: str) -> Optional[dict[str, Any]]:
-    """The entry's metadata, or None when there is no complete entry under `key`."""
+def read_entry_meta(root: str, key: str, rank: int = 0) -> Optional[dict[str, Any]]:
+    """The metadata of a rank's part of the entry, or None when that part is not
+    complete (the scheduler asks about rank 0; each worker checks its own)."""
     try:
-        with open(os.path.join(entry_dir(root, key), META_FILE)) as f:
+        with open(os.path.join(entry_dir(root, key, rank), META_FILE)) as f:
             return json.load(f)
     except (OSError, ValueError):
         return None

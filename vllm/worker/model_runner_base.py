@@ -306,12 +306,31 @@ class ModelRunnerBase:
         connector = self.kv_connector
         if connector is None or so.kv_connector_metadata is None:
             return None
-        if so.kv_connector_metadata.saves:
+        meta = so.kv_connector_metadata
+        if meta.saves:
             for name, view in connector.kv_caches.items():
                 connector.save_kv_layer(name, view)
             connector.wait_for_save()
         connector.clear_connector_metadata()
-        return connector.connector_output()
+        output = connector.connector_output()
+        if meta.loads:
+            output = self._agree_on_failed_loads(meta, output)
+        return output
+
+    @staticmethod
+    def _agree_on_failed_loads(meta: Any, output: Optional[Any]) -> Optional[Any]:
+        """Each rank loads its own shard (and stage) of the KV: a load that failed on
+        any rank failed for the request, which only the driver reports. Every rank
+        runs the same reductions (the metadata is the same everywhere)."""
+        tp, pp = get_tp_group(), get_pp_group()
+        if tp.world_size == 1 and pp.world_size == 1:
+            return output
+        from vllm.kv_transfer.metadata import KVConnectorOutput
+        failed = output.failed_recving if output is not None else set()
+        agreed = {load.req_id for load in meta.loads
+                  if pp.all_reduce_int(tp.all_reduce_int(int(load.req_id in failed), "max"),
+                                       "max")}
+        return KVConnectorOutput(failed_recving=agreed) if agreed else None
 
     def shutdown_kv_connector(self) -> None:
         if self.kv_connector is not None:
