@@ -179,3 +179,20 @@ def test_example_connector_with_tensor_parallelism(tiny_model_factory, tmp_path)
                 [n - 1 for n in LENGTHS[:8]]
         finally:
             release(consumer)
+
+
+def test_send_buffer_bounds_bytes_and_age(monkeypatch):
+    """A producer keeps unfetched KV within kv_buffer_size bytes and ttl_s seconds,
+    oldest first, and hands each entry out once."""
+    import torch
+    from vllm.kv_transfer import p2p_zmq_worker
+    now = [100.0]
+    monkeypatch.setattr(p2p_zmq_worker.time, "monotonic", lambda: now[0])
+    buffer = p2p_zmq_worker.KVSendBuffer(max_bytes=2 * 4096, ttl_s=10.0)
+    layer = lambda: {"layers.0": torch.zeros(1024)}  # 4096 bytes
+    for key in ("a", "b", "c"):
+        buffer.put(key, [1, 2], "", layer())
+    assert buffer.take("a") is None and len(buffer) == 2  # over the byte bound: oldest out
+    assert buffer.take("b") is not None and buffer.take("b") is None  # handed out once
+    now[0] += 11.0
+    assert buffer.take("c") is None and len(buffer) == 0  # expired
