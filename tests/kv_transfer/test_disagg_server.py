@@ -1,10 +1,10 @@
-"""Prefill/decode disaggregation over the network (P2pZmqConnector): a prefill server
-and a decode server behind examples/disagg_proxy_server.py answer 16 greedy prompts
-exactly as one instance does; the decode server computes no prompt token but the last
+"""Prefill/decode disaggregation over the network (P2pZmqConnector), on CPU and on the
+fake HPU: a prefill server and a decode server behind examples/disagg_proxy_server.py
+answer 16 greedy prompts exactly as one instance does; the decode server computes no prompt token but the last
 (its vllm:prompt_tokens_by_source metrics say so); a prefill instance killed before
 the decode instance pulled the KV makes that request fail with an error, not hang.
 
-The tests run in file order: the last one kills the prefill server."""
+The tests run in file order for each platform: the last one kills the prefill server."""
 from __future__ import annotations
 
 import json
@@ -26,9 +26,20 @@ MAX_TOKENS = 8
 KV_TIMEOUT_S = 3.0
 
 
-def _server_args(model: str, kv_config: dict) -> list[str]:
+PLATFORMS = {
+    "cpu": ({"VLLM_BATCH_INVARIANT": "1"}, 16),
+    # The fake HPU with HPU graphs, few buckets (a warmup of seconds), 4 sequences a step.
+    "fake_hpu": ({"VLLM_USE_FAKE_HPU": "1", "VLLM_TARGET_DEVICE": "hpu",
+                  "PT_HPU_LAZY_MODE": "1", "OMP_NUM_THREADS": "1",
+                  "VLLM_PROMPT_BS_BUCKET_MAX": "2", "VLLM_PROMPT_SEQ_BUCKET_MAX": "128",
+                  "VLLM_DECODE_BS_BUCKET_MAX": "4"}, 4),
+}
+"""Environment and max_num_seqs of the servers per platform."""
+
+
+def _server_args(model: str, kv_config: dict, max_num_seqs: int) -> list[str]:
     return ["--model", model, "--dtype", "float32", "--max-model-len", "512",
-            "--max-num-seqs", "16", "--kv-cache-memory-bytes", str(16 << 20),
+            "--max-num-seqs", str(max_num_seqs), "--kv-cache-memory-bytes", str(16 << 20),
             "--disable-log-requests", "--kv-transfer-config", json.dumps(kv_config)]
 
 
@@ -61,18 +72,18 @@ class Proxy:
             self.proc.wait(10)
 
 
-@pytest.fixture(scope="module")
-def pd(tiny_model_factory):
+@pytest.fixture(scope="module", params=list(PLATFORMS))
+def pd(request, tiny_model_factory):
     model = tiny_model_factory("llama")
     kv_port = free_port()
-    env = {"VLLM_BATCH_INVARIANT": "1"}
+    env, max_num_seqs = PLATFORMS[request.param]
     configs = [{"kv_connector": "P2pZmqConnector", "kv_role": "kv_producer",
                 "kv_port": kv_port},
                {"kv_connector": "P2pZmqConnector", "kv_role": "kv_consumer",
                 "kv_connector_extra_config": {"timeout_s": KV_TIMEOUT_S}}]
     # Both servers start at once (each waits for its own /health).
     with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(RemoteServer, _server_args(model, c), env=env)
+        futures = [pool.submit(RemoteServer, _server_args(model, c, max_num_seqs), env=env)
                    for c in configs]
     started = [f.result() for f in futures if f.exception() is None]
     proxy = None
@@ -81,6 +92,11 @@ def pd(tiny_model_factory):
             if f.exception() is not None:
                 raise f.exception()
         prefill, decode = started
+        if request.param == "fake_hpu":
+            for srv in started:
+                srv.log.flush()
+                with open(srv.log.name) as f:
+                    assert "HPU execution mode: HPU graphs" in f.read()
         proxy = Proxy(prefill.url, decode.url)
         yield prefill, decode, proxy
     finally:
