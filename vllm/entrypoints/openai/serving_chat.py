@@ -218,6 +218,7 @@ class OpenAIServingChat(OpenAIServing):
                 for index in range(request.n):
                     yield chunk(index, DeltaMessage(content=echo))
             async for output in outputs:
+                self.check_generation_error(output)
                 cached_tokens = output.num_cached_tokens or 0
                 if prompt.multi_modal_data and output.prompt_token_ids:
                     prompt_tokens = len(output.prompt_token_ids)  # images expanded
