@@ -208,6 +208,12 @@ def test_killed_prefill_fails_the_request_cleanly(pd):
     assert resp.status_code == 500, resp.text
     assert resp.json()["error"]["type"] == "InternalServerError"
     assert took < KV_TIMEOUT_S + 10
+    # Streamed: the stream ends with an error event, then [DONE].
+    with httpx.stream("POST", decode.url + "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+            "kv_transfer_params": dict(params, remote_num_tokens=1)}, timeout=60) as resp:
+        lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    assert '"InternalServerError"' in lines[-2] and lines[-1] == "data: [DONE]"
     # The decode instance is still healthy and serves everything else.
     assert httpx.get(decode.url + "/health", timeout=10).status_code == 200
     assert _complete(decode.url, prompt)["choices"][0]["finish_reason"] == "length"
