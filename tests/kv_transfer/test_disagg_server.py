@@ -210,8 +210,11 @@ def test_killed_prefill_fails_the_request_cleanly(pd):
     assert took < KV_TIMEOUT_S + 10
     # Streamed: the stream ends with an error event, then [DONE].
     with httpx.stream("POST", decode.url + "/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
-            "kv_transfer_params": dict(params, remote_num_tokens=1)}, timeout=60) as resp:
+            "messages": [{"role": "user", "content": "Spell the word orphan backwards."}],
+            "max_tokens": 4, "stream": True,
+            # All of this prompt but its last token is to come from the dead producer
+            # (its chat-template prefix may be in the local prefix cache: not the rest).
+            "kv_transfer_params": dict(params, remote_num_tokens=10**6)}, timeout=60) as resp:
         lines = [line for line in resp.iter_lines() if line.startswith("data: ")]
     assert '"InternalServerError"' in lines[-2] and lines[-1] == "data: [DONE]"
     # The decode instance is still healthy and serves everything else.
