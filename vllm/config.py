@@ -650,6 +650,8 @@ class VllmConfig:
     """A `vllm.spec_decode.config.SpeculativeConfig` when speculative decoding is on."""
     weight_transfer_config: Optional[WeightTransferConfig] = None
     """Set when in-place weight updates are enabled (--weight-transfer-config)."""
+    kv_transfer_config: Optional[Any] = None
+    """A `vllm.kv_transfer.config.KVTransferConfig` for prefill/decode disaggregation."""
 
     def __post_init__(self) -> None:
         from vllm.platforms import current_platform
@@ -668,6 +670,8 @@ class VllmConfig:
         current_platform.check_and_update_config(self)
         if self.speculative_config is not None:
             self.speculative_config.verify_with(self)
+        if self.kv_transfer_config is not None:
+            self.kv_transfer_config.verify_with(self)
 
     def _configure_pooling(self) -> None:
         """A pooling request is one whole-prompt pass: the pooler reads every hidden

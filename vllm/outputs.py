@@ -68,6 +68,8 @@ class RequestOutput:
         metrics: Optional[RequestMetrics] = None,
         lora_request: Optional[Any] = None,
         num_cached_tokens: Optional[int] = 0,
+        kv_transfer_params: Optional[dict[str, Any]] = None,
+        num_external_computed_tokens: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt = prompt
@@ -78,6 +80,12 @@ class RequestOutput:
         self.metrics = metrics
         self.lora_request = lora_request
         self.num_cached_tokens = num_cached_tokens
+        self.kv_transfer_params = kv_transfer_params
+        """Set when the request finished on an engine with a KV connector that published
+        its KV (a prefill instance): where another engine finds it (vLLM's field)."""
+        self.num_external_computed_tokens = num_external_computed_tokens
+        """Prompt tokens whose KV was loaded from another engine (prefill/decode
+        disaggregation), not computed or found in the prefix cache here."""
 
     def add(self, next_output: "RequestOutput", aggregate: bool) -> None:
         """Merge a later output of the same request into this one.
@@ -88,6 +96,9 @@ class RequestOutput:
         self.finished |= next_output.finished
         if next_output.num_cached_tokens is not None:
             self.num_cached_tokens = next_output.num_cached_tokens
+        if next_output.kv_transfer_params is not None:
+            self.kv_transfer_params = next_output.kv_transfer_params
+        self.num_external_computed_tokens = next_output.num_external_computed_tokens
         if next_output.prompt_logprobs is not None and self.prompt_logprobs is None:
             self.prompt_logprobs = next_output.prompt_logprobs
         for completion in next_output.outputs:

@@ -26,6 +26,8 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH_CAPPED = 5
     FINISHED_ABORTED = 6
     FINISHED_IGNORED = 7
+    FINISHED_ERROR = 8
+    """Ended by a failure of its own (its KV could not be loaded from another engine)."""
 
     @staticmethod
     def is_finished(status: "RequestStatus") -> bool:
@@ -41,6 +43,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
     RequestStatus.FINISHED_IGNORED: "length",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -81,6 +84,8 @@ class Request:
     """Draft tokens proposed for the request's next step (speculative decoding)."""
     mm_features: Optional[list["MultiModalFeature"]] = None
     """The prompt's images (vllm/multimodal), in prompt order; None: text only."""
+    num_external_computed_tokens: int = 0
+    """Prompt tokens whose KV a KV connector loaded from another engine (vllm/kv_transfer)."""
 
     @property
     def lora_int_id(self) -> int:

@@ -87,6 +87,10 @@ class BlockPool:
         block.block_hash = block_hash
         self.cached_block_hash_to_block.setdefault(block_hash, block)
 
+    def uncache(self, block: KVCacheBlock) -> None:
+        """Forget the block's cached content (it stays allocated)."""
+        self._evict(block)
+
     def reset_prefix_cache(self) -> bool:
         if len(self.free_queue) != self.num_blocks:
             return False

@@ -151,6 +151,15 @@ class KVCacheManager:
         self.num_cached_blocks.pop(request.request_id, None)
         self.block_pool.free_blocks(reversed(blocks))
 
+    def forget_blocks(self, request: Request, start_token: int, end_token: int) -> None:
+        """Take the blocks holding the request's tokens [start_token, end_token) out of
+        the prefix cache: their contents are not what their hashes say (a KV load into
+        them failed). Call before `free`."""
+        bs = self.block_size
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        for block in blocks[start_token // bs:-(-end_token // bs)]:
+            self.block_pool.uncache(block)
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
 

@@ -74,6 +74,9 @@ class SchedulerOutput:
     free_encoder_mm_hashes: list[str] = field(default_factory=list)
     """Images whose encoder outputs the runner drops now (the scheduler's
     EncoderCacheManager evicted them; vllm/multimodal/encoder_cache.py)."""
+    kv_connector_metadata: Optional[Any] = None
+    """The KV connector's loads and saves of this step (a
+    `vllm.kv_transfer.metadata.KVConnectorMetadata`; None without --kv-transfer-config)."""
 
     @property
     def is_empty(self) -> bool:
@@ -99,3 +102,6 @@ class ModelRunnerOutput:
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     """Draft tokens proposed for each request's next step (speculative decoding; only
     requests with drafts)."""
+    kv_connector_output: Optional[Any] = None
+    """What the KV connector reports (`vllm.kv_transfer.metadata.KVConnectorOutput`:
+    requests whose KV failed to load), or None."""

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Optional
 
 from vllm.config import VllmConfig
 from vllm.core.kv_cache_manager import KVCacheManager
+from vllm.kv_transfer.factory import KVConnectorFactory, KVConnectorRole
 from vllm.multimodal.encoder_cache import EncoderCacheManager, schedule_encoder_inputs
 from vllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                     SchedulerOutput)
@@ -62,6 +63,11 @@ class EngineCoreOutput:
     """A pooling request's vector (CPU tensor), with its finish."""
     num_preemptions: int = 0
     """Times the request was preempted so far (vllm:request_num_preemptions)."""
+    num_external_computed_tokens: int = 0
+    """Prompt tokens whose KV came from another engine (KV transfer)."""
+    kv_transfer_params: Optional[dict[str, Any]] = None
+    """Set on a finished request by the KV connector (where another engine finds its
+    KV: what a disaggregated-serving proxy forwards to the decode instance)."""
 
     @property
     def finished(self) -> bool:
@@ -108,6 +114,10 @@ class Scheduler:
         self.num_lookahead_tokens = (self.num_spec_tokens
                                      if getattr(spec, "use_draft_model", False) else 0)
         """KV slots reserved past each step's tokens for a draft model's drafts."""
+        self.connector = (KVConnectorFactory.create_connector(vllm_config,
+                                                              KVConnectorRole.SCHEDULER)
+                          if getattr(vllm_config, "kv_transfer_config", None) else None)
+        """The KV connector's scheduler half (vllm/kv_transfer), None without one."""
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
@@ -131,11 +141,17 @@ class Scheduler:
             request.status = status
             self._free_request(request)
 
-    def _free_request(self, request: Request) -> None:
+    def _free_request(self, request: Request) -> Optional[dict[str, Any]]:
+        """Release the request; returns the kv_transfer_params for its output."""
+        params = None
+        if self.connector is not None:
+            _, params = self.connector.request_finished(
+                request, self.kv_cache_manager.get_block_ids(request.request_id))
         self.kv_cache_manager.free(request)
         self.encoder_cache_manager.release(request.request_id, request.mm_features)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+        return params
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -204,6 +220,8 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids, scheduled_spec_decode_tokens=spec_tokens,
             structured_output_request_ids=so_ids, grammar_bitmask=bitmask,
             free_encoder_mm_hashes=self.encoder_cache_manager.take_freed())
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
         self.finished_req_ids = set()
         if self.async_scheduling:
             self._book_scheduled(num_scheduled)
@@ -349,6 +367,8 @@ class Scheduler:
             if request.num_computed_tokens == 0:
                 computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(
                     request)
+            num_external = self._num_external_tokens(request, num_computed)
+            num_computed += num_external
             num_new = request.num_tokens - num_computed
             if not self.enable_chunked_prefill and num_new > budget:
                 break
@@ -358,20 +378,26 @@ class Scheduler:
             if num_new <= 0 or (num_new < wanted and not self.enable_chunked_prefill):
                 break
             new_blocks = self.kv_cache_manager.allocate_slots(
-                request, num_new, computed_blocks,
+                request, num_external + num_new, computed_blocks,
                 self._lookahead(request, num_computed + num_new))
             if new_blocks is None:
                 break
+            if num_external:
+                request.num_external_computed_tokens = num_external
+                self.connector.update_state_after_alloc(
+                    request, self.kv_cache_manager.get_block_ids(request.request_id),
+                    num_external)
             self._book_encoder_inputs(request, to_encode)
             self.waiting.popleft()
             self.running.append(request)
             resumed = request.status == RequestStatus.PREEMPTED
             request.status = RequestStatus.RUNNING
             if request.num_computed_tokens == 0:
-                self.kv_cache_manager.record_prefix_cache_lookup(request, num_computed)
+                self.kv_cache_manager.record_prefix_cache_lookup(
+                    request, num_computed - num_external)
             request.num_computed_tokens = num_computed
             if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_computed
+                request.num_cached_tokens = num_computed - num_external
             num_scheduled[request.request_id] = num_new
             budget -= num_new
             if request.lora_int_id:
@@ -395,6 +421,17 @@ class Scheduler:
                 lora_request=request.lora_request, pooling_params=request.pooling_params,
                 mm_inputs=request.mm_features))
         return budget
+
+    def _num_external_tokens(self, request: Request, num_local: int) -> int:
+        """Prompt tokens after the `num_local` cached ones that the KV connector loads
+        from another engine: asked only at a request's first admission (a preempted
+        one recomputes; the remote copy may be gone), and never for prompt logprobs
+        (they need every prompt position computed here)."""
+        if (self.connector is None or request.num_cached_tokens >= 0
+                or request.num_computed_tokens != 0 or request.wants_prompt_logprobs):
+            return 0
+        num_external, _ = self.connector.get_num_new_matched_tokens(request, num_local)
+        return num_external
 
     def _fit_encoder_inputs(self, request: Request, start: int, num_new: int
                             ) -> tuple[int, list]:
@@ -446,11 +483,11 @@ class Scheduler:
     # ------------------------------------------------------------- update
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        outputs: list[EngineCoreOutput] = []
+        outputs: list[EngineCoreOutput] = self._fail_kv_loads(runner_output)
         for i, req_id in enumerate(runner_output.req_ids):
             request = self.requests.get(req_id)
             if request is None:
-                continue  # aborted while the step ran
+                continue  # aborted while the step ran (or its KV load failed)
             new_ids = runner_output.sampled_token_ids[i]
             if self.async_scheduling:
                 request.num_output_placeholders -= len(new_ids)  # booked when scheduled
@@ -475,12 +512,36 @@ class Scheduler:
                 new_prompt_logprobs=prompt_lp,
                 finish_reason=request.get_finished_reason(), stop_reason=request.stop_reason,
                 num_cached_tokens=max(request.num_cached_tokens, 0),
-                num_preemptions=request.num_preemptions))
+                num_preemptions=request.num_preemptions,
+                num_external_computed_tokens=request.num_external_computed_tokens))
             if request.is_finished():
                 # Async scheduling: a request preempted after this step was scheduled
                 # sits in the waiting queue.
                 (self.running if request in self.running else self.waiting).remove(request)
-                self._free_request(request)
+                outputs[-1].kv_transfer_params = self._free_request(request)
+        return outputs
+
+    def _fail_kv_loads(self, runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """End the requests whose KV the connector could not load (finish reason
+        "error"): the step computed them on a cache without their prompt. Their blocks
+        leave the prefix cache before they are freed."""
+        kv_out = runner_output.kv_connector_output
+        if kv_out is None or not kv_out.failed_recving:
+            return []
+        outputs = []
+        for req_id in sorted(kv_out.failed_recving):
+            request = self.requests.get(req_id)
+            if request is None:
+                continue
+            local = max(request.num_cached_tokens, 0)
+            self.kv_cache_manager.forget_blocks(
+                request, local, local + request.num_external_computed_tokens)
+            (self.running if request in self.running else self.waiting).remove(request)
+            request.status = RequestStatus.FINISHED_ERROR
+            self._free_request(request)
+            outputs.append(EngineCoreOutput(
+                request_id=req_id, new_token_ids=[], finish_reason=request.get_finished_reason(),
+                num_cached_tokens=local, num_preemptions=request.num_preemptions))
         return outputs
 
     def _finish_pooling(self, request: Request, pooled: Any) -> EngineCoreOutput:

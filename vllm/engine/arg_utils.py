@@ -18,6 +18,7 @@ from vllm.config import (CONVERT_CHOICES, DEFAULT_MODEL, KV_CACHE_DTYPES, RUNNER
                          LoadConfig, LoRAConfig, ModelConfig, ParallelConfig,
                          SchedulerConfig, StructuredOutputsConfig, VllmConfig,
                          WeightTransferConfig)
+from vllm.kv_transfer.config import KVTransferConfig
 from vllm.spec_decode.config import SpeculativeConfig
 from vllm.transformers_utils.config import create_model_config
 from vllm.utils.argparse_utils import human_readable_int, parse_json_dict
@@ -113,6 +114,8 @@ class EngineArgs:
     lora_dtype: str = "auto"
     # features refused with a clear error until supported
     speculative_config: Optional[dict] = None
+    # KV transfer (prefill/decode disaggregation)
+    kv_transfer_config: Optional[Any] = None
     disable_log_stats: bool = False
     # in-place weight updates (RL)
     weight_transfer_config: Optional[Any] = None
@@ -184,6 +187,13 @@ class EngineArgs:
                          "\"num_speculative_tokens\": 3}'. Keys: " + "; ".join(
                              f"{k}: {v}" for k, v in _field_docs(SpeculativeConfig).items()
                              if k != "draft_model_config"))
+            elif f.name == "kv_transfer_config":
+                group.add_argument(
+                    flag, type=json.loads, default=None,
+                    help="KV transfer config as JSON (prefill/decode disaggregation), e.g. "
+                         "'{\"kv_connector\": \"P2pZmqConnector\", \"kv_role\": "
+                         "\"kv_producer\"}'. Keys: " + "; ".join(
+                             f"{k}: {v}" for k, v in _field_docs(KVTransferConfig).items()))
             else:
                 group.add_argument(flag, type=_parse_type(f.type), default=default,
                                    help=help_text)
@@ -239,7 +249,8 @@ class EngineArgs:
                           structured_outputs_config=so_config,
                           speculative_config=self._speculative_config(model_config),
                           weight_transfer_config=WeightTransferConfig.from_cli(
-                              self.weight_transfer_config))
+                              self.weight_transfer_config),
+                          kv_transfer_config=KVTransferConfig.from_cli(self.kv_transfer_config))
 
     def _speculative_config(self, target: Any) -> Optional[SpeculativeConfig]:
         """The parsed --speculative-config; a draft model's config is loaded here, with

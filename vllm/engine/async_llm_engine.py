@@ -601,6 +601,8 @@ def merge_delta(acc: Any, new: Any) -> Any:
         merged.metrics = new.metrics
     if getattr(new, "num_cached_tokens", None) is not None:
         merged.num_cached_tokens = new.num_cached_tokens
+    if getattr(new, "kv_transfer_params", None) is not None:
+        merged.kv_transfer_params = new.kv_transfer_params
     return merged
 
 

@@ -17,6 +17,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.core_client import make_engine_core, use_multiprocessing
 from vllm.engine.output_processor import OutputProcessor, ParentRequest
 from vllm.engine.processor import Processor, PromptType
+from vllm.kv_transfer.params import check_kv_transfer_params
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestMetrics, RequestOutput
 from vllm.request import Request, RequestStatus
@@ -91,6 +92,7 @@ class LLMEngine:
                              "the embeddings and score APIs), not SamplingParams.")
         if lora_request is not None:
             self._check_lora_request(lora_request)
+        check_kv_transfer_params(params, self.vllm_config.kv_transfer_config)
         prompt_text, prompt_ids, mm_features = self.processor.process_prompt(prompt)
         params, max_tokens = self.processor.process_params(prompt_ids, params)
         so_request = self.processor.structured_output_request(params)

@@ -186,6 +186,8 @@ class _RequestTimes:
     prompt_len: int = 0
     cached: int = 0
     """Prompt tokens served from the prefix cache."""
+    external: int = 0
+    """Prompt tokens whose KV was loaded from another engine (KV transfer)."""
     generated: int = 0
     n: int = 1
     max_tokens: Optional[int] = None
@@ -282,8 +284,12 @@ class StatsTracker:
             times.cached = min(getattr(output, "num_cached_tokens", 0) or 0, times.prompt_len)
             m.prompt_tokens.inc(times.prompt_len)
             m.prompt_tokens_cached.inc(times.cached)
-            m.prompt_tokens_by_source["local_compute"].inc(times.prompt_len - times.cached)
+            times.external = min(getattr(output, "num_external_computed_tokens", 0) or 0,
+                                 times.prompt_len - times.cached)
+            m.prompt_tokens_by_source["local_compute"].inc(
+                times.prompt_len - times.cached - times.external)
             m.prompt_tokens_by_source["local_cache_hit"].inc(times.cached)
+            m.prompt_tokens_by_source["external_kv_transfer"].inc(times.external)
             self._window.prompt_tokens += times.prompt_len
             self._step_tokens += times.prompt_len
         completions = _completions(output)
@@ -314,7 +320,8 @@ class StatsTracker:
         longest = max(times.per_choice.values(), default=0)
         m.request_max_num_generation_tokens.observe(longest)
         m.request_params_n.observe(times.n)
-        m.request_prefill_kv_computed_tokens.observe(times.prompt_len - times.cached)
+        m.request_prefill_kv_computed_tokens.observe(
+            times.prompt_len - times.cached - times.external)
         m.request_num_preemptions.observe(
             getattr(getattr(output, "metrics", None), "num_preemptions", 0) or 0)
         if times.max_tokens is not None:

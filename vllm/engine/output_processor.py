@@ -34,6 +34,8 @@ class ParentRequest:
     children: list["RequestState"] = field(default_factory=list)
     prompt_logprobs: Optional[PromptLogprobs] = None
     num_cached_tokens: int = 0
+    num_external_computed_tokens: int = 0
+    kv_transfer_params: Optional[dict] = None
 
     @property
     def finished(self) -> bool:
@@ -131,8 +133,11 @@ class OutputProcessor:
             if out.new_prompt_logprobs is not None and parent.prompt_logprobs is not None:
                 parent.prompt_logprobs.extend(self._prompt_logprob_dicts(
                     out.new_prompt_logprobs))
-            if out.new_token_ids and self._process_tokens(state, out):
-                stopped.append(state.request_id)
+            if out.new_token_ids:
+                if self._process_tokens(state, out):
+                    stopped.append(state.request_id)
+            elif out.finish_reason is not None:  # ended without a token (KV load failed)
+                state.finish_reason, state.stop_reason = out.finish_reason, out.stop_reason
             touched[parent.request_id] = parent
         for parent in touched.values():
             result = self._make_request_output(parent)
@@ -159,6 +164,9 @@ class OutputProcessor:
             m.first_scheduled_time = now
             m.time_in_queue = now - m.arrival_time
         parent.num_cached_tokens = out.num_cached_tokens
+        parent.num_external_computed_tokens = out.num_external_computed_tokens
+        if out.kv_transfer_params is not None:
+            parent.kv_transfer_params = out.kv_transfer_params
         m.num_preemptions = max(m.num_preemptions, out.num_preemptions)
         if out.new_token_ids:
             if m.first_token_time is None:
@@ -229,7 +237,9 @@ class OutputProcessor:
             request_id=parent.request_id, prompt=parent.prompt,
             prompt_token_ids=parent.prompt_token_ids, prompt_logprobs=parent.prompt_logprobs,
             outputs=completions, finished=finished, metrics=parent.metrics,
-            num_cached_tokens=parent.num_cached_tokens)
+            num_cached_tokens=parent.num_cached_tokens,
+            kv_transfer_params=parent.kv_transfer_params if finished else None,
+            num_external_computed_tokens=parent.num_external_computed_tokens)
 
     @staticmethod
     def _visible_text_len(child: RequestState) -> int:

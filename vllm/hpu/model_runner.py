@@ -230,6 +230,23 @@ class HPUModelRunner(ModelRunnerBase):
             self.defragmenter = HPUDefragmenter(self.num_kv_blocks, self.block_size,
                                                 pad_block_id=self.pad_block_id)
 
+    def kv_layer_views(self) -> dict[str, Any]:
+        """Each owned layer's separate K and V caches for the KV connector, its logical
+        blocks resolved through the defragmenter (when contiguous PA moved them)."""
+        from vllm.kv_transfer.kv_io import SplitKVLayer
+
+        def caches(i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.kv_caches[i].key_cache, self.kv_caches[i].value_cache
+
+        def resolve(block_ids: np.ndarray) -> np.ndarray:
+            if self.defragmenter is None:
+                return block_ids
+            return np.asarray(self.defragmenter.resolve_table(block_ids.tolist()),
+                              dtype=np.int64)
+
+        return {f"layers.{i}": SplitKVLayer(lambda i=i: caches(i), self.block_size, resolve)
+                for i in self._owned_layer_ids()}
+
     def _release_kv_cache(self) -> None:
         """The defragmenter's block tables describe the freed cache: dropped too. The
         captured HPU graphs stay: the caches are graph inputs, not captured tensors, so

@@ -205,6 +205,7 @@ class HPUWorker(WorkerBase):
     def initialize_cache(self, num_blocks: int) -> None:
         runner: HPUModelRunner = self.model_runner
         runner.initialize_kv_cache(num_blocks)
+        runner.init_kv_connector()
         if envs.VLLM_SKIP_WARMUP:
             runner.skip_warmup()
         else:

@@ -147,6 +147,8 @@ class ModelRunnerBase:
             self.spec_decode = SpecDecodeRunner(vllm_config, self.device)
         from vllm.platforms import current_platform
         self.attn_impl = load_attn_impl(current_platform.get_attn_backend_cls())
+        self.kv_connector: Optional[Any] = None
+        """The KV connector's worker half (vllm/kv_transfer), set by init_kv_connector."""
 
     # ------------------------------------------------------------- platform
     def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> list[ForwardPass]:
@@ -268,6 +270,73 @@ class ModelRunnerBase:
         return [next(caches) if i in owned else empty
                 for i in range(self.model_config.get_num_layers())]
 
+    # ---------------------------------------------------------- KV transfer
+    def init_kv_connector(self) -> None:
+        """Build the KV connector's worker half over this rank's caches (after
+        initialize_kv_cache; a producer starts serving here)."""
+        if getattr(self.vllm_config, "kv_transfer_config", None) is None:
+            return
+        from vllm.kv_transfer.factory import KVConnectorFactory, KVConnectorRole
+        self.kv_connector = KVConnectorFactory.create_connector(self.vllm_config,
+                                                                KVConnectorRole.WORKER)
+        self.kv_connector.register_kv_caches(self.kv_layer_views())
+
+    def kv_layer_views(self) -> dict[str, Any]:
+        """This rank's layers as `KVLayerView`s by name, in forward order (default:
+        torch_sdpa's head-major cache; HPU overrides)."""
+        from vllm.kv_transfer.kv_io import FlatKVLayer
+        return {f"layers.{i}": FlatKVLayer(lambda i=i: self.kv_caches[i])
+                for i in self._owned_layer_ids()}
+
+    def _load_kv(self, so: SchedulerOutput) -> None:
+        """Before the forward: the connector fetches the step's loads and writes them
+        layer by layer into the requests' blocks."""
+        connector = self.kv_connector
+        if connector is None or so.kv_connector_metadata is None:
+            return
+        connector.bind_connector_metadata(so.kv_connector_metadata)
+        if so.kv_connector_metadata.loads:
+            connector.start_load_kv()
+            for name in connector.kv_caches:
+                connector.wait_for_layer_load(name)
+
+    def _save_kv(self, so: SchedulerOutput) -> Optional[Any]:
+        """After the forward: the connector copies out the KV of the prompts this step
+        completed (a producer), layer by layer; returns its report (failed loads)."""
+        connector = self.kv_connector
+        if connector is None or so.kv_connector_metadata is None:
+            return None
+        meta = so.kv_connector_metadata
+        if meta.saves:
+            for name, view in connector.kv_caches.items():
+                connector.save_kv_layer(name, view)
+            connector.wait_for_save()
+        connector.clear_connector_metadata()
+        output = connector.connector_output()
+        if meta.loads:
+            output = self._agree_on_failed_loads(meta, output)
+        return output
+
+    @staticmethod
+    def _agree_on_failed_loads(meta: Any, output: Optional[Any]) -> Optional[Any]:
+        """Each rank loads its own shard (and stage) of the KV: a load that failed on
+        any rank failed for the request, which only the driver reports. Every rank
+        runs the same reductions (the metadata is the same everywhere)."""
+        tp, pp = get_tp_group(), get_pp_group()
+        if tp.world_size == 1 and pp.world_size == 1:
+            return output
+        from vllm.kv_transfer.metadata import KVConnectorOutput
+        failed = output.failed_recving if output is not None else set()
+        agreed = {load.req_id for load in meta.loads
+                  if pp.all_reduce_int(tp.all_reduce_int(int(load.req_id in failed), "max"),
+                                       "max")}
+        return KVConnectorOutput(failed_recving=agreed) if agreed else None
+
+    def shutdown_kv_connector(self) -> None:
+        if self.kv_connector is not None:
+            self.kv_connector.shutdown()
+            self.kv_connector = None
+
     # ----------------------------------------------------------- sleep mode
     def sleep(self, level: int) -> None:
         """Free the KV cache; offload (level 1) or discard (level 2) the weights.
@@ -350,7 +419,9 @@ class ModelRunnerBase:
                       ) -> Optional[ModelRunnerOutput]:
         """One step. Only the driver returns an output (see the module docstring)."""
         self._update_states(scheduler_output)
+        self._load_kv(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
+            self._save_kv(scheduler_output)
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         if getattr(self.model_config, "runner_type", "generate") == "pooling":
             return execute_pooling(self, scheduler_output)
@@ -375,6 +446,7 @@ class ModelRunnerBase:
             self._prompt_logprobs(fwd, out.hidden_states, scheduler_output, prompt_lps)
         if self.spec_decode is not None:
             self.spec_decode.remove_drafts(self.requests)
+        kv_output = self._save_kv(scheduler_output)
         if not self.is_driver:
             return None
         sampled, logprobs = self._sample_passes(pending)
@@ -383,7 +455,7 @@ class ModelRunnerBase:
             req_ids=req_ids, sampled_token_ids=[sampled.get(r, []) for r in req_ids],
             logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
             prompt_logprobs=prompt_lps,
-            spec_token_ids=self._propose_drafts(sampled))
+            spec_token_ids=self._propose_drafts(sampled), kv_connector_output=kv_output)
 
     def pooled_rows(self, fwd: ForwardPass, hidden: torch.Tensor,
                     indices: list[int]) -> torch.Tensor:

@@ -64,6 +64,7 @@ class WorkerBase:
 
     def initialize_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
+        self.model_runner.init_kv_connector()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> Optional[ModelRunnerOutput]:
         return self.model_runner.execute_model(scheduler_output)
@@ -170,3 +171,5 @@ class WorkerBase:
         if self._profiler is not None and self._profiler.running:
             self._profiler.stop()
         self.finalize_calibration()
+        if self.model_runner is not None:
+            self.model_runner.shutdown_kv_connector()

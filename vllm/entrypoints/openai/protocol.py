@@ -135,7 +135,6 @@ NOT_IMPLEMENTED_FIELDS: dict[str, tuple[Any, str]] = {
     "logits_processors": (None, "custom logits processors"),
     "bad_words": (None, "bad_words"),
     "cache_salt": (None, "cache_salt"),
-    "kv_transfer_params": (None, "KV transfer (disaggregated prefill)"),
     "vllm_xargs": (None, "vllm_xargs"),
     "logprob_token_ids": (None, "logprobs of chosen token ids"),
     "thinking_token_budget": (None, "a thinking token budget"),
@@ -214,8 +213,11 @@ class SamplingFields(OpenAIBaseModel):
     logits_processors: Optional[Any] = None
     bad_words: Optional[Any] = None
     cache_salt: Optional[Any] = None
-    kv_transfer_params: Optional[Any] = None
     vllm_xargs: Optional[Any] = None
+    kv_transfer_params: Optional[dict[str, Any]] = None
+    """Prefill/decode disaggregation (needs --kv-transfer-config): {"do_remote_decode":
+    true} on a prefill instance; on a decode instance, the prefill response's
+    kv_transfer_params."""
 
     _beam_search_route: ClassVar[bool] = False
     """Whether this route serves `use_beam_search` (completions do)."""
@@ -329,6 +331,8 @@ class CompletionResponse(ResponseModel):
     choices: list[CompletionResponseChoice]
     usage: UsageInfo
     system_fingerprint: Optional[str] = None
+    kv_transfer_params: Optional[dict[str, Any]] = None
+    """Where another instance finds this request's KV (a prefill instance's answer)."""
 
 
 class CompletionResponseStreamChoice(ResponseModel):
@@ -531,6 +535,8 @@ class ChatCompletionResponse(ResponseModel):
     prompt_token_ids: Optional[list[int]] = None
     prompt_text: Optional[str] = None
     """With return_prompt_text: the rendered prompt."""
+    kv_transfer_params: Optional[dict[str, Any]] = None
+    """Where another instance finds this request's KV (a prefill instance's answer)."""
 
 
 class DeltaMessage(ResponseModel):

@@ -145,6 +145,7 @@ class OpenAIServingChat(OpenAIServing):
                 final = output
         finally:
             await outputs.aclose()
+        self.check_generation_error(final)
         echo = self._echo_text(request, role)
         as_ids = bool(request.return_tokens_as_token_ids)
         with_ids = bool(request.return_token_ids)
@@ -177,7 +178,8 @@ class OpenAIServingChat(OpenAIServing):
             prompt_logprobs=(self.prompt_logprobs_json(final.prompt_logprobs)
                              if request.prompt_logprobs is not None else None),
             prompt_token_ids=list(prompt_ids) if with_ids else None,
-            prompt_text=prompt.text if request.return_prompt_text else None)
+            prompt_text=prompt.text if request.return_prompt_text else None,
+            kv_transfer_params=getattr(final, "kv_transfer_params", None))
 
     # --------------------------------------------------------------- stream
     async def _stream(self, request: ChatCompletionRequest, prompt: PromptInput, outputs: Any,
@@ -216,6 +218,7 @@ class OpenAIServingChat(OpenAIServing):
                 for index in range(request.n):
                     yield chunk(index, DeltaMessage(content=echo))
             async for output in outputs:
+                self.check_generation_error(output)
                 cached_tokens = output.num_cached_tokens or 0
                 if prompt.multi_modal_data and output.prompt_token_ids:
                     prompt_tokens = len(output.prompt_token_ids)  # images expanded

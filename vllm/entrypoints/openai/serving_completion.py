@@ -166,6 +166,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_tokens = completion_tokens = cached_tokens = 0
         with_ids = bool(request.return_token_ids)
         for i, (prompt, final) in enumerate(zip(prompts, finals)):
+            self.check_generation_error(final)
             prompt_tokens += len(prompt.token_ids)
             cached_tokens += final.num_cached_tokens or 0
             prompt_text = self._prompt_text(prompt) if request.echo else ""
@@ -184,7 +185,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     token_ids=list(c.token_ids) if with_ids else None))
         return CompletionResponse(
             id=request_id, created=created, model=model_name, choices=choices,
-            usage=self.usage(prompt_tokens, completion_tokens, cached_tokens))
+            usage=self.usage(prompt_tokens, completion_tokens, cached_tokens),
+            kv_transfer_params=getattr(finals[0], "kv_transfer_params", None))
 
     def _logprobs(self, request: CompletionRequest, prompt: PromptInput, final: Any,
                   completion: Any, prompt_text: str) -> Any:
@@ -212,6 +214,7 @@ class OpenAIServingCompletion(OpenAIServing):
         ids_sent = [False] * (len(prompts) * n)  # prompt_token_ids go in the first chunk
         try:
             async for i, output in merge_async_iterators(*iterators):
+                self.check_generation_error(output)
                 cached_tokens[i] = output.num_cached_tokens or 0
                 for c in output.outputs:
                     index = i * n + c.index

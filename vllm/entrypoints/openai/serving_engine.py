@@ -16,7 +16,8 @@ from typing import Any, AsyncIterator, Optional, Sequence
 
 from vllm.engine.params import MaxTokensTooLargeError, PromptTooLongError, RequestParamsPolicy
 from vllm.engine.protocol import EngineClient
-from vllm.entrypoints.openai.errors import (BadRequestError, NotFoundError, OpenAIError,
+from vllm.entrypoints.openai.errors import (BadRequestError, InternalServerError,
+                                            NotFoundError, OpenAIError,
                                             ServiceUnavailableError)
 from vllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCompletionLogProbs,
                                               ChatCompletionLogProbsContent, CompletionLogProbs,
@@ -242,6 +243,8 @@ class OpenAIServing:
             logit_bias=logit_bias, allowed_token_ids=request.allowed_token_ids,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
             **{name: getattr(request, name, None) for name in _MODEL_DEFAULTED})
+        if request.kv_transfer_params is not None:
+            kwargs["extra_args"] = {"kv_transfer_params": request.kv_transfer_params}
         if structured_outputs is None:
             structured_outputs = structured_outputs_from_request(request)
         if structured_outputs is not None:
@@ -252,6 +255,15 @@ class OpenAIServing:
             return SamplingParams.from_client(**kwargs)
         except (ValueError, TypeError) as e:
             raise BadRequestError(str(e), param=guess_param(str(e), request)) from e
+
+    @staticmethod
+    def check_generation_error(output: Any) -> None:
+        """A 500 for a request the engine ended with finish reason "error" (its KV could
+        not be loaded from a prefill instance): it has no usable completion."""
+        if any(c.finish_reason == "error" for c in output.outputs):
+            raise InternalServerError(
+                f"Request {output.request_id} failed: its KV cache could not be loaded from "
+                "the prefill instance (see the server log).")
 
     @property
     def structured_outputs_config(self) -> Any:

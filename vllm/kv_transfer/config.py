@@ -1,0 +1,103 @@
+"""`KVTransferConfig`: what `--kv-transfer-config` / `LLM(kv_transfer_config=...)` set.
+
+Field names, roles and defaults are vLLM's. Values only; the connector classes are
+looked up by name in `vllm/kv_transfer/factory.py`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+
+
+@dataclass
+class KVTransferConfig:
+    kv_connector: Optional[str] = None
+    """The connector: ExampleConnector (files under a shared directory) or
+    P2pZmqConnector (TCP between a prefill and a decode instance)."""
+    kv_role: Optional[str] = None
+    """kv_producer (a prefill instance: saves the KV it computes), kv_consumer (a decode
+    instance: loads KV computed elsewhere) or kv_both."""
+    engine_id: Optional[str] = None
+    """P2pZmqConnector: this engine's name in the kv_transfer_params it hands out
+    (remote_engine_id; default kv_ip:kv_port)."""
+    kv_ip: str = "127.0.0.1"
+    """P2pZmqConnector: the address a producer's workers listen on (and announce)."""
+    kv_port: int = 14579
+    """P2pZmqConnector: the producer's first port; worker rank r listens on kv_port + r."""
+    kv_buffer_size: float = 1e9
+    """P2pZmqConnector: bytes of host memory a producer keeps for KV not yet fetched
+    (the oldest entries are dropped beyond it)."""
+    kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
+    """Connector-specific options: ExampleConnector {"shared_storage_path": DIR};
+    P2pZmqConnector {"timeout_s": seconds a fetch may take (default 30),
+    "ttl_s": seconds a producer keeps unfetched KV (default 120)}."""
+
+    def __post_init__(self) -> None:
+        from vllm.kv_transfer.factory import KVConnectorFactory
+        if self.kv_connector is None:
+            raise ValueError("kv_transfer_config.kv_connector is required; choose one of "
+                             f"{', '.join(KVConnectorFactory.names())}.")
+        KVConnectorFactory.check_name(self.kv_connector)
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_transfer_config.kv_role must be one of {', '.join(KV_ROLES)}"
+                             f", got {self.kv_role!r}.")
+        if not isinstance(self.kv_connector_extra_config, dict):
+            raise ValueError("kv_transfer_config.kv_connector_extra_config must be a JSON "
+                             "object.")
+        if not isinstance(self.kv_port, int) or not 0 < self.kv_port < 65536:
+            raise ValueError(f"kv_transfer_config.kv_port must be a TCP port, got "
+                             f"{self.kv_port!r}.")
+        if not self.kv_buffer_size > 0:
+            raise ValueError("kv_transfer_config.kv_buffer_size must be > 0, got "
+                             f"{self.kv_buffer_size!r}.")
+        KVConnectorFactory.check_extra_config(self)
+
+    @property
+    def is_kv_producer(self) -> bool:
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def is_kv_consumer(self) -> bool:
+        return self.kv_role in ("kv_consumer", "kv_both")
+
+    def get_from_extra_config(self, key: str, default: Any) -> Any:
+        return self.kv_connector_extra_config.get(key, default)
+
+    @classmethod
+    def from_cli(cls, value: Any) -> Optional["KVTransferConfig"]:
+        """From the --kv-transfer-config JSON text, a dict, or an instance (None: off)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"--kv-transfer-config must be JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError("kv_transfer_config must be a JSON object, e.g. "
+                             "'{\"kv_connector\": \"ExampleConnector\", \"kv_role\": "
+                             "\"kv_both\"}'.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"kv_transfer_config: unknown or unsupported key(s) {unknown}; "
+                             f"known: {sorted(known)}.")
+        return cls(**value)
+
+    def verify_with(self, vllm_config: Any) -> None:
+        """Refuse what cannot run with KV transfer (ValueError naming the field)."""
+        if getattr(vllm_config.model_config, "runner_type", "generate") == "pooling":
+            raise ValueError("kv_transfer_config: KV transfer serves generating models; a "
+                             "pooling model keeps no KV cache between steps.")
+        if (self.kv_connector == "P2pZmqConnector"
+                and vllm_config.parallel_config.data_parallel_size > 1):
+            raise ValueError("kv_transfer_config: P2pZmqConnector serves one engine per "
+                             "kv_port; run one instance per data-parallel replica instead "
+                             "of data_parallel_size > 1.")
+        spec = getattr(vllm_config, "speculative_config", None)
+        if spec is not None and spec.use_draft_model:
+            raise ValueError("kv_transfer_config: a draft model keeps its own KV cache, which "
+                             "the connectors do not transfer; use speculative method ngram.")
