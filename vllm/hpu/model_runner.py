@@ -440,7 +440,8 @@ class HPUModelRunner(ModelRunnerBase):
         if tp.all_reduce_int(before, "min") <= 0:
             return None  # some rank cannot hold any graph: none is captured anywhere
         try:
-            self.capture_graph(is_prompt, bucket)
+            with torch.inference_mode():  # the forward's graph only: no sampler warmup
+                self._run_batch(self.dummy_batch(is_prompt, bucket), use_graph=True)
             habana.synchronize()
         except Exception as error:  # noqa: BLE001 - only a device OOM is absorbed
             if not (is_device_oom(error) and oom_is_recoverable(tp)):
