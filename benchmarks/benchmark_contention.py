@@ -42,8 +42,8 @@ def _spin(core: Optional[int]) -> None:
 
 
 @contextlib.contextmanager
-def cpu_hogs(count: int) -> Iterator[None]:
-    """`count` busy processes, the i-th pinned to the i-th allowed core."""
+def cpu_hogs(count: int) -> Iterator[list[int]]:
+    """`count` busy processes, the i-th pinned to the i-th allowed core; yields their pids."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_spin, args=(cores[i % len(cores)] if cores else None,),
@@ -51,7 +51,7 @@ def cpu_hogs(count: int) -> Iterator[None]:
     for p in procs:
         p.start()
     try:
-        yield
+        yield [p.pid for p in procs]
     finally:
         for p in procs:
             p.terminate()
