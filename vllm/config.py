@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 import torch
 
+from vllm.utils.config_json import config_fields
+
 logger = logging.getLogger(__name__)
 
 _MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
@@ -581,22 +583,10 @@ class StructuredOutputsConfig:
         """From the --structured-outputs-config JSON text (or a dict)."""
         if isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            import json
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--structured-outputs-config must be JSON: {e}") from None
         if value is None:
             return cls()
-        if not isinstance(value, dict):
-            raise ValueError("--structured-outputs-config must be a JSON object, e.g. "
-                             "'{\"backend\": \"xgrammar\"}'.")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"--structured-outputs-config: unknown key(s) {unknown}; known: "
-                             f"{sorted(known)}.")
+        value = config_fields(value, "structured_outputs_config", cls.__dataclass_fields__,
+                              '{"backend": "xgrammar"}')
         return cls(**value)
 
 
@@ -624,13 +614,8 @@ class WeightTransferConfig:
         """None, a WeightTransferConfig, or its fields as a dict (--weight-transfer-config)."""
         if value is None or isinstance(value, cls):
             return value
-        if not isinstance(value, dict):
-            raise ValueError("weight_transfer_config must be a dict such as "
-                             f"{{\"backend\": \"shm\"}}, got {type(value).__name__}.")
-        unknown = sorted(set(value) - {"backend"})
-        if unknown:
-            raise ValueError(f"weight_transfer_config: unknown key(s) {', '.join(unknown)} "
-                             "(known: backend).")
+        value = config_fields(value, "weight_transfer_config", ("backend",),
+                              '{"backend": "shm"}')
         return cls(**value)
 
 

@@ -5,9 +5,10 @@ looked up by name in `vllm/kv_transfer/factory.py`.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
+
+from vllm.utils.config_json import config_fields
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 
@@ -71,20 +72,8 @@ class KVTransferConfig:
         """From the --kv-transfer-config JSON text, a dict, or an instance (None: off)."""
         if value is None or isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--kv-transfer-config must be JSON: {e}") from None
-        if not isinstance(value, dict):
-            raise ValueError("kv_transfer_config must be a JSON object, e.g. "
-                             "'{\"kv_connector\": \"ExampleConnector\", \"kv_role\": "
-                             "\"kv_both\"}'.")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"kv_transfer_config: unknown or unsupported key(s) {unknown}; "
-                             f"known: {sorted(known)}.")
+        value = config_fields(value, "kv_transfer_config", (f.name for f in fields(cls)),
+                              '{"kv_connector": "ExampleConnector", "kv_role": "kv_both"}')
         return cls(**value)
 
     def verify_with(self, vllm_config: Any) -> None:

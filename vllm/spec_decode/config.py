@@ -6,10 +6,11 @@ Field names and defaults are vLLM's. Only values here: the draft model's own
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
+
+from vllm.utils.config_json import config_fields
 
 logger = logging.getLogger(__name__)
 
@@ -91,19 +92,10 @@ class SpeculativeConfig:
         """From the --speculative-config JSON text or a dict (None: no speculation)."""
         if value is None or isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"--speculative-config must be JSON: {e}") from None
-        if not isinstance(value, dict):
-            raise ValueError("speculative_config must be a JSON object, e.g. "
-                             "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'.")
-        known = {f.name for f in fields(cls) if f.init and f.name != "draft_model_config"}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"speculative_config: unknown or unsupported key(s) {unknown}; "
-                             f"known: {sorted(known)}.")
+        value = config_fields(
+            value, "speculative_config",
+            (f.name for f in fields(cls) if f.init and f.name != "draft_model_config"),
+            '{"method": "ngram", "num_speculative_tokens": 3}')
         if "num_speculative_tokens" not in value:
             raise ValueError("speculative_config.num_speculative_tokens is required.")
         return cls(**value)

@@ -17,13 +17,13 @@ transformers 5's (`model.language_model.*`, `lm_head.*`, `model.vision_tower.*`,
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
 import torch
 from torch import nn
 
 from vllm.model_executor.models.clip import CLIPVisionTower, vision_activation
-from vllm.sequence import IntermediateTensors
+from vllm.model_executor.models.vlm_base import LanguageModelDelegate
 
 _TEXT_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM"}
@@ -66,7 +66,7 @@ class LlavaMultiModalProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
 
-class LlavaForConditionalGeneration(nn.Module):
+class LlavaForConditionalGeneration(LanguageModelDelegate, nn.Module):
     """Vision tower + projector + language model (see the module docstring)."""
 
     supports_multimodal = True
@@ -128,20 +128,6 @@ class LlavaForConditionalGeneration(nn.Module):
         if self.drop_cls:
             feats = feats[:, 1:]
         return list(self.multi_modal_projector(feats).unbind(0))
-
-    def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.model.embed_tokens(input_ids)
-
-    def forward(self, input_ids: Optional[torch.Tensor], positions: torch.Tensor,
-                intermediate_tensors: Optional[IntermediateTensors] = None,
-                inputs_embeds: Optional[torch.Tensor] = None) -> Any:
-        return self.language_model(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.language_model.compute_logits(hidden_states)
-
-    def make_empty_intermediate_tensors(self, *args: Any, **kwargs: Any) -> Any:
-        return self.language_model.make_empty_intermediate_tensors(*args, **kwargs)
 
     # -------------------------------------------------------------- weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -29,7 +29,7 @@ from vllm.model_executor.models.qwen2 import (Qwen2Attention, Qwen2DecoderLayer,
 from vllm.model_executor.models.qwen2_5_vl_vision import Qwen2_5_VisionTransformer
 from vllm.model_executor.models.utils import head_dim_of, rope_config
 from vllm.multimodal.mrope import mrope_input_positions
-from vllm.sequence import IntermediateTensors
+from vllm.model_executor.models.vlm_base import LanguageModelDelegate
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Qwen2_5_VLTextForCausalLM(Qwen2ForCausalLM):
     model_cls = Qwen2_5_VLTextModel
 
 
-class Qwen2_5_VLForConditionalGeneration(nn.Module):
+class Qwen2_5_VLForConditionalGeneration(LanguageModelDelegate, nn.Module):
     """Vision encoder + M-RoPE language model (see the module docstring)."""
 
     supports_multimodal = True
@@ -177,21 +177,6 @@ class Qwen2_5_VLForConditionalGeneration(nn.Module):
         inputs = self.visual.layout([it["pixel_values"] for it in items], grids, pad_to)
         merged = self.visual(inputs)
         return list(merged[:sum(inputs.tokens_per_item)].split(inputs.tokens_per_item))
-
-    def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.language_model.model.embed_tokens(input_ids)
-
-    def forward(self, input_ids: Optional[torch.Tensor], positions: torch.Tensor,
-                intermediate_tensors: Optional[IntermediateTensors] = None,
-                inputs_embeds: Optional[torch.Tensor] = None) -> Any:
-        """`positions`: [3, T] M-RoPE rows, or [T] for text only."""
-        return self.language_model(input_ids, positions, intermediate_tensors, inputs_embeds)
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.language_model.compute_logits(hidden_states)
-
-    def make_empty_intermediate_tensors(self, *args: Any, **kwargs: Any) -> Any:
-        return self.language_model.make_empty_intermediate_tensors(*args, **kwargs)
 
     # -------------------------------------------------------------- weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
