@@ -124,7 +124,10 @@ def test_server_on_two_nodes_killed_worker_fails_requests_and_health(two_node_cl
         "--model", tiny_qwen2, "--dtype", "float32", "--max-model-len", "1024",
         "--max-num-seqs", "4", "--kv-cache-memory-bytes", str(32 << 20),
         "--no-enable-prefix-caching", "-tp", "2", "--distributed-executor-backend", "ray",
-        "--disable-log-requests"], env={"RAY_ADDRESS": two_node_cluster.address})
+        "--disable-log-requests"], env={"RAY_ADDRESS": two_node_cluster.address,
+                                        # stay up answering 503 instead of exiting 1 (a
+                                        # race with the /health poll otherwise)
+                                        "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
     try:
         with httpx.Client(base_url=srv.url, timeout=120) as http:
             model = http.get("/v1/models").json()["data"][0]["id"]
