@@ -17,12 +17,21 @@ def main(job_path: str) -> None:
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=job["output_len"])
     prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)
+    profile = None
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    if job.get("profile"):
+        # A sibling module (this file runs as a script, under either engine's Python).
+        from _op_profile import instrument_native, profile_call
+        instrument_native()
+        outputs, profile = profile_call(
+            lambda: llm.generate(prompts, params, use_tqdm=False))
+    else:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     print("RESULT " + json.dumps({"output_tok_s": tokens / elapsed, "seconds": elapsed,
-                                  "output_tokens": tokens, "startup_s": startup}), flush=True)
+                                  "output_tokens": tokens, "startup_s": startup,
+                                  "profile": profile}), flush=True)
 
 
 if __name__ == "__main__":

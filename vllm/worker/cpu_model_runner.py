@@ -22,10 +22,11 @@ from vllm.native.autotune import serving_threads
 from vllm.native.prefill_choice import FLASH, ROWWISE, SDPA, PrefillPlan
 from vllm.attention.backends.torch_sdpa import NATIVE_PREFILL_MAX_LEN, TorchSDPABackendImpl
 from vllm.config import VllmConfig
-from vllm.core.sched_output import SchedulerOutput
+from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.native import cpu_ops
 from vllm.worker.flat_layout import (FlatLayout, build_flat_layout, decode_first_layout,
                                      flat_forward_pass, kv_cache_shape, order_batch)
+from vllm.worker.cpu_threads import ThreadGovernor, make_governor
 from vllm.worker.model_runner_base import ForwardPass, ModelRunnerBase
 
 logger = logging.getLogger(__name__)
@@ -45,8 +46,21 @@ class CPUModelRunner(ModelRunnerBase):
             and cpu_ops.usable(torch.empty(0, dtype=self.dtype)))
         self.prefill_plan: Optional[PrefillPlan] = None
         """Prefill attention kernel by length, measured after loading (prefill_choice)."""
+        self.thread_governor: Optional[ThreadGovernor] = None
+        """Made at the first step, on the thread that runs the forward."""
+        self._governor_made = False
         if self.device.type == "cpu":
             keep_freed_memory_mapped()
+
+    def execute_model(self, scheduler_output: SchedulerOutput
+                      ) -> Optional[ModelRunnerOutput]:
+        """The base's step, with the thread team first sized to the free cores."""
+        if self.device.type == "cpu":
+            if not self._governor_made:
+                self.thread_governor, self._governor_made = make_governor(), True
+            if self.thread_governor is not None:
+                self.thread_governor.before_step()
+        return super().execute_model(scheduler_output)
 
     # -------------------------------------------------------------- setup
     def load_model(self) -> None:
