@@ -516,7 +516,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         n_prompt, n_decode = min(n_prompt, cap), min(n_decode, cap)
     plan = make_plan(passes, limits, n_prompt, n_decode, args.decode_row_weight,
                      args.cover_limits, args.max_candidates)
-    print(f"trace: {sum(p.phase == 'prompt' for p in passes)} prompt passes, "
+    print(f"trace: {sum(p.phase == 'prompt' for p in passes)} prompt lines (a step's "
+          f"prompts, or a pass of a version-1 trace), "
           f"{sum(p.phase == 'decode' for p in passes)} decode passes")
     print(f"default exp buckets: {base_prompt} prompt, {base_decode} decode;"
           f" padding waste prompt {base_ev.waste['prompt']:.1%}, decode "
