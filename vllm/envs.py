@@ -138,6 +138,10 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                          "vllm.hpu.bucket_planner; implies VLLM_BUCKETING_STRATEGY=plan."),
     "VLLM_BUCKET_TRACE": (str, "", "Record the HPU runner's pass shapes to this file (a "
                           "trace for the bucket planner)."),
+    "VLLM_PROMPT_PASS_OVERHEAD_TOKENS": (_opt_int, None, "Fixed cost of one HPU prompt pass "
+                                         "in token slots, which the runner weighs against "
+                                         "padding when it splits a step's prompts into "
+                                         "passes; unset: the bucket plan's, else 128."),
     "VLLM_WARMUP_BUDGET_S": (float, 0.0, "HPU warmup time budget in seconds (0: none): "
                              "buckets are warmed in order of expected traffic and the "
                              "rest is left cold."),

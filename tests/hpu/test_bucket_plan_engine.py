@@ -3,6 +3,8 @@ the planned run compiles nothing after warmup and measures the padding the plann
 predicted; a warmup budget leaves buckets cold and says which."""
 from __future__ import annotations
 
+import pytest
+
 from tests.hpu.conftest import make_llm, platform_env, ragged_prompt_ids, release, runner_of
 from vllm import SamplingParams
 from vllm.hpu.bucket_planner import BucketPlan, make_plan
@@ -40,6 +42,9 @@ def test_trace_plan_and_planned_run(tiny_model_factory, tmp_path):
     limits, passes = read_trace(str(trace))
     assert limits.block_size == 16 and limits.max_num_seqs == 4
     assert sum(p.phase == "decode" for p in passes) == base["passes"]["decode"]
+    prompt_sets = [p for p in passes if p.phase == "prompt"]
+    assert prompt_sets and all(p.is_prompt_set for p in prompt_sets)
+    assert sorted(q for p in prompt_sets for q in p.query_lens) == sorted(LENGTHS)
     plan = make_plan(passes, limits, n_prompt, n_decode)
     plan_path = tmp_path / "plan.json"
     plan.save(str(plan_path))
@@ -55,10 +60,11 @@ def test_trace_plan_and_planned_run(tiny_model_factory, tmp_path):
             release(llm)
     assert stats["num_compiles_after_warmup"] == 0 and stats["fallback_passes"] == 0
     assert stats["warmup_seconds"] > 0 and stats["cold_buckets"] == []
+    # The same steps ran, and the planner replayed the runner's own prompt split.
+    assert stats["passes"]["prompt"] == sum(plan.prompt_weights)
     for phase in ("prompt", "decode"):
         measured, predicted = stats["padding_waste"][phase], plan.predicted_waste[phase]
-        assert abs(measured - predicted) <= 0.1 * max(predicted, 0.01), (phase, measured,
-                                                                         predicted)
+        assert measured == pytest.approx(predicted, rel=1e-9, abs=1e-12), phase
         assert measured <= base["padding_waste"][phase] + 1e-9
     assert sum(stats["bucket_hits"].values()) == sum(stats["passes"].values())
 

@@ -150,8 +150,9 @@ def test_plan_halves_the_exponential_waste_at_the_same_bucket_count():
     assert ev.waste == pytest.approx(plan.predicted_waste)
     assert ev.rounding_waste["prompt"] <= base_ev.rounding_waste["prompt"] / 2
     assert ev.waste["decode"] <= base_ev.waste["decode"] / 2
-    assert ev.waste["prompt"] < base_ev.waste["prompt"]
-    assert sum(plan.prompt_weights) == sum(p.phase == "prompt" for p in passes)
+    # Both replays split each step's prompts the runner's way (prompt_grouping.py).
+    assert ev.waste["prompt"] <= base_ev.waste["prompt"] / 2
+    assert sum(plan.prompt_weights) == ev.passes["prompt"]
 
 
 def test_plan_file_round_trip_and_strategy(tmp_path, monkeypatch):

@@ -15,7 +15,8 @@ from vllm.hpu.compile_tracker import CompileTracker
 from vllm.hpu.execution import ExecutionMode
 from vllm.hpu.input_prep import (DecodeSeq, PromptSeq, build_decode_batch,
                                         build_prompt_batch, decode_blocks_needed,
-                                        dependency_levels, group_prompts)
+                                        dependency_levels)
+from vllm.hpu.prompt_grouping import greedy_group_prompts, group_prompts
 from vllm.hpu.model_runner import resolve_contiguous_pa
 from vllm.hpu.profiler import HPUProfiler
 from vllm.hpu.warmup import (bucket_tokens, capture_within_budget, format_bytes,
@@ -113,12 +114,14 @@ def test_group_prompts_stays_inside_buckets():
 
     seqs = [_prompt_seq(str(i), [0, 1, 2, 3], ctx, n)
             for i, (ctx, n) in enumerate([(0, 3), (0, 12), (0, 5), (4, 2), (0, 7)])]
-    groups = group_prompts(seqs, covering)
-    assert sorted(s.req_id for g in groups for s in g) == ["0", "1", "2", "3", "4"]
-    for g in groups:
-        assert covering(len(g), max(s.query_len for s in g),
-                        max(s.num_context_blocks for s in g)) is not None
-    assert [len(g) for g in groups] == [1, 1, 2, 1]  # ctx first, then longest query
+    for split in (group_prompts, greedy_group_prompts):
+        groups = split(seqs, covering, BS, 0)
+        assert sorted(s.req_id for g in groups for s in g) == ["0", "1", "2", "3", "4"]
+        for g in groups:
+            assert covering(len(g), max(s.query_len for s in g),
+                            max(s.num_context_blocks for s in g)) is not None
+        assert groups[0][0].req_id == "3"  # context first, then longest query
+    assert [len(g) for g in greedy_group_prompts(seqs, covering)] == [1, 1, 2, 1]
 
 
 def test_dependency_levels_put_writers_first():

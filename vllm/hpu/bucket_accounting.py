@@ -3,10 +3,11 @@
 Every real (not warmup) pass the runner pads to a bucket is reported here once: it
 adds the pass's padded and real compute (`padding_cost.py`) and its bucket to
 `PaddingStats`, counts passes that ran in a fallback bucket (one generated at
-serving time, i.e. not warmed up), and, with `VLLM_BUCKET_TRACE=path`, appends the
-pass's shape to a trace for the bucket planner. Nothing here touches the device:
-the numbers leave the worker through `HPUModelRunner.get_bucket_stats`, a utility
-call the server polls at most once a second.
+serving time, i.e. not warmed up), and, with `VLLM_BUCKET_TRACE=path`, appends each
+decode pass's shape, and each set of prompts the runner split into passes, to a
+trace for the bucket planner. Nothing here touches the device: the numbers leave the
+worker through `HPUModelRunner.get_bucket_stats`, a utility call the server polls at
+most once a second.
 """
 from __future__ import annotations
 
@@ -37,13 +38,17 @@ class BucketAccounting:
                 bucketing.max_num_batched_tokens, bucketing.max_model_len,
                 bucketing.max_num_prefill_seqs))
 
+    def prompt_set(self, query_lens: list[int], ctx_blocks: list[int]) -> None:
+        """A step's prompts of one dependency level, before they are split into passes
+        (traced as a set, so the planner can replay the split for any buckets)."""
+        if self.recorder is not None and query_lens:
+            self.recorder.record(TracePass.prompt_set(query_lens, ctx_blocks,
+                                                      self.block_size))
+
     def prompt_pass(self, bucket: Bucket, query_lens: list[int], ctx_blocks: list[int]) -> None:
         bsz = self.block_size
         real = sum(q + c * bsz for q, c in zip(query_lens, ctx_blocks))
         self._add("prompt", bucket, prompt_cost(*bucket, bsz), real)
-        if self.recorder is not None:
-            self.recorder.record(TracePass("prompt", len(query_lens), max(query_lens),
-                                           max(ctx_blocks), real))
 
     def decode_pass(self, bucket: Bucket, batch_size: int, num_blocks: int) -> None:
         padded = decode_cost(bucket.batch_size, bucket.num_blocks, self.block_size,

@@ -37,6 +37,15 @@ within r^2 of the optimum (the bound is printed and written into the plan).
 The server picks, for a batch, the covering bucket of least cost among all of them
 (`HPUBucketingContext`), which is never worse than the plan's own assignment; the
 waste printed is the server's lookup replayed over the trace.
+
+Prompt passes are not given by the trace: the runner splits each step's prompts into
+passes by the buckets it has (`prompt_grouping.group_prompts`: least padded compute
+plus a fixed cost per pass), and the buckets are planned for the passes. The planner
+alternates the two: split every prompt set of the trace (first against every shape
+the token budget allows, then against the last plan's buckets), plan buckets for
+the passes of that split, and keep the plan whose replay (split included) costs
+least, stopping when a round does not improve it. Every replay calls the runner's
+own split function, so the waste printed is what a server running the plan measures.
 """
 from __future__ import annotations
 
@@ -53,11 +62,15 @@ import numpy as np
 from vllm.hpu.bucket_trace import EngineLimits, TracePass, read_trace
 from vllm.hpu.bucketing import Bucket, HPUBucketingContext
 from vllm.hpu.padding_cost import DECODE_ROW_WEIGHT, decode_cost, prompt_cost, waste
+from vllm.hpu.prompt_grouping import (Covering, Grouping, PromptShape, group_prompts,
+                                      resolve_pass_overhead)
 
 logger = logging.getLogger(__name__)
 
 PLAN_FORMAT = "vllm-hpu-bucket-plan"
 MAX_CANDIDATES = 128
+MAX_PLAN_ROUNDS = 4
+"""Split-and-plan rounds of the prompt phase (it usually settles in two or three)."""
 INF = float("inf")
 
 
@@ -214,6 +227,8 @@ class BucketPlan:
     decode_weights: list[int] = field(default_factory=list)
     """Trace passes per bucket (parallel lists): the warmup's order of importance."""
     decode_row_weight: int = DECODE_ROW_WEIGHT
+    prompt_pass_overhead: Optional[int] = None
+    """The per-pass cost the plan's prompt split assumed (None: the default)."""
     predicted_waste: dict = field(default_factory=dict)
     predicted_rounding_waste: dict = field(default_factory=dict)
     optimality_bound: float = 1.0
@@ -252,6 +267,8 @@ def load_plan(path: str) -> BucketPlan:
             prompt_weights=[int(w) for w in d.get("prompt_weights", [])],
             decode_weights=[int(w) for w in d.get("decode_weights", [])],
             decode_row_weight=int(d.get("decode_row_weight", DECODE_ROW_WEIGHT)),
+            prompt_pass_overhead=(None if d.get("prompt_pass_overhead") is None
+                                  else int(d["prompt_pass_overhead"])),
             predicted_waste=dict(d.get("predicted_waste", {})),
             predicted_rounding_waste=dict(d.get("predicted_rounding_waste", {})),
             optimality_bound=float(d.get("optimality_bound", 1.0)))
@@ -262,10 +279,40 @@ def load_plan(path: str) -> BucketPlan:
     return plan
 
 
-def trace_points(passes: list[TracePass]) -> tuple[Counter, Counter]:
-    """(b, query) passes of plain prompts and (b, blocks) passes of decodes."""
-    prompt = Counter((p.batch_size, p.query_len) for p in passes
-                     if p.phase == "prompt" and p.num_blocks == 0)
+def split_prompts(p: TracePass, covering: Covering, block_size: int, overhead: int,
+                  grouping: Grouping = group_prompts) -> list[TracePass]:
+    """The prompt passes the runner runs for a trace line: a prompt set split by
+    `grouping` against `covering`, a version-1 pass as it is."""
+    if not p.is_prompt_set:
+        return [p]
+    shapes = [PromptShape(q, c) for q, c in zip(p.query_lens, p.ctx_blocks)]
+    return [TracePass("prompt", len(g), max(s.query_len for s in g),
+                      max(s.num_context_blocks for s in g),
+                      sum(s.query_len + s.num_context_blocks * block_size for s in g))
+            for g in grouping(shapes, covering, block_size, overhead)]
+
+
+def budget_covering(limits: EngineLimits) -> Covering:
+    """Every shape the token budget allows as a bucket (the exponential buckets' own
+    filter: several sequences fit max_num_batched_tokens), for the planner's first
+    split, before there are buckets."""
+    def covering(batch_size: int, query_len: int, ctx_blocks: int) -> Optional[Bucket]:
+        if batch_size > 1 and batch_size * query_len > limits.max_num_batched_tokens:
+            return None
+        return Bucket(batch_size, query_len, ctx_blocks)
+    return covering
+
+
+def trace_points(passes: list[TracePass], covering: Optional[Covering] = None,
+                 overhead: int = 0, block_size: int = 0) -> tuple[Counter, Counter]:
+    """(b, query) passes of plain prompts and (b, blocks) passes of decodes; prompt
+    sets are split against `covering` first (None: counted as one pass each)."""
+    prompt: Counter = Counter()
+    for p in passes:
+        if p.phase != "prompt":
+            continue
+        runs = [p] if covering is None else split_prompts(p, covering, block_size, overhead)
+        prompt.update((r.batch_size, r.query_len) for r in runs if r.num_blocks == 0)
     decode = Counter((p.batch_size, p.num_blocks) for p in passes if p.phase == "decode")
     return prompt, decode
 
@@ -278,6 +325,14 @@ class Evaluation:
     """The passes' own shapes (a prompt batch padded to its longest prompt)."""
     hits: dict[str, Counter]
     fallbacks: int
+    passes: dict[str, int] = field(default_factory=lambda: {"prompt": 0, "decode": 0})
+    overhead: int = 0
+    """The per-prompt-pass cost the split used."""
+
+    @property
+    def prompt_objective(self) -> int:
+        """What the split and the plan minimise: padded compute plus pass overheads."""
+        return self.padded["prompt"] + self.overhead * self.passes["prompt"]
 
     @property
     def waste(self) -> dict[str, float]:
@@ -292,25 +347,35 @@ class Evaluation:
 
 
 def evaluate(ctx: HPUBucketingContext, passes: list[TracePass],
-             row_weight: int = DECODE_ROW_WEIGHT) -> Evaluation:
-    """Replay the trace through the server's own bucket lookup (fallbacks included)."""
+             row_weight: int = DECODE_ROW_WEIGHT, grouping: Grouping = group_prompts,
+             overhead: Optional[int] = None) -> Evaluation:
+    """Replay the trace through the server's own prompt split and bucket lookup
+    (fallbacks included), in the server's order: a fallback bucket added for one
+    pass is there for the next split. `overhead` None: what the server resolves."""
     bsz = ctx.block_size
+    overhead = resolve_pass_overhead(ctx.plan) if overhead is None else overhead
     ev = Evaluation({"prompt": 0, "decode": 0}, {"prompt": 0, "decode": 0},
-                    {"prompt": 0, "decode": 0}, {"prompt": Counter(), "decode": Counter()}, 0)
+                    {"prompt": 0, "decode": 0}, {"prompt": Counter(), "decode": Counter()}, 0,
+                    overhead=overhead)
     before = len(ctx.fallback_buckets)
-    for p in passes:
-        if p.phase == "prompt":
-            b = ctx.find_prompt_bucket(p.batch_size, p.query_len, p.num_blocks)
-            ev.padded["prompt"] += prompt_cost(b.batch_size, b.query_len, b.num_blocks, bsz)
-            shape = prompt_cost(p.batch_size, p.query_len, p.num_blocks, bsz)
-            ev.unrounded["prompt"] += shape
-            ev.real["prompt"] += p.real_tokens or shape
+    for line in passes:
+        if line.phase == "prompt":
+            for p in split_prompts(line, ctx.covering_prompt_bucket, bsz, overhead, grouping):
+                b = ctx.find_prompt_bucket(p.batch_size, p.query_len, p.num_blocks)
+                ev.padded["prompt"] += prompt_cost(*b, bsz)
+                shape = prompt_cost(p.batch_size, p.query_len, p.num_blocks, bsz)
+                ev.unrounded["prompt"] += shape
+                ev.real["prompt"] += p.real_tokens or shape
+                ev.hits["prompt"][b] += 1
+                ev.passes["prompt"] += 1
         else:
-            b = ctx.find_decode_bucket(p.batch_size, p.num_blocks)
+            b = ctx.find_decode_bucket(line.batch_size, line.num_blocks)
             ev.padded["decode"] += decode_cost(b.batch_size, b.num_blocks, bsz, row_weight)
-            ev.real["decode"] += decode_cost(p.batch_size, p.num_blocks, bsz, row_weight)
-            ev.unrounded["decode"] += decode_cost(p.batch_size, p.num_blocks, bsz, row_weight)
-        ev.hits[p.phase][b] += 1
+            real = decode_cost(line.batch_size, line.num_blocks, bsz, row_weight)
+            ev.real["decode"] += real
+            ev.unrounded["decode"] += real
+            ev.hits["decode"][b] += 1
+            ev.passes["decode"] += 1
     ev.fallbacks = len(ctx.fallback_buckets) - before
     return ev
 
@@ -326,40 +391,60 @@ def default_context(limits: EngineLimits, strategy: str = "exp") -> HPUBucketing
 
 def make_plan(passes: list[TracePass], limits: EngineLimits, max_prompt_buckets: int,
               max_decode_buckets: int, row_weight: int = DECODE_ROW_WEIGHT,
-              cover_limits: bool = True, max_candidates: int = MAX_CANDIDATES) -> BucketPlan:
-    """The optimal plan for the trace (see the module doc), with its traffic weights.
+              cover_limits: bool = True, max_candidates: int = MAX_CANDIDATES,
+              overhead: Optional[int] = None, rounds: int = MAX_PLAN_ROUNDS) -> BucketPlan:
+    """The plan for the trace (see the module doc), with its traffic weights.
 
     `cover_limits` adds passes of weight 0 that the plan must cover, so that traffic
     unlike the trace still finds a warmed bucket (never a compile while serving): a
     lone prompt of the longest chunk, a full prompt batch within the token budget (a
     prompt batch no bucket covers is split by the runner), and the largest decode
-    batch the limits allow (a decode batch cannot be split).
+    batch the limits allow (a decode batch cannot be split). `overhead`: the cost of
+    a prompt pass (None: VLLM_PROMPT_PASS_OVERHEAD_TOKENS or the default).
     """
-    prompt_pts, decode_pts = trace_points(passes)
+    overhead = resolve_pass_overhead() if overhead is None else overhead
+    bsz = limits.block_size
+    _, decode_pts = trace_points(passes)
     if cover_limits:
-        longest = min(limits.max_num_batched_tokens, limits.max_model_len)
-        prompt_pts.setdefault((1, longest), 0)
-        full = limits.prefill_seqs
-        prompt_pts.setdefault((full, max(1, min(longest, limits.max_num_batched_tokens // full))),
-                              0)
         decode_pts.setdefault((limits.max_num_seqs, limits.max_num_seqs * -(
             -limits.max_model_len // limits.block_size)), 0)
-    if not prompt_pts or not decode_pts:
+    if not decode_pts:
         raise ValueError("the trace needs plain prompt passes and decode passes to plan both.")
-    bsz = limits.block_size
-    p = plan_phase(dict(prompt_pts), max_prompt_buckets, prompt_group_cost, max_candidates)
     d = plan_phase(dict(decode_pts), max_decode_buckets, decode_group_cost(bsz, row_weight),
                    max_candidates)
-    plan = BucketPlan(bsz, [Bucket(b, q, 0) for b, q in p.buckets],
-                      [Bucket(b, 1, n) for b, n in d.buckets], decode_row_weight=row_weight,
-                      optimality_bound=max(p.ratio_bound, d.ratio_bound))
-    ctx = plan_context(plan, limits)
-    ev = evaluate(ctx, passes, row_weight)
+    decode_buckets = [Bucket(b, 1, n) for b, n in d.buckets]
+    best: Optional[tuple[BucketPlan, Evaluation]] = None
+    covering = budget_covering(limits)
+    for _ in range(max(1, rounds)):
+        prompt_pts, _ = trace_points(passes, covering, overhead, bsz)
+        if cover_limits:
+            _add_limit_points(prompt_pts, limits)
+        if not prompt_pts:
+            raise ValueError("the trace needs plain prompt passes and decode passes to plan "
+                             "both.")
+        p = plan_phase(dict(prompt_pts), max_prompt_buckets, prompt_group_cost, max_candidates)
+        plan = BucketPlan(bsz, [Bucket(b, q, 0) for b, q in p.buckets], decode_buckets,
+                          decode_row_weight=row_weight, prompt_pass_overhead=overhead,
+                          optimality_bound=max(p.ratio_bound, d.ratio_bound))
+        ev = evaluate(plan_context(plan, limits), passes, row_weight, overhead=overhead)
+        if best is not None and ev.prompt_objective >= best[1].prompt_objective:
+            break
+        best = plan, ev
+        covering = plan_context(plan, limits).covering_prompt_bucket
+    assert best is not None
+    plan, ev = best
     plan.prompt_weights = [ev.hits["prompt"][b] for b in plan.prompt_buckets]
     plan.decode_weights = [ev.hits["decode"][b] for b in plan.decode_buckets]
     plan.predicted_waste = ev.waste
     plan.predicted_rounding_waste = ev.rounding_waste
     return plan
+
+
+def _add_limit_points(prompt_pts: Counter, limits: EngineLimits) -> None:
+    longest = min(limits.max_num_batched_tokens, limits.max_model_len)
+    prompt_pts.setdefault((1, longest), 0)
+    full = limits.prefill_seqs
+    prompt_pts.setdefault((full, max(1, min(longest, limits.max_num_batched_tokens // full))), 0)
 
 
 def plan_context(plan: BucketPlan, limits: EngineLimits) -> HPUBucketingContext:
@@ -431,17 +516,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         n_prompt, n_decode = min(n_prompt, cap), min(n_decode, cap)
     plan = make_plan(passes, limits, n_prompt, n_decode, args.decode_row_weight,
                      args.cover_limits, args.max_candidates)
-    print(f"trace: {sum(p.phase == 'prompt' for p in passes)} prompt passes, "
+    print(f"trace: {sum(p.phase == 'prompt' for p in passes)} prompt lines (a step's "
+          f"prompts, or a pass of a version-1 trace), "
           f"{sum(p.phase == 'decode' for p in passes)} decode passes")
     print(f"default exp buckets: {base_prompt} prompt, {base_decode} decode;"
           f" padding waste prompt {base_ev.waste['prompt']:.1%}, decode "
           f"{base_ev.waste['decode']:.1%} (bucket rounding alone: prompt "
-          f"{base_ev.rounding_waste['prompt']:.1%}; {base_ev.fallbacks} fallback buckets)")
+          f"{base_ev.rounding_waste['prompt']:.1%}; {base_ev.passes['prompt']} prompt passes;"
+          f" {base_ev.fallbacks} fallback buckets)")
+    plan_ev = evaluate(plan_context(plan, limits), passes, args.decode_row_weight)
     print(f"plan: {len(plan.prompt_buckets)} prompt, {len(plan.decode_buckets)} decode; "
           f"padding waste prompt {plan.predicted_waste['prompt']:.1%}, decode "
           f"{plan.predicted_waste['decode']:.1%} (bucket rounding alone: prompt "
-          f"{plan.predicted_rounding_waste['prompt']:.1%}; within x"
-          f"{plan.optimality_bound:.3f} of the optimum)")
+          f"{plan.predicted_rounding_waste['prompt']:.1%}; {plan_ev.passes['prompt']} prompt "
+          f"passes; buckets within x{plan.optimality_bound:.3f} of the optimum for their "
+          f"passes)")
+    print(f"prompt passes split at a cost of {plan.prompt_pass_overhead} token slots per pass "
+          "(VLLM_PROMPT_PASS_OVERHEAD_TOKENS)")
     if args.output:
         plan.save(args.output)
         print(f"wrote {args.output}; serve with VLLM_BUCKET_PLAN={args.output}")

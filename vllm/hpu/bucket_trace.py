@@ -1,10 +1,16 @@
 """Traffic traces for the bucket planner: the shapes of the passes a server ran.
 
-A trace is JSON lines: a header with the engine limits, then one line per bucketed
-pass, `{"phase": "prompt"|"decode", "batch_size", "query_len", "num_blocks",
-"real_tokens"}` with the shape the runner asked a bucket for (before padding) and,
-for prompts, the real token slots (query plus context of every sequence). The HPU
-runner writes one when `VLLM_BUCKET_TRACE=path` is set.
+A trace is JSON lines: a header with the engine limits, then one line per decode
+pass and per set of prompts, `{"phase": "prompt"|"decode", "batch_size", "query_len",
+"num_blocks", "real_tokens"}` with the shape the runner asked a bucket for (before
+padding) and, for prompts, the real token slots (query plus context of every
+sequence). The HPU runner writes one when `VLLM_BUCKET_TRACE=path` is set.
+
+Since version 2 a prompt line is the prompts of one step's dependency level before
+the runner splits them into passes (`prompt_grouping.py`), with every prompt's
+`query_lens` and `ctx_blocks`; the planner replays the split against the buckets it
+evaluates. A prompt line without them (version 1) is one pass as it ran and is
+replayed as it is.
 
 A ShareGPT-like JSON file (a list of `{"conversations": [{"from": "human", ...},
 {"from": "gpt", ...}]}`) is turned into a trace by `simulate`, a first-come
@@ -25,6 +31,7 @@ from typing import IO, Any, Optional
 logger = logging.getLogger(__name__)
 
 TRACE_FORMAT = "vllm-hpu-bucket-trace"
+TRACE_VERSION = 2
 CHARS_PER_TOKEN = 4
 """ShareGPT text without a tokenizer: the usual ~4 characters per token of English."""
 
@@ -50,6 +57,10 @@ class TracePass:
     num_blocks: int
     real_tokens: int = 0
     """Prompt: sum of query + context tokens of the sequences (decode: unused)."""
+    query_lens: tuple[int, ...] = ()
+    ctx_blocks: tuple[int, ...] = ()
+    """Prompt sets (version 2): each prompt's query length and context blocks; empty
+    for a pass recorded as it ran (version 1) and for decodes."""
 
     def __post_init__(self) -> None:
         if self.phase not in ("prompt", "decode"):
@@ -57,6 +68,28 @@ class TracePass:
                              f"{self.phase!r}.")
         if self.batch_size < 1 or self.query_len < 1 or self.num_blocks < 0:
             raise ValueError(f"invalid trace pass shape {asdict(self)}.")
+        object.__setattr__(self, "query_lens", tuple(int(q) for q in self.query_lens))
+        object.__setattr__(self, "ctx_blocks", tuple(int(c) for c in self.ctx_blocks))
+        if self.query_lens and (
+                self.phase != "prompt" or len(self.ctx_blocks) != len(self.query_lens)
+                or len(self.query_lens) != self.batch_size
+                or max(self.query_lens) != self.query_len or min(self.query_lens) < 1
+                or max(self.ctx_blocks) != self.num_blocks or min(self.ctx_blocks) < 0):
+            raise ValueError(f"trace prompt set {asdict(self)}: query_lens and ctx_blocks "
+                             "must be one per prompt, agreeing with batch_size, query_len "
+                             "and num_blocks.")
+
+    @classmethod
+    def prompt_set(cls, query_lens: list[int], ctx_blocks: list[int],
+                   block_size: int) -> "TracePass":
+        """The prompts of one step's dependency level, before they are split."""
+        return cls("prompt", len(query_lens), max(query_lens), max(ctx_blocks),
+                   sum(q + c * block_size for q, c in zip(query_lens, ctx_blocks)),
+                   tuple(query_lens), tuple(ctx_blocks))
+
+    @property
+    def is_prompt_set(self) -> bool:
+        return bool(self.query_lens)
 
 
 class TraceRecorder:
@@ -66,7 +99,7 @@ class TraceRecorder:
         self.path = path
         self._lock = threading.Lock()
         self._file: IO[str] = open(path, "w", encoding="utf-8")
-        self._file.write(json.dumps({"format": TRACE_FORMAT, "version": 1,
+        self._file.write(json.dumps({"format": TRACE_FORMAT, "version": TRACE_VERSION,
                                      **asdict(limits)}) + "\n")
         self._file.flush()
         logger.info("Recording the bucket trace to %s.", path)
@@ -74,7 +107,8 @@ class TraceRecorder:
     def record(self, p: TracePass) -> None:
         with self._lock:
             if not self._file.closed:
-                self._file.write(json.dumps(asdict(p)) + "\n")
+                line = {k: v for k, v in asdict(p).items() if v != ()}
+                self._file.write(json.dumps(line) + "\n")
                 self._file.flush()
 
     def close(self) -> None:
@@ -154,5 +188,5 @@ def simulate(requests: list[tuple[int, int]], limits: EngineLimits) -> list[Trac
             admitted.append(p)
             running.append([p, o - 1]) if o > 1 else None
         if admitted:
-            passes.append(TracePass("prompt", len(admitted), max(admitted), 0, sum(admitted)))
+            passes.append(TracePass.prompt_set(admitted, [0] * len(admitted), bs))
     return passes

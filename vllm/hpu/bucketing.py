@@ -297,6 +297,7 @@ class HPUBucketingContext:
         self.decode_buckets: list[Bucket] = []
         self.fallback_buckets: list[Bucket] = []
         self._lookup_cache: dict[tuple[bool, Bucket], Bucket] = {}
+        self._cover_cache: dict[Bucket, Optional[Bucket]] = {}
         self._warn_unused_decode_seq()
         self.prompt_bs_range, self.prompt_seq_range, self.prompt_ctx_range = \
             self._prompt_ranges()
@@ -389,7 +390,7 @@ class HPUBucketingContext:
                        for c_prev, c in _with_previous(ctx_values)
                        if self._prompt_fits(Bucket(b, q, c), q_prev, c_prev, query_cap)]
         self.prompt_buckets = sorted(buckets)
-        self._lookup_cache.clear()
+        self._clear_lookups()
         blocks = ctx_r.as_list() if self.use_prompt_context else [0, 0, 0]
         log_bucket_config("Prompt", bs_r.as_list(), "seq", seq_r.as_list(),
                           f", blocks:{blocks}")
@@ -446,7 +447,7 @@ class HPUBucketingContext:
         self.num_kv_blocks = num_kv_blocks
         self.decode_buckets = self.decode_grid(num_kv_blocks)
         self.decode_bs_range, self.decode_block_range = self._decode_ranges(num_kv_blocks)
-        self._lookup_cache.clear()
+        self._clear_lookups()
         log_bucket_config("Decode", self.decode_bs_range.as_list(), "block",
                           self.decode_block_range.as_list())
         log_generated_buckets("Decode", self.decode_buckets)
@@ -481,8 +482,16 @@ class HPUBucketingContext:
         an existing bucket covers it.
         """
         want = Bucket(batch_size, query_len, ctx_blocks)
-        candidates = _covering(self.prompt_buckets, want)
-        return min(candidates, key=lambda b: self._cost(True, b)) if candidates else None
+        if want not in self._cover_cache:  # the grouping asks O(n^2) of these per step
+            candidates = _covering(self.prompt_buckets, want)
+            self._cover_cache[want] = (min(candidates, key=lambda b: self._cost(True, b))
+                                       if candidates else None)
+        return self._cover_cache[want]
+
+    def _clear_lookups(self) -> None:
+        """Forget cached answers: the buckets changed."""
+        self._lookup_cache.clear()
+        self._cover_cache.clear()
 
     def find_decode_bucket(self, batch_size: int, num_blocks: int) -> Bucket:
         """Smallest decode bucket >= (batch_size, 1, num_blocks) in every dim."""
@@ -532,7 +541,7 @@ class HPUBucketingContext:
             self.decode_buckets = sorted(self.decode_buckets + [bucket])
             kind = "Decode"
         self.fallback_buckets.append(bucket)
-        self._lookup_cache.clear()  # the new bucket may beat earlier answers
+        self._clear_lookups()  # the new bucket may beat earlier answers
         logger.warning("%s bucket %s for batch %s was not warmed up; this step compiles a "
                        "new graph. Raise the VLLM_%s_*_BUCKET_MAX settings to cover it.",
                        kind, tuple(bucket), tuple(want), kind.upper())
@@ -547,7 +556,7 @@ class HPUBucketingContext:
                                                    bucket):
             return False
         buckets.remove(bucket)
-        self._lookup_cache.clear()
+        self._clear_lookups()
         return True
 
     @property

@@ -15,7 +15,7 @@ has exactly the input signature (shapes, dtypes, constants) serving will use.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -157,34 +157,6 @@ def decode_blocks_needed(seqs: list[DecodeSeq], block_size: int, contiguous_pa: 
     if contiguous_pa:
         return max(max(s.block_table[:-(-s.seq_len // block_size)]) for s in seqs) + 1
     return sum(-(-s.seq_len // block_size) for s in seqs)
-
-
-def group_prompts(seqs: list[PromptSeq],
-                  covering: Callable[[int, int, int], Optional[Bucket]]) -> list[list[PromptSeq]]:
-    """Split prompt sequences into batches that each fit a warmed bucket.
-
-    Sequences are taken longest context, then longest query, first; a batch grows
-    while `covering(batch_size, max_query, max_context_blocks)` finds a bucket.
-    A lone sequence always forms a batch (the runner falls back for it if needed).
-    This is what keeps a mixed workload inside the warmed buckets: the bucket
-    filter bounds bs * query by the token budget, but a step's prompts are only
-    bounded in their sum.
-    """
-    ordered = sorted(seqs, key=lambda s: (s.num_context_blocks, s.query_len), reverse=True)
-    groups: list[list[PromptSeq]] = []
-    current: list[PromptSeq] = []
-    max_query = max_ctx = 0
-    for seq in ordered:
-        query = max(max_query, seq.query_len)
-        ctx = max(max_ctx, seq.num_context_blocks)
-        if current and covering(len(current) + 1, query, ctx) is None:
-            groups.append(current)
-            current, query, ctx = [], seq.query_len, seq.num_context_blocks
-        current.append(seq)
-        max_query, max_ctx = query, ctx
-    if current:
-        groups.append(current)
-    return groups
 
 
 def dependency_levels(seqs: list[PromptSeq], block_size: int) -> list[list[PromptSeq]]:

@@ -57,7 +57,8 @@ from vllm.hpu.graph_memory import (GraphMemoryModel, GraphReservePlan, fit_model
                                   oom_is_recoverable, reduce_capture)
 from vllm.hpu.input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_decode_batch,
                                         build_prompt_batch, decode_blocks_needed,
-                                        dependency_levels, group_prompts, pad_slots)
+                                        dependency_levels, pad_slots)
+from vllm.hpu.prompt_grouping import group_prompts, resolve_pass_overhead
 from vllm.hpu.profiler import HPUProfiler
 from vllm.hpu.sampling import (fixed_shapes, logprobs_bucket, logprobs_buckets,
                                sampler_signature, warmup_metadata)
@@ -124,6 +125,8 @@ class HPUModelRunner(ModelRunnerBase):
             contiguous_pa=self.contiguous_pa)
         self.tracker = CompileTracker()
         self.accounting = BucketAccounting(self.bucketing, record_trace=self._is_driver())
+        self.prompt_pass_overhead = resolve_pass_overhead(self.bucketing.plan)
+        """Fixed cost of a prompt pass in token slots (prompt_grouping.py)."""
         self.sampler = Sampler(static_shapes=True)
         self.capture_on_first_use = False
         self.graph_refused: set[tuple[bool, Bucket]] = set()
@@ -825,7 +828,10 @@ class HPUModelRunner(ModelRunnerBase):
             batches.append(build_decode_batch(decodes, bucket, bs, self.pad_block_id,
                                               self.contiguous_pa, self.dtype, self.device))
         for level in dependency_levels(prompts, bs):
-            for group in group_prompts(level, self.bucketing.covering_prompt_bucket):
+            self.accounting.prompt_set([s.query_len for s in level],
+                                       [s.num_context_blocks for s in level])
+            for group in group_prompts(level, self.bucketing.covering_prompt_bucket, bs,
+                                       self.prompt_pass_overhead):
                 bucket = self.bucketing.find_prompt_bucket(
                     len(group), max(s.query_len for s in group),
                     max(s.num_context_blocks for s in group))

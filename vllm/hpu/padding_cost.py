@@ -14,7 +14,9 @@ planner's predicted waste and the server's measured waste are the same quantity.
   size, and the planner takes `--decode-row-weight` for another model. The real
   pass: its rows and the KV blocks it needs.
 
-Padding waste = 1 - real / padded, summed over passes.
+Padding waste = 1 - real / padded, summed over passes. The runner's split of a step's
+prompts into passes (`prompt_grouping.py`) weighs this padded compute against a fixed
+cost per pass; that cost is not padding and is not counted here.
 """
 from __future__ import annotations
 
