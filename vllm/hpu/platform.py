@@ -72,6 +72,7 @@ class HpuPlatform(Platform):
                 "calculate_kv_scales is not supported on HPU: the warmed graphs hold the KV "
                 "cache scales as constants, fixed before the first request. Use a checkpoint "
                 "with k_scale/v_scale, or measure scales with INC (--quantization inc).")
+        _whole_prompts_without_cache(vllm_config)
         if vllm_config.cache_config.block_size != 128:
             logger.info("block_size=%d on HPU; 128 uses Gaudi's matrix engine best.",
                         vllm_config.cache_config.block_size)
@@ -83,3 +84,24 @@ class HpuPlatform(Platform):
     def synchronize(self) -> None:
         from vllm.hpu import habana
         habana.synchronize()
+
+
+def _whole_prompts_without_cache(vllm_config: "VllmConfig") -> None:
+    """Chunk prompts only where the runner has buckets for the chunks.
+
+    A later chunk of a prompt attends to its earlier chunks as context blocks. The
+    runner builds prompt buckets with context only when prefix caching is on or the
+    token budget is shorter than max_model_len (where chunking is the only way a
+    long prompt runs). Otherwise every prompt fits one step whole, and chunking would
+    only cut prompts to fill a step's leftover budget: shapes with context that no
+    bucket covers, compiled while serving. There a prompt that does not fit what is
+    left of a step waits for the next one instead.
+    """
+    sc, mc = vllm_config.scheduler_config, vllm_config.model_config
+    if (sc.enable_chunked_prefill and not vllm_config.cache_config.enable_prefix_caching
+            and sc.max_num_batched_tokens >= mc.max_model_len):
+        sc.enable_chunked_prefill = False
+        logger.info("Chunked prefill off on HPU: every prompt fits one step "
+                    "(max_num_batched_tokens=%d >= max_model_len=%d) and without prefix "
+                    "caching no prompt bucket has context blocks.",
+                    sc.max_num_batched_tokens, mc.max_model_len)
