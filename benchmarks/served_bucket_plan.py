@@ -9,13 +9,16 @@ many buckets as the default (`python -m vllm.hpu.bucket_planner`), and phase 2 s
 the same workload with `VLLM_BUCKET_PLAN`. Each phase's row: the padding waste the
 server measured beside the planner's prediction (its replay of the trace through the
 runner's own split and bucket lookup), graph compilations after warmup, passes in
-fallback buckets and the warmup's seconds.
+fallback buckets and the warmup's seconds. The planned run records a trace too: its
+replay through the plan shows how much of a gap between prediction and measurement
+comes from the steps themselves (which prompts of a request had reached the engine
+when a step was scheduled) rather than from the model of the padding.
 
 The workload: `--num-requests` completions requests of `--prompts-per-request` prompts
 of `--min-words`..`--max-words` random words (seeded), one request after the other,
-greedy, `--max-tokens` tokens each. Both phases see the same prompts and, being greedy
-and sequential, the same scheduler steps, so measured and predicted waste can be
-compared directly.
+greedy, `--max-tokens` tokens each. Both phases see the same prompts; the server adds
+a request's prompts one by one, so a step may start before all of them arrived, and
+the two runs' steps can differ a little.
 """
 from __future__ import annotations
 
@@ -52,17 +55,19 @@ PHASES = ("prompt", "decode")
 
 @dataclass
 class PhaseResult:
-    """One table row: what `/metrics` said after the workload, and the prediction."""
+    """One table row: what `/metrics` said after the workload, the prediction, and
+    the planner's replay of this run's own trace with this run's buckets."""
     name: str
     measured_waste: dict[str, float]
     predicted_waste: dict[str, float]
+    replayed_waste: dict[str, float]
     compiles_after_warmup: float
     fallback_passes: float
     warmup_s: float
 
     def row(self) -> str:
-        waste = " | ".join(f"{self.measured_waste[p]:.2%} ({self.predicted_waste[p]:.2%})"
-                           for p in PHASES)
+        waste = " | ".join(f"{self.measured_waste[p]:.2%} ({self.predicted_waste[p]:.2%}; "
+                           f"{self.replayed_waste[p]:.2%})" for p in PHASES)
         return (f"| {self.name} | {waste} | {self.compiles_after_warmup:g} | "
                 f"{self.fallback_passes:g} | {self.warmup_s:.0f} s |")
 
@@ -101,12 +106,14 @@ def metric(samples: list[tuple[str, dict[str, str], float]], name: str,
     return sum(found)
 
 
-def phase_result(name: str, samples: list, predicted: dict[str, float]) -> PhaseResult:
+def phase_result(name: str, samples: list, predicted: dict[str, float],
+                 replayed: dict[str, float]) -> PhaseResult:
     return PhaseResult(
         name=name,
         measured_waste={p: metric(samples, "vllm:hpu_padding_waste_ratio", phase=p)
                         for p in PHASES},
         predicted_waste={p: float(predicted[p]) for p in PHASES},
+        replayed_waste={p: float(replayed[p]) for p in PHASES},
         compiles_after_warmup=metric(samples, "vllm:hpu_graph_compilations_total"),
         fallback_passes=metric(samples, "vllm:hpu_fallback_bucket_passes_total"),
         warmup_s=metric(samples, "vllm:hpu_warmup_seconds"))
@@ -144,12 +151,17 @@ def serve_phase(args: argparse.Namespace, env: dict[str, str], log_path: str,
         stop_server(proc)
 
 
-def default_prediction(trace: str) -> dict[str, float]:
-    """The planner's replay of the trace with today's default (exponential) buckets."""
-    from vllm.hpu.bucket_planner import default_context, evaluate
+def replay(trace: str, plan: Optional[str] = None) -> dict[str, float]:
+    """The planner's replay of a trace with the default (exponential) buckets, or with
+    a plan's."""
+    from vllm.hpu.bucket_planner import default_context, evaluate, load_plan, plan_context
     from vllm.hpu.bucket_trace import read_trace
     limits, passes = read_trace(trace)
-    return evaluate(default_context(limits), passes).waste
+    if plan is None:
+        return evaluate(default_context(limits), passes).waste
+    bucket_plan = load_plan(plan)
+    return evaluate(plan_context(bucket_plan, limits), passes,
+                    bucket_plan.decode_row_weight).waste
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -186,18 +198,22 @@ def main(argv: Optional[list[str]] = None) -> int:
                             args.max_words, args.seed)
     samples = serve_phase(args, _env(VLLM_BUCKET_TRACE=trace),
                           os.path.join(work, "default.log"), requests)
+    default_waste = replay(trace)
     rows = [phase_result("default exponential (planner's replay of the trace)", samples,
-                         default_prediction(trace))]
+                         default_waste, default_waste)]
     print(rows[0].row(), flush=True)
     subprocess.run([sys.executable, "-m", "vllm.hpu.bucket_planner", "--trace", trace,
                     "--output", plan], check=True)
     with open(plan) as f:
         predicted = json.load(f)["predicted_waste"]
-    samples = serve_phase(args, _env(VLLM_BUCKET_PLAN=plan),
+    plan_trace = os.path.join(work, "trace-plan.jsonl")
+    samples = serve_phase(args, _env(VLLM_BUCKET_PLAN=plan, VLLM_BUCKET_TRACE=plan_trace),
                           os.path.join(work, "plan.log"), requests)
-    rows.append(phase_result("plan (planner's prediction)", samples, predicted))
-    print("| run | prompt waste, measured (predicted) | decode waste, measured (predicted) "
-          "| compiles after warmup | fallback passes | warmup |")
+    rows.append(phase_result("plan (planner's prediction)", samples, predicted,
+                             replay(plan_trace, plan)))
+    print("| run | prompt waste, measured (predicted; replay of this run) | decode waste, "
+          "measured (predicted; replay of this run) | compiles after warmup | fallback "
+          "passes | warmup |")
     print("|---|---|---|---|---|---|")
     for row in rows:
         print(row.row())
