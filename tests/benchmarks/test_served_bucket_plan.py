@@ -1,4 +1,4 @@
-"""The pure parts of benchmarks/served_bucket_plan.py (no server): the seeded workload
+"""The pure parts of benchmarks/served_bucket_plan.py (no server): the seeded workload,
 reading a table row from the metrics text the server's own collectors write, and the
 planner's replay of a trace."""
 from __future__ import annotations
