@@ -53,25 +53,10 @@ def make_engine_core(vllm_config: Any, multiprocess: bool) -> Any:
 
 
 def core_mp_context() -> Any:
-    """spawn, unless the main module cannot be re-imported (a script read from stdin).
-
-    Not fork by default, unlike the TP workers: a process that already ran torch with
-    several OpenMP threads (a notebook, a test, a script that built its inputs with
-    torch) leaves a forked child's OpenMP runtime unusable, and the core's first
-    multi-threaded op would hang. A TP worker gets away with fork only because it runs
-    on its own share of the cores, often a single thread.
-    """
-    import multiprocessing
-
-    from vllm.executor.multiproc_utils import check_main_reimportable, get_mp_context
-    try:
-        check_main_reimportable()
-    except RuntimeError:
-        logger.warning("The main module was read from stdin: starting the engine core with "
-                       "fork, which hangs if this process already ran torch on several "
-                       "threads. Save the script to a file to avoid it.")
-        return get_mp_context()
-    return multiprocessing.get_context("spawn")
+    """The multiprocessing context the engine core starts with: fork where it is safe,
+    spawn otherwise (the rules: vllm/engine/core_launch.py)."""
+    from vllm.engine import core_launch
+    return core_launch.mp_context(core_launch.start_method())
 
 
 class EngineCoreDeadError(RuntimeError):
@@ -84,8 +69,6 @@ class MPEngineCoreClient:
     multiprocess = True
 
     def __init__(self, vllm_config: Any) -> None:
-        from vllm.executor.multiproc_utils import register_engine_side
-        from vllm.engine.core_proc import run_engine_core
         self.vllm_config = vllm_config
         self.loaded_loras: dict[int, Any] = {}
         """Adapters the core loaded (mirrors the core's table: add_request checks it)."""
@@ -100,23 +83,17 @@ class MPEngineCoreClient:
         self._encoder = MessageEncoder()
         self._decoder = MessageDecoder()
         self._dir = tempfile.mkdtemp(prefix="vllm-core-")
+        self._input_addr = f"ipc://{os.path.join(self._dir, 'input')}"
+        self._output_addr = f"ipc://{os.path.join(self._dir, 'output')}"
+        start = time.perf_counter()
+        # The process first, then this process's ZMQ context (whose I/O threads would
+        # make a fork unsafe); the core's connects wait for the binds.
+        self.proc, self._death_writer = self._start_process()
         self._ctx = zmq.Context()
-        self._input = self._bind(zmq.PUSH, "input")
-        self._output = self._bind(zmq.PULL, "output")
+        self._input = self._bind(zmq.PUSH, self._input_addr)
+        self._output = self._bind(zmq.PULL, self._output_addr)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
-        ctx = core_mp_context()
-        death_reader, self._death_writer = ctx.Pipe(duplex=False)
-        register_engine_side(self._death_writer)
-        # Not a daemon: the core starts worker processes of its own (TP/PP).
-        self.proc = ctx.Process(target=run_engine_core, name="EngineCore", daemon=False,
-                                kwargs=dict(vllm_config=vllm_config,
-                                            input_addr=self._input_addr,
-                                            output_addr=self._output_addr,
-                                            death_reader=death_reader))
-        start = time.perf_counter()
-        self.proc.start()
-        death_reader.close()
         # What a wait watches: the core's messages, its exit, and (`step()` only) wakeups.
         self._poller = zmq.Poller()
         self._poller.register(self._output, zmq.POLLIN)
@@ -135,11 +112,31 @@ class MPEngineCoreClient:
         logger.info("Engine core process started (pid %d) in %.2f s.", self.proc.pid,
                     time.perf_counter() - start)
 
-    def _bind(self, kind: int, name: str) -> Any:
+    def _start_process(self) -> tuple[Any, Any]:
+        """The core's process and this end of its death pipe: the one the server forked
+        early (sent its config now), else a new one (fork or spawn, core_launch.py)."""
+        from vllm.engine import core_launch
+        from vllm.engine.core_proc import run_engine_core
+        from vllm.executor.multiproc_utils import register_engine_side
+        kwargs = dict(vllm_config=self.vllm_config, input_addr=self._input_addr,
+                      output_addr=self._output_addr)
+        early = core_launch.take()
+        if early is not None:
+            early.conn.send(kwargs)
+            return early.proc, early.conn
+        ctx = core_mp_context()
+        death_reader, death_writer = ctx.Pipe(duplex=False)
+        register_engine_side(death_writer)
+        # Not a daemon: the core starts worker processes of its own (TP/PP).
+        proc = ctx.Process(target=run_engine_core, name="EngineCore", daemon=False,
+                           kwargs=dict(kwargs, death_reader=death_reader))
+        proc.start()
+        death_reader.close()
+        return proc, death_writer
+
+    def _bind(self, kind: int, addr: str) -> Any:
         sock = self._ctx.socket(kind)
-        addr = f"ipc://{os.path.join(self._dir, name)}"
         sock.bind(addr)
-        setattr(self, f"_{name}_addr", addr)
         return sock
 
     def _wait_ready(self) -> None:

@@ -39,6 +39,7 @@ def run_engine_core(vllm_config: Any, input_addr: str, output_addr: str,
     """Entry point of the engine-core process."""
     from vllm.executor.multiproc_utils import exit_when_parent_dies, prefix_log_lines
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the frontend decides
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # forked: not the server's handler
     exit_when_parent_dies(death_reader)
     prefix_log_lines(None, kind="EngineCore")
     ctx = zmq.Context()

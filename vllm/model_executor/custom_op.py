@@ -5,7 +5,7 @@ name (`@CustomOp.register("rms_norm")`) and writes `forward_native`: plain torch
 reference and the path of every platform without a kernel of its own. The layers
 carry no platform code. Each platform binds its kernels to ops from its own package
 with `@CustomOp.register_forward(name, device)`: the CPU's native kernels in
-`vllm/native/ops.py` (bound when the CPU platform is built), Gaudi's in
+`vllm/native/ops.py` (bound when the first layer is built), Gaudi's in
 `vllm/hpu/ops.py` (bound by the HPU plugin's `register_ops` and by the HPU platform).
 So a CPU process never imports Gaudi code, and a platform's kernels live beside the
 rest of that platform.
@@ -79,6 +79,7 @@ class CustomOp(nn.Module):
         else the platform's registered kernel, else `forward_oot` on out-of-tree
         platforms, else `forward_native`."""
         from vllm.platforms import current_platform
+        current_platform.bind_custom_ops()
         entry = CustomOp.registry.get(self.name)
         if entry is not None and entry.oot is not None and isinstance(self, entry.oot):
             return self.forward_oot

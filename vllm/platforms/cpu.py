@@ -35,16 +35,23 @@ class CpuPlatform(Platform):
     dist_backend = "gloo"
 
     def __init__(self) -> None:
-        # The native kernels of the custom ops (vllm/native/ops.py), bound before any
-        # layer is built: a layer picks its forward once, at construction.
-        from vllm.native.ops import register_cpu_ops
-        register_cpu_ops()
+        self._ops_bound = False
         # A first start compiles the kernels while it converts and loads the model.
         from vllm.native.loader import prebuild_once
         prebuild_once()
         self.supported_dtypes = ((torch.bfloat16, torch.float32, torch.float16)
                                  if cpu_supports_bf16() else
                                  (torch.float32, torch.bfloat16, torch.float16))
+
+    def bind_custom_ops(self) -> None:
+        """The native kernels of the custom ops (vllm/native/ops.py), bound when the first
+        layer is built (a layer picks its forward once, at construction). Not at
+        construction of the platform: importing them imports torch._dynamo (custom-op
+        registration), most of a second that a server's frontend does not need."""
+        if not self._ops_bound:
+            from vllm.native.ops import register_cpu_ops
+            register_cpu_ops()
+            self._ops_bound = True
 
     def resolve_auto_dtype(self, config_dtype: torch.dtype) -> torch.dtype:
         if config_dtype == torch.float16:

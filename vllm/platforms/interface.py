@@ -39,6 +39,12 @@ class Platform:
     def default_block_size(self) -> int:
         return 16
 
+    def bind_custom_ops(self) -> None:
+        """Bind this platform's kernels to the custom ops (idempotent). Called when a
+        layer is built (CustomOp.dispatch_forward), so a process that only reads the
+        platform (a server's frontend) does not import the kernels' modules."""
+        return None
+
     def get_worker_cls(self) -> str:
         """Qualified name of the Worker class the executor instantiates."""
         raise NotImplementedError

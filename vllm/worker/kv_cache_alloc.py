@@ -1,18 +1,29 @@
-"""KV cache memory: zero-filled, committed at start-up, with a clear error when it cannot be.
+"""KV cache memory: zero-filled, committed right after start-up, with a clear error when it
+cannot be had.
 
-On CPU the cache is anonymous mmap memory. Left to the OS, its pages would be committed on
-first write, so a server's RSS would creep from its start-up size to its full size over
-hours of load and a container limit would be hit long after start, mid-traffic. Instead
-every page is populated at allocation (MADV_POPULATE_WRITE, split over a few threads:
-the kernel zeroes pages in parallel and the GIL is released; MAP_POPULATE-like cost, about
-a second per GiB on one slow core), after checking that the memory is there at all (the
-machine's available memory and the cgroup limit), so a cache that cannot be had fails at
+On CPU the cache is anonymous mmap memory: zero pages by the OS's guarantee, so no
+memset is needed for its contents. Left to the OS, its pages would be committed on first
+write, so a server's RSS would creep from its start-up size to its full size over hours
+of load and a container limit would be hit long after start, mid-traffic (vLLM's CPU
+backend commits its `torch.zeros` cache at start). So every page is populated
+(MADV_POPULATE_WRITE, which faults pages in without changing their contents: about a
+second per GiB on one slow core), after checking that the memory is there at all (the
+machine's available memory and the cgroup limit): a cache that cannot be had fails at
 start with a message saying how to shrink it.
+
+Where the kernel has MADV_POPULATE_WRITE, the population runs on a background thread
+(`commit_in_background`): the engine starts serving while the pages are committed, and
+the RSS reaches its full size a second or two later (one core; the other serves). The
+contents are the same either way (zeros, or what the model already wrote: populating
+never writes). A failure there (the memory was taken meanwhile) is logged with the same
+advice. Without it, the fallback writes one byte per page and must not race the model's
+writes, so it runs before the cache is handed out, as before.
 """
 from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import math
 import mmap
@@ -50,10 +61,59 @@ def zeroed_tensors(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     check_memory_available(total)
     buf = mmap.mmap(-1, total)
     flat = torch.frombuffer(buf, dtype=dtype, count=numel * count)
-    populate(flat.data_ptr(), total)
-    logger.info("KV cache: %.2f GiB committed (%d tensors of %s, %s).", total / _GiB, count,
+    how = "committed"
+    if not commit_in_background(flat, total):
+        populate(flat.data_ptr(), total)
+    else:
+        how = "being committed in the background"
+    logger.info("KV cache: %.2f GiB %s (%d tensors of %s, %s).", total / _GiB, how, count,
                 tuple(shape), str(dtype).replace("torch.", ""))
     return [flat[i * numel:(i + 1) * numel].view(shape) for i in range(count)]
+
+
+_committing: list[threading.Thread] = []
+"""Background commits still running (`wait_committed`)."""
+
+
+def commit_in_background(flat: torch.Tensor, nbytes: int) -> bool:
+    """Populate `flat`'s pages on a daemon thread (it holds `flat`, so the mapping
+    outlives it); False when this kernel cannot (the caller commits them now)."""
+    libc = _libc()
+    if libc is None or not _populate_supported():
+        return False
+
+    def work() -> None:
+        try:
+            populate(flat.data_ptr(), nbytes, threads=1)
+        except MemoryError as exc:
+            logger.error("%s The engine runs, but may be killed for memory under load.", exc)
+
+    thread = threading.Thread(target=work, name="vllm-kv-commit", daemon=True)
+    _committing[:] = [t for t in _committing if t.is_alive()] + [thread]
+    thread.start()
+    return True
+
+
+def wait_committed(timeout: Optional[float] = None) -> bool:
+    """Wait for the background commits of this process; True when none is left."""
+    for thread in list(_committing):
+        thread.join(timeout)
+    return not any(t.is_alive() for t in _committing)
+
+
+@functools.lru_cache(maxsize=None)
+def _populate_supported() -> bool:
+    """MADV_POPULATE_WRITE works here (Linux >= 5.14): tried on one fresh page."""
+    libc = _libc()
+    if libc is None:
+        return False
+    page = mmap.mmap(-1, mmap.PAGESIZE)
+    view = ctypes.c_char.from_buffer(page)
+    try:
+        return libc.madvise(ctypes.addressof(view), mmap.PAGESIZE, _MADV_POPULATE_WRITE) == 0
+    finally:
+        del view  # releases the buffer, so the mapping can close
+        page.close()
 
 
 def available_memory_bytes() -> int:
@@ -90,13 +150,16 @@ def check_memory_available(nbytes: int) -> None:
                           f"memory, container limit). {_SHRINK_HINT}")
 
 
-def populate(address: int, nbytes: int) -> None:
-    """Commit the pages of [address, address + nbytes) (page aligned start) now."""
+def populate(address: int, nbytes: int, threads: Optional[int] = None) -> None:
+    """Commit the pages of [address, address + nbytes) (page aligned start) now, on
+    `threads` threads (None: up to one per core)."""
     libc = _libc()
     if libc is None:
         _touch_pages(address, nbytes)
         return
-    threads = max(1, min(_MAX_POPULATE_THREADS, _num_cores(), nbytes // _POPULATE_CHUNK_MIN))
+    if threads is None:
+        threads = min(_MAX_POPULATE_THREADS, _num_cores())
+    threads = max(1, min(threads, nbytes // _POPULATE_CHUNK_MIN))
     page = mmap.PAGESIZE
     chunk = -(-nbytes // threads // page) * page
     errors: list[int] = []

@@ -517,6 +517,16 @@ def _log_startup(engine: EngineClient) -> None:
                 device or current_platform.device_type, current_platform.device_name)
 
 
+def _prestart_engine_core() -> None:
+    """Fork the engine-core process now, while this process has one thread and nothing
+    bound (not even the listening socket): its imports overlap the config's (see
+    vllm/engine/core_launch.py); it waits for the config the engine sends it."""
+    from vllm.engine import core_launch
+    from vllm.engine.core_client import use_multiprocessing
+    if use_multiprocessing(default=True):
+        core_launch.prestart()
+
+
 def run_server(args: argparse.Namespace) -> None:
     """Load the engine, then serve until SIGINT/SIGTERM (exit status 1 if the engine died)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -524,6 +534,7 @@ def run_server(args: argparse.Namespace) -> None:
     args._process_start = _process_start_time()
     validate_parsed_serve_args(args)
     logger.info("vLLM API server version %s", __version__)
+    _prestart_engine_core()
     sock = create_server_socket(args.host, args.port)
     # Until uvicorn installs its own handlers, SIGTERM unwinds model loading cleanly.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
