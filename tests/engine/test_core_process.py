@@ -177,7 +177,9 @@ def test_fake_hpu_core_out_of_process_with_preemption(tiny, monkeypatch):
 
 def test_unguarded_script_gets_a_clear_error(tiny, tmp_path):
     """A script file without the `if __name__ == "__main__":` guard: spawn re-imports it
-    in the core process, which fails; the frontend says why instead of hanging."""
+    in the core process, which fails; the frontend says why instead of hanging. (Spawn
+    asked for: a script that ran no torch op gets a forked core, which re-imports
+    nothing; see vllm/engine/core_launch.py.)"""
     script = tmp_path / "unguarded.py"
     script.write_text(textwrap.dedent(f"""
         import os
@@ -186,7 +188,8 @@ def test_unguarded_script_gets_a_clear_error(tiny, tmp_path):
         LLM(model={tiny!r}, dtype="float32", max_model_len=256)
     """))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               VLLM_WORKER_MULTIPROC_METHOD="spawn")
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          timeout=240, env=env)
     assert out.returncode != 0

@@ -1,4 +1,5 @@
-"""The CPU KV cache is committed when it is allocated, or refused with a clear error."""
+"""The CPU KV cache is zero, committed right after it is allocated (in the background,
+never changing what was written meanwhile), or refused with a clear error."""
 from __future__ import annotations
 
 import psutil
@@ -11,11 +12,12 @@ from vllm.worker.kv_cache_alloc import zeroed_tensors
 MiB = 1 << 20
 
 
-def test_memory_is_committed_at_allocation_and_zeroed():
+def test_memory_is_committed_after_allocation_and_zeroed():
     rss = psutil.Process().memory_info().rss
     shape = (2, 4, 1024, 64)  # 2 MiB per float32 tensor
     count = 64  # 128 MiB in all
     caches = zeroed_tensors(shape, torch.float32, torch.device("cpu"), count)
+    assert kv_cache_alloc.wait_committed(timeout=120)
     grown = psutil.Process().memory_info().rss - rss
     assert grown >= 0.95 * count * 2 * MiB, grown / MiB  # lazily mapped memory would be ~0
     assert len(caches) == count and all(c.shape == shape for c in caches)
@@ -37,3 +39,17 @@ def test_touch_fallback_commits_pages(monkeypatch):
     caches = zeroed_tensors((1024, 1024), torch.float32, torch.device("cpu"), 16)
     assert psutil.Process().memory_info().rss - rss >= 0.95 * 64 * MiB
     assert not caches[3].any()
+
+
+def test_background_commit_keeps_what_was_written_meanwhile():
+    """The engine may write the cache while its pages are being committed: populating
+    faults pages in and never writes to them."""
+    if not kv_cache_alloc._populate_supported():
+        pytest.skip("no MADV_POPULATE_WRITE: the cache is committed before it is returned")
+    caches = zeroed_tensors((1024, 1024), torch.float32, torch.device("cpu"), 64)
+    for i in (0, 31, 63):
+        caches[i][::7] = float(i + 1)
+    assert kv_cache_alloc.wait_committed(timeout=120)
+    for i in (0, 31, 63):
+        assert (caches[i][::7] == i + 1).all() and not caches[i][1::7].any()
+    assert not caches[5].any()
