@@ -159,6 +159,10 @@ def prestart() -> bool:
                        daemon=False)
     proc.start()
     reader.close()
+    # The core builds the native kernels a first start needs (it pre-imports them now);
+    # this process runs none, so it does not compile them a second time.
+    from vllm.native.loader import skip_prebuild
+    skip_prebuild()
     _prestarted = PrestartedCore(proc, writer)
     weakref.finalize(proc, _abandon, proc, writer)
     logger.debug("Engine core process forked early (pid %d).", proc.pid)

@@ -169,7 +169,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-_prebuild: dict[str, threading.Thread] = {}
+_prebuild: dict[str, Optional[threading.Thread]] = {}
 
 
 def prebuild_once() -> Optional[threading.Thread]:
@@ -181,6 +181,13 @@ def prebuild_once() -> Optional[threading.Thread]:
             return None
         _prebuild["thread"] = thread
     return _prebuild["thread"]
+
+
+def skip_prebuild() -> None:
+    """Never prebuild in this process: it runs no kernel (a server's frontend whose engine
+    core, forked from it, builds them). A forked child prebuilds again (the at-fork
+    reset above)."""
+    _prebuild.setdefault("thread", None)
 
 
 def wait_for_prebuild() -> None:
