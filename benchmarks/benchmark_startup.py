@@ -6,8 +6,9 @@
 
 Each run starts the README's first command (`python -m vllm.entrypoints.openai.api_server`,
 the embedded default model; extra server flags after `--`), polls `/health` every 50 ms,
-records the seconds from launch to the first 200 (and, with `--first-request`, the
-seconds of one short completion after that), then stops the server with SIGTERM.
+records the seconds from launch to the first 200 and the CPU seconds the server's
+process tree used until then (and, with `--first-request`, the seconds of one short
+completion after that), then stops the server with SIGTERM.
 `--checkout DIR` (repeatable) runs the same command against another source tree (its
 root on PYTHONPATH); the checkouts take turns run by run, so a shared machine's load
 falls on all of them alike, and the summary gives each one's median. `--first-start`
@@ -40,6 +41,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Optional
 
+import psutil
+
 from benchmarks.compare_vllm_cpu import cpu_model_name, load_average
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,6 +55,9 @@ class StartTime:
     checkout: str
     ready_s: float
     """Launch to the first /health 200."""
+    cpu_s: float
+    """CPU seconds (user + system) the server and its child processes had used by then:
+    less sensitive to a shared machine's load than the wall time."""
     request_s: Optional[float]
     """One short completion right after (with --first-request)."""
     load: str
@@ -125,11 +131,30 @@ def time_one_start(checkout: str, args: argparse.Namespace) -> StartTime:
                                 cwd=checkout, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             ready_s = _wait_healthy(proc, port, start, args.timeout, log)
+            cpu_s = tree_cpu_seconds(proc.pid)
             request_s = _time_request(port) if args.first_request else None
         finally:
             _stop(proc)
             log.close()
-    return StartTime(checkout, ready_s, request_s, load)
+    return StartTime(checkout, ready_s, cpu_s, request_s, load)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and its descendants (finished children
+    that were waited for included)."""
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def _wait_healthy(proc: subprocess.Popen, port: int, start: float, timeout: float,
@@ -178,7 +203,8 @@ def summarize(results: list[StartTime], checkouts: list[str]) -> list[str]:
             continue
         ready = [r.ready_s for r in mine]
         line = (f"{checkout}: ready median {statistics.median(ready):.2f} s "
-                f"(min {min(ready):.2f}, max {max(ready):.2f}, {len(ready)} runs)")
+                f"(min {min(ready):.2f}, max {max(ready):.2f}, {len(ready)} runs), CPU "
+                f"median {statistics.median(r.cpu_s for r in mine):.2f} s")
         requests = [r.request_s for r in mine if r.request_s is not None]
         if requests:
             line += f", first completion median {statistics.median(requests):.2f} s"
@@ -197,7 +223,8 @@ def main(argv: Optional[list[str]] = None) -> list[StartTime]:
             results.append(result)
             extra = (f", first completion {result.request_s:.2f} s"
                      if result.request_s is not None else "")
-            print(f"run {run + 1} {checkout}: ready in {result.ready_s:.2f} s{extra} "
+            print(f"run {run + 1} {checkout}: ready in {result.ready_s:.2f} s "
+                  f"({result.cpu_s:.2f} CPU s){extra} "
                   f"(load before {result.load})", flush=True)
     for line in summarize(results, args.checkout):
         print(line)

@@ -1,7 +1,8 @@
 """How the engine-core process starts (vllm/engine/core_launch.py): fork or spawn as
 VLLM_WORKER_MULTIPROC_METHOD says, else fork only without threads a fork would break;
-a core forked early gets the frontend's config later, serves, and never outlives its
-frontend (killed, or stopped before it built its engine); the server forks its core."""
+a core forked early gets the frontend's config (and environment) later, serves, and
+never outlives its frontend (killed, or stopped before it built its engine); the server
+forks its core."""
 from __future__ import annotations
 
 import os
@@ -109,13 +110,15 @@ def test_early_core_gets_the_config_serves_and_dies_with_its_frontend(tiny_model
         from vllm.engine import core_launch
         assert core_launch.prestart()
         early = core_launch._prestarted.proc.pid
+        os.environ["VLLM_TEST_SET_AFTER_FORK"] = "late"  # as a platform's config may
         from vllm import LLM, SamplingParams
         llm = LLM(model={tiny!r}, dtype="float32", max_model_len=200,
                   kv_cache_memory_bytes=16 << 20)
         core = llm.llm_engine.engine_core
         print("PIDS", early, core.proc.pid, flush=True)
         seen = llm.collective_rpc(lambda w: (w.vllm_config.model_config.max_model_len,
-                                             w.vllm_config.cache_config.num_gpu_blocks))
+                                             w.vllm_config.cache_config.num_gpu_blocks,
+                                             os.environ.get("VLLM_TEST_SET_AFTER_FORK")))
         print("CONFIG", *seen[0], llm.llm_engine.vllm_config.cache_config.num_gpu_blocks,
               flush=True)
         out = llm.generate(["Hello there"], SamplingParams(max_tokens=5, temperature=0,
@@ -126,8 +129,9 @@ def test_early_core_gets_the_config_serves_and_dies_with_its_frontend(tiny_model
     try:
         early, core_pid = map(int, _read(proc, "PIDS"))
         assert early == core_pid  # the engine took the early core
-        max_len, core_blocks, frontend_blocks = map(int, _read(proc, "CONFIG"))
-        assert max_len == 200 and core_blocks == frontend_blocks > 0
+        max_len, core_blocks, late_var, frontend_blocks = _read(proc, "CONFIG")
+        assert int(max_len) == 200 and int(core_blocks) == int(frontend_blocks) > 0
+        assert late_var == "late"  # the frontend's environment as of the launch
         assert _read(proc, "TOKENS") == ["5"]
         core = psutil.Process(core_pid)
         proc.kill()

@@ -122,7 +122,7 @@ class MPEngineCoreClient:
                       output_addr=self._output_addr)
         early = core_launch.take()
         if early is not None:
-            early.conn.send(kwargs)
+            core_launch.launch(early, **kwargs)
             return early.proc, early.conn
         ctx = core_mp_context()
         death_reader, death_writer = ctx.Pipe(duplex=False)

@@ -194,12 +194,29 @@ def _wait_for_config(conn: Connection) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _preimport()
     try:
-        kwargs = conn.recv()
+        environ, kwargs = conn.recv()
     except (EOFError, OSError):
         os._exit(0)  # the server stopped before it built its engine
+    adopt_environment(environ)
     preimport(kwargs["vllm_config"])
     from vllm.engine.core_proc import run_engine_core
     run_engine_core(death_reader=conn, **kwargs)
+
+
+def launch(early: PrestartedCore, **kwargs: Any) -> None:
+    """Send the early core what a spawned one gets: `run_engine_core`'s arguments, and
+    this process's environment as it is now (building the config may have set
+    variables the core's runtime reads, e.g. the HPU's lazy collectives)."""
+    early.conn.send((dict(os.environ), kwargs))
+
+
+def adopt_environment(environ: dict[str, str]) -> None:
+    """Make os.environ equal to `environ` (the frontend's at launch)."""
+    for name in set(os.environ) - set(environ):
+        del os.environ[name]
+    for name, value in environ.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 def _preimport() -> None:
