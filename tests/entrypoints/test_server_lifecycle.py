@@ -160,7 +160,8 @@ def test_killed_engine_core_process_makes_health_503_then_exits(tiny_model_facto
 
 
 def test_kv_cache_is_committed_at_startup(tiny_model_factory):
-    """RSS grows under a load that fills the KV cache by well under the cache's size
+    """Committed right after start-up (in the background: its log line is awaited), RSS
+    then grows under a load that fills the KV cache by well under the cache's size
     (lazily committed memory made RSS creep up by its full size only under load). Some
     growth is the load's own activations (16 prompts of 496 tokens in 8k-token steps:
     ~100 MiB of float32 temporaries the allocator may keep), so the bound is half the
@@ -175,7 +176,11 @@ def test_kv_cache_is_committed_at_startup(tiny_model_factory):
                         "--no-enable-prefix-caching", "--disable-log-requests",
                         "--disable-uvicorn-access-log"])
     try:
-        time.sleep(1.0)
+        # Committed right after start-up, by a background thread (kv_cache_alloc.py).
+        deadline = time.monotonic() + 120
+        while "GiB committed" not in srv.tail(400) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
         process = psutil.Process(srv.proc.pid)
 
         def tree_rss() -> int:

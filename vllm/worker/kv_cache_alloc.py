@@ -30,6 +30,7 @@ import math
 import mmap
 import os
 import threading
+import time
 from typing import Optional
 
 import torch
@@ -90,6 +91,7 @@ def commit_in_background(flat: torch.Tensor, nbytes: int) -> bool:
         # One short slice per call: the kernel holds the address space's lock during a
         # call, and a step that maps memory meanwhile (a large allocation) waits for it.
         _lower_priority()
+        started = time.perf_counter()
         for start in range(0, nbytes, _BACKGROUND_SLICE):
             length = min(_BACKGROUND_SLICE, nbytes - start)
             if libc.madvise(address + start, length, _MADV_POPULATE_WRITE) != 0:
@@ -98,6 +100,8 @@ def commit_in_background(flat: torch.Tensor, nbytes: int) -> bool:
                              "but may be killed for memory under load. %s", nbytes / _GiB,
                              os.strerror(code), _SHRINK_HINT)
                 return
+        logger.info("KV cache: %.2f GiB committed (in the background, %.2f s).",
+                    nbytes / _GiB, time.perf_counter() - started)
 
     thread = threading.Thread(target=work, name="vllm-kv-commit", daemon=True)
     _committing[:] = [t for t in _committing if t.is_alive()] + [thread]
