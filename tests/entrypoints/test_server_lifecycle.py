@@ -137,8 +137,10 @@ def test_killed_engine_core_process_makes_health_503_then_exits(tiny_model_facto
                        env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
     try:
         server = psutil.Process(srv.proc.pid)
-        cores = [p for p in server.children(recursive=True)
-                 if "spawn_main" in " ".join(p.cmdline())]
+        # The core is forked (vllm/engine/core_launch.py): the server's direct child
+        # that is not multiprocessing's resource tracker.
+        cores = [p for p in server.children()
+                 if "resource_tracker" not in " ".join(p.cmdline())]
         assert len(cores) == 1, [p.cmdline() for p in server.children(recursive=True)]
         (thread, events), = start_streams(srv.url, [1000])
         cores[0].kill()

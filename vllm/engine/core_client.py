@@ -44,10 +44,11 @@ def use_multiprocessing(default: bool) -> bool:
     return default if value is None else value
 
 
-def make_engine_core(vllm_config: Any, multiprocess: bool) -> Any:
-    """The engine core for LLMEngine: an EngineCore here, or a client of one elsewhere."""
+def make_engine_core(vllm_config: Any, multiprocess: bool, wait_ready: bool = True) -> Any:
+    """The engine core for LLMEngine: an EngineCore here, or a client of one elsewhere
+    (`wait_ready=False`: started, not waited for; call its `wait_ready()`)."""
     if multiprocess:
-        return MPEngineCoreClient(vllm_config)
+        return MPEngineCoreClient(vllm_config, wait_ready=wait_ready)
     from vllm.engine.core import EngineCore
     return EngineCore(vllm_config)
 
@@ -68,7 +69,7 @@ class MPEngineCoreClient:
 
     multiprocess = True
 
-    def __init__(self, vllm_config: Any) -> None:
+    def __init__(self, vllm_config: Any, wait_ready: bool = True) -> None:
         self.vllm_config = vllm_config
         self.loaded_loras: dict[int, Any] = {}
         """Adapters the core loaded (mirrors the core's table: add_request checks it)."""
@@ -104,13 +105,25 @@ class MPEngineCoreClient:
         self._finalizer = weakref.finalize(self, _close, self.proc, self._input, self._output,
                                            self._ctx, self._death_writer, self._dir,
                                            self._wake_r, self._wake_w)
+        self._started_at = start
+        self._ready = False
+        if wait_ready:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Wait until the core is initialized (its KV cache sized); raise its start-up
+        error, after stopping it. The frontend may do its own set-up first (load the
+        tokenizer) while the core initializes."""
+        if self._ready:
+            return
         try:
             self._wait_ready()
         except BaseException:
             self.shutdown()
             raise
+        self._ready = True
         logger.info("Engine core process started (pid %d) in %.2f s.", self.proc.pid,
-                    time.perf_counter() - start)
+                    time.perf_counter() - self._started_at)
 
     def _start_process(self) -> tuple[Any, Any]:
         """The core's process and this end of its death pipe: the one the server forked

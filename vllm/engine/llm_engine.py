@@ -42,10 +42,23 @@ class LLMEngine:
                     vllm_config.device_config.device, vllm_config.cache_config.block_size,
                     vllm_config.cache_config.enable_prefix_caching,
                     vllm_config.scheduler_config.enable_chunked_prefill)
-        self.tokenizer = get_tokenizer(mc.tokenizer_path, tokenizer_mode=mc.tokenizer_mode)
-        self.processor = Processor(mc, self.tokenizer, vllm_config.structured_outputs_config)
-        self.output_processor = OutputProcessor(self.tokenizer)
-        self.engine_core = make_engine_core(vllm_config, multiprocess)
+        # A core process is started first: it initializes while the tokenizer loads here.
+        core = make_engine_core(vllm_config, multiprocess=True, wait_ready=False) \
+            if multiprocess else None
+        try:
+            self.tokenizer = get_tokenizer(mc.tokenizer_path, tokenizer_mode=mc.tokenizer_mode)
+            self.processor = Processor(mc, self.tokenizer,
+                                       vllm_config.structured_outputs_config)
+            self.output_processor = OutputProcessor(self.tokenizer)
+            if core is None:
+                core = make_engine_core(vllm_config, multiprocess=False)
+            else:
+                core.wait_ready()
+        except BaseException:
+            if core is not None:
+                core.shutdown()
+            raise
+        self.engine_core = core
         """The EngineCore itself, or a client of one in its own process (core_client.py)."""
 
     @classmethod
