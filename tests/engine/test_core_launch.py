@@ -141,14 +141,20 @@ def test_early_core_gets_the_config_serves_and_dies_with_its_frontend(tiny_model
         proc.kill()
 
 
-def test_early_core_exits_when_its_frontend_stops_before_the_engine():
+def test_early_core_exits_when_released_or_its_frontend_stops_before_the_engine():
     proc = _script("""
         from vllm.engine import core_launch
+        assert core_launch.prestart()
+        untaken = core_launch._prestarted.proc
+        core_launch.release()  # the engine did not take it (data parallel, say)
+        untaken.join(15)
+        print("RELEASED", untaken.exitcode, flush=True)
         assert core_launch.prestart()
         print("EARLY", core_launch._prestarted.proc.pid, flush=True)
         raise SystemExit(2)  # e.g. the port is taken
     """)
     try:
+        assert _read(proc, "RELEASED") == ["0"]
         early = psutil.Process(int(_read(proc, "EARLY")[0]))
         assert proc.wait(60) == 2
         early.wait(15)
@@ -176,3 +182,26 @@ def test_server_forks_its_core_which_dies_with_it(tiny_model_factory):
         cores[0].wait(15)  # psutil.TimeoutExpired: an orphan
     finally:
         srv.stop()
+
+
+def test_frontend_setup_failure_stops_the_started_core(tiny_model_factory, monkeypatch,
+                                                       tmp_path):
+    """The core process starts before the frontend loads its tokenizer (they overlap):
+    a tokenizer that cannot load (a folder without one) raises here and leaves no core
+    process behind."""
+    from vllm import LLM
+    from vllm.engine import core_client
+    started = []
+    real = core_client.MPEngineCoreClient._start_process
+    monkeypatch.setattr(core_client.MPEngineCoreClient, "_start_process",
+                        lambda self: started.append(1) or real(self))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(Exception, match="tokenizer"):
+        LLM(model=tiny_model_factory("llama"), tokenizer=str(tmp_path), dtype="float32",
+            max_model_len=128, kv_cache_memory_bytes=16 << 20)
+    assert started  # the core had been started when the tokenizer failed
+    left = [p for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())]
+    _, alive = psutil.wait_procs(left, timeout=15)
+    assert not alive, alive

@@ -179,6 +179,14 @@ def take() -> Optional[PrestartedCore]:
     return found
 
 
+def release() -> None:
+    """Let an early core that no engine took exit now (EOF on its pipe) instead of
+    idling until this process exits."""
+    found = take()
+    if found is not None:
+        _abandon(found.proc, found.conn)
+
+
 def _abandon(proc: BaseProcess, conn: Connection) -> None:
     """Never taken (the server failed before its engine): EOF lets the child exit."""
     try:
