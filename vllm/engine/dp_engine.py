@@ -48,6 +48,23 @@ def build_async_engine(engine_args: AsyncEngineArgs, start_engine_loop: bool = T
     return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
 
 
+def prestart_engine_core(data_parallel_size: int) -> None:
+    """Fork the server's engine-core process now, before the config is built, so its
+    imports overlap the server's work (vllm/engine/core_launch.py); the engine that
+    `build_async_engine` makes takes it. Not for data parallel, whose replicas keep
+    their cores in this process."""
+    from vllm.engine import core_launch
+    from vllm.engine.core_client import use_multiprocessing
+    if use_multiprocessing(default=True) and data_parallel_size == 1:
+        core_launch.prestart()
+
+
+def release_engine_core() -> None:
+    """An early core the engine did not take (it runs in-process) exits now."""
+    from vllm.engine import core_launch
+    core_launch.release()
+
+
 def _build_replica(engine_args: AsyncEngineArgs, rank: int, start_engine_loop: bool,
                    max_log_len: Optional[int]) -> AsyncLLMEngine:
     """Replica `rank`: its config says which one it is, so its workers take their own

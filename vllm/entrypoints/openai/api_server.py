@@ -517,33 +517,24 @@ def _log_startup(engine: EngineClient) -> None:
                 device or current_platform.device_type, current_platform.device_name)
 
 
-def _prestart_engine_core(args: argparse.Namespace) -> None:
-    """Fork the engine-core process now, while this process has one thread and nothing
-    bound (not even the listening socket): its imports overlap the config's (see
-    vllm/engine/core_launch.py); it waits for the config the engine sends it. Not for
-    data parallel, whose replicas keep their cores in this process (dp_engine.py)."""
-    from vllm.engine import core_launch
-    from vllm.engine.core_client import use_multiprocessing
-    if use_multiprocessing(default=True) and getattr(args, "data_parallel_size", 1) == 1:
-        core_launch.prestart()
-
-
 def run_server(args: argparse.Namespace) -> None:
     """Load the engine, then serve until SIGINT/SIGTERM (exit status 1 if the engine died)."""
-    from vllm.engine import core_launch
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.engine.dp_engine import build_async_engine
+    from vllm.engine.dp_engine import (build_async_engine, prestart_engine_core,
+                                       release_engine_core)
     args._process_start = _process_start_time()
     validate_parsed_serve_args(args)
     logger.info("vLLM API server version %s", __version__)
-    _prestart_engine_core(args)
+    # The core's imports overlap the config's: fork it while this process has one
+    # thread and nothing bound, not even the listening socket.
+    prestart_engine_core(getattr(args, "data_parallel_size", 1))
     sock = create_server_socket(args.host, args.port)
     # Until uvicorn installs its own handlers, SIGTERM unwinds model loading cleanly.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
         engine = build_async_engine(AsyncEngineArgs.from_cli_args(args),
                                     max_log_len=args.max_log_len)
-        core_launch.release()  # an early core the engine did not take exits now
+        release_engine_core()
         try:
             _log_startup(engine)
             app = build_app(args, engine)
