@@ -76,6 +76,10 @@ def test_sleep_frees_the_kv_cache_and_wake_up_gives_identical_greedy_output(
     runner = runner_of(llm)
     params = dict(runner.model.named_parameters())
     weight_bytes = sum(p.numel() * p.element_size() for p in params.values())
+    # The cache is committed in the background after start-up: all of it is resident
+    # before measuring what sleep gives back.
+    from vllm.worker.kv_cache_alloc import wait_committed
+    assert wait_committed(timeout=60)
     before = rss()
     llm.sleep(level=level)
     assert llm.llm_engine.is_sleeping()

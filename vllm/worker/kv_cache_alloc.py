@@ -31,6 +31,7 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from typing import Optional
 
 import torch
@@ -65,7 +66,7 @@ def zeroed_tensors(shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     buf = mmap.mmap(-1, total)
     flat = torch.frombuffer(buf, dtype=dtype, count=numel * count)
     how = "committed"
-    if not commit_in_background(flat, total):
+    if not commit_in_background(buf, flat.data_ptr(), total):
         populate(flat.data_ptr(), total)
     else:
         how = "being committed in the background"
@@ -78,23 +79,34 @@ _committing: list[threading.Thread] = []
 """Background commits still running (`wait_committed`)."""
 
 
-def commit_in_background(flat: torch.Tensor, nbytes: int) -> bool:
-    """Populate `flat`'s pages on a daemon thread (it holds `flat`, so the mapping
-    outlives it); False when this kernel cannot (the caller commits them now)."""
+def commit_in_background(buf: mmap.mmap, address: int, nbytes: int) -> bool:
+    """Populate the pages of `buf` (mapped at `address`) on a daemon thread; False when
+    this kernel cannot (the caller commits them now).
+
+    The thread holds the mapping only while it populates one slice (a weak reference
+    otherwise): a cache released meanwhile (sleep mode, shutdown) is unmapped at once
+    and the thread stops, instead of committing memory nobody will use.
+    """
     libc = _libc()
     if libc is None or not _populate_supported():
         return False
+    mapping = weakref.ref(buf)
 
     def work() -> None:
-        address = flat.data_ptr()
         # The lowest priority: the engine's own threads (its first requests) come first.
         # One short slice per call: the kernel holds the address space's lock during a
         # call, and a step that maps memory meanwhile (a large allocation) waits for it.
         _lower_priority()
         started = time.perf_counter()
         for start in range(0, nbytes, _BACKGROUND_SLICE):
+            held = mapping()
+            if held is None or held.closed:
+                logger.info("KV cache released before it was fully committed.")
+                return
             length = min(_BACKGROUND_SLICE, nbytes - start)
-            if libc.madvise(address + start, length, _MADV_POPULATE_WRITE) != 0:
+            failed = libc.madvise(address + start, length, _MADV_POPULATE_WRITE) != 0
+            del held
+            if failed:
                 code = ctypes.get_errno()
                 logger.error("Could not commit the KV cache (%.2f GiB): %s. The engine runs, "
                              "but may be killed for memory under load. %s", nbytes / _GiB,

@@ -51,7 +51,7 @@ from vllm.sample.sampler import Sampler
 from vllm.sequence import IntermediateTensors
 from vllm.spec_decode.spec_runner import SpecDecodeRunner
 from vllm.worker.input_batch import InputBatch
-from vllm.worker.kv_cache_alloc import zeroed_tensors
+from vllm.worker.kv_cache_alloc import wait_committed, zeroed_tensors
 from vllm.worker.pooling_runner import execute_pooling
 from vllm.worker.request_state import CachedRequestState
 from vllm.worker.sleep_mode import (SLEEP_TAGS, SleepingWeights, check_level2_supported,
@@ -358,6 +358,9 @@ class ModelRunnerBase:
         self._sleeping_weights = release_weights(self.model, level, self.device)
         self.sleeping_tags = set(SLEEP_TAGS)
         gc.collect()  # what still points at the old tensors (reference cycles)
+        # A background commit of the released cache stops at its next slice; until
+        # then it holds the mapping (vllm/worker/kv_cache_alloc.py).
+        wait_committed(timeout=5.0)
         return_freed_host_memory()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the caching allocator keeps freed blocks otherwise
