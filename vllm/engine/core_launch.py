@@ -99,7 +99,9 @@ def start_method() -> str:
     """'fork' or 'spawn' for the engine-core process (see the module docstring)."""
     from vllm.executor.multiproc_utils import (check_main_reimportable, fork_unsafe_reason,
                                                resolve_mp_method)
-    if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "").strip():
+    from vllm import envs
+    asked = envs.is_set("VLLM_WORKER_MULTIPROC_METHOD")
+    if asked and envs.VLLM_WORKER_MULTIPROC_METHOD.strip():
         method = resolve_mp_method()  # validates it; fork -> spawn where fork is unsafe
         others = other_threads()
         if method == "fork" and others != 0:
@@ -221,10 +223,8 @@ def launch(early: PrestartedCore, **kwargs: Any) -> None:
 def adopt_environment(environ: dict[str, str]) -> None:
     """Make os.environ equal to `environ` (the frontend's at launch)."""
     for name in set(os.environ) - set(environ):
-        del os.environ[name]
-    for name, value in environ.items():
-        if os.environ.get(name) != value:
-            os.environ[name] = value
+        os.environ.pop(name, None)
+    os.environ.update(environ)
 
 
 def _preimport() -> None:
