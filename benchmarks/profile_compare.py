@@ -26,8 +26,8 @@ import json
 
 from benchmarks._op_profile import CATEGORIES
 from benchmarks.compare_hf import WORKLOADS, make_requests
-from benchmarks.compare_vllm_cpu import (cpu_features, cpu_model_name, default_model_dir,
-                                         load_average, run_child)
+from benchmarks.compare_vllm_cpu import (add_common_args, cpu_features, cpu_model_name,
+                                         default_model_dir, load_average, run_child)
 
 ROWS = (*CATEGORIES, "host")
 
@@ -59,11 +59,7 @@ def top_ops(engine: str, result: dict, count: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vllm-cpu-python", required=True,
-                        help="Python interpreter of the venv where vllm-cpu is installed.")
-    parser.add_argument("--model", default=None, help="HF directory (default: embedded).")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--output-len", type=int, default=128)
+    add_common_args(parser)
     parser.add_argument("--workloads", nargs="+", default=["batch16", "mixed64"],
                         choices=WORKLOADS)
     parser.add_argument("--max-model-len", type=int, default=1024)
