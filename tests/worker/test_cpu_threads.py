@@ -158,4 +158,6 @@ def test_the_frontend_parent_counts_as_our_own(tmp_path):
     grown = float(child.stdout.read())
     if not ProcReader().available:
         pytest.skip("no /proc on this system")
-    assert grown > 0.2  # the parent's busy half second, not the child's sleep
+    # The parent's busy half second (a share of it on a loaded machine), not the
+    # child's sleep, which costs it almost nothing.
+    assert grown > 0.05
