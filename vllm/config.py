@@ -590,6 +590,101 @@ class StructuredOutputsConfig:
         return cls(**value)
 
 
+CUDAGRAPH_MODES = ("NONE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+"""vLLM's cudagraph_mode values served here. PIECEWISE (graphs between eager attention
+splits, made by torch.compile) is not: the attention kernel itself is captured."""
+
+
+def default_capture_sizes(max_size: int) -> list[int]:
+    """vLLM's default CUDA graph sizes up to `max_size`: 1, 2, 4, then every 8 up to
+    256, then every 16, and `max_size` itself."""
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)]
+    return sorted({s for s in sizes if s <= max_size} | {max_size})
+
+
+@dataclass
+class CompilationConfig:
+    """CUDA graphs (vLLM's `compilation_config` fields this engine serves)."""
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    """NONE (eager), FULL_DECODE_ONLY (graphs for steps of decodes only), FULL or
+    FULL_AND_PIECEWISE (graphs for every step of at most max_cudagraph_capture_size
+    tokens, decodes and prefills mixed: the attention kernel takes both)."""
+    cudagraph_capture_sizes: Optional[list[int]] = None
+    """Token counts of a step to capture a graph for; a step pads up to the next one.
+    Default: 1, 2, 4, 8, 16, ... up to max_cudagraph_capture_size."""
+    max_cudagraph_capture_size: Optional[int] = None
+    """Largest captured size; default min(2 * max_num_seqs, 512), at most the step's
+    token budget."""
+
+    def __post_init__(self) -> None:
+        self.cudagraph_mode = str(self.cudagraph_mode).upper()
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(f"compilation_config.cudagraph_mode={self.cudagraph_mode!r}; "
+                             f"choose one of {', '.join(CUDAGRAPH_MODES)} (PIECEWISE needs "
+                             "torch.compile splitting, which this engine does not do).")
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None:
+            if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes):
+                raise ValueError("cudagraph_capture_sizes must be positive integers, got "
+                                 f"{sizes!r}.")
+            self.cudagraph_capture_sizes = sorted(set(sizes))
+        if self.max_cudagraph_capture_size is not None and self.max_cudagraph_capture_size < 1:
+            raise ValueError("max_cudagraph_capture_size must be >= 1, got "
+                             f"{self.max_cudagraph_capture_size}.")
+
+    def finalize(self, max_num_seqs: int, max_num_batched_tokens: int,
+                 enforce_eager: bool) -> None:
+        """Fill the sizes (vLLM's rules): given sizes set the max; a given max picks
+        the default sizes up to it; neither: min(2 * max_num_seqs, 512). No size
+        exceeds the step's token budget; enforce_eager captures nothing."""
+        if enforce_eager:
+            self.cudagraph_mode = "NONE"
+        sizes, top = self.cudagraph_capture_sizes, self.max_cudagraph_capture_size
+        if sizes is not None and top is not None and top != max(sizes):
+            raise ValueError(f"max_cudagraph_capture_size ({top}) must equal the largest of "
+                             f"cudagraph_capture_sizes ({max(sizes)}) when both are set.")
+        if sizes is None:
+            top = top if top is not None else min(2 * max_num_seqs, 512)
+            sizes = default_capture_sizes(min(top, max_num_batched_tokens))
+        sizes = [s for s in sizes if s <= max_num_batched_tokens] or [1]
+        self.cudagraph_capture_sizes = [] if self.cudagraph_mode == "NONE" else sizes
+        self.max_cudagraph_capture_size = max(sizes)
+
+    @classmethod
+    def from_cli(cls, value: Any) -> "CompilationConfig":
+        """From --compilation-config / -O JSON (or a dict or None)."""
+        if isinstance(value, cls):
+            return value
+        if value is None:
+            return cls()
+        value = config_fields(value, "compilation_config", cls.__dataclass_fields__,
+                              '{"cudagraph_capture_sizes": [1, 2, 4, 8]}')
+        return cls(**value)
+
+
+ATTENTION_BACKEND_NAMES = ("TRITON_ATTN", "TORCH_SDPA", "CPU_ATTN", "HPU_ATTN")
+"""vLLM's --attention-backend names that some platform of this engine serves."""
+
+
+@dataclass
+class AttentionConfig:
+    backend: Optional[str] = None
+    """Attention backend (vLLM's names): TRITON_ATTN (CUDA default, this engine's Triton
+    kernels), TORCH_SDPA (torch ops; CPU default, CUDA fallback), CPU_ATTN (the same
+    on CPU), HPU_ATTN (Gaudi). Default: VLLM_ATTENTION_BACKEND, else the platform's."""
+
+    # Resolved by VllmConfig (the platform's check).
+    backend_cls: str = field(init=False, default="")
+    """Qualified name of the backend class every layer and runner of the engine uses."""
+
+    def __post_init__(self) -> None:
+        if self.backend is not None:
+            self.backend = str(self.backend).upper()
+            if self.backend not in ATTENTION_BACKEND_NAMES:
+                raise ValueError(f"attention_backend={self.backend!r}; choose one of "
+                                 f"{', '.join(ATTENTION_BACKEND_NAMES)}.")
+
+
 WEIGHT_TRANSFER_BACKENDS = ("shm", "disk")
 """Weight-transfer backends written here (vllm/distributed/weight_transfer/): tensors
 from POSIX shared memory, or a safetensors checkpoint on a local disk. Both reach the
@@ -637,6 +732,10 @@ class VllmConfig:
     """Set when in-place weight updates are enabled (--weight-transfer-config)."""
     kv_transfer_config: Optional[Any] = None
     """A `vllm.kv_transfer.config.KVTransferConfig` for prefill/decode disaggregation."""
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
+    """CUDA graph sizes and mode (vLLM's --compilation-config)."""
+    attention_config: AttentionConfig = field(default_factory=AttentionConfig)
+    """Which attention backend runs (--attention-backend)."""
 
     def __post_init__(self) -> None:
         from vllm.platforms import current_platform
@@ -652,11 +751,25 @@ class VllmConfig:
             self.lora_config.finalize(self.model_config, self.parallel_config)
         if self.cache_config.block_size is None:
             self.cache_config.block_size = current_platform.default_block_size()
+        self.compilation_config.finalize(self.scheduler_config.max_num_seqs,
+                                         self.scheduler_config.max_num_batched_tokens,
+                                         self.model_config.enforce_eager)
+        self._resolve_attention_backend(current_platform)
         current_platform.check_and_update_config(self)
         if self.speculative_config is not None:
             self.speculative_config.verify_with(self)
         if self.kv_transfer_config is not None:
             self.kv_transfer_config.verify_with(self)
+
+    def _resolve_attention_backend(self, platform: Any) -> None:
+        """--attention-backend, else VLLM_ATTENTION_BACKEND, else the platform's
+        default, as a class name every process of the engine reads from this config."""
+        from vllm import envs
+        ac = self.attention_config
+        if ac.backend is None and envs.VLLM_ATTENTION_BACKEND:
+            ac.backend = envs.VLLM_ATTENTION_BACKEND
+            ac.__post_init__()
+        ac.backend_cls = platform.get_attn_backend_cls(ac.backend, self)
 
     def _configure_pooling(self) -> None:
         """A pooling request is one whole-prompt pass: the pooler reads every hidden

@@ -42,6 +42,9 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                 "value per device index (e.g. '16,8')."),
     "VLLM_FAKE_HPU_DEVICE_COUNT": (int, 8, "Devices (modules) the fake HPU has, as on an "
                                    "8-module Gaudi node."),
+    "VLLM_ATTENTION_BACKEND": (str, "", "Attention backend when --attention-backend is not "
+                               "given (vLLM's names: TRITON_ATTN, TORCH_SDPA, CPU_ATTN, "
+                               "HPU_ATTN); empty: the platform's default."),
     # ---- CPU ----
     "VLLM_CPU_KVCACHE_SPACE": (float, 0.0, "KV cache size on CPU in GiB; 0 means automatic "
                                "(4 GiB, at most what max_num_seqs full-length sequences need "

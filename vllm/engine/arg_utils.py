@@ -13,8 +13,9 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
-from vllm.config import (CONVERT_CHOICES, DEFAULT_MODEL, KV_CACHE_DTYPES, RUNNER_CHOICES,
-                         CacheConfig, DeviceConfig,
+from vllm.config import (ATTENTION_BACKEND_NAMES, CONVERT_CHOICES, DEFAULT_MODEL,
+                         KV_CACHE_DTYPES, RUNNER_CHOICES, AttentionConfig, CacheConfig,
+                         CompilationConfig, DeviceConfig,
                          LoadConfig, LoRAConfig, ModelConfig, ParallelConfig,
                          SchedulerConfig, StructuredOutputsConfig, VllmConfig,
                          WeightTransferConfig)
@@ -44,11 +45,12 @@ _DOCS: dict[str, str] = {}
 # A field several configs hold (max_model_len, download_dir) is documented by the first,
 # the one the flag fills; the others hold copies.
 for _cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, DeviceConfig,
-             LoadConfig, LoRAConfig, StructuredOutputsConfig):
+             LoadConfig, LoRAConfig, StructuredOutputsConfig, CompilationConfig):
     for _name, _doc in _field_docs(_cls).items():
         _DOCS.setdefault(_name, _doc)
 _DOCS["kv_cache_dtype"] = _DOCS.get("cache_dtype", "")
 _DOCS["enable_lora"] = "Serve LoRA adapters (per request, several in one batch)."
+_DOCS["attention_backend"] = _field_docs(AttentionConfig).get("backend", "")
 
 
 _SHORT_FLAGS = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",
@@ -119,6 +121,11 @@ class EngineArgs:
     disable_log_stats: bool = False
     # in-place weight updates (RL)
     weight_transfer_config: Optional[Any] = None
+    # CUDA graphs and kernels
+    compilation_config: Optional[Any] = None
+    cudagraph_capture_sizes: Optional[list[int]] = None
+    max_cudagraph_capture_size: Optional[int] = None
+    attention_backend: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -175,6 +182,17 @@ class EngineArgs:
                     help="In-place weight updates as JSON, e.g. '{\"backend\": \"shm\"}'. "
                          "Keys: " + "; ".join(f"{k}: {v}" for k, v in _field_docs(
                              WeightTransferConfig).items()))
+            elif f.name == "compilation_config":
+                group.add_argument(
+                    flag, "-O", type=json.loads, default=None,
+                    help="CUDA graph settings as JSON, e.g. '{\"cudagraph_capture_sizes\": "
+                         "[1, 2, 4, 8]}'. Keys: " + "; ".join(
+                             f"{k}: {v}" for k, v in _field_docs(CompilationConfig).items()))
+            elif f.name == "cudagraph_capture_sizes":
+                group.add_argument(flag, type=int, nargs="+", default=None, help=help_text)
+            elif f.name == "attention_backend":
+                group.add_argument(flag, type=str.upper, default=None,
+                                   choices=list(ATTENTION_BACKEND_NAMES), help=help_text)
             elif f.name == "reasoning_parser":
                 from vllm.reasoning import ReasoningParserManager
                 group.add_argument(flag, type=str, default="",
@@ -250,7 +268,27 @@ class EngineArgs:
                           speculative_config=self._speculative_config(model_config),
                           weight_transfer_config=WeightTransferConfig.from_cli(
                               self.weight_transfer_config),
-                          kv_transfer_config=KVTransferConfig.from_cli(self.kv_transfer_config))
+                          kv_transfer_config=KVTransferConfig.from_cli(self.kv_transfer_config),
+                          compilation_config=self._compilation_config(),
+                          attention_config=AttentionConfig(backend=self.attention_backend))
+
+    def _compilation_config(self) -> CompilationConfig:
+        """--compilation-config, with the --cudagraph-capture-sizes and
+        --max-cudagraph-capture-size shortcuts on top (a key set both ways must agree)."""
+        config = CompilationConfig.from_cli(self.compilation_config)
+        for name in ("cudagraph_capture_sizes", "max_cudagraph_capture_size"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            current = getattr(config, name)
+            if name == "cudagraph_capture_sizes":
+                value = sorted(set(value))
+            if current is not None and current != value:
+                raise ValueError(f"{name} is set both in compilation_config ({current}) and "
+                                 f"as --{name.replace('_', '-')} ({value}); set it once.")
+            setattr(config, name, value)
+        config.__post_init__()
+        return config
 
     def _speculative_config(self, target: Any) -> Optional[SpeculativeConfig]:
         """The parsed --speculative-config; a draft model's config is loaded here, with

@@ -46,8 +46,7 @@ class HpuPlatform(Platform):
     def get_worker_cls(self) -> str:
         return "vllm.hpu.worker.HPUWorker"
 
-    def get_attn_backend_cls(self) -> str:
-        return "vllm.hpu.attention.HPUAttentionImpl"
+    attn_backends = {"HPU_ATTN": "vllm.hpu.attention.HPUAttentionImpl"}
 
     def resolve_auto_dtype(self, config_dtype: torch.dtype) -> torch.dtype:
         """bf16 for fp16/fp32 checkpoints: Gaudi's native 16-bit type."""

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Union
 import torch
 from torch import nn
 
+from vllm.attention.selector import attention_backend_scope, backend_cls_of
 from vllm.model_executor.layers.fused_moe import expert_parallel_scope
 from vllm.model_executor.layers.linear import LinearBase
 from vllm.model_executor.layers.quantization import (process_weights_after_loading,
@@ -54,6 +55,7 @@ def get_model(vllm_config: Any, device: Union[str, torch.device] = "cpu") -> nn.
     quant_config = getattr(model_config, "quant_config", None)
     with (torch.no_grad(), _default_dtype(model_config.torch_dtype), torch.device(device),
           quant_config_scope(quant_config),
+          attention_backend_scope(backend_cls_of(vllm_config)),
           expert_parallel_scope(getattr(getattr(vllm_config, "parallel_config", None),
                                         "enable_expert_parallel", False))):
         model = model_cls(vllm_config=vllm_config)

@@ -60,11 +60,13 @@ class CpuPlatform(Platform):
             return torch.bfloat16 if cpu_supports_bf16() else torch.float32
         return config_dtype
 
+    attn_backends = {"CPU_ATTN": "vllm.attention.backends.torch_sdpa.TorchSDPABackendImpl",
+                     "TORCH_SDPA": "vllm.attention.backends.torch_sdpa.TorchSDPABackendImpl"}
+    """One backend under vLLM's two CPU names: torch ops plus the native kernels."""
+
     def get_worker_cls(self) -> str:
         return "vllm.worker.cpu_worker.CPUWorker"
 
-    def get_attn_backend_cls(self) -> str:
-        return "vllm.attention.backends.torch_sdpa.TorchSDPABackendImpl"
 
     def mem_get_info(self) -> tuple[int, int]:
         vm = psutil.virtual_memory()

@@ -49,9 +49,24 @@ class Platform:
         """Qualified name of the Worker class the executor instantiates."""
         raise NotImplementedError
 
-    def get_attn_backend_cls(self) -> str:
-        """Qualified name of the attention implementation class."""
-        raise NotImplementedError
+    attn_backends: dict[str, str] = {}
+    """--attention-backend names this platform serves -> implementation class."""
+
+    def default_attn_backend(self, vllm_config: "VllmConfig | None") -> str:
+        """The backend name used when none is chosen."""
+        return next(iter(self.attn_backends))
+
+    def get_attn_backend_cls(self, selected: str | None = None,
+                             vllm_config: "VllmConfig | None" = None) -> str:
+        """Qualified name of the attention implementation class: `selected`'s (a
+        vLLM backend name), or the platform's default; ValueError for a name this
+        platform does not serve."""
+        name = selected or self.default_attn_backend(vllm_config)
+        if name not in self.attn_backends:
+            raise ValueError(f"attention backend {name!r} is not available on "
+                             f"{self.device_name}; choose one of "
+                             f"{', '.join(self.attn_backends)}.")
+        return self.attn_backends[name]
 
     def resolve_auto_dtype(self, config_dtype: torch.dtype) -> torch.dtype:
         """dtype='auto': the checkpoint's dtype, or a 16-bit one for fp32 checkpoints."""

@@ -1,4 +1,5 @@
-"""The CUDA worker: the GPU model runner, KV cache sized by gpu_memory_utilization."""
+"""The CUDA worker: the GPU model runner, KV cache sized by gpu_memory_utilization
+after the activation peak and the CUDA graphs' memory."""
 from __future__ import annotations
 
 import logging
@@ -38,8 +39,15 @@ class GPUWorker(WorkerBase):
         self.model_runner.profile_run()
         free, total = torch.cuda.mem_get_info()
         peak = torch.cuda.max_memory_allocated()
+        graphs = self.model_runner.estimate_cudagraph_memory()
         budget = total * cc.gpu_memory_utilization - (total - free) - \
-            (peak - torch.cuda.memory_allocated())
-        logger.info("GPU memory: total %.2f GiB, in use %.2f GiB, activation peak %.2f GiB",
-                    total / 2**30, (total - free) / 2**30, peak / 2**30)
+            (peak - torch.cuda.memory_allocated()) - graphs
+        logger.info("GPU memory: total %.2f GiB, in use %.2f GiB, activation peak %.2f GiB, "
+                    "CUDA graphs %.2f GiB", total / 2**30, (total - free) / 2**30,
+                    peak / 2**30, graphs / 2**30)
         return max(1, int(budget // block_bytes))
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        """The KV cache, then the CUDA graphs that read it (they hold its address)."""
+        super().initialize_cache(num_blocks)
+        self.model_runner.capture_cudagraphs()

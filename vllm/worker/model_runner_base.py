@@ -145,8 +145,8 @@ class ModelRunnerBase:
         spec_config = getattr(vllm_config, "speculative_config", None)
         if spec_config is not None:
             self.spec_decode = SpecDecodeRunner(vllm_config, self.device)
-        from vllm.platforms import current_platform
-        self.attn_impl = load_attn_impl(current_platform.get_attn_backend_cls())
+        from vllm.attention.selector import backend_cls_of
+        self.attn_impl = load_attn_impl(backend_cls_of(vllm_config))
         self.kv_connector: Optional[Any] = None
         """The KV connector's worker half (vllm/kv_transfer), set by init_kv_connector."""
 
