@@ -98,9 +98,18 @@ class GPUModelRunner(ModelRunnerBase):
             "a pooling model": getattr(self.model_config, "runner_type", "") == "pooling",
             "INC calibration": self.calibrating,
             "a KV connector": cfg.kv_transfer_config is not None,
+            # the first forward would take its scales from the capture's padding rows
+            "calculate_kv_scales": cfg.cache_config.calculate_kv_scales,
+            # expert routing reads per-expert row counts back to the host
+            "MoE layers": self._has_moe_layers(),
         }
         found = [name for name, present in reasons.items() if present]
         return f"not captured with {', '.join(found)}" if found else None
+
+    def _has_moe_layers(self) -> bool:
+        from vllm.model_executor.layers.fused_moe import FusedMoE
+        return self.model is not None and any(isinstance(m, FusedMoE)
+                                              for m in self.model.modules())
 
     def max_blocks_per_seq(self) -> int:
         return -(-self.model_config.max_model_len // self.block_size)

@@ -1,0 +1,290 @@
+"""Every GPU check of the CUDA backend in one run (a lent GPU's time is short).
+
+    python benchmarks/cuda_acceptance.py --out cuda_results.json
+
+1. Triton kernels on the GPU: the kernel tests (tests/kernels) with CUDA tensors.
+2. Correctness: greedy tokens of tiny fp32 random-weight models (Llama, a Mistral
+   with a sliding window, a Qwen2-MoE), CUDA graphs on, vs transformers on the GPU.
+3. Serving: the OpenAI server on the tiny Llama, the official client, completions and
+   streamed chat; the completion's tokens equal the offline ones.
+4. Numbers on a ~1B Llama-shaped bf16 model (random weights): batch-1 decode tokens/s
+   against the HBM roofline, 64 x 128/128 throughput against transformers `generate`,
+   and `--quantization fp8` against bf16 at batch 64.
+
+Each part prints one JSON line and the file gathers them; a failing part is recorded
+and the rest still run. `--device cpu --small` runs the same code on tiny shapes on a
+CPU (the script's own check: it needs no GPU, the numbers mean nothing there).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ""):
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    sys.path.insert(0, os.path.dirname(_HERE))
+
+import argparse
+import gc
+import json
+import subprocess
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+
+VOCAB = 4096
+"""Tiny models' vocabulary: a word-level tokenizer of this many words is saved with
+them, so nothing is downloaded."""
+
+BIG = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+           num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+           max_position_embeddings=4096, tie_word_embeddings=False)
+"""The ~1B Llama shape of the issue's measurements (1.1 B parameters)."""
+
+H100_HBM_BYTES_PER_S = 3.35e12
+
+
+def save_tokenizer(directory: str) -> None:
+    """A word-level tokenizer ("w0".."wN" split on spaces), enough for the server."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>")
+    fast.chat_template = ("{% for m in messages %}{{ m['content'] }} {% endfor %}"
+                          "{% if add_generation_prompt %}w3{% endif %}")
+    fast.save_pretrained(directory)
+
+
+def tiny_model(directory: str, arch: str) -> str:
+    import transformers
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                  tie_word_embeddings=False)
+    configs = {
+        "llama": lambda: transformers.LlamaConfig(**common),
+        "mistral_sliding": lambda: transformers.MistralConfig(**common, sliding_window=16),
+        "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+            **common, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+            shared_expert_intermediate_size=64),
+    }
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(configs[arch](),
+                                                          dtype=torch.float32)
+    with torch.no_grad():  # decisive greedy choices from random weights
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    path = os.path.join(directory, arch)
+    model.save_pretrained(path, safe_serialization=True)
+    save_tokenizer(path)
+    return path
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def _free(*objs: Any) -> None:
+    for o in objs:
+        shutdown = getattr(getattr(o, "llm_engine", None), "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+    del objs
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------ parts
+def part_kernels(args: argparse.Namespace) -> dict:
+    env = dict(os.environ, VLLM_TEST_TRITON_DEVICE=args.device)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/kernels/test_triton_attention.py"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    tail = proc.stdout.strip().splitlines()[-1:] or [""]
+    return {"ok": proc.returncode == 0, "pytest": tail[0]}
+
+
+def part_correctness(args: argparse.Namespace, tmp: str) -> dict:
+    import transformers
+
+    from vllm import LLM, SamplingParams
+    results = {}
+    for arch in ("llama", "mistral_sliding", "qwen2_moe"):
+        path = tiny_model(tmp, arch)
+        ps = prompts(8, 24, VOCAB, seed=1)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32).to(args.device)
+        ref = []
+        for p in ps:
+            out = hf.generate(torch.tensor([p], device=args.device), max_new_tokens=32,
+                              do_sample=False, min_new_tokens=32, eos_token_id=None,
+                              pad_token_id=0)
+            ref.append(out[0, len(p):].tolist())
+        _free(hf)
+        llm = LLM(model=path, dtype="float32", device=args.device, max_model_len=256,
+                  max_num_seqs=8, gpu_memory_utilization=0.3)
+        outs = llm.generate([{"prompt_token_ids": p} for p in ps],
+                            SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+        ours = [list(o.outputs[0].token_ids) for o in outs]
+        _free(llm)
+        results[arch] = f"{sum(a == b for a, b in zip(ours, ref))}/{len(ps)} identical"
+    results["ok"] = all(v.startswith("8/8") for k, v in results.items())
+    return results
+
+
+def part_serving(args: argparse.Namespace, tmp: str) -> dict:
+    import openai
+
+    from vllm import LLM, SamplingParams
+    path = os.path.join(tmp, "llama") if os.path.isdir(os.path.join(tmp, "llama")) \
+        else tiny_model(tmp, "llama")
+    text = " ".join(f"w{i}" for i in range(10, 40))
+    llm = LLM(model=path, dtype="float32", device=args.device, max_model_len=256,
+              gpu_memory_utilization=0.3)
+    offline = llm.generate([text], SamplingParams(temperature=0, max_tokens=16,
+                                                  ignore_eos=True))[0].outputs[0].text
+    _free(llm)
+    port = 8765
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path,
+         "--dtype", "float32", "--device", args.device, "--max-model-len", "256",
+         "--gpu-memory-utilization", "0.3", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+        deadline = time.time() + 240
+        while True:
+            try:
+                model = client.models.list().data[0].id
+                break
+            except Exception:
+                if time.time() > deadline or server.poll() is not None:
+                    raise RuntimeError("server did not start: " + server.stderr.read()[-2000:])
+                time.sleep(1)
+        comp = client.completions.create(model=model, prompt=text, max_tokens=16,
+                                         temperature=0, extra_body={"ignore_eos": True})
+        chunks = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": text}], max_tokens=16,
+            temperature=0, stream=True)
+        streamed = "".join((c.choices[0].delta.content or "") for c in chunks if c.choices)
+        return {"ok": comp.choices[0].text == offline and len(streamed) > 0,
+                "completion_equals_offline": comp.choices[0].text == offline,
+                "stream_chars": len(streamed)}
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def _big_dir(tmp: str, small: bool) -> str:
+    import transformers
+    path = os.path.join(tmp, "big")
+    shape = dict(BIG)
+    if small:
+        shape.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB)
+    transformers.LlamaConfig(**shape, bos_token_id=1, eos_token_id=2,
+                             architectures=["LlamaForCausalLM"]).save_pretrained(path)
+    save_tokenizer(path)
+    return path
+
+
+def _our_throughput(path: str, device: str, n: int, in_len: int, out_len: int,
+                    **kwargs: Any) -> tuple[float, Any]:
+    from vllm import LLM, SamplingParams
+    llm = LLM(model=path, dtype="bfloat16", device=device, load_format="dummy",
+              max_model_len=1024, **kwargs)
+    sp = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    warm = [{"prompt_token_ids": p} for p in prompts(min(n, 8), in_len, 1000, 0)]
+    llm.generate(warm, sp, use_tqdm=False)
+    batch = [{"prompt_token_ids": p} for p in prompts(n, in_len, 1000, 1)]
+    start = time.perf_counter()
+    outs = llm.generate(batch, sp, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return tokens / seconds, llm
+
+
+def _model_bytes(worker: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in worker.model_runner.model.parameters())
+
+
+def _weight_bytes(llm: Any) -> int:
+    """Bytes of weights a decode step reads (the roofline's numerator)."""
+    return llm.collective_rpc(_model_bytes)[0]
+
+
+def part_numbers(args: argparse.Namespace, tmp: str) -> dict:
+    import transformers
+    path = _big_dir(tmp, args.small)
+    n, in_len, out_len = (8, 16, 16) if args.small else (64, 128, 128)
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name() if args.device == "cuda"
+                           else "cpu"}
+    b1, llm = _our_throughput(path, args.device, 1, in_len, out_len)
+    wbytes = _weight_bytes(llm)
+    _free(llm)
+    roofline = H100_HBM_BYTES_PER_S / wbytes
+    res.update(batch1_tok_s=round(b1, 1), weights_gb=round(wbytes / 1e9, 3),
+               roofline_tok_s=round(roofline, 1), roofline_share=round(b1 / roofline, 3))
+    bf16, llm = _our_throughput(path, args.device, n, in_len, out_len)
+    _free(llm)
+    fp8, llm = _our_throughput(path, args.device, n, in_len, out_len, quantization="fp8")
+    _free(llm)
+    eager, llm = _our_throughput(path, args.device, n, in_len, out_len, enforce_eager=True)
+    _free(llm)
+    res.update(batch64_tok_s=round(bf16, 1), fp8_tok_s=round(fp8, 1),
+               fp8_over_bf16=round(fp8 / bf16, 3), eager_batch64_tok_s=round(eager, 1))
+    cfg = transformers.AutoConfig.from_pretrained(path)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).to(
+        args.device)
+    ids = torch.tensor(prompts(n, in_len, 1000, 1), device=args.device)
+    hf.generate(ids[:2], max_new_tokens=4, do_sample=False, pad_token_id=0)
+    start = time.perf_counter()
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=out_len,
+                      min_new_tokens=out_len, do_sample=False, pad_token_id=0)
+    hf_tok_s = (out.shape[1] - in_len) * n / (time.perf_counter() - start)
+    _free(hf)
+    res.update(hf_generate_tok_s=round(hf_tok_s, 1), ours_over_hf=round(bf16 / hf_tok_s, 2))
+    res["ok"] = True
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--small", action="store_true", help="tiny shapes (a dry run)")
+    parser.add_argument("--parts", default="kernels,correctness,serving,numbers")
+    parser.add_argument("--out", default="cuda_results.json")
+    args = parser.parse_args()
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        runs: dict[str, Callable[[], dict]] = {
+            "kernels": lambda: part_kernels(args),
+            "correctness": lambda: part_correctness(args, tmp),
+            "serving": lambda: part_serving(args, tmp),
+            "numbers": lambda: part_numbers(args, tmp),
+        }
+        for name in args.parts.split(","):
+            start = time.perf_counter()
+            try:
+                results[name] = runs[name]()
+            except Exception as e:  # record and go on: the GPU time is spent either way
+                results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                 "trace": traceback.format_exc()[-3000:]}
+            results[name]["seconds"] = round(time.perf_counter() - start, 1)
+            print(json.dumps({name: results[name]}), flush=True)
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
