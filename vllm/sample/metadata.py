@@ -104,11 +104,14 @@ class SamplingMetadata:
     temperature: Optional[torch.Tensor] = None  # [N] float32; 1.0 on greedy rows
     greedy_mask: Optional[torch.Tensor] = None  # [N] bool; None if all greedy or all random
     top_k: Optional[torch.Tensor] = None  # [N] int64, 0 = off
-    top_k_max: Optional[int] = None
-    """Host copy of the largest top_k among rows where it cuts (0 < k < vocab), 0 if
+    # Host facts about `top_k`, set with it (`SamplingState`): class attributes, not
+    # dataclass fields, because they are no graph input (HPU keys its sampler graphs
+    # on the fields) and change with the requests.
+    top_k_max = None
+    """Optional[int]: the largest top_k among rows where it cuts (0 < k < vocab), 0 if
     none; None when unknown (then read from `top_k`, a host sync on a GPU)."""
-    top_k_any_off: Optional[bool] = None
-    """Host copy: whether some row of `top_k` does not cut; None when unknown."""
+    top_k_any_off = None
+    """Optional[bool]: whether some row of `top_k` does not cut; None when unknown."""
     top_p: Optional[torch.Tensor] = None  # [N] float32
     min_p: Optional[torch.Tensor] = None  # [N] float32
     generators: dict[int, torch.Generator] = field(default_factory=dict)
