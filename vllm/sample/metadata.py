@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from vllm.sample.host_copy import host_to_device
 from vllm.sampling_params import _SAMPLING_EPS, SamplingParams
 
 
@@ -103,6 +104,14 @@ class SamplingMetadata:
     temperature: Optional[torch.Tensor] = None  # [N] float32; 1.0 on greedy rows
     greedy_mask: Optional[torch.Tensor] = None  # [N] bool; None if all greedy or all random
     top_k: Optional[torch.Tensor] = None  # [N] int64, 0 = off
+    # Host facts about `top_k`, set with it (`SamplingState`): class attributes, not
+    # dataclass fields, because they are no graph input (HPU keys its sampler graphs
+    # on the fields) and change with the requests.
+    top_k_max = None
+    """Optional[int]: the largest top_k among rows where it cuts (0 < k < vocab), 0 if
+    none; None when unknown (then read from `top_k`, a host sync on a GPU)."""
+    top_k_any_off = None
+    """Optional[bool]: whether some row of `top_k` does not cut; None when unknown."""
     top_p: Optional[torch.Tensor] = None  # [N] float32
     min_p: Optional[torch.Tensor] = None  # [N] float32
     generators: dict[int, torch.Generator] = field(default_factory=dict)
@@ -144,7 +153,8 @@ def flat_tokens(seqs: Sequence[Sequence[int]], vocab_size: int,
     tokens = torch.tensor(list(chain.from_iterable(seqs)), dtype=torch.int64)
     row_ids = torch.repeat_interleave(torch.arange(len(seqs)), lengths)
     keep = (tokens >= 0) & (tokens < vocab_size)
-    return row_ids[keep].to(device), tokens[keep].to(device)
+    return (host_to_device(row_ids[keep], torch.int64, device),
+            host_to_device(tokens[keep], torch.int64, device))
 
 
 def build_allowed_mask(params: Sequence[SamplingParams], vocab_size: int,
@@ -156,7 +166,7 @@ def build_allowed_mask(params: Sequence[SamplingParams], vocab_size: int,
     mask[users] = True
     allowed = [[t for t in params[i].allowed_token_ids if t < vocab_size] for i in users]
     row_ids, tokens = flat_tokens(allowed, vocab_size, device)
-    mask[torch.tensor(users, device=device)[row_ids], tokens] = False
+    mask[host_to_device(users, torch.int64, device)[row_ids], tokens] = False
     return mask
 
 
@@ -172,8 +182,8 @@ def build_min_tokens(rows: Sequence[SamplingRow], vocab_size: int,
             token_ids.extend(stops)
     if not row_ids:
         return None
-    return (torch.tensor(row_ids, dtype=torch.int64, device=device),
-            torch.tensor(token_ids, dtype=torch.int64, device=device))
+    return (host_to_device(row_ids, torch.int64, device),
+            host_to_device(token_ids, torch.int64, device))
 
 
 def min_tokens_in_force(row: SamplingRow) -> bool:
@@ -195,6 +205,6 @@ def build_logit_bias(params: Sequence[SamplingParams], vocab_size: int,
                 values.append(bias)
     if not row_ids:
         return None
-    return (torch.tensor(row_ids, dtype=torch.int64, device=device),
-            torch.tensor(token_ids, dtype=torch.int64, device=device),
-            torch.tensor(values, dtype=torch.float32, device=device))
+    return (host_to_device(row_ids, torch.int64, device),
+            host_to_device(token_ids, torch.int64, device),
+            host_to_device(values, torch.float32, device))

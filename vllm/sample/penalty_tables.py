@@ -14,13 +14,16 @@ output by one accumulate of the step's sampled tokens:
   requests never use penalties does not pay for it).
 - `seen[row]`: the row's distinct seen tokens, appended as new ones appear, so the
   default (CPU) path touches only the seen (row, token) pairs, never a whole row.
+  A host set mirrors them: recording a step's tokens reads nothing from the device.
 """
 from __future__ import annotations
 
+from itertools import chain
 from typing import Optional, Sequence
 
 import torch
 
+from vllm.sample.host_copy import host_to_device
 from vllm.sample.metadata import flat_tokens
 
 PROMPT_BIT = 1
@@ -29,24 +32,33 @@ OUTPUT_STEP = 2
 
 
 class SeenTokens:
-    """One row's distinct seen token ids (int64), in a buffer that grows by doubling."""
+    """One row's distinct seen token ids (int64), in a device buffer that grows by
+    doubling, with a host set of the same ids: whether a sampled token is new is
+    decided on the host (no read of the device tables each step)."""
 
-    def __init__(self, token_ids: torch.Tensor) -> None:
-        self._buffer = torch.empty(max(16, 2 * token_ids.numel()), dtype=torch.int64,
-                                   device=token_ids.device)
-        self._buffer[:token_ids.numel()] = token_ids
-        self.num_tokens = token_ids.numel()
+    def __init__(self, token_ids: Sequence[int], device: torch.device | str) -> None:
+        """`token_ids`: distinct ids, on the host."""
+        self.known = set(token_ids)
+        self.num_tokens = len(self.known)
+        self._buffer = torch.empty(max(16, 2 * self.num_tokens), dtype=torch.int64,
+                                   device=device)
+        if self.num_tokens:
+            self._buffer[:self.num_tokens] = host_to_device(sorted(self.known),
+                                                            torch.int64, device)
 
     def tokens(self) -> torch.Tensor:
         return self._buffer[:self.num_tokens]
 
     def extend(self, token_ids: list[int]) -> None:
+        """Append ids not seen before (distinct)."""
+        self.known.update(token_ids)
         end = self.num_tokens + len(token_ids)
         if end > self._buffer.numel():
             grown = self._buffer.new_empty(2 * end)
             grown[:self.num_tokens] = self.tokens()
             self._buffer = grown
-        self._buffer[self.num_tokens:end] = torch.tensor(token_ids, dtype=torch.int64)
+        self._buffer[self.num_tokens:end] = host_to_device(token_ids, torch.int64,
+                                                           self._buffer.device)
         self.num_tokens = end
 
 
@@ -71,7 +83,9 @@ class PenaltyTables:
         stats[prompt] = PROMPT_BIT
         _, output = flat_tokens([output_token_ids], self.vocab_size, self.device)
         stats.index_add_(0, output, torch.full_like(output, OUTPUT_STEP, dtype=torch.int32))
-        self.seen[row] = SeenTokens(torch.unique(torch.cat([prompt, output])))
+        in_vocab = [t for t in chain(prompt_token_ids, output_token_ids)
+                    if 0 <= t < self.vocab_size]
+        self.seen[row] = SeenTokens(in_vocab, self.device)
 
     def move_row(self, src: int, dst: int) -> None:
         self.token_stats[dst] = self.token_stats[src]
@@ -85,16 +99,16 @@ class PenaltyTables:
         pairs = [(r, t) for r, t in zip(rows, token_ids) if 0 <= t < self.vocab_size]
         if not pairs:
             return
-        index = torch.tensor(pairs, dtype=torch.int64).T.to(self.device)
-        before = self.token_stats[index[0], index[1]].tolist()
+        index = host_to_device(pairs, torch.int64, self.device).T
         self.token_stats.index_put_(
             (index[0], index[1]),
             torch.full((len(pairs),), OUTPUT_STEP, dtype=torch.int32, device=self.device),
             accumulate=True)
         new: dict[int, list[int]] = {}
-        for (row, token), stat in zip(pairs, before):
-            if stat == 0 and token not in new.setdefault(row, []):
-                new[row].append(token)
+        for row, token in pairs:
+            fresh = new.setdefault(row, [])
+            if token not in self.seen[row].known and token not in fresh:
+                fresh.append(token)
         for row, tokens in new.items():
             if tokens:
                 self.seen[row].extend(tokens)

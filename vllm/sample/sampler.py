@@ -12,7 +12,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from vllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
+from vllm.sample.host_copy import device_to_host
+from vllm.sample.logprobs import (LogprobsLists, LogprobsTensors, compute_logprobs,
+                                  gather_logprobs)
 from vllm.sample.metadata import SamplingMetadata, greedy_sample
 from vllm.sample.ops.logit_masks import (apply_allowed_token_mask, apply_logit_bias,
                                          apply_min_tokens)
@@ -25,6 +27,17 @@ class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [N] int64
     logprobs_tensors: Optional[LogprobsTensors]  # None when no row asked for logprobs
 
+    def tolists(self) -> tuple[list[int], Optional[LogprobsLists]]:
+        """(sampled token ids, logprobs) on the host, read back with one wait for the
+        device (the step's only synchronisation, see host_copy.py)."""
+        lp = self.logprobs_tensors
+        if lp is None:
+            return device_to_host([self.sampled_token_ids])[0].tolist(), None
+        ids, lp_ids, lp_values, ranks = device_to_host(
+            [self.sampled_token_ids, lp.logprob_token_ids, lp.logprobs,
+             lp.selected_token_ranks])
+        return ids.tolist(), LogprobsTensors(lp_ids, lp_values, ranks).tolists()
+
 
 class Sampler(nn.Module):
     """Stateless: all per-request state (history, generators) comes in the metadata.
@@ -33,12 +46,20 @@ class Sampler(nn.Module):
     With `static_shapes` (HPU) top-k / top-p take the full-sort path and penalties
     the whole-row path, whose shapes depend only on the logits' and the metadata's
     (the default paths look at a window first and sort the rows it did not resolve,
-    or find the seen tokens: data-dependent shapes and a host sync).
+    or find the seen tokens: data-dependent shapes).
+
+    On a GPU `forward` never waits for the device: every data-dependent decision
+    is taken from host-side metadata, host values are copied asynchronously
+    (host_copy.py), and the caller reads the result back once (`tolists`).
     """
 
-    def __init__(self, static_shapes: bool = False) -> None:
+    def __init__(self, static_shapes: bool = False,
+                 avoid_host_syncs: Optional[bool] = None) -> None:
+        """`avoid_host_syncs`: take the sync-free paths (None: on any non-CPU device;
+        on CPU the data-dependent paths are cheaper)."""
         super().__init__()
         self.static_shapes = static_shapes
+        self.avoid_host_syncs = avoid_host_syncs
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         if logits.dim() != 2 or logits.shape[0] != metadata.num_rows:
@@ -97,8 +118,15 @@ class Sampler(nn.Module):
         if self.static_shapes and md.top_k is not None and md.top_p is not None:
             logits = apply_top_k_top_p_sorted(logits, md.top_k, md.top_p)
         elif md.top_k is not None or md.top_p is not None:
-            logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+            logits = apply_top_k_top_p(logits, md.top_k, md.top_p, md.top_k_max,
+                                       md.top_k_any_off,
+                                       self._avoid_host_syncs(logits))
         return torch.softmax(logits, dim=-1, dtype=torch.float32)
+
+    def _avoid_host_syncs(self, logits: torch.Tensor) -> bool:
+        if self.avoid_host_syncs is not None:
+            return self.avoid_host_syncs
+        return logits.device.type != "cpu"
 
 
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from vllm.sample.host_copy import host_to_device
 from vllm.sample.metadata import (PenaltyInputs, SamplingMetadata, SamplingRow,
                                   build_allowed_mask, build_logit_bias, build_min_tokens,
                                   is_greedy)
@@ -121,15 +122,21 @@ class SamplingState:
                      device: torch.device | str) -> None:
         """Temperature, truncation knobs and generators of the non-greedy rows."""
         random_params = [r.params for r, g in zip(srows, greedy) if not g]
-        md.temperature = self.temperature.index_select(0, index).to(device)
+        md.temperature = host_to_device(self.temperature.index_select(0, index),
+                                        torch.float32, device)
         if not md.all_random:
-            md.greedy_mask = torch.tensor(greedy, dtype=torch.bool, device=device)
+            md.greedy_mask = host_to_device(greedy, torch.bool, device)
         if any(p.top_k > 0 for p in random_params):
-            md.top_k = self.top_k.index_select(0, index).to(device)
+            md.top_k = host_to_device(self.top_k.index_select(0, index), torch.int64, device)
+            cuts = [r.params.top_k for r in srows if 0 < r.params.top_k < md.vocab_size]
+            md.top_k_max = max(cuts, default=0)
+            md.top_k_any_off = len(cuts) < len(srows)
         if any(p.top_p < 1.0 for p in random_params):
-            md.top_p = self.top_p.index_select(0, index).to(device)
+            md.top_p = host_to_device(self.top_p.index_select(0, index), torch.float32,
+                                      device)
         if any(p.min_p > 0.0 for p in random_params):
-            md.min_p = self.min_p.index_select(0, index).to(device)
+            md.min_p = host_to_device(self.min_p.index_select(0, index), torch.float32,
+                                      device)
         md.generators = {}
         for i, (r, g) in enumerate(zip(srows, greedy)):
             if g:
@@ -149,13 +156,14 @@ class SamplingState:
             return None
         tables = self.penalty_tables_for(vocab_size, device)
         table_rows = torch.tensor([rows[i] for i in local], dtype=torch.int64)
+        knobs = torch.stack([column.index_select(0, table_rows) for column in
+                             (self.repetition, self.frequency, self.presence)])
+        repetition, frequency, presence = host_to_device(knobs, torch.float32, device)
         return PenaltyInputs(
-            rows=torch.tensor(local, dtype=torch.int64, device=device),
-            table_rows=table_rows.to(device),
+            rows=host_to_device(local, torch.int64, device),
+            table_rows=host_to_device(table_rows, torch.int64, device),
             token_stats=tables.token_stats, seen_tokens=[tables.seen[rows[i]] for i in local],
-            repetition=self.repetition.index_select(0, table_rows).to(device),
-            frequency=self.frequency.index_select(0, table_rows).to(device),
-            presence=self.presence.index_select(0, table_rows).to(device))
+            repetition=repetition, frequency=frequency, presence=presence)
 
     def penalty_tables_for(self, vocab_size: int, device: torch.device | str) -> PenaltyTables:
         """The tables, allocated (and every penalized row written) on first use."""

@@ -546,11 +546,8 @@ class ModelRunnerBase:
         if md is None:  # every row takes the argmax of its raw logits
             token_ids = greedy_sample(logits).tolist()
         else:
-            out = self.sampler(logits, md)
-            token_ids = out.sampled_token_ids.tolist()
-            lp = out.logprobs_tensors
-            if lp is not None:
-                lp_lists = lp.tolists()
+            # One read-back of the tokens and logprobs: the step's only device wait.
+            token_ids, lp_lists = self.sampler(logits, md).tolists()
         return self._record_samples(req_ids, token_ids, lp_lists)
 
     def _record_samples(self, req_ids: list[str], token_ids: list[int],

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from vllm.sample.host_copy import host_to_device
 from vllm.sample.metadata import PenaltyInputs
 
 
@@ -29,12 +30,17 @@ def apply_penalties(logits: torch.Tensor, pen: PenaltyInputs) -> torch.Tensor:
     logits = logits.contiguous()  # flat offsets below (the sampler's copy already is)
     parts = [seen.tokens() for seen in pen.seen_tokens]
     token_ids = torch.cat(parts)
-    lengths = torch.tensor([p.shape[0] for p in parts], device=token_ids.device)
+    # Lengths and their total from the host (`num_tokens`): no device read on a GPU.
+    host_lengths = [seen.num_tokens for seen in pen.seen_tokens]
+    total = sum(host_lengths)
+    lengths = host_to_device(host_lengths, torch.int64, token_ids.device)
     row_starts = torch.stack([pen.rows * logits.shape[1],
                               pen.table_rows * pen.token_stats.shape[1]])
-    logit_at, stat_at = (row_starts.repeat_interleave(lengths, dim=1) + token_ids).unbind(0)
+    logit_at, stat_at = (row_starts.repeat_interleave(lengths, dim=1, output_size=total)
+                         + token_ids).unbind(0)
     knobs = torch.stack([pen.repetition, pen.frequency, pen.presence])
-    repetition, frequency, presence = knobs.repeat_interleave(lengths, dim=1).unbind(0)
+    repetition, frequency, presence = knobs.repeat_interleave(
+        lengths, dim=1, output_size=total).unbind(0)
     counts = (pen.token_stats.view(-1).index_select(0, stat_at) >> 1).float()
     flat = logits.view(-1)
     values = penalized_values(flat.index_select(0, logit_at), counts, repetition, frequency,

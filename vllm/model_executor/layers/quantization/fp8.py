@@ -22,6 +22,9 @@ from vllm.model_executor.layers.quantization.base_config import (LinearMethodBas
                                                                  all_or_none,
                                                                  check_field,
                                                                  checkpoint_names, make_param)
+from vllm.model_executor.layers.quantization.fp8_scaled_mm import (Fp8GemmPlan,
+                                                                   device_capability,
+                                                                   plan_fp8_gemm)
 from vllm.model_executor.layers.quantization.fp8_utils import (FP8_DTYPE, fp8_linear,
                                                                quantize_weight)
 
@@ -76,9 +79,20 @@ class Fp8Config(QuantizationConfig):
         return f"fp8 e4m3 ({how}; {self.activation_scheme} activation scales)"
 
 
+def plan_layer(layer: nn.Module) -> Fp8GemmPlan:
+    """The layer's GEMM plan (fp8_scaled_mm.py) for its final weights, stored on the
+    layer: made once when the weights are processed, again only if they moved."""
+    weight = layer.weight
+    plan = layer.__dict__.get("fp8_gemm_plan")
+    if plan is None or plan.device != weight.device:
+        plan = plan_fp8_gemm(device_capability(weight.device), weight, layer.weight_scale)
+        layer.fp8_gemm_plan = plan
+    return plan
+
+
 class Fp8LinearMethod(LinearMethodBase):
     """After processing: `weight` fp8 [N, K], `weight_scale` float32 [N], optional
-    `input_scale` [1] (static activations)."""
+    `input_scale` [1] (static activations), `fp8_gemm_plan` (how the GEMM runs)."""
 
     def __init__(self, weight_only: bool = False) -> None:
         self.on_hpu = on_hpu()
@@ -90,7 +104,8 @@ class Fp8LinearMethod(LinearMethodBase):
             w = (layer.weight.float() * layer.weight_scale.unsqueeze(1)).to(x.dtype)
             return F.linear(x, w, bias)
         return fp8_linear(x, layer.weight, layer.weight_scale,
-                          getattr(layer, "input_scale", None), bias, self.on_hpu)
+                          getattr(layer, "input_scale", None), bias, self.on_hpu,
+                          plan_layer(layer))
 
 
 class Fp8OnlineLinearMethod(Fp8LinearMethod):
@@ -116,6 +131,8 @@ class Fp8OnlineLinearMethod(Fp8LinearMethod):
             q, scale = torch.cat(qs), torch.cat(scales)
         layer.weight = nn.Parameter(q, requires_grad=False)
         layer.weight_scale = nn.Parameter(scale, requires_grad=False)
+        layer.fp8_gemm_plan = None
+        plan_layer(layer)
 
 
 class Fp8CheckpointLinearMethod(Fp8LinearMethod):
@@ -154,3 +171,6 @@ class Fp8CheckpointLinearMethod(Fp8LinearMethod):
         if self.static_input:
             layer.input_scale = nn.Parameter(layer.input_scale.data.amax().reshape(1),
                                              requires_grad=False)
+        layer.fp8_gemm_plan = None
+        if not self.weight_only:
+            plan_layer(layer)

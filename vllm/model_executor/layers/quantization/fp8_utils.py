@@ -15,6 +15,9 @@ fp8 weights widened to float32 in registers, reading 1 byte a weight); more rows
 (prefill), or without the native library, convert the fp8 weight to the activation
 dtype (exact: every fp8 value is a bf16 value) and run the ordinary GEMM.
 HPU: the shim's `cast_to_fp8_v2` / `fp8_gemm_v2` (Gaudi's ops; emulated off it).
+CUDA >= 8.9 (Ada, Hopper): `torch._scaled_mm` (fp8_scaled_mm.py), chosen per layer
+when its weights are final (`Fp8GemmPlan`); older GPUs and shapes it does not take
+dequantize as on CPU.
 """
 from __future__ import annotations
 
@@ -22,6 +25,9 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+
+from vllm.model_executor.layers.quantization.fp8_scaled_mm import (Fp8GemmPlan,
+                                                                   scaled_mm_fp8_gemm)
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
@@ -50,8 +56,11 @@ def quantize_weight(weight: torch.Tensor, per_channel: bool
 
 def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
                input_scale: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-               on_hpu: bool) -> torch.Tensor:
-    """x [.., K] @ dequant(w_q [N, K])^T (+ bias), activations quantized to fp8."""
+               on_hpu: bool, plan: Optional[Fp8GemmPlan] = None) -> torch.Tensor:
+    """x [.., K] @ dequant(w_q [N, K])^T (+ bias), activations quantized to fp8.
+
+    `plan` (the layer's, see fp8_scaled_mm.py) selects `torch._scaled_mm`; None or a
+    dequantize plan keeps the platform's path."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     if input_scale is None:
@@ -59,7 +68,9 @@ def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
     else:
         x_scale = input_scale.float().reshape(1, 1)
         x_q = scaled_fp8(x2, x_scale)
-    if on_hpu:
+    if plan is not None and plan.use_scaled_mm:
+        out = scaled_mm_fp8_gemm(x_q, x_scale, w_q, w_scale, bias, x.dtype, plan)
+    elif on_hpu:
         from vllm.hpu.habana import hpu_ops
         out = hpu_ops.fp8_gemm_v2(x_q, False, w_q, True, None, x.dtype, x_scale, w_scale,
                                   bias, False)
