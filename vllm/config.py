@@ -751,15 +751,29 @@ class VllmConfig:
             self.lora_config.finalize(self.model_config, self.parallel_config)
         if self.cache_config.block_size is None:
             self.cache_config.block_size = current_platform.default_block_size()
-        self.compilation_config.finalize(self.scheduler_config.max_num_seqs,
-                                         self.scheduler_config.max_num_batched_tokens,
-                                         self.model_config.enforce_eager)
+        self._finalize_compilation(current_platform)
         self._resolve_attention_backend(current_platform)
         current_platform.check_and_update_config(self)
         if self.speculative_config is not None:
             self.speculative_config.verify_with(self)
         if self.kv_transfer_config is not None:
             self.kv_transfer_config.verify_with(self)
+
+    def _finalize_compilation(self, platform: Any) -> None:
+        """CUDA graph sizes where the platform captures them (CUDA); elsewhere none,
+        with a warning when the user asked for some (HPU graphs have their own knobs:
+        buckets and --enforce-eager)."""
+        cc = self.compilation_config
+        asked = cc.cudagraph_capture_sizes is not None or cc.max_cudagraph_capture_size \
+            is not None or cc.cudagraph_mode not in ("NONE", "FULL_AND_PIECEWISE")
+        if not platform.captures_cuda_graphs:
+            if asked:
+                logger.warning("compilation_config %s: CUDA graphs are captured on CUDA only; "
+                               "nothing is captured on %s.", cc, platform.device_name)
+            cc.cudagraph_mode = "NONE"
+        cc.finalize(self.scheduler_config.max_num_seqs,
+                    self.scheduler_config.max_num_batched_tokens,
+                    self.model_config.enforce_eager)
 
     def _resolve_attention_backend(self, platform: Any) -> None:
         """--attention-backend, else VLLM_ATTENTION_BACKEND, else the platform's

@@ -60,7 +60,10 @@ def test_cli_flags_reach_the_config():
     args = parser.parse_args(["--cudagraph-capture-sizes", "4", "1", "2", "--max-num-seqs", "8",
                               "-O", '{"cudagraph_mode": "FULL_DECODE_ONLY"}',
                               "--attention-backend", "torch_sdpa"])
-    cfg = EngineArgs.from_cli_args(args).create_engine_config()
+    from vllm.platforms.cpu import CpuPlatform
+    with pytest.MonkeyPatch.context() as mp:  # as on CUDA, where graphs are captured
+        mp.setattr(CpuPlatform, "captures_cuda_graphs", True)
+        cfg = EngineArgs.from_cli_args(args).create_engine_config()
     assert cfg.compilation_config.cudagraph_capture_sizes == [1, 2, 4]
     assert cfg.compilation_config.cudagraph_mode == "FULL_DECODE_ONLY"
     assert cfg.attention_config.backend_cls.endswith("TorchSDPABackendImpl")
@@ -70,6 +73,13 @@ def test_cli_flags_reach_the_config():
     # The CPU platform serves no Triton backend: a clear error, not a silent fallback.
     with pytest.raises(ValueError, match="TRITON_ATTN.*not available on cpu"):
         EngineArgs(attention_backend="TRITON_ATTN").create_engine_config()
+
+
+def test_graph_flags_off_cuda_warn_and_capture_nothing(caplog):
+    with caplog.at_level("WARNING", logger="vllm"):
+        cfg = EngineArgs(cudagraph_capture_sizes=[1, 2]).create_engine_config()
+    assert cfg.compilation_config.cudagraph_capture_sizes == []
+    assert "captured on CUDA only" in caplog.text
 
 
 def test_attention_backend_env_var(monkeypatch):

@@ -25,6 +25,7 @@ class CudaPlatform(Platform):
     device_name = "cuda"
     device_type = "cuda"
     dist_backend = "nccl"
+    captures_cuda_graphs = True
     attn_backends = {"TRITON_ATTN": TRITON_ATTN, "TORCH_SDPA": TORCH_SDPA}
     """TRITON_ATTN: the paged kernels of vllm/attention/ops (one call per layer for
     decodes and prefills, CUDA-graph capturable); TORCH_SDPA: torch ops, the fallback."""

@@ -49,6 +49,8 @@ class Platform:
         """Qualified name of the Worker class the executor instantiates."""
         raise NotImplementedError
 
+    captures_cuda_graphs: bool = False
+    """Whether compilation_config's CUDA graphs are captured (the CUDA platform)."""
     attn_backends: dict[str, str] = {}
     """--attention-backend names this platform serves -> implementation class."""
 
