@@ -68,9 +68,45 @@ class TritonKernel:
         kind = "cpu" if device.type == "cpu" else "jit"
         kernel = self._by_device.get(kind)
         if kernel is None:
-            kernel = InterpretedFunction(self.fn) if kind == "cpu" else triton.jit(self.fn)
+            kernel = (_Interpreted(InterpretedFunction(self.fn)) if kind == "cpu"
+                      else triton.jit(self.fn))
             self._by_device[kind] = kernel
         return kernel
+
+
+class _Interpreted:
+    """An interpreted kernel whose calls of Triton's own jitted library functions
+    (`tl.sum`, `tl.max`, `tl.zeros`, ...) are interpreted too.
+
+    Those are `triton.jit` functions built when triton was imported; with
+    TRITON_INTERPRET unset they refuse to be called from Python, which is what the
+    interpreter does. For the duration of a launch, `JITFunction.__call__` runs the
+    function through the interpreter instead (compiled GPU kernels never go through
+    `__call__`: the compiler inlines the functions they call).
+    """
+
+    _cache: Dict[Callable, object] = {}
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            jit_cls = triton.runtime.jit.JITFunction
+            original = jit_cls.__call__
+            jit_cls.__call__ = _Interpreted._call_interpreted
+            try:
+                return self.kernel[grid](*args, **kwargs)
+            finally:
+                jit_cls.__call__ = original
+        return launch
+
+    @staticmethod
+    def _call_interpreted(jit_fn, *args, **kwargs):
+        fn = _Interpreted._cache.get(jit_fn.fn)
+        if fn is None:
+            fn = _Interpreted._cache[jit_fn.fn] = InterpretedFunction(jit_fn.fn)
+        return fn(*args, **kwargs)
 
 
 def _reshape_and_cache_kernel(

@@ -1,0 +1,257 @@
+"""The Triton paged-attention ops (CUDA backend) against a float64 reference, run on
+CPU through Triton's interpreter (the same kernel code a GPU compiles).
+
+Every step writes its sequences' K/V with `reshape_and_cache`, then attends with
+`unified_attention`; the reference gathers each sequence's K/V from the cache
+through the block table and applies an explicit masked softmax. Unused block-table
+entries point at a block full of NaN, so any read past a sequence's length shows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import pytest
+import torch
+
+from vllm.attention.fp8_kv import quantize_kv
+from vllm.attention.ops import triton_reshape_and_cache as rac_mod
+from vllm.attention.ops.triton_reshape_and_cache import HAS_TRITON, reshape_and_cache
+
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+if HAS_TRITON:
+    from vllm.attention.ops.triton_unified_attention import (AttentionLaunch,
+                                                             plan_launch,
+                                                             run_unified_attention,
+                                                             unified_attention)
+
+SENTINEL = 123.0
+POISON_BLOCK = 0
+
+
+@dataclass
+class Step:
+    """One batch: query rows of each sequence, its paged cache and block table."""
+    query: torch.Tensor
+    kv_cache: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    block_size: int
+
+
+def make_step(seqs: Sequence[Tuple[int, int]], num_heads: int, num_kv_heads: int,
+              head_size: int, block_size: int = 4, pad_rows: int = 0,
+              dtype: torch.dtype = torch.float32,
+              cache_dtype: Optional[torch.dtype] = None, k_scale: float = 1.0,
+              v_scale: float = 1.0, seed: int = 0) -> Step:
+    """seqs: (context_len, query_len) per sequence; (0, 0) is a padding sequence."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [c + q for c, q in seqs]
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    max_blocks = max(blocks_per_seq) + 1  # an unused column in every row
+    num_blocks = sum(blocks_per_seq) + 1
+    cache = torch.full((2, num_kv_heads, num_blocks * block_size, head_size),
+                       float("nan"), dtype=torch.float32).to(cache_dtype or dtype)
+    order = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    table = torch.full((len(seqs), max_blocks), POISON_BLOCK, dtype=torch.int32)
+    for s, n in enumerate(blocks_per_seq):
+        table[s, :n] = torch.tensor([order.pop() for _ in range(n)], dtype=torch.int32)
+    for s, length in enumerate(seq_lens):
+        if length == 0:
+            continue
+        pos = torch.arange(length)
+        slots = table[s, pos // block_size].long() * block_size + pos % block_size
+        k = torch.randn(length, num_kv_heads, head_size, generator=gen).to(dtype)
+        v = torch.randn(length, num_kv_heads, head_size, generator=gen).to(dtype)
+        reshape_and_cache(k, v, cache, slots, k_scale, v_scale)
+    num_rows = sum(q for _, q in seqs) + pad_rows
+    query = torch.randn(num_rows, num_heads, head_size, generator=gen).to(dtype)
+    qsl = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor([q for _, q in seqs]), 0)
+    return Step(query, cache, qsl, torch.tensor(seq_lens, dtype=torch.int32), table,
+                block_size)
+
+
+def reference(step: Step, scale: float, sliding_window: Optional[int] = None,
+              softcap: Optional[float] = None,
+              alibi_slopes: Optional[torch.Tensor] = None,
+              k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """float64 attention of every sequence's rows over its dequantized cache."""
+    q_all = step.query.double()
+    num_heads = q_all.shape[1]
+    out = torch.full_like(q_all, SENTINEL)
+    bs = step.block_size
+    for s in range(len(step.seq_lens)):
+        q0, q1 = int(step.query_start_loc[s]), int(step.query_start_loc[s + 1])
+        length, n = int(step.seq_lens[s]), q1 - q0
+        if n == 0:
+            continue
+        pos = torch.arange(length)
+        slots = step.block_table[s, pos // bs].long() * bs + pos % bs
+        k = step.kv_cache[0][:, slots].double() * k_scale
+        v = step.kv_cache[1][:, slots].double() * v_scale
+        group = num_heads // k.shape[0]
+        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        scores = q_all[q0:q1].transpose(0, 1) @ k.transpose(1, 2) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        q_pos = (length - n + torch.arange(n))[:, None]
+        k_pos = pos[None, :]
+        if alibi_slopes is not None:
+            scores = scores + alibi_slopes.double()[:, None, None] * (k_pos - q_pos)
+        allowed = k_pos <= q_pos
+        if sliding_window:
+            allowed &= k_pos > q_pos - sliding_window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out[q0:q1] = (scores.softmax(-1) @ v).transpose(0, 1)
+    return out
+
+
+def run(step: Step, launch: Optional["AttentionLaunch"] = None,
+        **kwargs) -> torch.Tensor:
+    out = torch.full_like(step.query, SENTINEL)
+    args = (step.query, step.kv_cache, out, step.query_start_loc, step.seq_lens,
+            step.block_table, step.block_size, kwargs.pop("scale"))
+    if launch is None:
+        unified_attention(*args, **kwargs)
+    else:
+        run_unified_attention(*args, launch, **kwargs)
+    return out
+
+
+def check(step: Step, atol: float = 2e-5, launch=None, **kwargs) -> None:
+    ref = reference(step, **kwargs)
+    got = run(step, launch, **kwargs)
+    valid = int(step.query_start_loc[-1])
+    torch.testing.assert_close(got[:valid].double(), ref[:valid], atol=atol, rtol=atol)
+    # Rows past the last sequence belong to no one: left exactly as they were.
+    assert torch.all(got[valid:] == SENTINEL)
+
+
+# Small tiles: several key tiles per sequence, so tile skipping and the online
+# softmax across tiles are exercised on tiny sequences; and the split-KV path.
+SMALL = AttentionLaunch(block_m=16, block_q=4, tile=16, num_segments=1, num_warps=4,
+                        num_stages=2) if HAS_TRITON else None
+SPLIT = AttentionLaunch(block_m=16, block_q=4, tile=16, num_segments=4, num_warps=4,
+                        num_stages=2) if HAS_TRITON else None
+
+MIXED = [(20, 1), (0, 1), (0, 0), (0, 9), (6, 5), (37, 1), (0, 0)]
+"""Decodes (one with an empty context), padding sequences, a whole prompt and a
+chunk with a cached prefix of 6 (not a multiple of the block size)."""
+
+
+@pytest.mark.parametrize("seqs", [
+    [(5, 1), (17, 1), (0, 1)],
+    [(0, 7), (0, 12)],
+    [(6, 5), (13, 9)],
+], ids=["decodes", "prefills", "chunked"])
+def test_batch_kinds(seqs):
+    step = make_step(seqs, num_heads=4, num_kv_heads=2, head_size=64, pad_rows=2)
+    check(step, launch=SMALL, scale=64 ** -0.5)
+    check(step, scale=64 ** -0.5)  # the planned tiles (128-row blocks for prefills)
+
+
+@pytest.mark.parametrize("heads,head_size", [((8, 2), 80), ((2, 2), 64)],
+                         ids=["gqa-80", "mha-64"])
+def test_mixed_batch(heads, head_size):
+    step = make_step(MIXED, *heads, head_size=head_size, block_size=8, pad_rows=3)
+    check(step, launch=SMALL, scale=head_size ** -0.5)
+
+
+def test_planned_launch_and_split_kv_agree_with_reference():
+    step = make_step(MIXED, 8, 2, 64, pad_rows=3, seed=1)
+    check(step, scale=0.125)
+    check(step, launch=SPLIT, scale=0.125)
+
+
+def test_sliding_window_skips_and_masks_old_keys():
+    step = make_step(MIXED, 4, 2, 64, pad_rows=1, seed=2)
+    check(step, launch=SMALL, scale=0.125, sliding_window=5)
+    check(step, launch=SPLIT, scale=0.125, sliding_window=19)
+
+
+def test_softcap_and_alibi():
+    step = make_step(MIXED, 4, 2, 64, pad_rows=1, seed=3)
+    check(step, launch=SMALL, scale=1.0, softcap=5.0)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    check(step, launch=SMALL, scale=0.125, alibi_slopes=slopes)
+
+
+def test_fp8_cache_with_scales():
+    ks, vs = 0.05, 1.7
+    step = make_step(MIXED, 4, 2, 64, pad_rows=1, cache_dtype=torch.float8_e4m3fn,
+                     k_scale=ks, v_scale=vs, seed=4)
+    assert step.kv_cache.dtype == torch.float8_e4m3fn
+    check(step, launch=SMALL, scale=0.125, k_scale=ks, v_scale=vs)
+
+
+def test_bfloat16():
+    step = make_step(MIXED, 8, 2, 64, pad_rows=1, dtype=torch.bfloat16, seed=5)
+    got = run(step, SMALL, scale=0.125)
+    assert got.dtype == torch.bfloat16
+    ref = reference(step, scale=0.125)
+    valid = int(step.query_start_loc[-1])
+    torch.testing.assert_close(got[:valid].double(), ref[:valid], atol=2e-2, rtol=2e-2)
+    assert torch.all(got[valid:] == SENTINEL)
+
+
+def test_plan_depends_on_shapes_only():
+    cpu = torch.device("cpu")
+    decode = plan_launch(4, 4, 8, 2, 128, 64, 16, cpu)
+    assert decode.block_m == 16 and decode.block_q == 4
+    prefill = plan_launch(512, 4, 8, 2, 256, 64, 16, cpu)
+    assert prefill.block_m == 64 and prefill.tile == 32
+    # Enough programs for every row of every sequence, whatever the split.
+    for lens in ([1] * 4, [509, 1, 1, 1], [0, 0, 0, 512]):
+        blocks = sum(-(-n // prefill.block_q) for n in lens)
+        assert blocks <= prefill.num_q_blocks(512, 4)
+
+
+def _fused_qkv(num_tokens: int, num_kv_heads: int, head_size: int, dtype):
+    qkv = torch.randn(num_tokens, 3 * num_kv_heads * head_size).to(dtype)
+    split = qkv.view(num_tokens, 3, num_kv_heads, head_size)
+    return split[:, 1], split[:, 2]  # strided views of the fused output
+
+
+@pytest.mark.parametrize("cache_dtype", [None, torch.float8_e4m3fn, torch.float8_e5m2])
+def test_reshape_and_cache(cache_dtype):
+    torch.manual_seed(0)
+    key, value = _fused_qkv(6, 2, 80, torch.float32)
+    assert not key.is_contiguous()
+    key = key * 30.0  # some rows saturate fp8 e4m3 after the scale
+    dtype = cache_dtype or torch.float32
+    cache = torch.zeros(2, 2, 16, 80, dtype=dtype)
+    slots = torch.tensor([3, -1, 15, 0, -1, 7], dtype=torch.int32)
+    reshape_and_cache(key, value, cache, slots, k_scale=0.5, v_scale=2.0)
+    kept = slots >= 0
+    written = torch.zeros(16, dtype=torch.bool)
+    written[slots[kept].long()] = True
+    for i, (x, scale) in enumerate(((key, 0.5), (value, 2.0))):
+        rows = cache[i][:, slots[kept].long()].transpose(0, 1)
+        want = x[kept] if cache_dtype is None else quantize_kv(x[kept], scale, dtype)
+        assert torch.equal(rows.view(torch.uint8) if cache_dtype else rows,
+                           want.view(torch.uint8) if cache_dtype else want)
+        # Skipped rows wrote nothing: every other slot still holds zeros.
+        assert torch.all(cache[i][:, ~written].float() == 0)
+
+
+def test_reshape_and_cache_bfloat16_int64_slots():
+    key, value = _fused_qkv(3, 1, 64, torch.bfloat16)
+    cache = torch.zeros(2, 1, 8, 64, dtype=torch.bfloat16)
+    reshape_and_cache(key, value, cache, torch.tensor([5, 2, -7]))
+    assert torch.equal(cache[0, 0, [5, 2]], key[:2, 0])
+    assert torch.equal(cache[1, 0, [5, 2]], value[:2, 0])
+    assert torch.all(cache[:, :, [0, 1, 3, 4, 6, 7]] == 0)
+
+
+def test_ops_refuse_to_run_without_triton(monkeypatch):
+    monkeypatch.setattr(rac_mod, "HAS_TRITON", False)
+    key = torch.zeros(1, 1, 64)
+    with pytest.raises(RuntimeError, match="triton"):
+        reshape_and_cache(key, key, torch.zeros(2, 1, 4, 64), torch.zeros(1).long())
+    with pytest.raises(RuntimeError, match="triton"):
+        unified_attention(key, torch.zeros(2, 1, 4, 64), key, torch.tensor([0, 1]),
+                          torch.tensor([1]), torch.zeros(1, 1, dtype=torch.int32), 4,
+                          1.0)
