@@ -128,6 +128,7 @@ def _reshape_and_cache_kernel(
     d = tl.arange(0, HEAD_PAD)
     d_ok = d < HEAD
     dst = CACHE + h * stride_c_h + slot * stride_c_s + d * stride_c_d
+    DROP: tl.constexpr = 23 - FP8_MANT  # float32 mantissa bits an fp8 value drops
     for i in tl.static_range(2):
         if i == 0:
             x = tl.load(KEY + t * stride_k_t + h * stride_k_h + d * stride_k_d, mask=d_ok)
@@ -142,7 +143,6 @@ def _reshape_and_cache_kernel(
             bits = xf.to(tl.int32, bitcast=True)
             sign = (bits >> 24) & 0x80
             a = bits & 0x7FFFFFFF
-            DROP: tl.constexpr = 23 - FP8_MANT
             # Normal fp8 value: round the float32 exponent+mantissa to FP8_MANT bits
             # (nearest, ties to even), then rebias the exponent.
             normal = (a + ((1 << (DROP - 1)) - 1) + ((a >> DROP) & 1)) >> DROP

@@ -30,6 +30,7 @@ output, so the result is attention over the dequantized cache.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -42,10 +43,11 @@ from vllm.attention.ops.triton_reshape_and_cache import (HAS_TRITON, TritonKerne
 
 logger = logging.getLogger(__name__)
 
-_LOG2E = 1.4426950408889634
-# Running max before any key is seen: finite, so a tile whose keys are all masked
-# (exp2(-inf - m) = 0, correction exp2(0) = 1) needs no special case.
-_M_INIT = -1.0e30
+if HAS_TRITON:  # kernels may read globals only as constexpr
+    _LOG2E = tl.constexpr(1.4426950408889634)
+    # Running max before any key is seen: finite, so a tile whose keys are all
+    # masked (exp2(-inf - m) = 0, correction exp2(0) = 1) needs no special case.
+    _M_INIT = tl.constexpr(-1.0e30)
 _MAX_SEGMENTS = 16
 
 
@@ -68,7 +70,7 @@ def _unified_attention_kernel(
     segment = tl.program_id(2)
 
     # The sequence of this query block: the last s whose first block <= q_block.
-    lo = 0
+    lo: tl.int32 = 0
     hi = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
@@ -208,6 +210,7 @@ class AttentionLaunch:
         return num_tokens // self.block_q + num_seqs
 
 
+@functools.lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
@@ -218,26 +221,27 @@ def plan_launch(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads: in
                 head_size: int, max_blocks: int, block_size: int,
                 device: torch.device) -> AttentionLaunch:
     """Tiles for a step's shapes. Batches averaging a few query rows per sequence
-    (decodes) take the smallest row tile `tl.dot` allows; prefills take 128 rows (64
-    for head_size 256). Too few programs for the GPU's SMs split the keys."""
+    (decodes) take the smallest row tile `tl.dot` allows and 16-key tiles; prefills
+    take 128 rows (64 for head_size 256) and 32-key tiles. Larger key tiles make
+    sm_90 spill registers: the gathered K/V addresses are per element. Too few
+    programs for the GPU's SMs split the keys."""
     qpk_pad = triton.next_power_of_2(num_heads // num_kv_heads)
     head_pad = triton.next_power_of_2(head_size)
     decode_like = num_tokens <= 4 * num_seqs
-    block_m = max(16 if decode_like else (128 if head_pad <= 128 else 64), qpk_pad)
-    block_q = block_m // qpk_pad
-    tile = 64 if head_pad <= 128 else 32
-    launch = AttentionLaunch(block_m, block_q, tile, 1,
-                             num_warps=8 if block_m >= 128 else 4,
-                             num_stages=3 if head_pad <= 128 else 2)
+    if decode_like:
+        block_m, tile, warps, stages = 16, 16, 4, 2
+    else:
+        block_m, tile, warps = (128, 32, 8) if head_pad <= 128 else (64, 32, 8)
+        stages = 3 if head_pad <= 128 else 2
+    block_m = max(block_m, qpk_pad)
+    segments = 1
+    programs = (num_tokens // (block_m // qpk_pad) + num_seqs) * num_kv_heads
     sms = _num_sms(device)
-    programs = launch.num_q_blocks(num_tokens, num_seqs) * num_kv_heads
     max_tiles = math.ceil(max_blocks * block_size / tile)
     if programs < sms and max_tiles >= 8:
         want = min(math.ceil(2 * sms / programs), max_tiles // 4, _MAX_SEGMENTS)
         segments = 1 << (max(want, 1).bit_length() - 1)
-        launch = AttentionLaunch(block_m, block_q, tile, segments, launch.num_warps,
-                                 launch.num_stages)
-    return launch
+    return AttentionLaunch(block_m, block_m // qpk_pad, tile, segments, warps, stages)
 
 
 def unified_attention(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
