@@ -209,6 +209,89 @@ def test_plan_depends_on_shapes_only():
         assert blocks <= prefill.num_q_blocks(512, 4)
 
 
+def test_small_grids_split_the_keys(monkeypatch):
+    from vllm.attention.ops import triton_unified_attention as ua
+    monkeypatch.setattr(ua, "_num_sms", lambda device: 132)
+    cpu = torch.device("cpu")
+    batch1 = plan_launch(1, 1, 32, 8, 128, 512, 16, cpu)
+    assert batch1.num_segments == 16
+    short_cache = plan_launch(1, 1, 32, 8, 128, 2, 16, cpu)
+    assert short_cache.num_segments == 1
+    prefill = plan_launch(64 * 128, 64, 32, 8, 128, 512, 16, cpu)
+    assert prefill.num_segments == 1
+
+
+_TRITON_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+                 torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5",
+                 torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
+
+
+class _Recorder:
+    """Stands in for a kernel: records each launch's arguments instead of running."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def on(self, device):
+        return self
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((self.kernel.fn, args, kwargs))
+
+
+def _compile_for_sm90(fn, args, kwargs):
+    """What the CUDA JIT would do with these arguments, without a GPU: the front end
+    and the sm_90 back end catch what the interpreter accepts but a GPU rejects."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    names = list(inspect.signature(fn).parameters)
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    signature = {}
+    for name, value in zip(names, args):
+        if isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TRITON_TYPES[value.dtype]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i64" if abs(value) >= 2**31 else "i32"
+    signature.update({name: "constexpr" for name in kwargs})
+    triton.compile(ASTSource(triton.jit(fn), signature, kwargs),
+                   target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def test_launches_compile_for_sm90(monkeypatch):
+    """The CI has no GPU: compile every kernel the ops launch for a decode step (bf16,
+    split keys, all features, fp8 cache) and a prefill step, ahead of time."""
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    # After an interpreted run in the same process (a GPU machine's CPU tests): the
+    # interpreter must have put Triton's language back for the compiler.
+    check(make_step([(3, 2)], 2, 1, 64), launch=SPLIT, scale=0.125, softcap=5.0)
+    from vllm.attention.ops import triton_unified_attention as ua
+    recorders = {name: _Recorder(getattr(mod, name)) for mod, name in (
+        (ua, "_ATTENTION"), (ua, "_COMBINE"), (rac_mod, "_KERNEL"))}
+    for name, mod in (("_ATTENTION", ua), ("_COMBINE", ua), ("_KERNEL", rac_mod)):
+        monkeypatch.setattr(mod, name, recorders[name])
+    monkeypatch.setattr(ua, "_num_sms", lambda device: 132)
+    for num_tokens, cache_dtype in ((2, torch.float8_e4m3fn), (300, torch.bfloat16)):
+        query = torch.zeros(num_tokens, 8, 80, dtype=torch.bfloat16)
+        cache = torch.zeros(2, 2, 64, 80, dtype=cache_dtype)
+        qsl = torch.tensor([0, num_tokens - 1, num_tokens], dtype=torch.int32)
+        reshape_and_cache(query[:, :2], query[:, 2:4], cache,
+                          torch.zeros(num_tokens, dtype=torch.int64), 0.5, 2.0)
+        unified_attention(query, cache, query.clone(), qsl,
+                          torch.tensor([40, 1], dtype=torch.int32),
+                          torch.zeros(2, 16, dtype=torch.int32), 16, 0.1,
+                          sliding_window=32, softcap=30.0, alibi_slopes=torch.ones(8),
+                          k_scale=0.5, v_scale=2.0)
+    launches = [launch for r in recorders.values() for launch in r.launches]
+    assert recorders["_COMBINE"].launches  # few programs: the keys were split
+    for fn, args, kwargs in launches:
+        _compile_for_sm90(fn, args, dict(kwargs))
+
+
 def _fused_qkv(num_tokens: int, num_kv_heads: int, head_size: int, dtype):
     qkv = torch.randn(num_tokens, 3 * num_kv_heads * head_size).to(dtype)
     split = qkv.view(num_tokens, 3, num_kv_heads, head_size)

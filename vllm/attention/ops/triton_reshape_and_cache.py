@@ -23,6 +23,7 @@ module namespace, so the kernels here are written without them.
 from __future__ import annotations
 
 import logging
+import types
 from typing import Callable, Dict
 
 import torch
@@ -32,11 +33,13 @@ logger = logging.getLogger(__name__)
 try:
     import triton
     import triton.language as tl
+    from triton.runtime import interpreter
     from triton.runtime.interpreter import InterpretedFunction
     HAS_TRITON = True
 except ImportError:  # CPU-only installs: the ops refuse to run, the module imports.
     triton = None
     tl = None
+    interpreter = None
     InterpretedFunction = None
     HAS_TRITON = False
 
@@ -81,11 +84,15 @@ class _Interpreted:
     Those are `triton.jit` functions built when triton was imported; with
     TRITON_INTERPRET unset they refuse to be called from Python, which is what the
     interpreter does. For the duration of a launch, `JITFunction.__call__` runs the
-    function through the interpreter instead (compiled GPU kernels never go through
-    `__call__`: the compiler inlines the functions they call).
+    function's interpreted rewrite instead (compiled GPU kernels never go through
+    `__call__`: the compiler inlines the functions they call). The interpreter swaps
+    the builtins of the `triton.language` namespaces its functions see for numpy
+    ones; the library's own namespace (`triton.language.core`) is swapped here, once
+    per launch, and always put back: `InterpretedFunction.__call__` would swap it
+    without restoring, and a later CUDA compile in the same process would then fail.
     """
 
-    _cache: Dict[Callable, object] = {}
+    _rewritten: Dict[Callable, Callable] = {}
 
     def __init__(self, kernel):
         self.kernel = kernel
@@ -94,18 +101,21 @@ class _Interpreted:
         def launch(*args, **kwargs):
             jit_cls = triton.runtime.jit.JITFunction
             original = jit_cls.__call__
+            scope = interpreter._patch_lang(_LIBRARY_PROBE)
             jit_cls.__call__ = _Interpreted._call_interpreted
             try:
                 return self.kernel[grid](*args, **kwargs)
             finally:
                 jit_cls.__call__ = original
+                scope.restore()
         return launch
 
     @staticmethod
     def _call_interpreted(jit_fn, *args, **kwargs):
-        fn = _Interpreted._cache.get(jit_fn.fn)
+        fn = _Interpreted._rewritten.get(jit_fn.fn)
         if fn is None:
-            fn = _Interpreted._cache[jit_fn.fn] = InterpretedFunction(jit_fn.fn)
+            fn = InterpretedFunction(jit_fn.fn).rewrite()
+            _Interpreted._rewritten[jit_fn.fn] = fn
         return fn(*args, **kwargs)
 
 
@@ -159,6 +169,11 @@ def _reshape_and_cache_kernel(
             y = x.to(CACHE.dtype.element_ty)
         tl.store(dst + i * stride_c_kv, y, mask=d_ok)
 
+
+if HAS_TRITON:
+    # A function that sees the library's namespace: what the interpreter patches
+    # for `triton.language.core` is found through a function's globals.
+    _LIBRARY_PROBE = types.FunctionType((lambda: None).__code__, {"core": tl.core})
 
 _KERNEL = TritonKernel(_reshape_and_cache_kernel) if HAS_TRITON else None
 
