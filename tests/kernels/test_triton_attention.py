@@ -134,6 +134,9 @@ def check(step: Step, atol: float = 2e-5, launch=None, **kwargs) -> None:
 # softmax across tiles are exercised on tiny sequences; and the split-KV path.
 SMALL = AttentionLaunch(block_m=16, block_q=4, tile=16, num_segments=1, num_warps=4,
                         num_stages=2) if HAS_TRITON else None
+PREFILL = AttentionLaunch(block_m=128, block_q=64, tile=32, num_segments=1,
+                          num_warps=8, num_stages=3) if HAS_TRITON else None
+"""The tiles a GPU plans for bfloat16 prefills (here with 2 query heads per KV head)."""
 SPLIT = AttentionLaunch(block_m=16, block_q=4, tile=16, num_segments=4, num_warps=4,
                         num_stages=2) if HAS_TRITON else None
 
@@ -150,7 +153,8 @@ chunk with a cached prefix of 6 (not a multiple of the block size)."""
 def test_batch_kinds(seqs):
     step = make_step(seqs, num_heads=4, num_kv_heads=2, head_size=64, pad_rows=2)
     check(step, launch=SMALL, scale=64 ** -0.5)
-    check(step, scale=64 ** -0.5)  # the planned tiles (128-row blocks for prefills)
+    check(step, scale=64 ** -0.5)  # the planned tiles
+    check(step, launch=PREFILL, scale=64 ** -0.5)
 
 
 @pytest.mark.parametrize("heads,head_size", [((8, 2), 80), ((2, 2), 64)],
@@ -198,10 +202,10 @@ def test_bfloat16():
 
 
 def test_plan_depends_on_shapes_only():
-    cpu = torch.device("cpu")
-    decode = plan_launch(4, 4, 8, 2, 128, 64, 16, cpu)
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    decode = plan_launch(4, 4, 8, 2, 128, 64, 16, bf16, cpu)
     assert decode.block_m == 16 and decode.block_q == 4
-    prefill = plan_launch(512, 4, 8, 2, 256, 64, 16, cpu)
+    prefill = plan_launch(512, 4, 8, 2, 256, 64, 16, bf16, cpu)
     assert prefill.block_m == 64 and prefill.tile == 32
     # Enough programs for every row of every sequence, whatever the split.
     for lens in ([1] * 4, [509, 1, 1, 1], [0, 0, 0, 512]):
@@ -212,13 +216,13 @@ def test_plan_depends_on_shapes_only():
 def test_small_grids_split_the_keys(monkeypatch):
     from vllm.attention.ops import triton_unified_attention as ua
     monkeypatch.setattr(ua, "_num_sms", lambda device: 132)
-    cpu = torch.device("cpu")
-    batch1 = plan_launch(1, 1, 32, 8, 128, 512, 16, cpu)
-    assert batch1.num_segments == 16
-    short_cache = plan_launch(1, 1, 32, 8, 128, 2, 16, cpu)
+    cpu, bf16 = torch.device("cpu"), torch.bfloat16
+    batch1 = plan_launch(1, 1, 32, 8, 128, 512, 16, bf16, cpu)
+    assert batch1.num_segments == 32
+    short_cache = plan_launch(1, 1, 32, 8, 128, 2, 16, bf16, cpu)
     assert short_cache.num_segments == 1
-    prefill = plan_launch(64 * 128, 64, 32, 8, 128, 512, 16, cpu)
-    assert prefill.num_segments == 1
+    prefill = plan_launch(64 * 128, 64, 32, 8, 128, 512, 16, bf16, cpu)
+    assert prefill.num_segments == 1 and prefill.block_m == 128
 
 
 _TRITON_TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",

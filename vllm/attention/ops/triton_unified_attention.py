@@ -48,7 +48,7 @@ if HAS_TRITON:  # kernels may read globals only as constexpr
     # Running max before any key is seen: finite, so a tile whose keys are all
     # masked (exp2(-inf - m) = 0, correction exp2(0) = 1) needs no special case.
     _M_INIT = tl.constexpr(-1.0e30)
-_MAX_SEGMENTS = 16
+_MAX_SEGMENTS = 32
 
 
 def _unified_attention_kernel(
@@ -218,16 +218,17 @@ def _num_sms(device: torch.device) -> int:
 
 
 def plan_launch(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads: int,
-                head_size: int, max_blocks: int, block_size: int,
+                head_size: int, max_blocks: int, block_size: int, dtype: torch.dtype,
                 device: torch.device) -> AttentionLaunch:
     """Tiles for a step's shapes. Batches averaging a few query rows per sequence
     (decodes) take the smallest row tile `tl.dot` allows and 16-key tiles; prefills
     take 128 rows (64 for head_size 256) and 32-key tiles. Larger key tiles make
-    sm_90 spill registers: the gathered K/V addresses are per element. Too few
-    programs for the GPU's SMs split the keys."""
+    sm_90 spill registers (the gathered K/V addresses are per element), and so do
+    float32 queries (exact float32 dots) beyond the decode tiles. Too few programs
+    for the GPU's SMs (about 4 per SM wanted) split the keys."""
     qpk_pad = triton.next_power_of_2(num_heads // num_kv_heads)
     head_pad = triton.next_power_of_2(head_size)
-    decode_like = num_tokens <= 4 * num_seqs
+    decode_like = num_tokens <= 4 * num_seqs or dtype == torch.float32
     if decode_like:
         block_m, tile, warps, stages = 16, 16, 4, 2
     else:
@@ -239,7 +240,7 @@ def plan_launch(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads: in
     sms = _num_sms(device)
     max_tiles = math.ceil(max_blocks * block_size / tile)
     if programs < sms and max_tiles >= 8:
-        want = min(math.ceil(2 * sms / programs), max_tiles // 4, _MAX_SEGMENTS)
+        want = min(math.ceil(4 * sms / programs), max_tiles // 4, _MAX_SEGMENTS)
         segments = 1 << (max(want, 1).bit_length() - 1)
     return AttentionLaunch(block_m, block_m // qpk_pad, tile, segments, warps, stages)
 
@@ -257,7 +258,7 @@ def unified_attention(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Te
     num_tokens, num_heads, head_size = query.shape
     launch = plan_launch(num_tokens, query_start_loc.shape[0] - 1, num_heads,
                          kv_cache.shape[1], head_size, block_table.shape[1],
-                         block_size, query.device)
+                         block_size, query.dtype, query.device)
     run_unified_attention(query, kv_cache, out, query_start_loc, seq_lens, block_table,
                           block_size, scale, launch, sliding_window, softcap,
                           alibi_slopes, k_scale, v_scale)
