@@ -157,8 +157,8 @@ def test_batch_kinds(seqs):
     check(step, launch=PREFILL, scale=64 ** -0.5)
 
 
-@pytest.mark.parametrize("heads,head_size", [((8, 2), 80), ((2, 2), 64)],
-                         ids=["gqa-80", "mha-64"])
+@pytest.mark.parametrize("heads,head_size", [((8, 2), 80), ((2, 2), 64), ((3, 1), 8)],
+                         ids=["gqa-80", "mha-64", "mqa-8"])
 def test_mixed_batch(heads, head_size):
     step = make_step(MIXED, *heads, head_size=head_size, block_size=8, pad_rows=3)
     check(step, launch=SMALL, scale=head_size ** -0.5)

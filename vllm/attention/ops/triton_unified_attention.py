@@ -227,7 +227,7 @@ def plan_launch(num_tokens: int, num_seqs: int, num_heads: int, num_kv_heads: in
     float32 queries (exact float32 dots) beyond the decode tiles. Too few programs
     for the GPU's SMs (about 4 per SM wanted) split the keys."""
     qpk_pad = triton.next_power_of_2(num_heads // num_kv_heads)
-    head_pad = triton.next_power_of_2(head_size)
+    head_pad = max(16, triton.next_power_of_2(head_size))  # tl.dot: K >= 16
     decode_like = num_tokens <= 4 * num_seqs or dtype == torch.float32
     if decode_like:
         block_m, tile, warps, stages = 16, 16, 4, 2
@@ -295,7 +295,7 @@ def run_unified_attention(query: torch.Tensor, kv_cache: torch.Tensor,
     num_seqs = query_start_loc.shape[0] - 1
     if num_tokens == 0 or num_seqs == 0:
         return
-    head_pad = triton.next_power_of_2(head_size)
+    head_pad = max(16, triton.next_power_of_2(head_size))  # tl.dot: K >= 16
     qpk = num_heads // num_kv_heads
     segments = launch.num_segments
     if segments > 1:
