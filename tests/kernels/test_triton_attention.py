@@ -8,6 +8,7 @@ entries point at a block full of NaN, so any read past a sequence's length shows
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -25,6 +26,10 @@ if HAS_TRITON:
                                                              plan_launch,
                                                              run_unified_attention,
                                                              unified_attention)
+
+DEVICE = os.environ.get("VLLM_TEST_TRITON_DEVICE", "cpu")
+"""Where the attention cases run: the CPU (interpreter), or "cuda" on a GPU machine
+(benchmarks/cuda_acceptance.py sets it); the reference always runs on the CPU."""
 
 SENTINEL = 123.0
 POISON_BLOCK = 0
@@ -70,8 +75,9 @@ def make_step(seqs: Sequence[Tuple[int, int]], num_heads: int, num_kv_heads: int
     query = torch.randn(num_rows, num_heads, head_size, generator=gen).to(dtype)
     qsl = torch.zeros(len(seqs) + 1, dtype=torch.int32)
     qsl[1:] = torch.cumsum(torch.tensor([q for _, q in seqs]), 0)
-    return Step(query, cache, qsl, torch.tensor(seq_lens, dtype=torch.int32), table,
-                block_size)
+    return Step(query.to(DEVICE), cache.to(DEVICE), qsl.to(DEVICE),
+                torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+                table.to(DEVICE), block_size)
 
 
 def reference(step: Step, scale: float, sliding_window: Optional[int] = None,
@@ -79,6 +85,8 @@ def reference(step: Step, scale: float, sliding_window: Optional[int] = None,
               alibi_slopes: Optional[torch.Tensor] = None,
               k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """float64 attention of every sequence's rows over its dequantized cache."""
+    step = Step(step.query.cpu(), step.kv_cache.cpu(), step.query_start_loc.cpu(),
+                step.seq_lens.cpu(), step.block_table.cpu(), step.block_size)
     q_all = step.query.double()
     num_heads = q_all.shape[1]
     out = torch.full_like(q_all, SENTINEL)
@@ -100,7 +108,7 @@ def reference(step: Step, scale: float, sliding_window: Optional[int] = None,
         q_pos = (length - n + torch.arange(n))[:, None]
         k_pos = pos[None, :]
         if alibi_slopes is not None:
-            scores = scores + alibi_slopes.double()[:, None, None] * (k_pos - q_pos)
+            scores = scores + alibi_slopes.double().cpu()[:, None, None] * (k_pos - q_pos)
         allowed = k_pos <= q_pos
         if sliding_window:
             allowed &= k_pos > q_pos - sliding_window
@@ -118,7 +126,7 @@ def run(step: Step, launch: Optional["AttentionLaunch"] = None,
         unified_attention(*args, **kwargs)
     else:
         run_unified_attention(*args, launch, **kwargs)
-    return out
+    return out.cpu()
 
 
 def check(step: Step, atol: float = 2e-5, launch=None, **kwargs) -> None:
@@ -179,7 +187,7 @@ def test_sliding_window_skips_and_masks_old_keys():
 def test_softcap_and_alibi():
     step = make_step(MIXED, 4, 2, 64, pad_rows=1, seed=3)
     check(step, launch=SMALL, scale=1.0, softcap=5.0)
-    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
     check(step, launch=SMALL, scale=0.125, alibi_slopes=slopes)
 
 
