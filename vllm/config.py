@@ -640,6 +640,8 @@ class CompilationConfig:
         if enforce_eager:
             self.cudagraph_mode = "NONE"
         sizes, top = self.cudagraph_capture_sizes, self.max_cudagraph_capture_size
+        if sizes == []:  # finalized before in mode NONE: idempotent (dataclasses.replace)
+            sizes = None
         if sizes is not None and top is not None and top != max(sizes):
             raise ValueError(f"max_cudagraph_capture_size ({top}) must equal the largest of "
                              f"cudagraph_capture_sizes ({max(sizes)}) when both are set.")
@@ -764,8 +766,10 @@ class VllmConfig:
         with a warning when the user asked for some (HPU graphs have their own knobs:
         buckets and --enforce-eager)."""
         cc = self.compilation_config
-        asked = cc.cudagraph_capture_sizes is not None or cc.max_cudagraph_capture_size \
-            is not None or cc.cudagraph_mode not in ("NONE", "FULL_AND_PIECEWISE")
+        # (mode NONE: nothing asked, or this config was finalized before)
+        asked = cc.cudagraph_mode != "NONE" and (
+            cc.cudagraph_capture_sizes is not None or cc.max_cudagraph_capture_size
+            is not None or cc.cudagraph_mode != "FULL_AND_PIECEWISE")
         if not platform.captures_cuda_graphs:
             if asked:
                 logger.warning("compilation_config %s: CUDA graphs are captured on CUDA only; "

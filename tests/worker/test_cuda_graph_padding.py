@@ -44,6 +44,8 @@ def test_enforce_eager_and_bad_values():
     config = CompilationConfig()
     config.finalize(8, 8192, enforce_eager=True)
     assert config.cudagraph_mode == "NONE" and config.cudagraph_capture_sizes == []
+    config.finalize(8, 8192, enforce_eager=True)  # again (a config rebuilt by replace)
+    assert config.cudagraph_capture_sizes == []
     with pytest.raises(ValueError, match="cudagraph_mode"):
         CompilationConfig(cudagraph_mode="PIECEWISE")
     with pytest.raises(ValueError, match="cudagraph_capture_sizes"):
