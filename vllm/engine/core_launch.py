@@ -21,6 +21,11 @@ imports what an engine core needs while the server reads the model's config and 
 the tokenizer, then waits for the `VllmConfig` that `MPEngineCoreClient` sends it over
 a pipe. That pipe is also the core's death pipe: EOF before the config (the server
 failed while starting) or after it (the server died) ends the child.
+
+Given the server's engine arguments, the early core does not wait: it builds the same
+config itself and initializes from it while the server builds its own, then serves with
+it only if the server's config and environment turn out equal
+(vllm/engine/core_speculation.py).
 """
 from __future__ import annotations
 
@@ -144,9 +149,11 @@ class PrestartedCore:
 _prestarted: Optional[PrestartedCore] = None
 
 
-def prestart() -> bool:
+def prestart(engine_args: Optional[Any] = None) -> bool:
     """Fork an engine-core process now, when fork is the method and safe; True if one
-    was started. The next `MPEngineCoreClient` of this process takes it (`take`)."""
+    was started. The next `MPEngineCoreClient` of this process takes it (`take`).
+    `engine_args`: the arguments the server will build its config from; the core builds
+    the config from them too and initializes without waiting (core_speculation.py)."""
     global _prestarted
     if _prestarted is not None:
         return True
@@ -157,8 +164,8 @@ def prestart() -> bool:
     reader, writer = ctx.Pipe(duplex=False)
     register_engine_side(writer)  # closed in every forked child: the core sees EOF
     # Not a daemon: the core starts worker processes of its own (TP/PP).
-    proc = ctx.Process(target=_wait_for_config, args=(reader,), name="EngineCore",
-                       daemon=False)
+    proc = ctx.Process(target=_wait_for_config, args=(reader, engine_args),
+                       name="EngineCore", daemon=False)
     proc.start()
     reader.close()
     # The core builds the native kernels a first start needs (it pre-imports them now);
@@ -198,19 +205,34 @@ def _abandon(proc: BaseProcess, conn: Connection) -> None:
     proc.join(5.0)
 
 
-def _wait_for_config(conn: Connection) -> None:
-    """The early core: import what a core needs, then run it once the config arrives."""
+def _wait_for_config(conn: Connection, engine_args: Optional[Any] = None) -> None:
+    """The early core: import what a core needs (and, given the server's engine
+    arguments, initialize from a config built here), then run once the config arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    forked_environ = dict(os.environ)
     _preimport()
+    speculative = None
+    if engine_args is not None:
+        from vllm.engine import core_speculation
+        from vllm.executor.multiproc_utils import prefix_log_lines
+        prefix_log_lines(None, kind="EngineCore")  # its initialization logs from here
+        # What the imports set (torch's cache directories) is dropped, as the server's
+        # environment replaces it below when the core waits for the config.
+        adopt_environment(forked_environ)
+        speculative = core_speculation.start(engine_args)
     try:
         environ, kwargs = conn.recv()
     except (EOFError, OSError):
         os._exit(0)  # the server stopped before it built its engine
+    core = None
+    if speculative is not None:
+        core = core_speculation.adopt_or_discard(speculative, kwargs["vllm_config"], environ)
     adopt_environment(environ)
-    preimport(kwargs["vllm_config"])
+    if core is None:
+        preimport(kwargs["vllm_config"])
     from vllm.engine.core_proc import run_engine_core
-    run_engine_core(death_reader=conn, **kwargs)
+    run_engine_core(death_reader=conn, core=core, **kwargs)
 
 
 def launch(early: PrestartedCore, **kwargs: Any) -> None:

@@ -48,15 +48,17 @@ def build_async_engine(engine_args: AsyncEngineArgs, start_engine_loop: bool = T
     return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
 
 
-def prestart_engine_core(data_parallel_size: int) -> None:
+def prestart_engine_core(data_parallel_size: int,
+                         engine_args: Optional[AsyncEngineArgs] = None) -> None:
     """Fork the server's engine-core process now, before the config is built, so its
     imports overlap the server's work (vllm/engine/core_launch.py); the engine that
-    `build_async_engine` makes takes it. Not for data parallel, whose replicas keep
-    their cores in this process."""
+    `build_async_engine` makes takes it. Given `engine_args` (those the engine is built
+    from), the core builds the config itself and initializes meanwhile. Not for data
+    parallel, whose replicas keep their cores in this process."""
     from vllm.engine import core_launch
     from vllm.engine.core_client import use_multiprocessing
     if use_multiprocessing(default=True) and data_parallel_size == 1:
-        core_launch.prestart()
+        core_launch.prestart(engine_args)
 
 
 def release_engine_core() -> None:

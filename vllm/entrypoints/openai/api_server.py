@@ -20,6 +20,12 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any, Awaitable, Callable, Optional
 
+if __name__ == "__main__":
+    # Run as the server: fork the engine core now, before the web stack below is
+    # imported (vllm/entrypoints/openai/core_prestart.py).
+    from vllm.entrypoints.openai.core_prestart import prestart_from_argv
+    prestart_from_argv()
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -525,15 +531,15 @@ def run_server(args: argparse.Namespace) -> None:
     args._process_start = _process_start_time()
     validate_parsed_serve_args(args)
     logger.info("vLLM API server version %s", __version__)
-    # The core's imports overlap the config's: fork it while this process has one
-    # thread and nothing bound, not even the listening socket.
-    prestart_engine_core(getattr(args, "data_parallel_size", 1))
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    # The core's imports and initialization overlap the config's: fork it while this
+    # process has one thread and nothing bound, not even the listening socket.
+    prestart_engine_core(getattr(args, "data_parallel_size", 1), engine_args)
     sock = create_server_socket(args.host, args.port)
     # Until uvicorn installs its own handlers, SIGTERM unwinds model loading cleanly.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        engine = build_async_engine(AsyncEngineArgs.from_cli_args(args),
-                                    max_log_len=args.max_log_len)
+        engine = build_async_engine(engine_args, max_log_len=args.max_log_len)
         release_engine_core()
         try:
             _log_startup(engine)
