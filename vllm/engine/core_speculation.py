@@ -1,24 +1,26 @@
-"""An early-forked engine core that builds its own config instead of waiting for the server's.
+"""An early-forked engine core that initializes before the server sends it the config.
 
-Why: the server forks its engine core before it builds the config (core_launch.py), and
-the core then waited for that config before it loaded the model. Building the config is
-mostly importing transformers, which the core imports anyway while it waits; once that
-is done, the config itself takes milliseconds. So the core builds the config from the
-same engine arguments, right after its imports, and initializes (weights, packing, KV
-cache) while the server is still finishing its own config and loading its tokenizer.
+Why: the server forks its engine core early (core_launch.py), and the core used to wait
+for the server's config before it loaded the model. Building the config is mostly
+importing transformers (seconds); once imported, the config itself takes milliseconds.
+So where it is safe, the server builds the config just before the fork: the core
+inherits it (and transformers, imported once instead of once per process) and
+initializes (weights, packing, KV cache) while the server imports its web stack, loads
+its tokenizer and builds its engine, which builds the config a second time, from the
+same arguments, and sends it as before.
 
-Why it stays correct: the server still sends its config and environment. The core
-serves with what it built only when both are equal to what the server sent (the config
-as it was before initialization changed it, and the whole environment); otherwise it
-discards what it built and initializes from the server's config, as before. Nothing a
-user sees depends on the speculation: a config that fails to build here is dropped
-silently (the server builds it again and reports its own error), and a core that fails
-to initialize from its own config is dropped too (the server's config reproduces the
-failure and reports it the usual way).
+Why it stays correct: the core serves with what it initialized only when the config it
+started from equals the one the server sends (as it was before initialization changed
+it) and its environment equals the server's at that moment; otherwise it discards its
+engine and initializes from the server's config, as without this. A config that fails
+to build before the fork is dropped silently (the server builds it again and reports
+its own error), and so is an engine that fails to initialize from it (the server's
+config reproduces the failure, which is reported the usual way).
 
-Only where building the config has no side effect worth racing for: the model and the
-tokenizer must be local (a directory, or a GGUF file already converted), so that two
-processes never download a model or convert a GGUF file at the same time.
+Only where building the config has no side effect worth doing early: the model and the
+tokenizer must be local (a directory, or a GGUF file already converted). A first start,
+which converts the GGUF file or downloads the model, forks first and lets the core
+build the native kernels meanwhile, as before.
 """
 from __future__ import annotations
 
@@ -34,12 +36,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class SpeculativeCore:
-    """An engine core initialized from a config this process built itself."""
+    """An engine core initialized before the server's config arrived."""
     config: Any
-    """The config as built, before the core's initialization filled in its KV cache
+    """The config as it was before the core's initialization filled in its KV cache
     size: what the server's config must equal."""
     environ: dict[str, str]
-    """This process's environment when it built the config."""
+    """This process's environment when the initialization began."""
     core: Any
     """The initialized EngineCore (it holds the config it changed)."""
 
@@ -72,15 +74,15 @@ def _local_and_ready(path: str) -> bool:
 
 
 def build_config(engine_args: Any) -> Optional[Any]:
-    """`engine_args.create_engine_config()` with this process's logging silenced (the
-    server logs the same build), or None when it fails or must not run here."""
+    """`engine_args.create_engine_config()` without its log lines (the server logs its
+    own build), or None when it fails or would download or convert a model."""
     if not builds_without_side_effects(engine_args):
         return None
     try:
         with _quiet_logging():
             return copy.deepcopy(engine_args).create_engine_config()
     except Exception:  # noqa: BLE001 - the server builds it again and reports its error
-        logger.debug("Building the engine config in the core failed.", exc_info=True)
+        logger.debug("Building the engine config before the fork failed.", exc_info=True)
         return None
 
 
@@ -94,20 +96,18 @@ def _quiet_logging() -> Iterator[None]:
         logging.disable(previous)
 
 
-def start(engine_args: Any) -> Optional[SpeculativeCore]:
-    """Build the config from `engine_args` and initialize an EngineCore from it; None
-    when either fails (the caller waits for the server's config, as without this)."""
-    config = build_config(engine_args)
-    if config is None:
-        return None
-    built = copy.deepcopy(config)  # the core's initialization changes `config`
+def start(vllm_config: Any) -> Optional[SpeculativeCore]:
+    """Initialize an EngineCore from `vllm_config` (kept as it was: the core's
+    initialization changes the config it holds); None when that fails (the caller
+    waits for the server's config, as without this)."""
+    built = copy.deepcopy(vllm_config)
     environ = dict(os.environ)
     try:
         from vllm.engine.core import EngineCore
-        core = EngineCore(config)
+        core = EngineCore(vllm_config)
     except Exception:  # noqa: BLE001 - the server's config reproduces it, reported then
-        logger.debug("Initializing the engine core from its own config failed.",
-                     exc_info=True)
+        logger.debug("Initializing the engine core before the server's config arrived "
+                     "failed.", exc_info=True)
         return None
     return SpeculativeCore(built, environ, core)
 
@@ -141,9 +141,9 @@ def adopt_or_discard(speculative: Optional[SpeculativeCore], vllm_config: Any,
         return None
     why = mismatch(speculative, vllm_config, environ)
     if why is None:
-        logger.debug("Engine core initialized from its own config (equal to the server's).")
+        logger.debug("Engine core initialized before the server's config arrived (equal).")
         return speculative.core
-    logger.warning("The engine core's own config does not match the server's: %s; "
+    logger.warning("The engine core's early config does not match the server's: %s; "
                    "initializing again from the server's.", why)
     try:
         speculative.core.shutdown()

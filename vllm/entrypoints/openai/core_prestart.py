@@ -1,12 +1,12 @@
 """Forking the server's engine core before the server imports its web stack.
 
-Why: the engine core is forked once the server's flags are known (core_launch.py); from
-then on it imports transformers, builds the config and loads the model in parallel with
-the server. The server's own module first imports FastAPI, the request models and the
-routes (about a second on a small CPU), none of which the core needs, so the fork
-happens before them: `python -m vllm.entrypoints.openai.api_server` calls
-`prestart_from_argv` first thing, and `vllm serve` calls `prestart` before it imports
-the server module. The server's `run_server` then finds the core already started.
+Why: the engine core is forked once the server's flags are known (core_launch.py), and
+from then on it initializes in parallel with the server. The server's own module first
+imports FastAPI, the request models and the routes (about a second on a small CPU),
+none of which the core needs, so the fork comes before them:
+`python -m vllm.entrypoints.openai.api_server` calls `prestart_from_argv` first thing,
+and `vllm serve` calls `prestart` before it imports the server module. The server's
+`run_server` then finds the core already started.
 
 Nothing changes for bad flags: flags that do not parse or validate start no core here,
 and the server parses and validates them again and reports the error as before.
