@@ -15,7 +15,8 @@ accelerator runtime or Ray is loaded (`fork_unsafe_reason`); otherwise it is spa
 variable is honoured (fork still falls back to spawn where CUDA/HPU/Ray run, as for
 the TP workers).
 
-Why early: the server forks the core before it builds the config (`prestart`, from
+Why early: the server forks the core before it builds the config and before it imports
+its web stack (`prestart`, from vllm/entrypoints/openai/core_prestart.py or
 `run_server`: one thread, nothing bound yet, not even the listening socket). The child
 imports what an engine core needs while the server reads the model's config and loads
 the tokenizer, then waits for the `VllmConfig` that `MPEngineCoreClient` sends it over

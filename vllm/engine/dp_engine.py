@@ -53,8 +53,9 @@ def prestart_engine_core(data_parallel_size: int,
     """Fork the server's engine-core process now, before the config is built, so its
     imports overlap the server's work (vllm/engine/core_launch.py); the engine that
     `build_async_engine` makes takes it. Given `engine_args` (those the engine is built
-    from), the core builds the config itself and initializes meanwhile. Not for data
-    parallel, whose replicas keep their cores in this process."""
+    from), the config may be built before the fork and the core initialize from it at
+    once (core_speculation.py). Not for data parallel, whose replicas keep their cores
+    in this process."""
     from vllm.engine import core_launch
     from vllm.engine.core_client import use_multiprocessing
     if use_multiprocessing(default=True) and data_parallel_size == 1:

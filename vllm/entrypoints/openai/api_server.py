@@ -532,8 +532,9 @@ def run_server(args: argparse.Namespace) -> None:
     validate_parsed_serve_args(args)
     logger.info("vLLM API server version %s", __version__)
     engine_args = AsyncEngineArgs.from_cli_args(args)
-    # The core's imports and initialization overlap the config's: fork it while this
-    # process has one thread and nothing bound, not even the listening socket.
+    # The core initializes while this process sets up (unless the module's start, run as
+    # the server, forked it already): fork it while this process has one thread and
+    # nothing bound, not even the listening socket.
     prestart_engine_core(getattr(args, "data_parallel_size", 1), engine_args)
     sock = create_server_socket(args.host, args.port)
     # Until uvicorn installs its own handlers, SIGTERM unwinds model loading cleanly.

@@ -16,11 +16,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import logging
 import sys
 from typing import Optional
-
-logger = logging.getLogger(__name__)
 
 
 def prestart(args: argparse.Namespace) -> bool:
