@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncGenerator, Iterable, Optional, Union
+from typing import Any, AsyncGenerator, Callable, Iterable, Optional, Union
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -40,12 +40,15 @@ logger = logging.getLogger(__name__)
 
 
 def build_async_engine(engine_args: AsyncEngineArgs, start_engine_loop: bool = True,
-                       max_log_len: Optional[int] = None
+                       max_log_len: Optional[int] = None,
+                       while_core_starts: Optional[Callable[[Any], None]] = None
                        ) -> Union[AsyncLLMEngine, "DPAsyncLLMEngine"]:
-    """The server's engine: one AsyncLLMEngine, or a DPAsyncLLMEngine for data parallel."""
+    """The server's engine: one AsyncLLMEngine, or a DPAsyncLLMEngine for data parallel.
+    `while_core_starts`: see AsyncLLMEngine.from_engine_args (one engine only)."""
     if engine_args.data_parallel_size > 1:
         return DPAsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
-    return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
+    return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len,
+                                           while_core_starts=while_core_starts)
 
 
 def prestart_engine_core(data_parallel_size: int,
