@@ -4,7 +4,6 @@ next, is dropped silently when it cannot be built, and an engine initialized fro
 kept only when the server's config and environment are equal, else shut down."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 
@@ -112,7 +111,5 @@ def test_start_keeps_the_config_as_it_was_before_initialization(tiny_model_facto
 
 def test_start_drops_an_engine_that_fails_to_initialize(tiny_model_factory):
     config = _args(tiny_model_factory("llama")).create_engine_config()
-    config = dataclasses.replace(
-        config, cache_config=dataclasses.replace(config.cache_config,
-                                                 kv_cache_memory_bytes=1))
+    config.cache_config.kv_cache_memory_bytes = 1  # not one KV block
     assert core_speculation.start(config) is None

@@ -48,7 +48,9 @@ class SpeculativeCore:
 
 def builds_without_side_effects(engine_args: Any) -> bool:
     """Whether resolving the model and the tokenizer reads only local, ready files (no
-    download, no GGUF conversion): only then may two processes build the config at once."""
+    download, no GGUF conversion): only then is the config built before the fork (a
+    download or a conversion there would delay the core's start, and with it the
+    kernel build a first start overlaps with them)."""
     from vllm.config import DEFAULT_MODEL
     from vllm.transformers_utils.config import embedded_default_model_path
     names = [engine_args.model] + ([engine_args.tokenizer] if engine_args.tokenizer else [])
