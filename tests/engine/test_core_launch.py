@@ -1,8 +1,9 @@
 """How the engine-core process starts (vllm/engine/core_launch.py): fork or spawn as
 VLLM_WORKER_MULTIPROC_METHOD says, else fork only without threads a fork would break;
 a core forked early gets the frontend's config (and environment) later, serves, and
-never outlives its frontend (killed, or stopped before it built its engine); the server
-forks its core."""
+never outlives its frontend (killed, or stopped before it built its engine); given the
+engine arguments, it initializes before the config arrives and keeps that engine only
+if the frontend's config is equal; the server forks its core."""
 from __future__ import annotations
 
 import os
@@ -205,3 +206,47 @@ def test_frontend_setup_failure_stops_the_started_core(tiny_model_factory, monke
             if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())]
     _, alive = psutil.wait_procs(left, timeout=15)
     assert not alive, alive
+
+
+def _early_core_run(tiny: str, server_max_len: int) -> tuple[list[str], str]:
+    """A process that forks its core with the config built from max_model_len=200 (as a
+    server does), then builds its engine with `server_max_len`: what the core's worker
+    saw, the tokens generated, and the process's log."""
+    body = textwrap.dedent(f"""
+        import os
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        from vllm.engine import core_launch
+        from vllm.engine.arg_utils import EngineArgs
+        common = dict(model={tiny!r}, dtype="float32", kv_cache_memory_bytes=16 << 20)
+        assert core_launch.prestart(EngineArgs(max_model_len=200, **common))
+        from vllm import LLM, SamplingParams
+        llm = LLM(max_model_len={server_max_len}, **common)
+        seen = llm.collective_rpc(lambda w: w.vllm_config.model_config.max_model_len)
+        out = llm.generate(["Hello there"], SamplingParams(max_tokens=5, temperature=0,
+                                                           ignore_eos=True), use_tqdm=False)
+        print("RESULT", seen[0], len(out[0].outputs[0].token_ids), flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", body], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=300,
+                         env=dict(_env(), VLLM_LOGGING_LEVEL="DEBUG"))
+    assert out.returncode == 0, out.stdout[-3000:]
+    result = [line.split()[1:] for line in out.stdout.splitlines() if line.startswith("RESULT")]
+    return result[0], out.stdout
+
+
+def test_early_core_initializes_from_the_config_built_before_the_fork(tiny_model_factory):
+    """Same arguments: the core initialized before the config arrived and serves with it
+    (one initialization, no rebuild)."""
+    (max_len, tokens), log = _early_core_run(tiny_model_factory("llama"), 200)
+    assert (max_len, tokens) == ("200", "5")
+    assert "initialized before the server's config arrived (equal)" in log
+    assert log.count("Engine core initialized in") == 1
+
+
+def test_early_core_reinitializes_when_the_servers_config_differs(tiny_model_factory):
+    """The server's config differs from the one built before the fork: the core drops
+    its engine and serves with the server's config."""
+    (max_len, tokens), log = _early_core_run(tiny_model_factory("llama"), 100)
+    assert (max_len, tokens) == ("100", "5")
+    assert "does not match the server's: the config differs (model_config" in log
+    assert log.count("Engine core initialized in") == 2

@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import json
+import sys
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
@@ -27,18 +29,39 @@ from vllm.utils.argparse_utils import human_readable_int, parse_json_dict
 
 def _field_docs(cls: type) -> dict[str, str]:
     """Read the string literal that follows each field in a dataclass's source."""
-    try:
-        tree = ast.parse(inspect.getsource(cls))
-    except (OSError, TypeError):
+    node = _class_node(cls)
+    if node is None:
         return {}
     docs: dict[str, str] = {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    body = node.body
     for node, nxt in zip(body, body[1:]):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                 and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
                 and isinstance(nxt.value.value, str)):
             docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+def _class_node(cls: type) -> Optional[ast.ClassDef]:
+    """`cls`'s definition in its module's syntax tree. Each module is parsed once:
+    `inspect.getsource` per class re-tokenizes the module every time (a quarter of a
+    second for the config classes, paid by every server start)."""
+    tree = _module_tree(cls.__module__)
+    if tree is None:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+            return node
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _module_tree(module_name: str) -> Optional[ast.Module]:
+    module = sys.modules.get(module_name)
+    try:
+        return ast.parse(inspect.getsource(module))
+    except (OSError, TypeError):
+        return None
 
 
 _DOCS: dict[str, str] = {}

@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, Iterable, Optional, Union
+from typing import Any, AsyncGenerator, Callable, Iterable, Optional, Union
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.metrics import StatsTracker
@@ -171,13 +171,25 @@ class AsyncLLMEngine(EngineClient):
     # ------------------------------------------------------------ creation
     @classmethod
     def from_engine_args(cls, engine_args: AsyncEngineArgs, start_engine_loop: bool = True,
-                         max_log_len: Optional[int] = None) -> "AsyncLLMEngine":
+                         max_log_len: Optional[int] = None,
+                         while_core_starts: Optional[Callable[[Any], None]] = None
+                         ) -> "AsyncLLMEngine":
+        """`while_core_starts(llm_engine)`: the caller's own set-up (a server copies the
+        tokenizer), run while the core process initializes, once the tokenizer is loaded."""
         from vllm.engine.core_client import use_multiprocessing
         from vllm.engine.llm_engine import LLMEngine
         # The core in its own process by default: its steps then overlap this
         # process's HTTP, tokenization and detokenization work.
         engine = LLMEngine.from_engine_args(engine_args,
-                                            multiprocess=use_multiprocessing(default=True))
+                                            multiprocess=use_multiprocessing(default=True),
+                                            wait_for_core=while_core_starts is None)
+        if while_core_starts is not None:
+            try:
+                while_core_starts(engine)
+                engine.wait_for_core()
+            except BaseException:
+                engine.engine_core.shutdown()
+                raise
         return cls(engine,
                    log_requests=not getattr(engine_args, "disable_log_requests", False),
                    log_stats=not getattr(engine_args, "disable_log_stats", False),

@@ -15,12 +15,18 @@ accelerator runtime or Ray is loaded (`fork_unsafe_reason`); otherwise it is spa
 variable is honoured (fork still falls back to spawn where CUDA/HPU/Ray run, as for
 the TP workers).
 
-Why early: the server forks the core before it builds the config (`prestart`, from
+Why early: the server forks the core before it builds the config and before it imports
+its web stack (`prestart`, from vllm/entrypoints/openai/core_prestart.py or
 `run_server`: one thread, nothing bound yet, not even the listening socket). The child
 imports what an engine core needs while the server reads the model's config and loads
 the tokenizer, then waits for the `VllmConfig` that `MPEngineCoreClient` sends it over
 a pipe. That pipe is also the core's death pipe: EOF before the config (the server
 failed while starting) or after it (the server died) ends the child.
+
+Given the server's engine arguments, where building the config reads only local, ready
+files, the server builds it just before the fork and the core initializes from it at
+once, while the server sets itself up; the core serves with it only if the config the
+server then sends, and its environment, are equal (vllm/engine/core_speculation.py).
 """
 from __future__ import annotations
 
@@ -144,21 +150,27 @@ class PrestartedCore:
 _prestarted: Optional[PrestartedCore] = None
 
 
-def prestart() -> bool:
+def prestart(engine_args: Optional[Any] = None) -> bool:
     """Fork an engine-core process now, when fork is the method and safe; True if one
-    was started. The next `MPEngineCoreClient` of this process takes it (`take`)."""
+    was started. The next `MPEngineCoreClient` of this process takes it (`take`).
+    `engine_args`: the arguments the server will build its config from; where it is
+    safe, the config is built from them now and the core initializes from it without
+    waiting for the server's (core_speculation.py)."""
     global _prestarted
     if _prestarted is not None:
         return True
     if start_method() != "fork":
         return False
+    config = _config_before_fork(engine_args)
+    if config is not None and start_method() != "fork":
+        return False  # building it started a thread: spawn later, as without an early core
     from vllm.executor.multiproc_utils import register_engine_side
     ctx = mp_context("fork")
     reader, writer = ctx.Pipe(duplex=False)
     register_engine_side(writer)  # closed in every forked child: the core sees EOF
     # Not a daemon: the core starts worker processes of its own (TP/PP).
-    proc = ctx.Process(target=_wait_for_config, args=(reader,), name="EngineCore",
-                       daemon=False)
+    proc = ctx.Process(target=_wait_for_config, args=(reader, config),
+                       name="EngineCore", daemon=False)
     proc.start()
     reader.close()
     # The core builds the native kernels a first start needs (it pre-imports them now);
@@ -169,6 +181,21 @@ def prestart() -> bool:
     weakref.finalize(proc, _abandon, proc, writer)
     logger.debug("Engine core process forked early (pid %d).", proc.pid)
     return True
+
+
+def _config_before_fork(engine_args: Optional[Any]) -> Optional[Any]:
+    """The server's config built now, for the core to initialize from at once, where that
+    is safe (core_speculation.py); None otherwise. This process then never builds the
+    native kernels (its platform would start that build on a thread, which a fork must
+    not cross): the core builds them if they are missing."""
+    if engine_args is None:
+        return None
+    from vllm.engine import core_speculation
+    if not core_speculation.builds_without_side_effects(engine_args):
+        return None
+    from vllm.native.loader import skip_prebuild
+    skip_prebuild()
+    return core_speculation.build_config(engine_args)
 
 
 def take() -> Optional[PrestartedCore]:
@@ -198,19 +225,35 @@ def _abandon(proc: BaseProcess, conn: Connection) -> None:
     proc.join(5.0)
 
 
-def _wait_for_config(conn: Connection) -> None:
-    """The early core: import what a core needs, then run it once the config arrives."""
+def _wait_for_config(conn: Connection, vllm_config: Optional[Any] = None) -> None:
+    """The early core: import what a core needs (and initialize from `vllm_config`, the
+    server's config built before the fork, if given), then run once the server's config
+    arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    forked_environ = dict(os.environ)
     _preimport()
+    speculative = None
+    if vllm_config is not None:
+        from vllm.engine import core_speculation
+        from vllm.executor.multiproc_utils import prefix_log_lines
+        prefix_log_lines(None, kind="EngineCore")  # its initialization logs from here
+        # What the imports set (torch's cache directories) is dropped, as the server's
+        # environment replaces it below when the core waits for the config.
+        adopt_environment(forked_environ)
+        speculative = core_speculation.start(vllm_config)
     try:
         environ, kwargs = conn.recv()
     except (EOFError, OSError):
         os._exit(0)  # the server stopped before it built its engine
+    core = None
+    if speculative is not None:
+        core = core_speculation.adopt_or_discard(speculative, kwargs["vllm_config"], environ)
     adopt_environment(environ)
-    preimport(kwargs["vllm_config"])
+    if core is None:
+        preimport(kwargs["vllm_config"])
     from vllm.engine.core_proc import run_engine_core
-    run_engine_core(death_reader=conn, **kwargs)
+    run_engine_core(death_reader=conn, core=core, **kwargs)
 
 
 def launch(early: PrestartedCore, **kwargs: Any) -> None:

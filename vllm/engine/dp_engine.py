@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncGenerator, Iterable, Optional, Union
+from typing import Any, AsyncGenerator, Callable, Iterable, Optional, Union
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -40,23 +40,29 @@ logger = logging.getLogger(__name__)
 
 
 def build_async_engine(engine_args: AsyncEngineArgs, start_engine_loop: bool = True,
-                       max_log_len: Optional[int] = None
+                       max_log_len: Optional[int] = None,
+                       while_core_starts: Optional[Callable[[Any], None]] = None
                        ) -> Union[AsyncLLMEngine, "DPAsyncLLMEngine"]:
-    """The server's engine: one AsyncLLMEngine, or a DPAsyncLLMEngine for data parallel."""
+    """The server's engine: one AsyncLLMEngine, or a DPAsyncLLMEngine for data parallel.
+    `while_core_starts`: see AsyncLLMEngine.from_engine_args (one engine only)."""
     if engine_args.data_parallel_size > 1:
         return DPAsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
-    return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
+    return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len,
+                                           while_core_starts=while_core_starts)
 
 
-def prestart_engine_core(data_parallel_size: int) -> None:
+def prestart_engine_core(data_parallel_size: int,
+                         engine_args: Optional[AsyncEngineArgs] = None) -> None:
     """Fork the server's engine-core process now, before the config is built, so its
     imports overlap the server's work (vllm/engine/core_launch.py); the engine that
-    `build_async_engine` makes takes it. Not for data parallel, whose replicas keep
-    their cores in this process."""
+    `build_async_engine` makes takes it. Given `engine_args` (those the engine is built
+    from), the config may be built before the fork and the core initialize from it at
+    once (core_speculation.py). Not for data parallel, whose replicas keep their cores
+    in this process."""
     from vllm.engine import core_launch
     from vllm.engine.core_client import use_multiprocessing
     if use_multiprocessing(default=True) and data_parallel_size == 1:
-        core_launch.prestart()
+        core_launch.prestart(engine_args)
 
 
 def release_engine_core() -> None:

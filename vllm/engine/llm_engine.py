@@ -30,7 +30,10 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
 
     def __init__(self, vllm_config: VllmConfig, log_stats: bool = True,
-                 multiprocess: bool = False) -> None:
+                 multiprocess: bool = False, wait_for_core: bool = True) -> None:
+        """`wait_for_core=False` (a core in its own process): return once the tokenizer
+        is loaded, while the core may still initialize; call `wait_for_core()` before
+        the first request (a server builds its app meanwhile)."""
         from vllm.transformers_utils.tokenizer import get_tokenizer
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
@@ -52,7 +55,7 @@ class LLMEngine:
             self.output_processor = OutputProcessor(self.tokenizer)
             if core is None:
                 core = make_engine_core(vllm_config, multiprocess=False)
-            else:
+            elif wait_for_core:
                 core.wait_ready()
         except BaseException:
             if core is not None:
@@ -62,13 +65,21 @@ class LLMEngine:
         """The EngineCore itself, or a client of one in its own process (core_client.py)."""
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs,
-                         multiprocess: Optional[bool] = None) -> "LLMEngine":
+    def from_engine_args(cls, engine_args: EngineArgs, multiprocess: Optional[bool] = None,
+                         wait_for_core: bool = True) -> "LLMEngine":
         """`multiprocess` None: VLLM_ENABLE_V1_MULTIPROCESSING, else in-process."""
         if multiprocess is None:
             multiprocess = use_multiprocessing(default=False)
         return cls(engine_args.create_engine_config(),
-                   log_stats=not engine_args.disable_log_stats, multiprocess=multiprocess)
+                   log_stats=not engine_args.disable_log_stats, multiprocess=multiprocess,
+                   wait_for_core=wait_for_core)
+
+    def wait_for_core(self) -> None:
+        """Wait until the engine core is initialized (at once when it is, or runs in this
+        process); raises its start-up error after stopping it."""
+        wait_ready = getattr(self.engine_core, "wait_ready", None)
+        if wait_ready is not None:
+            wait_ready()
 
     def wakeup(self) -> None:
         """Make a `step()` waiting for an out-of-process core return now (thread-safe):

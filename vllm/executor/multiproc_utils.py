@@ -347,6 +347,8 @@ def prefix_log_lines(rank: Optional[int], kind: str = "VllmWorker") -> None:
     for handler in logging.getLogger("vllm").handlers:
         old = handler.formatter
         fmt = getattr(old, "_fmt", None) or "%(message)s"
+        if fmt.startswith(prefix):
+            continue  # prefixed already (an early engine core logs before it runs)
         handler.setFormatter(logging.Formatter(prefix + fmt,
                                                datefmt=getattr(old, "datefmt", None)))
 

@@ -25,6 +25,7 @@ import torch
 
 from vllm import envs
 from vllm.native.loader import get_native_lib
+from vllm.utils.compile_markers import assume_constant_result
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 CACHE_DTYPE_CODES = {**DTYPE_CODES, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
@@ -40,7 +41,7 @@ def supports(dtype: torch.dtype) -> bool:
     return dtype in DTYPE_CODES and _lib_loaded()
 
 
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _lib_loaded() -> bool:
     """Constant per process for torch.compile (no guard on the loader's state)."""
     return get_native_lib() is not None

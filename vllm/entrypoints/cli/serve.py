@@ -27,5 +27,8 @@ def resolve_model_tag(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    from vllm.entrypoints.openai.core_prestart import prestart
+    args = resolve_model_tag(args)
+    prestart(args)  # the engine core starts before the server module's imports
     from vllm.entrypoints.openai.api_server import run_server
-    run_server(resolve_model_tag(args))
+    run_server(args)

@@ -20,6 +20,12 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any, Awaitable, Callable, Optional
 
+if __name__ == "__main__":
+    # Run as the server: fork the engine core now, before the web stack below is
+    # imported (vllm/entrypoints/openai/core_prestart.py).
+    from vllm.entrypoints.openai.core_prestart import prestart_from_argv
+    prestart_from_argv()
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -66,10 +72,13 @@ connections to close before cancelling them."""
 class ServerState:
     """Everything the routes need, built once per app from the engine and the flags."""
 
-    def __init__(self, engine: EngineClient, args: argparse.Namespace) -> None:
+    def __init__(self, engine: EngineClient, args: argparse.Namespace,
+                 tokenizer: Optional[Any] = None) -> None:
+        """`tokenizer`: this server's copy of the engine's, if made already."""
         self.engine = engine
         model_config = engine.model_config
-        tokenizer = copy_tokenizer(engine.tokenizer)
+        if tokenizer is None:
+            tokenizer = copy_tokenizer(engine.tokenizer)
         self.models = OpenAIServingModels(list(model_config.served_model_name),
                                           model_config.model, model_config.max_model_len,
                                           engine=engine,
@@ -443,8 +452,10 @@ def _install_dev_routes(app: FastAPI) -> None:
 
 
 # ----------------------------------------------------------------------- app
-def build_app(args: argparse.Namespace, engine: EngineClient) -> FastAPI:
-    """The FastAPI app serving `engine`; one app per engine (own metrics registry)."""
+def build_app(args: argparse.Namespace, engine: EngineClient,
+              tokenizer: Optional[Any] = None) -> FastAPI:
+    """The FastAPI app serving `engine`; one app per engine (own metrics registry).
+    `tokenizer`: the server's own copy of the engine's tokenizer, if made already."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -462,7 +473,7 @@ def build_app(args: argparse.Namespace, engine: EngineClient) -> FastAPI:
             engine.shutdown()
             state.close()
 
-    state = ServerState(engine, args)
+    state = ServerState(engine, args, tokenizer)
     app = FastAPI(title="vLLM OpenAI-compatible API", version=__version__,
                   root_path=getattr(args, "root_path", None) or "", lifespan=lifespan)
     app.state.vllm = state
@@ -525,19 +536,24 @@ def run_server(args: argparse.Namespace) -> None:
     args._process_start = _process_start_time()
     validate_parsed_serve_args(args)
     logger.info("vLLM API server version %s", __version__)
-    # The core's imports overlap the config's: fork it while this process has one
-    # thread and nothing bound, not even the listening socket.
-    prestart_engine_core(getattr(args, "data_parallel_size", 1))
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    # The core initializes while this process sets up (unless the module's start, run as
+    # the server, forked it already): fork it while this process has one thread and
+    # nothing bound, not even the listening socket.
+    prestart_engine_core(getattr(args, "data_parallel_size", 1), engine_args)
     sock = create_server_socket(args.host, args.port)
     # Until uvicorn installs its own handlers, SIGTERM unwinds model loading cleanly.
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    # The server's copy of the tokenizer is made while the core process initializes.
+    spare: dict[str, Any] = {}
     try:
-        engine = build_async_engine(AsyncEngineArgs.from_cli_args(args),
-                                    max_log_len=args.max_log_len)
+        engine = build_async_engine(
+            engine_args, max_log_len=args.max_log_len,
+            while_core_starts=lambda e: spare.update(tokenizer=copy_tokenizer(e.tokenizer)))
         release_engine_core()
         try:
             _log_startup(engine)
-            app = build_app(args, engine)
+            app = build_app(args, engine, tokenizer=spare.get("tokenizer"))
             scheme = "https" if args.ssl_certfile else "http"
             logger.info("Starting vLLM API server on %s://%s:%d", scheme,
                         args.host or "0.0.0.0", args.port)
