@@ -24,6 +24,18 @@
 // The small helpers below mirror cpu_ops.cpp's (a separate library, built and cached
 // on its own by loader.py).
 //
+// bf16 dot products: where the compiler targets AVX512-BF16 (-march=native on Cooper
+// Lake, Sapphire Rapids and later), bf16 models with head sizes that are a multiple of
+// 32 take a second path (prefill_tile_dot) whose two products are `vdpbf16ps`: each
+// instruction multiplies 16 pairs of bf16 and adds both products to 16 float32 sums,
+// twice the work of a float32 FMA and no widening of K, V or Q first. The float32 path
+// converts every K and V element to float per query tile and was slower than the
+// row-wise decode kernel (itself on bf16 dot products) at short prompts. What changes
+// numerically: Q and K enter QK^T exactly (bf16 products are exact in float32; only
+// the sums round), the probabilities are rounded to bf16 before P.V (relative error
+// 2^-9 each, as flash attention does on GPUs); scores, the running max and sum and the
+// output sums stay float32 and the output is rounded once.
+//
 // dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16_t).
 
 #include <algorithm>
@@ -31,7 +43,15 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define VLLM_PREFILL_BF16_DOT 1
+#else
+#define VLLM_PREFILL_BF16_DOT 0
+#endif
 
 namespace {
 
@@ -102,11 +122,16 @@ struct Seqs {
 
 // Per-thread scratch: the tile's queries (pre-scaled), K transposed, V, scores, output
 // accumulators and the running max / sum of each of its M = rows * groups query rows.
+// The bf16 dot path uses kp / vp / p / rows instead of q / kt / v (see prefill_tile_dot).
 struct Scratch {
   std::vector<float> q, kt, v, s, o, mx, sum;
   std::vector<int64_t> slots;
-  Scratch(int64_t m, int64_t d)
-      : q(m * d), kt(d * KT), v(KT * d), s(m * KT), o(m * d), mx(m), sum(m), slots(KT) {}
+  std::vector<uint32_t> kp, vp, p;  // bf16 pairs
+  std::vector<const bf16*> rows;
+  Scratch(int64_t m, int64_t d, bool dot)
+      : q(dot ? 0 : m * d), kt(dot ? 0 : d * KT), v(dot ? 0 : KT * d), s(m * KT), o(m * d),
+        mx(m), sum(m), slots(KT), kp(dot ? d / 2 * KT : 0), vp(dot ? KT / 2 * d : 0),
+        p(dot ? m * KT / 2 : 0), rows(dot ? m : 0) {}
 };
 
 // s[r][0:KT] = q[r] . kt[:, 0:KT] for R query rows: R x 4 accumulators stay in
@@ -282,12 +307,212 @@ void prefill_tile(const T* q, int64_t q_stride, const T* kc, const T* vc, const 
   }
 }
 
+#if VLLM_PREFILL_BF16_DOT
+// ---- bf16 dot-product path (AVX512-BF16) ----------------------------------------------
+//
+// `vdpbf16ps acc, a, b` adds a[2i] * b[2i] + a[2i+1] * b[2i+1] to float lane i, so both
+// operands are read as pairs of bf16 along the summed index: channel pairs for QK^T,
+// key pairs for P.V. Each product broadcasts one pair of the row side (a query row's
+// two channels, a probability row's two keys) against a packed vector of the tile side:
+//   kp[c/2][j] = (k_j[c], k_j[c+1])            16 keys per vector, KT = 2 vectors
+//   vp[j/2][c] = (v_j[c], v_{j+1}[c])          16 channels per vector, d / 16 vectors
+// so a tile's keys and values are repacked once per query tile (as the float path
+// converts them) and query rows are read in place, unconverted.
+
+constexpr int RQ = 8;  // query rows per QK^T register block: 8 x 2 accumulators
+constexpr int RP = 4;  // probability rows per P.V block: 4 x 4 accumulators + 4 loads
+
+inline uint32_t load_pair(const bf16* p) {
+  uint32_t u;
+  std::memcpy(&u, p, 4);
+  return u;
+}
+
+inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+// K rows of the tile's kn keys into channel-pair order; keys kn..KT are zero.
+inline void pack_k(const bf16* kc, const int64_t* slots, int64_t kn, int64_t d,
+                   uint32_t* kp) {
+  const int64_t pairs = d / 2;
+  for (int64_t j = 0; j < kn; ++j) {
+    const bf16* kr = kc + slots[j] * d;
+    for (int64_t c = 0; c < pairs; ++c) kp[c * KT + j] = load_pair(kr + 2 * c);
+  }
+  if (kn < KT)
+    for (int64_t c = 0; c < pairs; ++c) std::fill(kp + c * KT + kn, kp + c * KT + KT, 0u);
+}
+
+// V rows of the tile's keys interleaved in pairs of keys (an odd last key pairs with a
+// zero row, never garbage: 0 * NaN would poison the sums).
+inline void pack_v(const bf16* vc, const int64_t* slots, int64_t kn, int64_t d,
+                   uint32_t* vp) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                      40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33,
+                                      1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int64_t j = 0; j < kn; j += 2) {
+    const bf16* a = vc + slots[j] * d;
+    const bf16* b = j + 1 < kn ? vc + slots[j + 1] * d : nullptr;
+    uint32_t* dst = vp + (j / 2) * d;
+    for (int64_t c = 0; c < d; c += 32) {
+      const __m512i va = _mm512_loadu_si512(a + c);
+      const __m512i vb = b ? _mm512_loadu_si512(b + c) : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst + c, _mm512_permutex2var_epi16(va, lo, vb));
+      _mm512_storeu_si512(dst + c + 16, _mm512_permutex2var_epi16(va, hi, vb));
+    }
+  }
+}
+
+// s[r][0:KT] = scale * q_r . k[0:KT] for R query rows read in place.
+template <int R>
+inline void qk_dot(const bf16* const* rows, int64_t d, const uint32_t* kp, float scale,
+                   float* s) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d / 2; ++c) {
+    const __m512bh k0 = as_bh(_mm512_loadu_si512(kp + c * KT));
+    const __m512bh k1 = as_bh(_mm512_loadu_si512(kp + c * KT + 16));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh b = as_bh(_mm512_set1_epi32(load_pair(rows[r] + 2 * c)));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], k0, b);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], k1, b);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(s + r * KT, _mm512_mul_ps(acc[r][0], sc));
+    _mm512_storeu_ps(s + r * KT + 16, _mm512_mul_ps(acc[r][1], sc));
+  }
+}
+
+// o[r][c0 : c0 + 16 * NV] += sum_j p[r][j] v[j][...] over `pairs` key pairs.
+template <int R, int NV>
+inline void pv_dot(const uint32_t* p, int64_t pairs, const uint32_t* vp, int64_t d,
+                   int64_t c0, float* o) {
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < NV; ++u) acc[r][u] = _mm512_loadu_ps(o + r * d + c0 + 16 * u);
+  for (int64_t jp = 0; jp < pairs; ++jp) {
+    __m512bh vv[NV];
+    for (int u = 0; u < NV; ++u)
+      vv[u] = as_bh(_mm512_loadu_si512(vp + jp * d + c0 + 16 * u));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh b = as_bh(_mm512_set1_epi32(p[r * (KT / 2) + jp]));
+      for (int u = 0; u < NV; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], vv[u], b);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < NV; ++u) _mm512_storeu_ps(o + r * d + c0 + 16 * u, acc[r][u]);
+}
+
+template <int R>
+inline void pv_dot_rows(const uint32_t* p, int64_t pairs, const uint32_t* vp, int64_t d,
+                        float* o) {
+  int64_t c0 = 0;
+  for (; c0 + 64 <= d; c0 += 64) pv_dot<R, 4>(p, pairs, vp, d, c0, o);
+  for (; c0 < d; c0 += 32) pv_dot<R, 2>(p, pairs, vp, d, c0, o);  // d % 32 == 0
+}
+
+// Rows [m, m_rows) of the QK^T product in blocks of RQ, the tail one block of its size.
+inline void qk_dot_rows(const bf16* const* rows, int64_t m_rows, int64_t d,
+                        const uint32_t* kp, float scale, float* s) {
+  int64_t m = 0;
+  for (; m + RQ <= m_rows; m += RQ) qk_dot<RQ>(rows + m, d, kp, scale, s + m * KT);
+  switch (m_rows - m) {
+    case 7: qk_dot<7>(rows + m, d, kp, scale, s + m * KT); break;
+    case 6: qk_dot<6>(rows + m, d, kp, scale, s + m * KT); break;
+    case 5: qk_dot<5>(rows + m, d, kp, scale, s + m * KT); break;
+    case 4: qk_dot<4>(rows + m, d, kp, scale, s + m * KT); break;
+    case 3: qk_dot<3>(rows + m, d, kp, scale, s + m * KT); break;
+    case 2: qk_dot<2>(rows + m, d, kp, scale, s + m * KT); break;
+    case 1: qk_dot<1>(rows + m, d, kp, scale, s + m * KT); break;
+    default: break;
+  }
+}
+
+// prefill_tile for bf16 with d % 32 == 0, on bf16 dot products (same tiling, masking and
+// online softmax; see the comment above pack_k for the layouts).
+void prefill_tile_dot(const bf16* q, int64_t q_stride, const bf16* kc, const bf16* vc,
+                      const Seqs& sq, int64_t i, int64_t kh, int64_t r0, int64_t rn,
+                      int64_t groups, int64_t d, float scale, bf16* out, int64_t out_stride,
+                      Scratch& w) {
+  const int64_t ctx = sq.context_len[i], qs = sq.query_start[i];
+  const int32_t* table = sq.block_table + i * sq.bt_stride;
+  const int64_t m_rows = rn * groups;
+  for (int64_t r = 0; r < rn; ++r)
+    for (int64_t g = 0; g < groups; ++g)
+      w.rows[r * groups + g] = q + (qs + r0 + r) * q_stride + (kh * groups + g) * d;
+  std::fill(w.o.begin(), w.o.begin() + m_rows * d, 0.0f);
+  std::fill(w.mx.begin(), w.mx.begin() + m_rows, NEG_INF);
+  std::fill(w.sum.begin(), w.sum.begin() + m_rows, 0.0f);
+  float* sc = w.s.data();
+  float* of = w.o.data();
+  uint32_t* pb = w.p.data();
+  const int64_t end = ctx + r0 + rn;  // keys the tile's last row sees
+  for (int64_t k0 = 0; k0 < end; k0 += KT) {
+    const int64_t kn = std::min(KT, end - k0);
+    for (int64_t j = 0; j < kn; ++j) {
+      const int64_t p = k0 + j;
+      w.slots[j] = static_cast<int64_t>(table[p / sq.block_size]) * sq.block_size +
+                   p % sq.block_size;
+    }
+    pack_k(kc, w.slots.data(), kn, d, w.kp.data());
+    pack_v(vc, w.slots.data(), kn, d, w.vp.data());
+    qk_dot_rows(w.rows.data(), m_rows, d, w.kp.data(), scale, sc);
+    for (int64_t m = 0; m < m_rows; ++m) {
+      const int64_t visible = std::min(ctx + r0 + m / groups + 1 - k0, kn);
+      online_softmax(sc + m * KT, visible, w.mx[m], w.sum[m], of + m * d, d);
+      const __m512bh pr = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sc + m * KT + 16),
+                                              _mm512_loadu_ps(sc + m * KT));
+      _mm512_storeu_si512(pb + m * (KT / 2), (__m512i)pr);
+    }
+    const int64_t pairs = (kn + 1) / 2;
+    int64_t m = 0;
+    for (; m + RP <= m_rows; m += RP) pv_dot_rows<RP>(pb + m * (KT / 2), pairs, w.vp.data(), d, of + m * d);
+    for (; m < m_rows; ++m) pv_dot_rows<1>(pb + m * (KT / 2), pairs, w.vp.data(), d, of + m * d);
+  }
+  for (int64_t r = 0; r < rn; ++r) {
+    bf16* orow = out + (qs + r0 + r) * out_stride + kh * groups * d;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t m = r * groups + g;
+      const float inv = 1.0f / w.sum[m];
+      const float* om = of + m * d;
+      for (int64_t c = 0; c < d; ++c) orow[g * d + c] = from_f<bf16>(om[c] * inv);
+    }
+  }
+}
+#endif  // VLLM_PREFILL_BF16_DOT
+
+// Whether this build has the bf16 dot path and it applies to this call.
+template <typename T>
+inline bool use_dot(int64_t d, bool allow) {
+  return VLLM_PREFILL_BF16_DOT && allow && std::is_same<T, bf16>::value && d % 32 == 0;
+}
+
+template <typename T>
+void run_tile(bool dot, const T* q, int64_t q_stride, const T* kc, const T* vc,
+              const Seqs& sq, int64_t i, int64_t kh, int64_t r0, int64_t rn, int64_t groups,
+              int64_t d, float scale, T* out, int64_t out_stride, Scratch& w) {
+#if VLLM_PREFILL_BF16_DOT
+  if constexpr (std::is_same<T, bf16>::value) {
+    if (dot) {
+      prefill_tile_dot(q, q_stride, kc, vc, sq, i, kh, r0, rn, groups, d, scale, out,
+                       out_stride, w);
+      return;
+    }
+  }
+#endif
+  prefill_tile<T>(q, q_stride, kc, vc, sq, i, kh, r0, rn, groups, d, scale, out, out_stride,
+                  w);
+}
+
 template <typename T>
 void prefill_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
                        int64_t num_slots, const Seqs& sq, int64_t num_seqs, int64_t hq,
                        int64_t hkv, int64_t d, float scale, T* out, int64_t out_stride,
-                       int nthreads) {
+                       int nthreads, bool allow_dot) {
   const int64_t groups = hq / hkv;
+  const bool dot = use_dot<T>(d, allow_dot);
   // Work items (sequence, KV head, query tile), longest-context tiles first so the
   // dynamic schedule ends with the cheap ones.
   std::vector<int64_t> items;  // packed: seq, tile
@@ -299,14 +524,15 @@ void prefill_attention(const T* q, int64_t q_stride, const T* k_cache, const T* 
   const int64_t n_items = static_cast<int64_t>(items.size()) / 2 * hkv;
 #pragma omp parallel num_threads(nthreads) if (n_items > 1)
   {
-    Scratch w(QT * groups, d);
+    Scratch w(QT * groups, d, dot);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
       const int64_t pair = it / hkv, kh = it % hkv;
       const int64_t i = items[2 * pair], r0 = items[2 * pair + 1] * QT;
       const int64_t rn = std::min(QT, static_cast<int64_t>(sq.query_len[i]) - r0);
-      prefill_tile<T>(q, q_stride, k_cache + kh * num_slots * d, v_cache + kh * num_slots * d,
-                      sq, i, kh, r0, rn, groups, d, scale, out, out_stride, w);
+      run_tile<T>(dot, q, q_stride, k_cache + kh * num_slots * d,
+                  v_cache + kh * num_slots * d, sq, i, kh, r0, rn, groups, d, scale, out,
+                  out_stride, w);
     }
   }
 }
@@ -315,7 +541,14 @@ void prefill_attention(const T* q, int64_t q_stride, const T* k_cache, const T* 
 
 extern "C" {
 
-int vllm_prefill_ops_version() { return 1; }
+int vllm_prefill_ops_version() { return 2; }
+
+// 1 when bf16 calls with head sizes that are a multiple of 32 can take the bf16
+// dot-product path (this build targets AVX512-BF16).
+int vllm_prefill_has_bf16_dot() { return VLLM_PREFILL_BF16_DOT; }
+
+// allow_bf16_dot: 0 keeps every call on the float32 path (tests and benchmarks compare
+// the two on one machine).
 
 void vllm_prefill_attention(int dtype, const void* q, int64_t q_stride, const void* k_cache,
                             const void* v_cache, int64_t num_slots,
@@ -323,18 +556,21 @@ void vllm_prefill_attention(int dtype, const void* q, int64_t q_stride, const vo
                             const int32_t* query_start, const int32_t* query_len,
                             const int32_t* context_len, int64_t num_seqs, int64_t hq,
                             int64_t hkv, int64_t d, int64_t block_size, float scale,
-                            void* out, int64_t out_stride, int nthreads) {
+                            void* out, int64_t out_stride, int nthreads,
+                            int allow_bf16_dot) {
   const Seqs sq{query_start, query_len, context_len, block_table, bt_stride, block_size};
   if (dtype == 0)
     prefill_attention<float>(static_cast<const float*>(q), q_stride,
                              static_cast<const float*>(k_cache),
                              static_cast<const float*>(v_cache), num_slots, sq, num_seqs, hq,
-                             hkv, d, scale, static_cast<float*>(out), out_stride, nthreads);
+                             hkv, d, scale, static_cast<float*>(out), out_stride, nthreads,
+                             false);
   else
     prefill_attention<bf16>(static_cast<const bf16*>(q), q_stride,
                             static_cast<const bf16*>(k_cache),
                             static_cast<const bf16*>(v_cache), num_slots, sq, num_seqs, hq,
-                            hkv, d, scale, static_cast<bf16*>(out), out_stride, nthreads);
+                            hkv, d, scale, static_cast<bf16*>(out), out_stride, nthreads,
+                            allow_bf16_dot != 0);
 }
 
 }  // extern "C"
