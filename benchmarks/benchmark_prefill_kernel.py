@@ -1,8 +1,9 @@
 """One layer's prefill attention, each CPU kernel on the same prompt (issue 33's table in
 benchmarks/README.md).
 
-Kinds: `flash-bf16dot` (the blocked prefill kernel on bf16 dot products, where the
-library has that path), `flash-f32` (the same kernel on float32 FMAs), `rowwise` (the
+Kinds: `flash-f32` (the blocked prefill kernel on float32 FMAs), `flash-dot` (on
+AVX512-BF16 dot products) and `flash-amx` (on AMX tiles), each where the library has
+that path (bf16, head size a multiple of 32), `rowwise` (the
 paged decode kernel, one query row per token against its prefix) and `sdpa` (torch's
 scaled_dot_product_attention). One fresh sequence per length (no context), SmolLM2-135M's
 heads by default. Repetitions interleave the kinds (A B C D, A B C D, ...) so that load
@@ -46,13 +47,15 @@ def runners(length: int, hq: int, hkv: int, d: int,
     rows = table.expand(length, blocks).contiguous()
     lens = torch.arange(1, length + 1, dtype=torch.int32)
 
-    def flash(dot: bool) -> Callable[[], None]:
+    def flash(kernel: int) -> Callable[[], None]:
         return lambda: prefill_ops.prefill_attention(q, cache, table, *ints, hq, BLOCK, scale,
-                                                     out, dot)
+                                                     out, kernel)
 
-    fns = {"flash-f32": flash(False)}
-    if prefill_ops.has_bf16_dot() and dtype == torch.bfloat16 and d % 32 == 0:
-        fns["flash-bf16dot"] = flash(True)
+    fns = {"flash-f32": flash(prefill_ops.FMA)}
+    if dtype == torch.bfloat16 and d % 32 == 0:
+        for name, kernel in (("flash-dot", prefill_ops.DOT), ("flash-amx", prefill_ops.AMX)):
+            if prefill_ops.best_bf16_kernel() >= kernel:
+                fns[name] = flash(kernel)
     fns["rowwise"] = lambda: cpu_ops.decode_attention(q, cache, rows, lens, hq, BLOCK, scale,
                                                       out)
     fns["sdpa"] = lambda: out.copy_(_sdpa(q.view(length, hq, d), cache[0], cache[1], None,
