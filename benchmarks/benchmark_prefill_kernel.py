@@ -24,23 +24,24 @@ if __package__ in (None, ""):
 import argparse
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 BLOCK = 16
 
 
-def runners(length: int, hq: int, hkv: int, d: int,
-            dtype: torch.dtype) -> dict[str, Callable[[], None]]:
-    """A call per kind for one fresh sequence of `length` tokens."""
+def runners(length: int, hq: int, hkv: int, d: int, dtype: torch.dtype,
+            out: Optional[torch.Tensor] = None) -> dict[str, Callable[[], None]]:
+    """A call per kind for one fresh sequence of `length` tokens, each writing `out`
+    ([length, hq * d], new when None)."""
     from vllm.attention.backends.torch_sdpa import _sdpa
     from vllm.native import cpu_ops, prefill_ops
     g = torch.Generator().manual_seed(0)
     blocks = -(-length // BLOCK)
     cache = torch.randn(2, hkv, blocks * BLOCK, d, generator=g).to(dtype)
     q = torch.randn(length, hq * d, generator=g).to(dtype)
-    out = torch.empty(length, hq * d, dtype=dtype)
+    out = torch.empty(length, hq * d, dtype=dtype) if out is None else out
     scale = d ** -0.5
     table = torch.arange(blocks, dtype=torch.int32)[None]
     ints = [torch.tensor([v], dtype=torch.int32) for v in (0, length, 0)]
