@@ -559,9 +559,11 @@ void prefill_tile_dot(const bf16* q, int64_t q_stride, const bf16* kc, const bf1
                        pb + m * (KT / 2));
     }
     const int64_t pairs = (kn + 1) / 2;
+    const uint32_t* vp = w.vp.data();
     int64_t m = 0;
-    for (; m + RP <= m_rows; m += RP) pv_dot_rows<RP>(pb + m * (KT / 2), pairs, w.vp.data(), d, of + m * d);
-    for (; m < m_rows; ++m) pv_dot_rows<1>(pb + m * (KT / 2), pairs, w.vp.data(), d, of + m * d);
+    for (; m + RP <= m_rows; m += RP)
+      pv_dot_rows<RP>(pb + m * (KT / 2), pairs, vp, d, of + m * d);
+    for (; m < m_rows; ++m) pv_dot_rows<1>(pb + m * (KT / 2), pairs, vp, d, of + m * d);
   }
   for (int64_t r = 0; r < rn; ++r) {
     bf16* orow = out + (qs + r0 + r) * out_stride + kh * groups * d;
