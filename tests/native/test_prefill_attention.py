@@ -1,10 +1,12 @@
 """The blocked prefill attention kernel (vllm/native/prefill_ops.cpp) against a float64
 naive reference: ragged query lengths and tails of both tile sizes, contexts from prefix
 hits or earlier chunks, GQA, head sizes 64 / 128 / 80, float32 and bf16, a shuffled
-block table, strided query rows."""
+block table, strided query rows. bf16 runs every kernel the library has: float32 FMAs,
+and where the CPU allows AVX512-BF16 dot products and AMX tiles."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -80,16 +82,83 @@ def test_matches_float64_reference(dtype, hq, hkv, d):
     assert (out[q.shape[0]:] == 7.0).all()  # rows of no sequence are left alone
 
 
-def test_long_prompt_and_large_context():
+BF16_KERNELS = [prefill_ops.FMA, prefill_ops.DOT, prefill_ops.AMX]
+
+
+def _run(q, cache, bt, starts, lens, ctxs, hq, scale, kernel, out=None):
+    out = torch.empty(q.shape[0], hq * cache.shape[-1], dtype=q.dtype) if out is None else out
+    ints = [torch.tensor(x, dtype=torch.int32) for x in (starts, lens, ctxs)]
+    prefill_ops.prefill_attention(q, cache, bt, *ints, hq, BLOCK, scale, out, kernel)
+    return out
+
+
+@pytest.mark.parametrize("kernel", BF16_KERNELS)
+@pytest.mark.parametrize("hq,hkv,d", [(9, 3, 64), (6, 2, 128), (3, 1, 96)])
+def test_bf16_kernels_match_float64_reference(kernel, hq, hkv, d):
+    """Each bf16 kernel: causal, several sequences in one call, contexts of earlier chunks
+    that end mid-block (7, 45, 19), GQA with 3 query heads per KV head, tails of 16-row
+    query tiles and 32-key tiles. The bf16-product kernels round each probability to
+    bf16 (relative error <= 2^-9) before P.V, so their error per element is bounded by
+    the output's own rounding (2^-9 relative) plus 2^-9 of the largest |v|; the mean
+    error stays near the output rounding's. A kernel this CPU lacks runs the best one
+    below it."""
+    if kernel > prefill_ops.best_bf16_kernel():
+        pytest.skip(f"bf16 kernel {kernel} not available here")
+    lens = [1, 17, 33, 40, 5, 70]
+    ctxs = [0, 0, 32, 7, 45, 19]
+    q, cache, table, bt, starts = _case(torch.bfloat16, hq, hkv, d, lens, ctxs, seed=2)
+    scale = d ** -0.5
+    out = torch.full((q.shape[0] + 2, hq * d), 7.0, dtype=torch.bfloat16)
+    _run(q, cache, bt, starts, lens, ctxs, hq, scale, kernel, out)
+    ref = _reference(q, cache, table, starts, lens, ctxs, hq, scale)
+    got = out[:q.shape[0]].double()
+    vmax = cache[1].abs().max().item()
+    torch.testing.assert_close(got, ref, atol=2 ** -9 * vmax, rtol=2 ** -8)
+    assert (got - ref).abs().mean() < 2 ** -9 * ref.abs().mean() + 1e-4
+    assert (out[q.shape[0]:] == 7.0).all()
+
+
+def test_the_bf16_kernels_are_built_where_the_cpu_has_them():
+    """-march=native must compile the bf16 dot path in on a CPU with AVX512-BF16 and
+    the AMX path on one with AMX (the guards read the compiler's target macros; Linux
+    5.16+ lends the tile state on request), and the argument must reach them: the
+    kernels round differently, so their outputs differ somewhere."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split() for line in f if line.startswith("flags")), [])
+    best = prefill_ops.best_bf16_kernel()
+    if "avx512_bf16" not in flags:
+        assert best == prefill_ops.FMA
+        pytest.skip("this CPU has no AVX512-BF16: only the float32 path exists")
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
+    if {"amx_bf16", "amx_tile"} <= set(flags) and release >= (5, 16):
+        assert best == prefill_ops.AMX
+    else:
+        assert best == prefill_ops.DOT
+    lens, ctxs = [64, 40], [0, 21]
+    q, cache, _, bt, starts = _case(torch.bfloat16, 9, 3, 64, lens, ctxs, seed=3)
+    outs = [_run(q, cache, bt, starts, lens, ctxs, 9, 0.125, k)
+            for k in range(best + 1)]
+    assert not torch.equal(outs[0], outs[1])  # float32 P vs bf16 P
+    for other in outs[1:]:
+        torch.testing.assert_close(other.double(), outs[0].double(), atol=1.5e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("kernel", BF16_KERNELS)
+def test_float32_ignores_the_bf16_kernel(kernel):
+    lens, ctxs = [20, 3], [0, 9]
+    q, cache, table, bt, starts = _case(torch.float32, 6, 2, 64, lens, ctxs, seed=4)
+    out = _run(q, cache, bt, starts, lens, ctxs, 6, 0.125, kernel)
+    ref = _reference(q, cache, table, starts, lens, ctxs, 6, 0.125)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("kernel", BF16_KERNELS)
+def test_long_prompt_and_large_context(kernel):
     """Many query tiles and key tiles, scores spread wide (the running max moves)."""
     lens, ctxs = [300, 129], [0, 260]
     q, cache, table, bt, starts = _case(torch.bfloat16, 6, 2, 64, lens, ctxs, seed=1)
     q = q * 4  # sharper softmax: the online rescaling matters
-    out = torch.empty(q.shape[0], 6 * 64, dtype=torch.bfloat16)
-    prefill_ops.prefill_attention(
-        q, cache, bt, torch.tensor(starts, dtype=torch.int32),
-        torch.tensor(lens, dtype=torch.int32), torch.tensor(ctxs, dtype=torch.int32),
-        6, BLOCK, 0.125, out)
+    out = _run(q, cache, bt, starts, lens, ctxs, 6, 0.125, kernel)
     ref = _reference(q, cache, table, starts, lens, ctxs, 6, 0.125)
     torch.testing.assert_close(out.double(), ref, atol=8e-3, rtol=8e-3)
 

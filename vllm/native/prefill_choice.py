@@ -13,7 +13,10 @@ native kernels loaded, and which is fastest depends on the CPU and the length:
 
 On a 2-core AVX2 EPYC (SmolLM2's 9 query / 3 KV heads of 64, bf16, 1 thread, CPU time
 of a shared machine): at 32 tokens rowwise 0.12 ms, flash 0.10, sdpa 0.10; at 128
-tokens 1.60 / 0.54 / 0.86 ms; at 512 tokens 23.3 / 7.0 / 10.4 ms. So each start measures all three on one
+tokens 1.60 / 0.54 / 0.86 ms; at 512 tokens 23.3 / 7.0 / 10.4 ms. On an AMX Xeon, where
+flash runs on AMX tiles (bf16), 1 thread, loaded machine: 32 tokens 0.08 / 0.04 / 0.07
+ms (rowwise / flash / sdpa), 128 tokens 0.52 / 0.18 / 0.29, 512 tokens 10.4 / 3.7 / 3.9.
+So each start measures all three on one
 synthetic sequence of the model's head layout at a few lengths (`LENGTHS`), interleaved,
 best of `_TRIALS`, and a prefill then takes the winner of its length's bucket. The plan
 is cached with the GEMM plans' cache (autotune.py), per CPU model, threads, torch and

@@ -24,6 +24,23 @@
 // The small helpers below mirror cpu_ops.cpp's (a separate library, built and cached
 // on its own by loader.py).
 //
+// bf16 products: bf16 models with head sizes that are a multiple of 32 take one of two
+// more paths where the compiler targets them (-march=native):
+// - AVX512-BF16 (Cooper Lake, Sapphire Rapids and later; prefill_tile_dot): both
+//   products are `vdpbf16ps`, 16 pairs of bf16 multiplied and summed into 16 float32
+//   lanes per instruction, with no widening of Q, K or V first.
+// - AMX (Sapphire Rapids and later, Linux lending the tile state; prefill_tile_amx):
+//   both products are `tdpbf16ps` on 16 x 32 by 32 x 16 tiles.
+// Both read K and V repacked in pairs (channel pairs of K, key pairs of V) and share one
+// AVX-512 softmax pass per score row. The float32 path converts every K and V element
+// to float per query tile; on a Sapphire Rapids core it lost to the row-wise decode
+// kernel (itself on bf16 dot products) at short prompts and to torch's SDPA at long
+// ones. What changes numerically: Q and K enter QK^T exactly (bf16 products are exact
+// in float32; only the sums round) and the scale is applied to the float32 scores; the
+// probabilities are rounded to bf16 before P.V (relative error 2^-9 each, as flash
+// attention does on GPUs); the running max and sum (from the unrounded probabilities)
+// and the output sums stay float32 and the output is rounded once.
+//
 // dtype codes: 0 = float32, 1 = bfloat16 (stored as uint16_t).
 
 #include <algorithm>
@@ -31,7 +48,24 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define VLLM_PREFILL_BF16_DOT 1
+#else
+#define VLLM_PREFILL_BF16_DOT 0
+#endif
+
+#if VLLM_PREFILL_BF16_DOT && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
+    defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define VLLM_PREFILL_AMX 1
+#else
+#define VLLM_PREFILL_AMX 0
+#endif
 
 namespace {
 
@@ -102,11 +136,18 @@ struct Seqs {
 
 // Per-thread scratch: the tile's queries (pre-scaled), K transposed, V, scores, output
 // accumulators and the running max / sum of each of its M = rows * groups query rows.
+// The bf16 dot and AMX paths use kp / vp / p and rows (dot) or qb (AMX) instead of
+// q / kt / v (see prefill_tile_dot).
 struct Scratch {
   std::vector<float> q, kt, v, s, o, mx, sum;
   std::vector<int64_t> slots;
-  Scratch(int64_t m, int64_t d)
-      : q(m * d), kt(d * KT), v(KT * d), s(m * KT), o(m * d), mx(m), sum(m), slots(KT) {}
+  std::vector<uint32_t> kp, vp, p;  // bf16 pairs
+  std::vector<const bf16*> rows;
+  std::vector<bf16> qb;
+  Scratch(int64_t m, int64_t d, bool dot)
+      : q(dot ? 0 : m * d), kt(dot ? 0 : d * KT), v(dot ? 0 : KT * d), s(m * KT), o(m * d),
+        mx(m), sum(m), slots(KT), kp(dot ? d / 2 * KT : 0), vp(dot ? KT / 2 * d : 0),
+        p(dot ? m * KT / 2 : 0), rows(dot ? m : 0), qb(dot ? m * d : 0) {}
 };
 
 // s[r][0:KT] = q[r] . kt[:, 0:KT] for R query rows: R x 4 accumulators stay in
@@ -282,12 +323,437 @@ void prefill_tile(const T* q, int64_t q_stride, const T* kc, const T* vc, const 
   }
 }
 
+#if VLLM_PREFILL_BF16_DOT
+// ---- bf16 dot-product path (AVX512-BF16) ----------------------------------------------
+//
+// `vdpbf16ps acc, a, b` adds a[2i] * b[2i] + a[2i+1] * b[2i+1] to float lane i, so both
+// operands are read as pairs of bf16 along the summed index: channel pairs for QK^T,
+// key pairs for P.V. Each product broadcasts one pair of the row side (a query row's
+// two channels, a probability row's two keys) against a packed vector of the tile side:
+//   kp[c/2][j] = (k_j[c], k_j[c+1])            16 keys per vector, KT = 2 vectors
+//   vp[j/2][c] = (v_j[c], v_{j+1}[c])          16 channels per vector, d / 16 vectors
+// so a tile's keys and values are repacked once per query tile (as the float path
+// converts them) and query rows are read in place, unconverted.
+
+constexpr int RQ = 8;  // query rows per QK^T register block: 8 x 2 accumulators
+constexpr int RP = 4;  // probability rows per P.V block: 4 x 4 accumulators + 4 loads
+
+inline uint32_t load_pair(const bf16* p) {
+  uint32_t u;
+  std::memcpy(&u, p, 4);
+  return u;
+}
+
+inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
+
+// out[c] = column c of the 16 x 16 matrix of 32-bit words whose rows are r[0..15]
+// (unpack within 128-bit lanes, then two rounds of lane shuffles).
+inline void transpose16(const __m512i* r, __m512i* out) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + e], lane L: rows 4i..4i+3 of column 4L + e
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const __m512i v = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x88);
+    const __m512i w = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xdd);
+    const __m512i x = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x88);
+    const __m512i y = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xdd);
+    out[e] = _mm512_shuffle_i32x4(v, x, 0x88);
+    out[8 + e] = _mm512_shuffle_i32x4(v, x, 0xdd);
+    out[4 + e] = _mm512_shuffle_i32x4(w, y, 0x88);
+    out[12 + e] = _mm512_shuffle_i32x4(w, y, 0xdd);
+  }
+}
+
+// K rows of the tile's kn keys into channel-pair order, 16 keys by 16 channel pairs
+// at a time (a transpose of 32-bit words); keys kn..KT are zero.
+inline void pack_k(const bf16* kc, const int64_t* slots, int64_t kn, int64_t d,
+                   uint32_t* kp) {
+  __m512i rows[16], cols[16];
+  for (int64_t h = 0; h < KT; h += 16)
+    for (int64_t c = 0; c < d; c += 32) {
+      for (int64_t j = 0; j < 16; ++j)
+        rows[j] = h + j < kn ? _mm512_loadu_si512(kc + slots[h + j] * d + c)
+                             : _mm512_setzero_si512();
+      transpose16(rows, cols);
+      for (int64_t p = 0; p < 16; ++p)
+        _mm512_storeu_si512(kp + (c / 2 + p) * KT + h, cols[p]);
+    }
+}
+
+// V rows of the tile's keys interleaved in pairs of keys (an odd last key pairs with a
+// zero row, never garbage: 0 * NaN would poison the sums).
+inline void pack_v(const bf16* vc, const int64_t* slots, int64_t kn, int64_t d,
+                   uint32_t* vp) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                      40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33,
+                                      1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int64_t j = 0; j < kn; j += 2) {
+    const bf16* a = vc + slots[j] * d;
+    const bf16* b = j + 1 < kn ? vc + slots[j + 1] * d : nullptr;
+    uint32_t* dst = vp + (j / 2) * d;
+    for (int64_t c = 0; c < d; c += 32) {
+      const __m512i va = _mm512_loadu_si512(a + c);
+      const __m512i vb = b ? _mm512_loadu_si512(b + c) : _mm512_setzero_si512();
+      _mm512_storeu_si512(dst + c, _mm512_permutex2var_epi16(va, lo, vb));
+      _mm512_storeu_si512(dst + c + 16, _mm512_permutex2var_epi16(va, hi, vb));
+    }
+  }
+}
+
+// exp(x) for x <= 0 on 16 lanes: exp_nonpos's split, 2^n applied by vscalefps.
+inline __m512 exp16_nonpos(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// online_softmax for the bf16 paths on a row of raw scores: scales, masks keys at and
+// past `visible`, updates the running max and sum (float32, from the unrounded
+// probabilities), rescales the row's output and writes the probabilities as 16 bf16
+// pairs for P.V. One pass in AVX-512 registers: at the short prompts these paths are
+// for, the softmax costs about as much as both products.
+inline void softmax_row_bf16(const float* s, int64_t visible, float scale, float& mx,
+                             float& sum, float* o, int64_t d, uint32_t* p) {
+  if (visible <= 0) {  // the whole tile lies above this row's diagonal
+    _mm512_storeu_si512(p, _mm512_setzero_si512());
+    return;
+  }
+  const uint32_t bits = visible >= KT ? ~0u : (1u << visible) - 1u;
+  const __mmask16 m0 = static_cast<__mmask16>(bits), m1 = static_cast<__mmask16>(bits >> 16);
+  const __m512 sc = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(NEG_INF);
+  const __m512 a = _mm512_mask_mul_ps(ninf, m0, _mm512_loadu_ps(s), sc);
+  const __m512 b = _mm512_mask_mul_ps(ninf, m1, _mm512_loadu_ps(s + 16), sc);
+  const float tile_max = _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+  const float new_max = tile_max > mx ? tile_max : mx;
+  const float alpha = mx == NEG_INF ? 0.0f : exp_nonpos(mx - new_max);
+  const __m512 nm = _mm512_set1_ps(new_max);
+  const __m512 ea = _mm512_maskz_mov_ps(m0, exp16_nonpos(_mm512_sub_ps(a, nm)));
+  const __m512 eb = _mm512_maskz_mov_ps(m1, exp16_nonpos(_mm512_sub_ps(b, nm)));
+  mx = new_max;
+  sum = sum * alpha + _mm512_reduce_add_ps(_mm512_add_ps(ea, eb));
+  if (alpha != 1.0f) {
+    const __m512 al = _mm512_set1_ps(alpha);
+    for (int64_t c = 0; c < d; c += 16)  // d % 32 == 0 on these paths
+      _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), al));
+  }
+  _mm512_storeu_si512(p, (__m512i)_mm512_cvtne2ps_pbh(eb, ea));
+}
+
+// s[r][0:KT] = q_r . k[0:KT] for R query rows read in place (unscaled: the softmax
+// scales, so q is not rounded again).
+template <int R>
+inline void qk_dot(const bf16* const* rows, int64_t d, const uint32_t* kp, float* s) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < d / 2; ++c) {
+    const __m512bh k0 = as_bh(_mm512_loadu_si512(kp + c * KT));
+    const __m512bh k1 = as_bh(_mm512_loadu_si512(kp + c * KT + 16));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh b = as_bh(_mm512_set1_epi32(load_pair(rows[r] + 2 * c)));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], k0, b);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], k1, b);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(s + r * KT, acc[r][0]);
+    _mm512_storeu_ps(s + r * KT + 16, acc[r][1]);
+  }
+}
+
+// o[r][c0 : c0 + 16 * NV] += sum_j p[r][j] v[j][...] over `pairs` key pairs.
+template <int R, int NV>
+inline void pv_dot(const uint32_t* p, int64_t pairs, const uint32_t* vp, int64_t d,
+                   int64_t c0, float* o) {
+  __m512 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < NV; ++u) acc[r][u] = _mm512_loadu_ps(o + r * d + c0 + 16 * u);
+  for (int64_t jp = 0; jp < pairs; ++jp) {
+    __m512bh vv[NV];
+    for (int u = 0; u < NV; ++u)
+      vv[u] = as_bh(_mm512_loadu_si512(vp + jp * d + c0 + 16 * u));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh b = as_bh(_mm512_set1_epi32(p[r * (KT / 2) + jp]));
+      for (int u = 0; u < NV; ++u) acc[r][u] = _mm512_dpbf16_ps(acc[r][u], vv[u], b);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < NV; ++u) _mm512_storeu_ps(o + r * d + c0 + 16 * u, acc[r][u]);
+}
+
+template <int R>
+inline void pv_dot_rows(const uint32_t* p, int64_t pairs, const uint32_t* vp, int64_t d,
+                        float* o) {
+  int64_t c0 = 0;
+  for (; c0 + 64 <= d; c0 += 64) pv_dot<R, 4>(p, pairs, vp, d, c0, o);
+  for (; c0 < d; c0 += 32) pv_dot<R, 2>(p, pairs, vp, d, c0, o);  // d % 32 == 0
+}
+
+// Rows [m, m_rows) of the QK^T product in blocks of RQ, the tail one block of its size.
+inline void qk_dot_rows(const bf16* const* rows, int64_t m_rows, int64_t d,
+                        const uint32_t* kp, float* s) {
+  int64_t m = 0;
+  for (; m + RQ <= m_rows; m += RQ) qk_dot<RQ>(rows + m, d, kp, s + m * KT);
+  switch (m_rows - m) {
+    case 7: qk_dot<7>(rows + m, d, kp, s + m * KT); break;
+    case 6: qk_dot<6>(rows + m, d, kp, s + m * KT); break;
+    case 5: qk_dot<5>(rows + m, d, kp, s + m * KT); break;
+    case 4: qk_dot<4>(rows + m, d, kp, s + m * KT); break;
+    case 3: qk_dot<3>(rows + m, d, kp, s + m * KT); break;
+    case 2: qk_dot<2>(rows + m, d, kp, s + m * KT); break;
+    case 1: qk_dot<1>(rows + m, d, kp, s + m * KT); break;
+    default: break;
+  }
+}
+
+// prefill_tile for bf16 with d % 32 == 0, on bf16 dot products (same tiling, masking and
+// online softmax; see the comment above pack_k for the layouts).
+void prefill_tile_dot(const bf16* q, int64_t q_stride, const bf16* kc, const bf16* vc,
+                      const Seqs& sq, int64_t i, int64_t kh, int64_t r0, int64_t rn,
+                      int64_t groups, int64_t d, float scale, bf16* out, int64_t out_stride,
+                      Scratch& w) {
+  const int64_t ctx = sq.context_len[i], qs = sq.query_start[i];
+  const int32_t* table = sq.block_table + i * sq.bt_stride;
+  const int64_t m_rows = rn * groups;
+  for (int64_t r = 0; r < rn; ++r)
+    for (int64_t g = 0; g < groups; ++g)
+      w.rows[r * groups + g] = q + (qs + r0 + r) * q_stride + (kh * groups + g) * d;
+  std::fill(w.o.begin(), w.o.begin() + m_rows * d, 0.0f);
+  std::fill(w.mx.begin(), w.mx.begin() + m_rows, NEG_INF);
+  std::fill(w.sum.begin(), w.sum.begin() + m_rows, 0.0f);
+  float* sc = w.s.data();
+  float* of = w.o.data();
+  uint32_t* pb = w.p.data();
+  const int64_t end = ctx + r0 + rn;  // keys the tile's last row sees
+  for (int64_t k0 = 0; k0 < end; k0 += KT) {
+    const int64_t kn = std::min(KT, end - k0);
+    for (int64_t j = 0; j < kn; ++j) {
+      const int64_t p = k0 + j;
+      w.slots[j] = static_cast<int64_t>(table[p / sq.block_size]) * sq.block_size +
+                   p % sq.block_size;
+    }
+    pack_k(kc, w.slots.data(), kn, d, w.kp.data());
+    pack_v(vc, w.slots.data(), kn, d, w.vp.data());
+    qk_dot_rows(w.rows.data(), m_rows, d, w.kp.data(), sc);
+    for (int64_t m = 0; m < m_rows; ++m) {
+      const int64_t visible = std::min(ctx + r0 + m / groups + 1 - k0, kn);
+      softmax_row_bf16(sc + m * KT, visible, scale, w.mx[m], w.sum[m], of + m * d, d,
+                       pb + m * (KT / 2));
+    }
+    const int64_t pairs = (kn + 1) / 2;
+    const uint32_t* vp = w.vp.data();
+    int64_t m = 0;
+    for (; m + RP <= m_rows; m += RP)
+      pv_dot_rows<RP>(pb + m * (KT / 2), pairs, vp, d, of + m * d);
+    for (; m < m_rows; ++m) pv_dot_rows<1>(pb + m * (KT / 2), pairs, vp, d, of + m * d);
+  }
+  for (int64_t r = 0; r < rn; ++r) {
+    bf16* orow = out + (qs + r0 + r) * out_stride + kh * groups * d;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t m = r * groups + g;
+      const float inv = 1.0f / w.sum[m];
+      const float* om = of + m * d;
+      for (int64_t c = 0; c < d; ++c) orow[g * d + c] = from_f<bf16>(om[c] * inv);
+    }
+  }
+}
+#endif  // VLLM_PREFILL_BF16_DOT
+
+#if VLLM_PREFILL_AMX
+// ---- AMX path (Sapphire Rapids and later) ---------------------------------------------
+//
+// `tdpbf16ps` multiplies a 16 x 32 bf16 tile by a 32 x 16 one held as 16 rows of pairs,
+// into a 16 x 16 float32 tile: 8192 multiply-adds per instruction. The pair layouts
+// above are exactly its right-hand operand: kp's rows are channel pairs of 32 keys
+// (a 16-key half is a 16 x 64-byte tile of stride 128 bytes), vp's rows key pairs of d
+// channels (16 channels: a tile of stride 4 * d bytes). Left-hand operands: the tile's
+// query rows copied per query head of the group (zero rows past the prompt's end, so a
+// 16-row tile never reads past the query tensor) and the bf16 probability rows. Softmax
+// between the two products stays in AVX-512 on float32 scores, as in the dot path.
+// Linux lends a process the AMX state only after it asks (arch_prctl); when it refuses,
+// the AVX512-BF16 path runs instead.
+
+constexpr int kTileRows = 16;
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Every tile 16 rows of 64 bytes: tmm0/1 scores (two 16-key halves), tmm2 queries,
+// tmm3/4 keys, tmm5 output accumulators, tmm6 probabilities, tmm7 values.
+inline void load_tile_config() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = kTileRows;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+bool amx_permitted() {
+  static const bool ok = [] {
+    constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// prefill_tile_dot's tile on AMX: the same packing, masking and online softmax.
+void prefill_tile_amx(const bf16* q, int64_t q_stride, const bf16* kc, const bf16* vc,
+                      const Seqs& sq, int64_t i, int64_t kh, int64_t r0, int64_t rn,
+                      int64_t groups, int64_t d, float scale, bf16* out, int64_t out_stride,
+                      Scratch& w) {
+  const int64_t ctx = sq.context_len[i], qs = sq.query_start[i];
+  const int32_t* table = sq.block_table + i * sq.bt_stride;
+  const int64_t m_rows = rn * groups;
+  const int64_t m_pad = (m_rows + kTileRows - 1) / kTileRows * kTileRows;
+  bf16* qb = w.qb.data();  // [groups][QT][d]
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < QT; ++r) {
+      bf16* dst = qb + (g * QT + r) * d;
+      if (r < rn)
+        std::memcpy(dst, q + (qs + r0 + r) * q_stride + (kh * groups + g) * d, d * 2);
+      else
+        std::fill(dst, dst + d, bf16{0});
+    }
+  std::fill(w.o.begin(), w.o.begin() + m_pad * d, 0.0f);
+  std::fill(w.mx.begin(), w.mx.begin() + m_rows, NEG_INF);
+  std::fill(w.sum.begin(), w.sum.begin() + m_rows, 0.0f);
+  float* sc = w.s.data();
+  float* of = w.o.data();
+  uint32_t* pb = w.p.data();
+  uint32_t* kp = w.kp.data();
+  uint32_t* vp = w.vp.data();
+  std::fill(pb + m_rows * (KT / 2), pb + m_pad * (KT / 2), 0u);
+  const int64_t end = ctx + r0 + rn;  // keys the tile's last row sees
+  for (int64_t k0 = 0; k0 < end; k0 += KT) {
+    const int64_t kn = std::min(KT, end - k0);
+    for (int64_t j = 0; j < kn; ++j) {
+      const int64_t p = k0 + j;
+      w.slots[j] = static_cast<int64_t>(table[p / sq.block_size]) * sq.block_size +
+                   p % sq.block_size;
+    }
+    pack_k(kc, w.slots.data(), kn, d, kp);
+    pack_v(vc, w.slots.data(), kn, d, vp);
+    const int64_t pairs = (kn + 1) / 2;
+    if (pairs < KT / 2) std::fill(vp + pairs * d, vp + (KT / 2) * d, 0u);
+    for (int64_t g = 0; g < groups; ++g) {
+      _tile_zero(0);
+      _tile_zero(1);
+      for (int64_t c = 0; c < d; c += 32) {
+        _tile_loadd(2, qb + g * QT * d + c, d * 2);
+        _tile_loadd(3, kp + (c / 2) * KT, KT * 4);
+        _tile_loadd(4, kp + (c / 2) * KT + 16, KT * 4);
+        _tile_dpbf16ps(0, 2, 3);
+        _tile_dpbf16ps(1, 2, 4);
+      }
+      // score row of query r, head g: r * groups + g
+      _tile_stored(0, sc + g * KT, groups * KT * 4);
+      _tile_stored(1, sc + g * KT + 16, groups * KT * 4);
+    }
+    for (int64_t m = 0; m < m_rows; ++m) {
+      const int64_t visible = std::min(ctx + r0 + m / groups + 1 - k0, kn);
+      softmax_row_bf16(sc + m * KT, visible, scale, w.mx[m], w.sum[m], of + m * d, d,
+                       pb + m * (KT / 2));
+    }
+    for (int64_t m = 0; m < m_pad; m += kTileRows) {  // two output tiles in flight
+      _tile_loadd(6, pb + m * (KT / 2), KT * 2);
+      for (int64_t c = 0; c < d; c += 32) {
+        _tile_loadd(5, of + m * d + c, d * 4);
+        _tile_loadd(0, of + m * d + c + 16, d * 4);
+        _tile_loadd(7, vp + c, d * 4);
+        _tile_loadd(3, vp + c + 16, d * 4);
+        _tile_dpbf16ps(5, 6, 7);
+        _tile_dpbf16ps(0, 6, 3);
+        _tile_stored(5, of + m * d + c, d * 4);
+        _tile_stored(0, of + m * d + c + 16, d * 4);
+      }
+    }
+  }
+  for (int64_t r = 0; r < rn; ++r) {
+    bf16* orow = out + (qs + r0 + r) * out_stride + kh * groups * d;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t m = r * groups + g;
+      const float inv = 1.0f / w.sum[m];
+      const float* om = of + m * d;
+      for (int64_t c = 0; c < d; ++c) orow[g * d + c] = from_f<bf16>(om[c] * inv);
+    }
+  }
+}
+#endif  // VLLM_PREFILL_AMX
+
+// bf16 kernels, slowest to fastest; a call asks for one and gets the best this build
+// and process have up to it.
+enum Bf16Kernel { kFma = 0, kDot = 1, kAmx = 2 };
+
+int best_bf16_kernel() {
+#if VLLM_PREFILL_AMX
+  if (amx_permitted()) return kAmx;
+#endif
+  return VLLM_PREFILL_BF16_DOT ? kDot : kFma;
+}
+
+// The kernel this call runs: float32 models and head sizes not a multiple of 32 keep
+// the float32 path.
+template <typename T>
+inline int kernel_for(int64_t d, int asked) {
+  if (!std::is_same<T, bf16>::value || d % 32 != 0) return kFma;
+  return std::min(asked, best_bf16_kernel());
+}
+
+template <typename T>
+void run_tile(int kernel, const T* q, int64_t q_stride, const T* kc, const T* vc,
+              const Seqs& sq, int64_t i, int64_t kh, int64_t r0, int64_t rn, int64_t groups,
+              int64_t d, float scale, T* out, int64_t out_stride, Scratch& w) {
+#if VLLM_PREFILL_BF16_DOT
+  if constexpr (std::is_same<T, bf16>::value) {
+#if VLLM_PREFILL_AMX
+    if (kernel == kAmx) {
+      prefill_tile_amx(q, q_stride, kc, vc, sq, i, kh, r0, rn, groups, d, scale, out,
+                       out_stride, w);
+      return;
+    }
+#endif
+    if (kernel == kDot) {
+      prefill_tile_dot(q, q_stride, kc, vc, sq, i, kh, r0, rn, groups, d, scale, out,
+                       out_stride, w);
+      return;
+    }
+  }
+#endif
+  prefill_tile<T>(q, q_stride, kc, vc, sq, i, kh, r0, rn, groups, d, scale, out, out_stride,
+                  w);
+}
+
 template <typename T>
 void prefill_attention(const T* q, int64_t q_stride, const T* k_cache, const T* v_cache,
                        int64_t num_slots, const Seqs& sq, int64_t num_seqs, int64_t hq,
                        int64_t hkv, int64_t d, float scale, T* out, int64_t out_stride,
-                       int nthreads) {
+                       int nthreads, int asked) {
   const int64_t groups = hq / hkv;
+  const int kernel = kernel_for<T>(d, asked);
   // Work items (sequence, KV head, query tile), longest-context tiles first so the
   // dynamic schedule ends with the cheap ones.
   std::vector<int64_t> items;  // packed: seq, tile
@@ -299,15 +765,22 @@ void prefill_attention(const T* q, int64_t q_stride, const T* k_cache, const T* 
   const int64_t n_items = static_cast<int64_t>(items.size()) / 2 * hkv;
 #pragma omp parallel num_threads(nthreads) if (n_items > 1)
   {
-    Scratch w(QT * groups, d);
+    Scratch w(QT * groups, d, kernel != kFma);
+#if VLLM_PREFILL_AMX
+    if (kernel == kAmx) load_tile_config();  // per thread: tile state is a thread's
+#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
       const int64_t pair = it / hkv, kh = it % hkv;
       const int64_t i = items[2 * pair], r0 = items[2 * pair + 1] * QT;
       const int64_t rn = std::min(QT, static_cast<int64_t>(sq.query_len[i]) - r0);
-      prefill_tile<T>(q, q_stride, k_cache + kh * num_slots * d, v_cache + kh * num_slots * d,
-                      sq, i, kh, r0, rn, groups, d, scale, out, out_stride, w);
+      run_tile<T>(kernel, q, q_stride, k_cache + kh * num_slots * d,
+                  v_cache + kh * num_slots * d, sq, i, kh, r0, rn, groups, d, scale, out,
+                  out_stride, w);
     }
+#if VLLM_PREFILL_AMX
+    if (kernel == kAmx) _tile_release();
+#endif
   }
 }
 
@@ -315,7 +788,15 @@ void prefill_attention(const T* q, int64_t q_stride, const T* k_cache, const T* 
 
 extern "C" {
 
-int vllm_prefill_ops_version() { return 1; }
+int vllm_prefill_ops_version() { return 2; }
+
+// The fastest kernel bf16 calls with head sizes that are a multiple of 32 can take:
+// 0 float32 FMAs, 1 AVX512-BF16 dot products, 2 AMX tiles (built for AMX and the
+// kernel lent this process the tile state).
+int vllm_prefill_bf16_kernel() { return best_bf16_kernel(); }
+
+// bf16_kernel: the fastest kernel a bf16 call may take (lower ones let tests and
+// benchmarks compare the paths on one machine); float32 calls ignore it.
 
 void vllm_prefill_attention(int dtype, const void* q, int64_t q_stride, const void* k_cache,
                             const void* v_cache, int64_t num_slots,
@@ -323,18 +804,21 @@ void vllm_prefill_attention(int dtype, const void* q, int64_t q_stride, const vo
                             const int32_t* query_start, const int32_t* query_len,
                             const int32_t* context_len, int64_t num_seqs, int64_t hq,
                             int64_t hkv, int64_t d, int64_t block_size, float scale,
-                            void* out, int64_t out_stride, int nthreads) {
+                            void* out, int64_t out_stride, int nthreads,
+                            int bf16_kernel) {
   const Seqs sq{query_start, query_len, context_len, block_table, bt_stride, block_size};
   if (dtype == 0)
     prefill_attention<float>(static_cast<const float*>(q), q_stride,
                              static_cast<const float*>(k_cache),
                              static_cast<const float*>(v_cache), num_slots, sq, num_seqs, hq,
-                             hkv, d, scale, static_cast<float*>(out), out_stride, nthreads);
+                             hkv, d, scale, static_cast<float*>(out), out_stride, nthreads,
+                             kFma);
   else
     prefill_attention<bf16>(static_cast<const bf16*>(q), q_stride,
                             static_cast<const bf16*>(k_cache),
                             static_cast<const bf16*>(v_cache), num_slots, sq, num_seqs, hq,
-                            hkv, d, scale, static_cast<bf16*>(out), out_stride, nthreads);
+                            hkv, d, scale, static_cast<bf16*>(out), out_stride, nthreads,
+                            bf16_kernel);
 }
 
 }  // extern "C"

@@ -20,9 +20,14 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("prefill_ops.cpp")
 _i64, _i32, _f32, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 _SIGNATURE = (_i32, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64,
-              _i64, _i64, _i64, _f32, _ptr, _i64, _i32)
+              _i64, _i64, _i64, _f32, _ptr, _i64, _i32, _i32)
 _SIGNATURES = {"vllm_prefill_attention": (_SIGNATURE, None),
-               "vllm_prefill_ops_version": ((), ctypes.c_int)}
+               "vllm_prefill_ops_version": ((), ctypes.c_int),
+               "vllm_prefill_bf16_kernel": ((), ctypes.c_int)}
+FMA, DOT, AMX = 0, 1, 2
+"""bf16 kernels of prefill_ops.cpp: float32 FMAs on converted bf16 (any x86), AVX512-BF16
+dot products, AMX tiles. A call names the fastest it may take (`bf16_kernel`) and runs
+the best of those the library has (`best_bf16_kernel`)."""
 
 
 def get_prefill_lib() -> Optional[ctypes.CDLL]:
@@ -37,18 +42,29 @@ def usable(kv_cache: torch.Tensor) -> bool:
             and kv_cache.is_contiguous() and get_prefill_lib() is not None)
 
 
+def best_bf16_kernel() -> int:
+    """The fastest kernel bf16 calls with head sizes that are a multiple of 32 take:
+    AMX where the library was built for a CPU with AMX and Linux lent the process the
+    tile state, DOT on AVX512-BF16, else FMA (also without a library)."""
+    lib = get_prefill_lib()
+    return FMA if lib is None else int(lib.vllm_prefill_bf16_kernel())
+
+
 @_torch_op("prefill_attention", ("out",), _no_output)
 def prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                       query_start: torch.Tensor, query_len: torch.Tensor,
                       context_len: torch.Tensor, num_heads: int, block_size: int,
-                      scale: float, out: torch.Tensor) -> None:
+                      scale: float, out: torch.Tensor, bf16_kernel: int = AMX) -> None:
     """Causal attention of each sequence's new rows to its paged context and itself.
 
     query: [T, >= num_heads * head_size] (rows may be strided); kv_cache: one layer's
     `[2, kv_heads, slots, head_size]`, already holding the new rows' K/V; block_table
     [num_seqs, max_blocks] int32; query_start / query_len / context_len [num_seqs]
     int32 (sequence s owns query rows [start, start + len) at positions context_len
-    + r); out: [T, num_heads * head_size], written at those rows.
+    + r); out: [T, num_heads * head_size], written at those rows. bf16_kernel: the
+    fastest kernel a bf16 call may take (FMA / DOT / AMX; lower ones let the paths be
+    compared on one machine); float32 calls and head sizes not a multiple of 32 always
+    take the float32 path.
     """
     _rows_ok(query, "query")
     _rows_ok(out, "out")
@@ -66,4 +82,4 @@ def prefill_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_table: 
         kv_cache[1].data_ptr(), num_slots, block_table.data_ptr(), block_table.stride(0),
         query_start.data_ptr(), query_len.data_ptr(), context_len.data_ptr(),
         query_len.shape[0], num_heads, kv_heads, head_size, block_size, scale, out.data_ptr(),
-        out.stride(0), torch.get_num_threads())
+        out.stride(0), torch.get_num_threads(), bf16_kernel)
