@@ -49,6 +49,9 @@ RULES = (
             "vllm.entrypoints.openai.api_server -> vllm.engine.dp_engine":
                 "the process entry point builds the engine client it serves "
                 "(build_async_engine), as vLLM's build_async_engine_client",
+            "vllm.entrypoints.openai.core_prestart -> vllm.engine.dp_engine":
+                "the server process's first lines fork the engine core before the web "
+                "stack loads (prestart_engine_core), the same entry point as api_server's",
             "vllm.entrypoints.openai.api_server -> vllm.engine.metrics":
                 "/metrics renders the client's Prometheus registry "
                 "(EngineClient.metrics_registry) as text; no engine state",

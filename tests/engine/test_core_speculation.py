@@ -25,7 +25,9 @@ def test_only_local_ready_models_are_built_early(tmp_path, monkeypatch, tiny_mod
     assert not core_speculation.builds_without_side_effects(_args("org/not-downloaded"))
     assert not core_speculation.builds_without_side_effects(_args(str(tmp_path / "missing")))
     # A GGUF file: only once its conversion is in the cache.
-    monkeypatch.setattr(gguf_utils.envs, "VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    # (setenv, not setattr on vllm.envs: undoing a setattr would leave a fixed module
+    # attribute that hides every later VLLM_CACHE_ROOT change)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     assert not core_speculation.builds_without_side_effects(_args(str(gguf)))

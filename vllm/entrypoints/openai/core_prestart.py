@@ -28,12 +28,10 @@ def prestart(args: argparse.Namespace) -> bool:
         validate_parsed_serve_args(args)
     except Exception:  # noqa: BLE001 - the server reports it when it validates them
         return False
-    from vllm.engine import core_launch
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.engine.core_client import use_multiprocessing
-    if getattr(args, "data_parallel_size", 1) != 1 or not use_multiprocessing(default=True):
-        return False
-    return core_launch.prestart(AsyncEngineArgs.from_cli_args(args))
+    from vllm.engine.dp_engine import prestart_engine_core
+    return prestart_engine_core(getattr(args, "data_parallel_size", 1),
+                                AsyncEngineArgs.from_cli_args(args))
 
 
 def prestart_from_argv(argv: Optional[list[str]] = None) -> bool:
