@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import torch
 
-from vllm.utils.config_json import config_fields
+from vllm.utils.config_json import config_fields, config_from_cli
 
 logger = logging.getLogger(__name__)
 
@@ -581,13 +581,8 @@ class StructuredOutputsConfig:
     @classmethod
     def from_cli(cls, value: Any) -> "StructuredOutputsConfig":
         """From the --structured-outputs-config JSON text (or a dict)."""
-        if isinstance(value, cls):
-            return value
-        if value is None:
-            return cls()
-        value = config_fields(value, "structured_outputs_config", cls.__dataclass_fields__,
-                              '{"backend": "xgrammar"}')
-        return cls(**value)
+        return config_from_cli(cls, value, "structured_outputs_config",
+                               '{"backend": "xgrammar"}')
 
 
 CUDAGRAPH_MODES = ("NONE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
@@ -655,13 +650,8 @@ class CompilationConfig:
     @classmethod
     def from_cli(cls, value: Any) -> "CompilationConfig":
         """From --compilation-config / -O JSON (or a dict or None)."""
-        if isinstance(value, cls):
-            return value
-        if value is None:
-            return cls()
-        value = config_fields(value, "compilation_config", cls.__dataclass_fields__,
-                              '{"cudagraph_capture_sizes": [1, 2, 4, 8]}')
-        return cls(**value)
+        return config_from_cli(cls, value, "compilation_config",
+                               '{"cudagraph_capture_sizes": [1, 2, 4, 8]}')
 
 
 ATTENTION_BACKEND_NAMES = ("TRITON_ATTN", "TORCH_SDPA", "CPU_ATTN", "HPU_ATTN")

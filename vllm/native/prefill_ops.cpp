@@ -138,6 +138,15 @@ struct Seqs {
 // accumulators and the running max / sum of each of its M = rows * groups query rows.
 // The bf16 dot and AMX paths use kp / vp / p and rows (dot) or qb (AMX) instead of
 // q / kt / v (see prefill_tile_dot).
+// Cache slots of positions [k0, k0 + kn) of a sequence, through its block table.
+inline void tile_slots(const int32_t* table, int64_t block_size, int64_t k0, int64_t kn,
+                       int64_t* slots) {
+  for (int64_t j = 0; j < kn; ++j) {
+    const int64_t p = k0 + j;
+    slots[j] = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
+  }
+}
+
 struct Scratch {
   std::vector<float> q, kt, v, s, o, mx, sum;
   std::vector<int64_t> slots;
@@ -288,11 +297,7 @@ void prefill_tile(const T* q, int64_t q_stride, const T* kc, const T* vc, const 
   const int64_t end = ctx + r0 + rn;  // keys the tile's last row sees
   for (int64_t k0 = 0; k0 < end; k0 += KT) {
     const int64_t kn = std::min(KT, end - k0);
-    for (int64_t j = 0; j < kn; ++j) {
-      const int64_t p = k0 + j;
-      w.slots[j] = static_cast<int64_t>(table[p / sq.block_size]) * sq.block_size +
-                   p % sq.block_size;
-    }
+    tile_slots(table, sq.block_size, k0, kn, w.slots.data());
     for (int64_t j = 0; j < kn; ++j) {
       const T* kr = kc + w.slots[j] * d;
       const T* vr = vc + w.slots[j] * d;
@@ -545,11 +550,7 @@ void prefill_tile_dot(const bf16* q, int64_t q_stride, const bf16* kc, const bf1
   const int64_t end = ctx + r0 + rn;  // keys the tile's last row sees
   for (int64_t k0 = 0; k0 < end; k0 += KT) {
     const int64_t kn = std::min(KT, end - k0);
-    for (int64_t j = 0; j < kn; ++j) {
-      const int64_t p = k0 + j;
-      w.slots[j] = static_cast<int64_t>(table[p / sq.block_size]) * sq.block_size +
-                   p % sq.block_size;
-    }
+    tile_slots(table, sq.block_size, k0, kn, w.slots.data());
     pack_k(kc, w.slots.data(), kn, d, w.kp.data());
     pack_v(vc, w.slots.data(), kn, d, w.vp.data());
     qk_dot_rows(w.rows.data(), m_rows, d, w.kp.data(), sc);
@@ -650,11 +651,7 @@ void prefill_tile_amx(const bf16* q, int64_t q_stride, const bf16* kc, const bf1
   const int64_t end = ctx + r0 + rn;  // keys the tile's last row sees
   for (int64_t k0 = 0; k0 < end; k0 += KT) {
     const int64_t kn = std::min(KT, end - k0);
-    for (int64_t j = 0; j < kn; ++j) {
-      const int64_t p = k0 + j;
-      w.slots[j] = static_cast<int64_t>(table[p / sq.block_size]) * sq.block_size +
-                   p % sq.block_size;
-    }
+    tile_slots(table, sq.block_size, k0, kn, w.slots.data());
     pack_k(kc, w.slots.data(), kn, d, kp);
     pack_v(vc, w.slots.data(), kn, d, vp);
     const int64_t pairs = (kn + 1) / 2;

@@ -27,3 +27,13 @@ def config_fields(value: Any, name: str, known: Iterable[str], example: str) -> 
     if unknown:
         raise ValueError(f"{name}: unknown key(s) {unknown}; known: {known}.")
     return value
+
+
+def config_from_cli(cls: type, value: Any, name: str, example: str) -> Any:
+    """A `--*-config` dataclass from its flag's value: the instance itself, the
+    defaults for None, else JSON text or a dict of known fields (`config_fields`)."""
+    if isinstance(value, cls):
+        return value
+    if value is None:
+        return cls()
+    return cls(**config_fields(value, name, cls.__dataclass_fields__, example))
