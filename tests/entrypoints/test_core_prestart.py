@@ -57,3 +57,23 @@ def test_a_bad_flag_fails_the_server_once_with_argparses_message():
                          text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.count("error: argument --max-model-len") == 1, out.stderr
+
+
+def test_the_flags_are_parsed_and_checked_without_the_request_models():
+    """What runs before the fork stays off the OpenAI request models (pydantic, ~0.4 s
+    of every start's critical path): the tool parsers and errors import them lazily."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = ("import sys\n"
+            "from vllm.entrypoints.openai import cli_args\n"
+            "args = cli_args.make_arg_parser().parse_args(\n"
+            "    ['--tool-call-parser', 'hermes', '--enable-auto-tool-choice'])\n"
+            "cli_args.validate_parsed_serve_args(args)\n"
+            "print(sorted(m for m in ('pydantic', 'vllm.entrypoints.openai.protocol')\n"
+            "             if m in sys.modules))\n"
+            "from vllm.entrypoints.openai.tool_parsers import ToolParserManager\n"
+            "parser = ToolParserManager.get_tool_parser(args.tool_call_parser)\n"
+            "print(parser.__name__, 'vllm.entrypoints.openai.protocol' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", "Hermes2ProToolParser True"]

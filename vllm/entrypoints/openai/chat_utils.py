@@ -9,10 +9,12 @@ collected in order (`conversation_and_images`). Other part types are refused.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from vllm.entrypoints.openai.errors import BadRequestError
-from vllm.entrypoints.openai.protocol import ChatMessage
+
+if TYPE_CHECKING:  # annotations only: validate_parsed_serve_args imports this module early
+    from vllm.entrypoints.openai.protocol import ChatMessage
 
 _JINJA_MARKERS = ("{{", "{%", "{#")
 # Keyword arguments apply_chat_template controls itself: a request may not override them.

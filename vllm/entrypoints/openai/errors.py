@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 from http import HTTPStatus
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+if TYPE_CHECKING:  # the request models (pydantic) load on first use: see make_error
+    from vllm.entrypoints.openai.protocol import ErrorResponse
 
 
 class OpenAIError(Exception):
@@ -68,6 +69,9 @@ def error_type_for(status: int) -> str:
 
 def make_error(message: str, err_type: str, code: int,
                param: Optional[str] = None) -> ErrorResponse:
+    # Imported here: the flag checks raise these errors before the server's engine core
+    # is forked, and the request models cost ~0.4 s to import on that path.
+    from vllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
     return ErrorResponse(error=ErrorInfo(message=message, type=err_type, param=param, code=code))
 
 
