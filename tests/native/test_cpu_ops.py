@@ -165,6 +165,35 @@ def test_packed_gemm_matches_a_float32_matmul(m, n, k):
                                    rtol=1e-2)
 
 
+@pytest.mark.skipif(not cpu_ops.amx_gemm_supported(), reason="no AMX tiles on this CPU")
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 32, 33, 64, 100])
+@pytest.mark.parametrize("n,k", [(96, 576), (33, 64), (576, 1536), (7, 32)])
+def test_amx_gemm_matches_a_float64_matmul(m, n, k):
+    """Row counts around the 16-row tile and its pairs, features off the 32-feature pair
+    of blocks, strided rows; as close to float64 as the dot-product kernel on the same
+    pack (both sum float32 products of the same bf16 values)."""
+    torch.manual_seed(7)
+    x = torch.randn(m, k + 32).bfloat16()[:, 32:]  # strided rows
+    w, b = torch.randn(n, k).bfloat16(), torch.randn(n).bfloat16()
+    packed = cpu_ops.pack_bf16(w)
+    for bias in (None, b):
+        got = cpu_ops.gemm_bf16_amx(x, packed, n, bias)
+        ref = torch.nn.functional.linear(x.double(), w.double(),
+                                         None if bias is None else bias.double())
+        dot = cpu_ops.gemm_bf16_packed(x, packed, n, bias)
+        # Both round float32 sums to bf16 once: within a bf16 ulp of the exact result.
+        tol = 2 ** -7 * ref.abs() + 1e-3 * ref.abs().max()
+        assert ((got.double() - ref).abs() <= tol).all()
+        assert ((dot.double() - ref).abs() <= tol).all()
+
+
+@pytest.mark.skipif(not cpu_ops.amx_gemm_supported(), reason="no AMX tiles on this CPU")
+def test_amx_gemm_refuses_a_k_that_is_no_multiple_of_32():
+    w = torch.randn(16, 48).bfloat16()
+    with pytest.raises(ValueError, match="AMX.*K = 48"):
+        cpu_ops.gemm_bf16_amx(torch.randn(2, 48).bfloat16(), cpu_ops.pack_bf16(w), 16)
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_linear_layers_use_their_packed_weight(monkeypatch, native):
     """cpu_gemm.linear through the native pack, or oneDNN's when the native GEMM is off

@@ -21,7 +21,7 @@ PROMPTS = ["The capital of France is", "def add(a, b):", "Once upon a time, in a
 
 
 def _generate(model: str, monkeypatch, fused: bool, prompts=PROMPTS, loras=None,
-              **engine_kwargs) -> tuple[list, int]:
+              plan=None, **engine_kwargs) -> tuple[list, int]:
     """(per prompt: tokens and top-2 logprobs, fused steps); with `loras`, the count is
     of fused steps that applied adapters."""
     from vllm import LLM, SamplingParams
@@ -38,6 +38,10 @@ def _generate(model: str, monkeypatch, fused: bool, prompts=PROMPTS, loras=None,
     # Both paths on the native GEMM (the measured choice may prefer oneDNN for some
     # row counts, which the fused path then leaves to the modules).
     monkeypatch.setenv("VLLM_CPU_NATIVE_GEMM", "1")
+    if plan is not None:  # every weight shape on this row-bucket plan instead
+        from vllm.native import gemm_autotune
+        monkeypatch.setattr(gemm_autotune, "plan_shapes",
+                            lambda weights: {s: gemm_autotune.GemmPlan(plan) for s in weights})
     if not fused:
         monkeypatch.setattr(llama_fused.FusedDecode, "build", classmethod(lambda cls, l: None))
     llm = LLM(model=model, dtype="bfloat16", max_model_len=256, seed=0, **engine_kwargs)
@@ -63,6 +67,21 @@ def test_fused_decode_equals_the_module_path(tiny_model_factory, monkeypatch, ar
     assert ref_calls == 0
     assert fused_calls >= 11, "every pure decode step should take the fused path"
     assert got == ref
+
+
+@pytest.mark.skipif(not cpu_ops.amx_gemm_supported(), reason="no AMX tiles on this CPU")
+def test_fused_decode_runs_the_amx_rows_of_the_plan(tiny_model_factory, monkeypatch):
+    """A plan with AMX at decode row counts: the fused layer's GEMMs read it from their
+    context and run AMX where the modules would, so the two paths stay identical."""
+    model = tiny_model_factory("llama", hidden_size=256, num_attention_heads=4,
+                               num_key_value_heads=2, intermediate_size=512)
+    plan = ("native", "amx", "amx", "onednn", "onednn")
+    ref, _ = _generate(model, monkeypatch, fused=False, plan=plan)
+    got, fused_calls = _generate(model, monkeypatch, fused=True, plan=plan)
+    assert fused_calls >= 11
+    assert got == ref
+    native, _ = _generate(model, monkeypatch, fused=True)
+    assert [t for t, _ in native] == [t for t, _ in ref]  # same greedy tokens either way
 
 
 @needs_bf16_gemm

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm.native import autotune, gemm as cpu_gemm, gemm_autotune
-from vllm.native.gemm_autotune import (FP32, NATIVE, ONEDNN, ROW_BUCKETS,
+from vllm.native.gemm_autotune import (AMX, FP32, NATIVE, ONEDNN, ROW_BUCKETS,
                                                       TORCH, GemmPlan)
 from vllm.native import cpu_ops
 
@@ -127,6 +127,42 @@ def test_an_odd_k_cannot_take_the_native_pack():
     torch.testing.assert_close(cpu_gemm.linear(layer, x, layer.weight, layer.bias).float(),
                                F.linear(x.float(), layer.weight.float(), layer.bias.float()),
                                atol=5e-2, rtol=2e-2)
+
+
+def test_amx_shares_the_native_pack_and_needs_whole_k_steps():
+    """AMX reads the native kernel's pack (one tensor for both kinds); a weight whose K
+    is no multiple of 32 takes the native kernel where the plan says AMX."""
+    if not cpu_ops.gemm_supported():
+        pytest.skip("no native GEMM (AVX512-BF16 or AVX2) on this CPU")
+    layer = _layer(n=40, k=64)
+    plan = cpu_gemm.pack_module(layer, GemmPlan((NATIVE, AMX, AMX, ONEDNN, ONEDNN)))
+    assert plan.kinds == (NATIVE, AMX, AMX, ONEDNN, ONEDNN)
+    assert layer.gemm_packs[AMX] is layer.gemm_packs[NATIVE]
+    assert cpu_gemm.native_pack(layer) is layer.gemm_packs[NATIVE]
+    assert plan.mask_of(AMX) == 0b00110
+    odd = _layer(n=16, k=48)
+    plan = cpu_gemm.pack_module(odd, GemmPlan((AMX,) * 5))
+    assert plan.kinds == (NATIVE,) * 5 and set(odd.gemm_packs) == {NATIVE}
+    amx_only = _layer(n=16, k=32)
+    cpu_gemm.pack_module(amx_only, GemmPlan((AMX,) * 5))
+    assert cpu_gemm.native_pack(amx_only) is amx_only.gemm_packs[AMX]
+    assert gemm_autotune.kinds_for_shape([TORCH, NATIVE, AMX], (16, 48)) == [TORCH, NATIVE]
+    assert gemm_autotune.kinds_for_shape([TORCH, NATIVE, AMX], (16, 64)) == [TORCH, NATIVE, AMX]
+
+
+@pytest.mark.skipif(not cpu_ops.amx_gemm_supported(), reason="no AMX tiles on this CPU")
+def test_amx_rows_run_the_amx_kernel(monkeypatch):
+    layer = _layer(n=40, k=64)
+    plan = cpu_gemm.pack_module(layer, GemmPlan((NATIVE, AMX, AMX, AMX, NATIVE)))
+    seen = []
+    monkeypatch.setattr(cpu_ops, "gemm_bf16_amx",
+                        lambda *a, real=cpu_ops.gemm_bf16_amx: seen.append(AMX) or real(*a))
+    for rows in (1, 5, 20, 100, 300):
+        x = torch.randn(rows, 64).bfloat16()
+        ref = F.linear(x.float(), layer.weight.float(), layer.bias.float())
+        got = cpu_gemm.linear(layer, x, layer.weight, layer.bias)
+        torch.testing.assert_close(got.float(), ref, atol=5e-2, rtol=2e-2)
+    assert len(seen) == sum(plan.kind_for(r) == AMX for r in (1, 5, 20, 100, 300)) == 3
 
 
 def test_unsteady_choices_are_cached_and_timed_again_only_a_few_starts(monkeypatch,

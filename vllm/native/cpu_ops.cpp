@@ -47,6 +47,16 @@
 #define VLLM_HAVE_PACKED_GEMM 0
 #endif
 
+// AMX tiles (Sapphire Rapids and later) read the same packed layout: see gemm_amx.
+#if VLLM_HAVE_BF16_GEMM && defined(__AMX_TILE__) && defined(__AMX_BF16__) && \
+    defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define VLLM_HAVE_AMX_GEMM 1
+#else
+#define VLLM_HAVE_AMX_GEMM 0
+#endif
+
 namespace {
 
 using bf16 = uint16_t;
@@ -686,6 +696,130 @@ void gemm_packed(const bf16* x, int64_t x_stride, int64_t M, const bf16* packed,
 }
 
 
+#if VLLM_HAVE_AMX_GEMM
+// ------------------------------------------------------------------ bf16 GEMM on AMX
+// The packed layout is already AMX's right-hand operand: in a 16-feature block, the 16
+// k-pairs of one 32-wide k step are 16 rows of 64 bytes ([pair][lane][2]), a 1 KiB tile
+// of stride 64 bytes. `tdpbf16ps` multiplies a 16 x 32 bf16 tile of x (16 rows, read in
+// place with the row stride) by one such tile into a 16 x 16 float32 tile: 8192
+// multiply-adds per instruction, against 512 for a VDPBF16PS. At decode sizes the
+// product is bound by streaming W (each weight tile is used by one tile of rows), and
+// the dot-product kernel is not: from a handful of rows up it runs out of arithmetic
+// first. Which one runs at which row count is measured (gemm_autotune.py).
+//
+// Tiles: tmm0-3 accumulate 2 m-tiles x 2 feature blocks, tmm4/5 hold x, tmm6/7 hold W.
+// Rows past M are read from a zero-padded copy of the last partial m-tile, so a tile
+// load never reads past x. K must be a multiple of 32 (whole k steps).
+
+struct alignas(64) AmxTileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+inline void amx_configure() {
+  AmxTileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// Linux lends a process the tile state only after it asks (arch_prctl).
+bool amx_permitted() {
+  static const bool ok = [] {
+    constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// One pass: MT (1 or 2) m-tiles of 16 rows at `a` (row stride a_stride elements) by two
+// feature blocks (p0, p1), all k steps; the float sums land in c[MT * 2][256].
+template <int MT>
+inline void amx_pass(const bf16* a, int64_t a_stride, const bf16* p0, const bf16* p1,
+                     int64_t ksteps, float* c) {
+  const int64_t sb = a_stride * 2;
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (MT == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t ks = 0; ks < ksteps; ++ks) {
+    _tile_loadd(4, a + ks * 32, sb);
+    _tile_loadd(6, p0 + ks * 512, 64);
+    _tile_loadd(7, p1 + ks * 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if constexpr (MT == 2) {
+      _tile_loadd(5, a + 16 * a_stride + ks * 32, sb);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, 64);
+  _tile_stored(1, c + 256, 64);
+  if constexpr (MT == 2) {
+    _tile_stored(2, c + 512, 64);
+    _tile_stored(3, c + 768, 64);
+  }
+}
+
+// Adds the bias to `rows` rows of a 16 x 16 float tile and stores them as bf16.
+inline void amx_store(const float* c, __m512 bias, bf16* y, int64_t y_stride, int64_t rows,
+                      int64_t n0, int64_t N) {
+  for (int64_t r = 0; r < rows; ++r)
+    store16(y + r * y_stride, n0, N, _mm512_add_ps(_mm512_load_ps(c + r * 16), bias));
+}
+
+void gemm_amx(const bf16* x, int64_t x_stride, int64_t M, const bf16* packed, int64_t N,
+              int64_t K, const bf16* bias, bf16* y, int64_t y_stride, int nthreads) {
+  const int64_t pairs = K / 2, block = pairs * kLanes * 2, tiles = padded_n(N) / (2 * kLanes);
+  const int64_t ksteps = K / 32, full = M / 16, rest = M % 16;
+  // The last partial m-tile, zero-padded to 16 rows.
+  std::vector<bf16> tail(rest > 0 ? 16 * K : 0, bf16(0));
+  for (int64_t r = 0; r < rest; ++r)
+    std::memcpy(tail.data() + r * K, x + (full * 16 + r) * x_stride, K * 2);
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t per = (tiles + nt - 1) / nt;
+    const int64_t t0 = id * per, t1 = t0 + per < tiles ? t0 + per : tiles;
+    alignas(64) float c[1024];
+    if (t0 < t1) amx_configure();
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * 2 * kLanes;
+      const bf16* p0 = packed + 2 * t * block;
+      const bf16* p1 = p0 + block;
+      const __m512 b0 = load_bias16(bias, n0, N), b1 = load_bias16(bias, n0 + kLanes, N);
+      int64_t m = 0;
+      for (; m + 2 <= full; m += 2) {
+        amx_pass<2>(x + m * 16 * x_stride, x_stride, p0, p1, ksteps, c);
+        bf16* ym = y + m * 16 * y_stride;
+        amx_store(c, b0, ym, y_stride, 16, n0, N);
+        amx_store(c + 256, b1, ym, y_stride, 16, n0 + kLanes, N);
+        amx_store(c + 512, b0, ym + 16 * y_stride, y_stride, 16, n0, N);
+        amx_store(c + 768, b1, ym + 16 * y_stride, y_stride, 16, n0 + kLanes, N);
+      }
+      for (; m <= full; ++m) {
+        const bool partial = m == full;
+        if (partial && rest == 0) break;
+        amx_pass<1>(partial ? tail.data() : x + m * 16 * x_stride, partial ? K : x_stride,
+                    p0, p1, ksteps, c);
+        const int64_t rows = partial ? rest : 16;
+        amx_store(c, b0, y + m * 16 * y_stride, y_stride, rows, n0, N);
+        amx_store(c + 256, b1, y + m * 16 * y_stride, y_stride, rows, n0 + kLanes, N);
+      }
+    }
+    if (t0 < t1) _tile_release();
+  }
+}
+#endif  // VLLM_HAVE_AMX_GEMM
+
 #endif  // VLLM_HAVE_PACKED_GEMM
 
 // ------------------------------------------------------------------ fused decode layer
@@ -964,12 +1098,49 @@ int vllm_gemm_bf16_packed(const void* x, int64_t x_stride, int64_t M, const void
 #endif
 }
 
-// The bf16 packed GEMM as a fused-layer Linear: ctx = {packed W, N, K, bias (0: none)}.
+// 1 when the AMX kernel is built and Linux lends this process the tile state.
+int vllm_has_amx_gemm() {
+#if VLLM_HAVE_AMX_GEMM
+  return amx_permitted() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+// vllm_gemm_bf16_packed on AMX tiles (K a multiple of 32); returns 0 where it cannot run.
+int vllm_gemm_bf16_amx(const void* x, int64_t x_stride, int64_t M, const void* packed,
+                       int64_t N, int64_t K, const void* bias, void* y, int64_t y_stride,
+                       int nthreads) {
+#if VLLM_HAVE_AMX_GEMM
+  if (K % 32 != 0 || !amx_permitted()) return 0;
+  gemm_amx(static_cast<const bf16*>(x), x_stride, M, static_cast<const bf16*>(packed), N, K,
+           static_cast<const bf16*>(bias), static_cast<bf16*>(y), y_stride, nthreads);
+  return 1;
+#else
+  (void)x; (void)x_stride; (void)M; (void)packed; (void)N; (void)K; (void)bias; (void)y;
+  (void)y_stride; (void)nthreads;
+  return 0;
+#endif
+}
+
+// The bf16 packed GEMM as a fused-layer Linear: ctx = {packed W, N, K, bias (0: none),
+// AMX row buckets (bit b: bucket b runs on AMX), the 4 buckets' upper row bounds}: the
+// row-count plan of gemm_autotune.py, so the fused layer runs the kernel the module
+// path would run for this many rows.
 void vllm_linear_bf16_packed(const int64_t* ctx, const bf16* x, int64_t x_stride, int64_t M,
                              bf16* y, int64_t y_stride, int nthreads) {
 #if VLLM_HAVE_PACKED_GEMM
-  gemm_packed(x, x_stride, M, reinterpret_cast<const bf16*>(ctx[0]), ctx[1], ctx[2],
-              reinterpret_cast<const bf16*>(ctx[3]), y, y_stride, nthreads);
+  const bf16* w = reinterpret_cast<const bf16*>(ctx[0]);
+  const bf16* bias = reinterpret_cast<const bf16*>(ctx[3]);
+#if VLLM_HAVE_AMX_GEMM
+  int64_t bucket = 0;
+  while (bucket < 4 && M > ctx[5 + bucket]) ++bucket;
+  if (((ctx[4] >> bucket) & 1) && ctx[2] % 32 == 0 && amx_permitted()) {
+    gemm_amx(x, x_stride, M, w, ctx[1], ctx[2], bias, y, y_stride, nthreads);
+    return;
+  }
+#endif
+  gemm_packed(x, x_stride, M, w, ctx[1], ctx[2], bias, y, y_stride, nthreads);
 #else
   (void)ctx; (void)x; (void)x_stride; (void)M; (void)y; (void)y_stride; (void)nthreads;
 #endif

@@ -293,13 +293,38 @@ def gemm_bf16_packed(x: torch.Tensor, packed: torch.Tensor, n: int,
     return _gemm_bf16_packed(x, packed, n, bias)
 
 
+def amx_gemm_supported() -> bool:
+    """Whether `gemm_bf16_amx` runs here: the packed GEMM built with AMX tiles, and
+    Linux lending this process the tile state."""
+    cached = _GEMM.get("amx")
+    if cached is None:
+        cached = bool(gemm_supported() and get_native_lib().vllm_has_amx_gemm())
+        _GEMM["amx"] = cached
+    return cached
+
+
+@_torch_op("gemm_bf16_amx", (), _gemm_fake)
+def _gemm_bf16_amx(x: torch.Tensor, packed: torch.Tensor, n: int,
+                   bias: Optional[torch.Tensor]) -> torch.Tensor:
+    return _gemm(x, packed, n, bias, amx=True)
+
+
+def gemm_bf16_amx(x: torch.Tensor, packed: torch.Tensor, n: int,
+                  bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`gemm_bf16_packed` on AMX tiles (the same packed weight; K a multiple of 32)."""
+    return _gemm_bf16_amx(x, packed, n, bias)
+
+
 def _gemm(x: torch.Tensor, packed: torch.Tensor, n: int,
-          bias: Optional[torch.Tensor]) -> torch.Tensor:
+          bias: Optional[torch.Tensor], amx: bool = False) -> torch.Tensor:
     _rows_ok(x, "x")
     m, k = x.shape
     out = torch.empty(m, n, dtype=torch.bfloat16)
-    get_native_lib().vllm_gemm_bf16_packed(x.data_ptr(), x.stride(0), m, packed.data_ptr(), n,
-                                           k, 0 if bias is None else bias.data_ptr(),
-                                           out.data_ptr(), out.stride(0),
-                                           torch.get_num_threads())
+    lib = get_native_lib()
+    fn = lib.vllm_gemm_bf16_amx if amx else lib.vllm_gemm_bf16_packed
+    if not fn(x.data_ptr(), x.stride(0), m, packed.data_ptr(), n, k,
+              0 if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
+              torch.get_num_threads()):
+        raise ValueError(f"The {'AMX' if amx else 'packed'} bf16 GEMM cannot run here "
+                         f"(K = {k}).")
     return out

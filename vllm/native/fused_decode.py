@@ -34,7 +34,8 @@ from typing import Any, Optional
 import torch
 
 from vllm.forward_context import get_forward_context
-from vllm.native.gemm import NATIVE, native_pack, plan_of
+from vllm.native.gemm import AMX, NATIVE, native_pack, plan_of
+from vllm.native.gemm_autotune import ROW_UPPER
 from vllm.native.loader import get_native_lib
 
 _PtrArray10 = ctypes.c_void_p * 10
@@ -42,6 +43,7 @@ _PtrArray8 = ctypes.c_void_p * 8
 _PtrArray4 = ctypes.c_void_p * 4
 _I64Array7 = ctypes.c_int64 * 7
 _I64Array4 = ctypes.c_int64 * 4
+_I64Array9 = ctypes.c_int64 * 9
 _F32Array2 = ctypes.c_float * 2
 
 INT4 = "int4"
@@ -77,7 +79,9 @@ def _projection(module: Any, lib: ctypes.CDLL
     pack = native_pack(module)
     if pack is not None:
         n, k = module.weight.shape
-        ctx = _I64Array4(pack.data_ptr(), n, k, 0 if bias is None else bias.data_ptr())
+        plan = plan_of(module)
+        ctx = _I64Array9(pack.data_ptr(), n, k, 0 if bias is None else bias.data_ptr(),
+                         0 if plan is None else plan.mask_of(AMX), *ROW_UPPER)
         fn = ctypes.cast(lib.vllm_linear_bf16_packed, ctypes.c_void_p).value
         return fn, ctx, plan_of(module), NATIVE
     if _int4_weights(module):
@@ -193,14 +197,15 @@ class FusedDecode:
 
     def native_for(self, rows: int) -> bool:
         """Whether the module path would run the same kernels at this row count: the
-        measured choice (gemm_autotune.py) is the native GEMM for every bf16 matmul (on
-        CPUs where oneDNN's AMX kernel wins the layers run as modules instead), and
+        measured choice (gemm_autotune.py) is the native GEMM, on bf16 dot products or
+        AMX tiles, for every bf16 matmul (where oneDNN's kernel wins the layers run as
+        modules instead; the layer's GEMMs read the AMX buckets from their context), and
         int4 layers are within the native int4 kernel's rows."""
         ok = self._native_rows.get(rows)
         if ok is None:
             from vllm.model_executor.layers.quantization.int_weights import native_max_rows
             ok = all(rows <= native_max_rows() if kind == INT4
-                     else plan is not None and plan.kind_for(rows) == NATIVE
+                     else plan is not None and plan.kind_for(rows) in (NATIVE, AMX)
                      for plan, kind in self.plans.values())
             self._native_rows[rows] = ok
         return ok

@@ -8,7 +8,8 @@ gemm_autotune.py measured to be the fastest on this CPU for its shape at some ro
 - the native kernel's layout (vllm/native): k-pairs of 16 output features per vector,
   the operand layout of VDPBF16PS on AVX512-BF16 CPUs; AVX2 CPUs widen the same pairs
   to float32 in registers. It streams the weight once per step: the winner at decode
-  sizes, and at every size on CPUs without AMX;
+  sizes, and at every size on CPUs without AMX. The same tensor is the right-hand
+  operand of AMX tiles (`amx`), the winner on AMX CPUs from a few rows up to tens;
 - oneDNN's blocked layout (`mkldnn._reorder_linear_weight`), whose packed kernel uses
   AMX where the CPU has it (2-3x the native kernel from ~16 rows up on such CPUs);
 - a float32 copy (`fp32`), for AVX2-only CPUs where oneDNN has no bf16 kernel and
@@ -33,7 +34,7 @@ from torch import nn
 from vllm import envs
 from vllm.model_executor.layers.batch_invariant import row_invariant_linear
 from vllm.native import gemm_autotune
-from vllm.native.gemm_autotune import FP32, NATIVE, ONEDNN, TORCH, GemmPlan
+from vllm.native.gemm_autotune import AMX, FP32, NATIVE, ONEDNN, SHARED_LAYOUT, TORCH, GemmPlan
 from vllm.native import cpu_ops
 
 logger = logging.getLogger(__name__)
@@ -55,11 +56,14 @@ def pack_module(module: nn.Module, plan: GemmPlan) -> GemmPlan:
     kind whose pack cannot be made, e.g. the native one for an odd K, becomes oneDNN,
     or plain torch where oneDNN has no bf16 kernel)."""
     weight = module.weight.detach()
-    packs = {}
-    fallback = gemm_autotune.fallback_kind()
+    packs, by_layout = {}, {}
     for kind in sorted(plan.needed - {TORCH}):
-        packed = gemm_autotune.pack(kind, weight)
+        layout = SHARED_LAYOUT.get(kind, kind)
+        packed = by_layout.get(layout)
         if packed is None:
+            packed = by_layout[layout] = gemm_autotune.pack(kind, weight)
+        if packed is None:
+            fallback = NATIVE if kind == AMX else gemm_autotune.fallback_kind()
             plan = GemmPlan(tuple(fallback if k == kind else k for k in plan.kinds))
             continue
         packs[kind] = packed
@@ -91,9 +95,12 @@ def pack_linear_weights(model: nn.Module) -> int:
 
 
 def native_pack(module: nn.Module) -> Optional[torch.Tensor]:
-    """The module's weight in the native kernel's layout, if it was packed for it."""
+    """The module's weight in the native kernel's layout (which AMX shares), if it was
+    packed for it."""
     packs = module.__dict__.get(PACKS_ATTR)
-    return None if packs is None else packs.get(NATIVE)
+    if packs is None:
+        return None
+    return packs[NATIVE] if NATIVE in packs else packs.get(AMX)
 
 
 def plan_of(module: nn.Module) -> Optional[GemmPlan]:
@@ -135,6 +142,12 @@ def linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor,
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         out = cpu_ops.gemm_bf16_packed(x2, packed, weight.shape[0], bias)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], weight.shape[0])
+    if kind == AMX:
+        x2 = x.reshape(rows, k)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        out = cpu_ops.gemm_bf16_amx(x2, packed, weight.shape[0], bias)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], weight.shape[0])
     if kind == FP32:
         return gemm_autotune.run(FP32, x, weight, packed, bias)

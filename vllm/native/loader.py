@@ -45,12 +45,15 @@ SIGNATURES: dict[str, tuple] = {
     "vllm_packed_numel": (_i64, _i64),
     "vllm_pack_bf16": (_ptr, _i64, _i64, _ptr, _i32),
     "vllm_gemm_bf16_packed": (_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32),
+    "vllm_has_amx_gemm": (),
+    "vllm_gemm_bf16_amx": (_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32),
     "vllm_linear_bf16_packed": (_ptr, _ptr, _i64, _i64, _ptr, _i64, _i32),
     "vllm_max_lora_rank": (),
     "vllm_llama_decode_layer": (_ptr, _ptr, _i32, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr,
                                 _i32),
 }
-RETURNS_INT = ("vllm_cpu_ops_version", "vllm_has_bf16_gemm", "vllm_pack_bf16",
+RETURNS_INT = ("vllm_cpu_ops_version", "vllm_has_bf16_gemm", "vllm_has_amx_gemm",
+               "vllm_gemm_bf16_amx", "vllm_pack_bf16",
                "vllm_gemm_bf16_packed", "vllm_llama_decode_layer", "vllm_max_lora_rank")
 RETURNS_INT64 = ("vllm_packed_numel",)
 
