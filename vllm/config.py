@@ -416,9 +416,11 @@ class CacheConfig:
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = 256
-    """Most requests scheduled in one step."""
+    """Most requests scheduled in one step; on CPU the default is vLLM's: 256 offline
+    (LLM), 128 for the server, per rank."""
     max_num_batched_tokens: Optional[int] = None
-    """Token budget of one step; default 8192 with chunked prefill, else max_model_len."""
+    """Token budget of one step; default 8192 with chunked prefill (on CPU vLLM's: 4096
+    offline, 2048 for the server, per rank), else max_model_len."""
     enable_chunked_prefill: bool = True
     """Split long prompts over several steps within the token budget."""
     max_model_len: int = 0

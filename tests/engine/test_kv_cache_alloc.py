@@ -59,3 +59,32 @@ def test_background_commit_keeps_what_was_written_meanwhile():
     for i in (0, 31, 63):
         assert (caches[i][::7] == i + 1).all() and not caches[i][1::7].any()
     assert not caches[5].any()
+
+
+def test_background_commit_yields_to_a_stepping_engine(monkeypatch):
+    """While steps run, the commit takes one slice per pause (it took a core from the
+    forward's threads); once they stop it goes on at full speed and finishes."""
+    if not kv_cache_alloc._populate_supported():
+        pytest.skip("no MADV_POPULATE_WRITE: the cache is committed before it is returned")
+    import threading
+    import time
+    monkeypatch.setattr(kv_cache_alloc, "_BUSY_PAUSE_S", 0.2)
+    stepping = threading.Event()
+    stepping.set()
+
+    def engine():
+        while stepping.is_set():
+            kv_cache_alloc.note_step()
+            time.sleep(0.01)
+
+    stepper = threading.Thread(target=engine)
+    stepper.start()
+    try:
+        caches = zeroed_tensors((16, 1 << 20), torch.uint8, torch.device("cpu"), 8)  # 128 MiB
+        time.sleep(1.0)  # about 5 of its 64 slices while the engine steps
+        assert not kv_cache_alloc.wait_committed(timeout=0)
+    finally:
+        stepping.clear()
+        stepper.join()
+    assert kv_cache_alloc.wait_committed(timeout=60)
+    assert not any(c.any() for c in caches)

@@ -108,3 +108,21 @@ def test_dashboard_metrics(tiny_model_factory):
     info = by[("vllm:cache_config_info", None)]
     assert info.value == 1 and info.labels["block_size"] == "16"
     assert info.labels["num_gpu_blocks"] == "8" and info.labels["enable_prefix_caching"] == "True"
+
+
+def test_batch_defaults_on_cpu_follow_vllm(tiny_model_factory):
+    """vLLM's CPU defaults: 4096 tokens / 256 sequences a step offline, 2048 / 128 for the
+    server (per rank); explicit values and pooling's whole-prompt budget win."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    model = tiny_model_factory("llama")
+
+    def budget(cls, **kw):
+        sc = cls(model=model, max_model_len=128, device="cpu", **kw).create_engine_config(
+        ).scheduler_config
+        return sc.max_num_seqs, sc.max_num_batched_tokens
+
+    assert budget(EngineArgs) == (256, 4096)
+    assert budget(AsyncEngineArgs) == (128, 2048)
+    assert budget(AsyncEngineArgs, max_num_seqs=8, max_num_batched_tokens=512) == (8, 512)
+    assert budget(EngineArgs, max_num_seqs=300) == (300, 4096)
+    assert budget(EngineArgs, enable_chunked_prefill=False) == (256, 256)

@@ -75,7 +75,7 @@ def test_fused_decode_runs_the_amx_rows_of_the_plan(tiny_model_factory, monkeypa
     context and run AMX where the modules would, so the two paths stay identical."""
     model = tiny_model_factory("llama", hidden_size=256, num_attention_heads=4,
                                num_key_value_heads=2, intermediate_size=512)
-    plan = ("native", "amx", "amx", "onednn", "onednn")
+    plan = ("native", "amx", "amx", "onednn", "onednn", "onednn")
     ref, _ = _generate(model, monkeypatch, fused=False, plan=plan)
     got, fused_calls = _generate(model, monkeypatch, fused=True, plan=plan)
     assert fused_calls >= 11

@@ -22,9 +22,9 @@ def _layer(n: int = 40, k: int = 64) -> nn.Linear:
 
 
 def test_row_buckets_map_to_the_nearest_measured_count():
-    plan = GemmPlan(("a", "b", "c", "d", "e"))
-    assert [plan.kind_for(r) for r in (1, 2, 3, 8, 9, 32, 33, 128, 129, 4096)] == \
-        ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e"]
+    plan = GemmPlan(("a", "b", "c", "d", "e", "f"))
+    assert [plan.kind_for(r) for r in (1, 2, 3, 8, 9, 32, 33, 128, 129, 512, 513, 8192)] == \
+        ["a", "a", "b", "b", "c", "c", "d", "d", "e", "e", "f", "f"]
 
 
 def test_measure_times_every_candidate():
@@ -108,7 +108,7 @@ def test_each_call_runs_its_row_counts_kernel(monkeypatch):
 
 def test_three_dimensional_inputs_keep_their_shape():
     layer = _layer()
-    cpu_gemm.pack_module(layer, GemmPlan((gemm_autotune.available_kinds()[-1],) * 5))
+    cpu_gemm.pack_module(layer, GemmPlan((gemm_autotune.available_kinds()[-1],) * len(ROW_BUCKETS)))
     x = torch.randn(2, 3, 64).bfloat16()
     got = cpu_gemm.linear(layer, x, layer.weight, layer.bias)
     assert got.shape == (2, 3, 40)
@@ -120,13 +120,39 @@ def test_an_odd_k_cannot_take_the_native_pack():
     if not cpu_ops.gemm_supported():
         pytest.skip("no native GEMM (AVX512-BF16 or AVX2) on this CPU")
     layer = _layer(n=16, k=33)
-    plan = cpu_gemm.pack_module(layer, GemmPlan((NATIVE,) * 5))
+    plan = cpu_gemm.pack_module(layer, GemmPlan((NATIVE,) * len(ROW_BUCKETS)))
     fallback = gemm_autotune.fallback_kind()
-    assert plan.kinds == (fallback,) * 5 and set(layer.gemm_packs) == {fallback}
+    assert plan.kinds == (fallback,) * len(ROW_BUCKETS) and set(layer.gemm_packs) == {fallback}
     x = torch.randn(3, 33).bfloat16()
     torch.testing.assert_close(cpu_gemm.linear(layer, x, layer.weight, layer.bias).float(),
                                F.linear(x.float(), layer.weight.float(), layer.bias.float()),
                                atol=5e-2, rtol=2e-2)
+
+
+def test_kinds_far_behind_are_not_timed_at_larger_row_counts(monkeypatch):
+    """A kind 4x slower than the best at some row count is dropped from the larger ones."""
+    timed = []
+
+    def fake_measure(weight, kinds, rows):
+        timed.append((rows, tuple(kinds)))
+        slow = {"fast": 1.0, "close": 1.5, "slow": 2.0 if rows < 16 else 10.0}
+        return {k: [slow[k], slow[k]] for k in kinds}
+
+    monkeypatch.setattr(gemm_autotune, "measure", fake_measure)
+    plan, timings, _ = gemm_autotune.choose(torch.empty(4, 4), ["fast", "close", "slow"])
+    assert plan.kinds == ("fast",) * len(ROW_BUCKETS)
+    assert [kinds for _, kinds in timed] == [("fast", "close", "slow")] * 3 + \
+        [("fast", "close")] * (len(ROW_BUCKETS) - 3)
+    assert "slow" in timings[2] and "slow" not in timings[3]
+
+
+def test_native_kinds_win_close_calls():
+    """Within 10% the native kinds win (they keep the fused decode layer); beyond, the
+    fastest does."""
+    assert gemm_autotune._winner({ONEDNN: 1.0, AMX: 1.08, NATIVE: 3.0}) == AMX
+    assert gemm_autotune._winner({ONEDNN: 1.0, AMX: 1.2, NATIVE: 1.09}) == NATIVE
+    assert gemm_autotune._winner({ONEDNN: 1.0, AMX: 1.2}) == ONEDNN
+    assert gemm_autotune._winner({TORCH: 2.0, FP32: 1.0}) == FP32
 
 
 def test_amx_shares_the_native_pack_and_needs_whole_k_steps():
@@ -135,16 +161,16 @@ def test_amx_shares_the_native_pack_and_needs_whole_k_steps():
     if not cpu_ops.gemm_supported():
         pytest.skip("no native GEMM (AVX512-BF16 or AVX2) on this CPU")
     layer = _layer(n=40, k=64)
-    plan = cpu_gemm.pack_module(layer, GemmPlan((NATIVE, AMX, AMX, ONEDNN, ONEDNN)))
-    assert plan.kinds == (NATIVE, AMX, AMX, ONEDNN, ONEDNN)
+    plan = cpu_gemm.pack_module(layer, GemmPlan((NATIVE, AMX, AMX, ONEDNN, ONEDNN, ONEDNN)))
+    assert plan.kinds == (NATIVE, AMX, AMX, ONEDNN, ONEDNN, ONEDNN)
     assert layer.gemm_packs[AMX] is layer.gemm_packs[NATIVE]
     assert cpu_gemm.native_pack(layer) is layer.gemm_packs[NATIVE]
     assert plan.mask_of(AMX) == 0b00110
     odd = _layer(n=16, k=48)
-    plan = cpu_gemm.pack_module(odd, GemmPlan((AMX,) * 5))
-    assert plan.kinds == (NATIVE,) * 5 and set(odd.gemm_packs) == {NATIVE}
+    plan = cpu_gemm.pack_module(odd, GemmPlan((AMX,) * len(ROW_BUCKETS)))
+    assert plan.kinds == (NATIVE,) * len(ROW_BUCKETS) and set(odd.gemm_packs) == {NATIVE}
     amx_only = _layer(n=16, k=32)
-    cpu_gemm.pack_module(amx_only, GemmPlan((AMX,) * 5))
+    cpu_gemm.pack_module(amx_only, GemmPlan((AMX,) * len(ROW_BUCKETS)))
     assert cpu_gemm.native_pack(amx_only) is amx_only.gemm_packs[AMX]
     assert gemm_autotune.kinds_for_shape([TORCH, NATIVE, AMX], (16, 48)) == [TORCH, NATIVE]
     assert gemm_autotune.kinds_for_shape([TORCH, NATIVE, AMX], (16, 64)) == [TORCH, NATIVE, AMX]
@@ -153,7 +179,7 @@ def test_amx_shares_the_native_pack_and_needs_whole_k_steps():
 @pytest.mark.skipif(not cpu_ops.amx_gemm_supported(), reason="no AMX tiles on this CPU")
 def test_amx_rows_run_the_amx_kernel(monkeypatch):
     layer = _layer(n=40, k=64)
-    plan = cpu_gemm.pack_module(layer, GemmPlan((NATIVE, AMX, AMX, AMX, NATIVE)))
+    plan = cpu_gemm.pack_module(layer, GemmPlan((NATIVE, AMX, AMX, AMX, NATIVE, NATIVE)))
     seen = []
     monkeypatch.setattr(cpu_ops, "gemm_bf16_amx",
                         lambda *a, real=cpu_ops.gemm_bf16_amx: seen.append(AMX) or real(*a))

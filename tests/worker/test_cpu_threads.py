@@ -161,3 +161,39 @@ def test_the_frontend_parent_counts_as_our_own(tmp_path):
     # The parent's busy half second (a share of it on a loaded machine), not the
     # child's sleep, which costs it almost nothing.
     assert grown > 0.05
+
+
+def test_a_background_helper_thread_waiting_is_not_contention():
+    """Nice 19 threads of our own (the KV cache's background commit) that compute while
+    the forward has the cores wait for a CPU by design: their wait must not count."""
+    import hashlib
+    import os
+    import threading
+    import time
+    reader = ProcReader()
+    if not reader.available or not hasattr(os, "setpriority"):
+        pytest.skip("no /proc on this system")
+    stop = threading.Event()
+    data = bytes(1 << 20)
+
+    def helper():  # hashing a large buffer runs without the GIL
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    threads = [threading.Thread(target=helper) for _ in range(2 * (os.cpu_count() or 1))]
+    for t in threads:
+        t.start()
+    try:
+        a = reader.sample()
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:  # the "forward": nice 0, on a core of its own
+            hashlib.sha256(data).digest()
+        b = reader.sample()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    # The helpers waited for about (helpers - cores) cores meanwhile; none of it counts.
+    assert (b.own_delay - a.own_delay) / (b.wall - a.wall) < DELAY_CORES
+    assert all(cpu_threads._thread_nice(t) == 0 for t in os.listdir("/proc/self/task"))

@@ -114,7 +114,7 @@ class EngineArgs:
     swap_space: float = 0
     calculate_kv_scales: bool = False
     # scheduler
-    max_num_seqs: int = 256
+    max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False
@@ -267,23 +267,26 @@ class EngineArgs:
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             cache_dtype=self.kv_cache_dtype, swap_space=self.swap_space,
             calculate_kv_scales=self.calculate_kv_scales)
-        scheduler_config = SchedulerConfig(
-            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-            enable_chunked_prefill=self.enable_chunked_prefill,
-            async_scheduling=self.async_scheduling)
         parallel_config = ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,
             data_parallel_size=self.data_parallel_size,
             distributed_executor_backend=self.distributed_executor_backend,
             enable_expert_parallel=self.enable_expert_parallel)
+        device_config = DeviceConfig(device=self.device)
+        max_num_seqs, max_num_batched_tokens = self._batch_defaults(
+            device_config.device, model_config.runner_type, parallel_config.world_size)
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            async_scheduling=self.async_scheduling)
         so_config = StructuredOutputsConfig.from_cli(self.structured_outputs_config)
         if self.reasoning_parser:
             so_config.reasoning_parser = self.reasoning_parser
             so_config.__post_init__()
         return VllmConfig(model_config=model_config, cache_config=cache_config,
                           scheduler_config=scheduler_config, parallel_config=parallel_config,
-                          device_config=DeviceConfig(device=self.device),
+                          device_config=device_config,
                           load_config=LoadConfig(load_format=self.load_format,
                                                  download_dir=self.download_dir),
                           lora_config=self._lora_config(),
@@ -294,6 +297,26 @@ class EngineArgs:
                           kv_transfer_config=KVTransferConfig.from_cli(self.kv_transfer_config),
                           compilation_config=self._compilation_config(),
                           attention_config=AttentionConfig(backend=self.attention_backend))
+
+    # (max_num_seqs, max_num_batched_tokens) per device when the user sets neither: vLLM's
+    # CPU defaults differ for the offline LLM and the server (UsageContext); elsewhere the
+    # SchedulerConfig's own (256 sequences; 8192 tokens with chunked prefill).
+    CPU_BATCH_DEFAULTS = (256, 4096)
+    """Offline (`LLM`) on CPU, per rank, as vLLM: a prompt's GEMMs in 4096-row chunks
+    also stay in cache better than 8192-row ones (benchmarks/README.md)."""
+
+    def _batch_defaults(self, device: str, runner_type: str, world_size: int
+                        ) -> tuple[Optional[int], Optional[int]]:
+        seqs, tokens = self.max_num_seqs, self.max_num_batched_tokens
+        if device != "cpu":
+            return (SchedulerConfig.max_num_seqs if seqs is None else seqs), tokens
+        default_seqs, default_tokens = self.CPU_BATCH_DEFAULTS
+        if seqs is None:
+            seqs = default_seqs * world_size
+        # Pooling runs whole prompts in one pass (VllmConfig._configure_pooling sizes it).
+        if tokens is None and self.enable_chunked_prefill and runner_type != "pooling":
+            tokens = max(default_tokens * world_size, seqs)
+        return seqs, tokens
 
     def _compilation_config(self) -> CompilationConfig:
         """--compilation-config, with the --cudagraph-capture-sizes and
@@ -336,6 +359,10 @@ class EngineArgs:
 @dataclass
 class AsyncEngineArgs(EngineArgs):
     disable_log_requests: bool = False
+
+    CPU_BATCH_DEFAULTS = (128, 2048)
+    """The server on CPU, per rank, as vLLM: smaller prompt chunks keep the running
+    streams' decode steps short (time per output token) while prompts arrive."""
 
 
 def _parse_type(annotation: Any):

@@ -1124,9 +1124,9 @@ int vllm_gemm_bf16_amx(const void* x, int64_t x_stride, int64_t M, const void* p
 }
 
 // The bf16 packed GEMM as a fused-layer Linear: ctx = {packed W, N, K, bias (0: none),
-// AMX row buckets (bit b: bucket b runs on AMX), the 4 buckets' upper row bounds}: the
-// row-count plan of gemm_autotune.py, so the fused layer runs the kernel the module
-// path would run for this many rows.
+// AMX row buckets (bit b: bucket b runs on AMX), the number B of bucket bounds, then the
+// B inclusive upper row bounds}: the row-count plan of gemm_autotune.py, so the fused
+// layer runs the kernel the module path would run for this many rows.
 void vllm_linear_bf16_packed(const int64_t* ctx, const bf16* x, int64_t x_stride, int64_t M,
                              bf16* y, int64_t y_stride, int nthreads) {
 #if VLLM_HAVE_PACKED_GEMM
@@ -1134,7 +1134,7 @@ void vllm_linear_bf16_packed(const int64_t* ctx, const bf16* x, int64_t x_stride
   const bf16* bias = reinterpret_cast<const bf16*>(ctx[3]);
 #if VLLM_HAVE_AMX_GEMM
   int64_t bucket = 0;
-  while (bucket < 4 && M > ctx[5 + bucket]) ++bucket;
+  while (bucket < ctx[5] && M > ctx[6 + bucket]) ++bucket;
   if (((ctx[4] >> bucket) & 1) && ctx[2] % 32 == 0 && amx_permitted()) {
     gemm_amx(x, x_stride, M, w, ctx[1], ctx[2], bias, y, y_stride, nthreads);
     return;

@@ -43,7 +43,6 @@ _PtrArray8 = ctypes.c_void_p * 8
 _PtrArray4 = ctypes.c_void_p * 4
 _I64Array7 = ctypes.c_int64 * 7
 _I64Array4 = ctypes.c_int64 * 4
-_I64Array9 = ctypes.c_int64 * 9
 _F32Array2 = ctypes.c_float * 2
 
 INT4 = "int4"
@@ -80,8 +79,9 @@ def _projection(module: Any, lib: ctypes.CDLL
     if pack is not None:
         n, k = module.weight.shape
         plan = plan_of(module)
-        ctx = _I64Array9(pack.data_ptr(), n, k, 0 if bias is None else bias.data_ptr(),
-                         0 if plan is None else plan.mask_of(AMX), *ROW_UPPER)
+        words = [pack.data_ptr(), n, k, 0 if bias is None else bias.data_ptr(),
+                 0 if plan is None else plan.mask_of(AMX), len(ROW_UPPER), *ROW_UPPER]
+        ctx = (ctypes.c_int64 * len(words))(*words)
         fn = ctypes.cast(lib.vllm_linear_bf16_packed, ctypes.c_void_p).value
         return fn, ctx, plan_of(module), NATIVE
     if _int4_weights(module):

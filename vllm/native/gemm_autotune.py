@@ -44,13 +44,24 @@ logger = logging.getLogger(__name__)
 NATIVE, AMX, ONEDNN, FP32, TORCH = "native", "amx", "onednn", "fp32", "torch"
 SHARED_LAYOUT = {AMX: NATIVE}
 """Kinds that run on another kind's pack (the same tensor serves both)."""
-ROW_BUCKETS = (1, 4, 16, 64, 256)
-"""Row counts that are timed; a call with r rows uses the nearest one (log scale)."""
-ROW_UPPER = (2, 8, 32, 128)
+ROW_BUCKETS = (1, 4, 16, 64, 256, 1024)
+"""Row counts that are timed; a call with r rows uses the nearest one (log scale). The
+last one stands for prompt chunks (thousands of rows), where the kernel that wins at a
+few hundred rows can lose by a third (AMX tiles against oneDNN on a Xeon)."""
+ROW_UPPER = (2, 8, 32, 128, 512)
 """Inclusive upper row bound of each bucket but the last (the native fused layer reads
 them too: fused_decode.py)."""
 _TRIALS = 5
 _MIN_SAMPLE_S = 2e-3
+_NATIVE_MARGIN = 1.1
+"""The native kinds (dot products or AMX on the native pack) win unless another kind
+is this much faster: a decode step runs as one native call per layer (fused_decode.py)
+only where every projection's kind is native, which saves more than a few percent of
+one GEMM."""
+_PRUNE = 4.0
+"""A kind this many times slower than the best at some row count is not timed at larger
+ones (where it only falls further behind: timing a dot-product kernel on a 1024-row LM
+head would take seconds)."""
 
 
 @dataclass(frozen=True)
@@ -185,13 +196,27 @@ def measure(weight: torch.Tensor, kinds: list[str], rows: int) -> dict[str, list
     return {k: sorted(v) for k, v in samples.items()}
 
 
+def _winner(timings: dict[str, float]) -> str:
+    best = min(timings, key=timings.get)
+    native = [k for k in (NATIVE, AMX) if k in timings]
+    if best in native or not native:
+        return best
+    mine = min(native, key=timings.get)
+    return mine if timings[mine] <= _NATIVE_MARGIN * timings[best] else best
+
+
 def choose(weight: torch.Tensor, kinds: list[str]
            ) -> tuple[GemmPlan, list[dict], list[dict[str, list[float]]]]:
     """The plan for one weight shape, the timings behind it (best seconds per kind and
     row bucket) and the sorted samples (their steadiness decides the caching)."""
-    measured = [measure(weight, kinds, rows) for rows in ROW_BUCKETS]
+    measured, contenders = [], list(kinds)
+    for rows in ROW_BUCKETS:
+        samples = measure(weight, contenders, rows)
+        measured.append(samples)
+        best = min(v[0] for v in samples.values())
+        contenders = [k for k in contenders if samples[k][0] <= _PRUNE * best]
     timings = [{k: v[0] for k, v in m.items()} for m in measured]
-    plan = GemmPlan(tuple(min(t, key=t.get) for t in timings))
+    plan = GemmPlan(tuple(_winner(t) for t in timings))
     return plan, timings, measured
 
 
@@ -201,7 +226,8 @@ def cache_path(kinds: list[str]) -> Path:
     src = (hashlib.sha256(loader.SOURCE.read_bytes()).hexdigest()[:16]
            if NATIVE in kinds or AMX in kinds else "")
     return autotune.cache_path("gemm", "plans",
-                               [",".join(kinds), src, ",".join(map(str, ROW_BUCKETS))])
+                               [",".join(kinds), src, ",".join(map(str, ROW_BUCKETS)),
+                                f"margin={_NATIVE_MARGIN}"])
 
 
 def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int, int], GemmPlan]:

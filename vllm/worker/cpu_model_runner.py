@@ -27,6 +27,7 @@ from vllm.native import cpu_ops
 from vllm.worker.flat_layout import (FlatLayout, build_flat_layout, decode_first_layout,
                                      flat_forward_pass, kv_cache_shape, order_batch)
 from vllm.worker.cpu_threads import ThreadGovernor, make_governor
+from vllm.worker.kv_cache_alloc import note_step
 from vllm.worker.model_runner_base import ForwardPass, ModelRunnerBase
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class CPUModelRunner(ModelRunnerBase):
                       ) -> Optional[ModelRunnerOutput]:
         """The base's step, with the thread team first sized to the free cores."""
         if self.device.type == "cpu":
+            note_step()  # background KV cache commits yield to the steps
             if not self._governor_made:
                 self.thread_governor, self._governor_made = make_governor(), True
             if self.thread_governor is not None:

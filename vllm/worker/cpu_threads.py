@@ -13,6 +13,9 @@ the forward (OpenMP's thread count is per calling thread):
 - `run_delay`: the time this process's threads were runnable but waiting for a CPU
   (/proc/self/task/*/schedstat), in cores. This is the contention signal: idle it is
   a few hundredths of a core, with a busy neighbour on one of 2 cores about one core.
+  Threads that run at a lower priority than the process (the KV cache's background
+  commit, nice 19) are left out: they wait for the forward by design, and counting
+  them made the team drop a thread to make room for its own helper.
 - `others`: the CPU time the rest of the machine used on the CPUs this process may
   run on (/proc/stat minus our own), in cores: the signal that a core came back. In
   an engine-core or worker process the parent (the API server, the engine core) counts
@@ -56,6 +59,13 @@ class CpuSample:
     machine_busy: float
 
 
+def _thread_nice(tid: str) -> int:
+    """Thread `tid`'s nice value (field 19 of its stat; the fields after the command,
+    which may hold spaces, start at the last ")")."""
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
 class ProcReader:
     """Reads the counters from /proc (Linux); `available` is False elsewhere."""
 
@@ -70,14 +80,17 @@ class ProcReader:
 
     def sample(self) -> CpuSample:
         cpu = delay = 0
+        own_nice = os.getpriority(os.PRIO_PROCESS, 0) if hasattr(os, "getpriority") else 0
         for tid in os.listdir("/proc/self/task"):
             try:
                 with open(f"/proc/self/task/{tid}/schedstat") as f:
                     fields = f.read().split()
+                background = _thread_nice(tid) > own_nice
             except OSError:  # the thread ended between the listing and the read
                 continue
             cpu += int(fields[0])
-            delay += int(fields[1])
+            if not background:
+                delay += int(fields[1])
         own = cpu / 1e9 + self._frontend_cpu()
         return CpuSample(time.monotonic(), own, delay / 1e9, self._machine_busy())
 
