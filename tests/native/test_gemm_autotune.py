@@ -146,13 +146,17 @@ def test_kinds_far_behind_are_not_timed_at_larger_row_counts(monkeypatch):
     assert "slow" in timings[2] and "slow" not in timings[3]
 
 
-def test_native_kinds_win_close_calls():
-    """Within 10% the native kinds win (they keep the fused decode layer); beyond, the
-    fastest does."""
-    assert gemm_autotune._winner({ONEDNN: 1.0, AMX: 1.08, NATIVE: 3.0}) == AMX
-    assert gemm_autotune._winner({ONEDNN: 1.0, AMX: 1.2, NATIVE: 1.09}) == NATIVE
-    assert gemm_autotune._winner({ONEDNN: 1.0, AMX: 1.2}) == ONEDNN
+def test_native_kinds_win_close_calls_at_decode_sizes(monkeypatch):
+    """Within the margin the native kinds win (they keep the fused decode layer), except
+    in the last bucket (prompt chunks), where the fastest does."""
+    assert gemm_autotune._winner({ONEDNN: 1.0, AMX: 1.4, NATIVE: 3.0}) == AMX
+    assert gemm_autotune._winner({ONEDNN: 1.0, AMX: 1.6, NATIVE: 1.45}) == NATIVE
+    assert gemm_autotune._winner({ONEDNN: 1.0, AMX: 1.6}) == ONEDNN
     assert gemm_autotune._winner({TORCH: 2.0, FP32: 1.0}) == FP32
+    monkeypatch.setattr(gemm_autotune, "measure", lambda w, kinds, rows: {
+        ONEDNN: [1.0, 1.0], AMX: [1.2, 1.2]})
+    plan, _, _ = gemm_autotune.choose(torch.empty(4, 4), [ONEDNN, AMX])
+    assert plan.kinds == (AMX,) * (len(ROW_BUCKETS) - 1) + (ONEDNN,)
 
 
 def test_amx_shares_the_native_pack_and_needs_whole_k_steps():

@@ -741,7 +741,7 @@ bool amx_permitted() {
 // feature blocks (p0, p1), all k steps; the float sums land in c[MT * 2][256].
 template <int MT>
 inline void amx_pass(const bf16* a, int64_t a_stride, const bf16* p0, const bf16* p1,
-                     int64_t ksteps, float* c) {
+                     int64_t ksteps, float* c, const bf16* next = nullptr) {
   const int64_t sb = a_stride * 2;
   _tile_zero(0);
   _tile_zero(1);
@@ -750,6 +750,14 @@ inline void amx_pass(const bf16* a, int64_t a_stride, const bf16* p0, const bf16
     _tile_zero(3);
   }
   for (int64_t ks = 0; ks < ksteps; ++ks) {
+    if (next != nullptr) {  // the next feature pair's tiles of this k step
+      const char* n0 = reinterpret_cast<const char*>(next + ks * 512);
+      const char* n1 = n0 + (p1 - p0) * 2;
+      for (int l = 0; l < 16; ++l) {
+        _mm_prefetch(n0 + l * 64, _MM_HINT_T0);
+        _mm_prefetch(n1 + l * 64, _MM_HINT_T0);
+      }
+    }
     _tile_loadd(4, a + ks * 32, sb);
     _tile_loadd(6, p0 + ks * 512, 64);
     _tile_loadd(7, p1 + ks * 512, 64);
@@ -797,8 +805,12 @@ void gemm_amx(const bf16* x, int64_t x_stride, int64_t M, const bf16* packed, in
       const bf16* p1 = p0 + block;
       const __m512 b0 = load_bias16(bias, n0, N), b1 = load_bias16(bias, n0 + kLanes, N);
       int64_t m = 0;
+      // The first pass over this pair's W also fetches the next pair's: W streams from
+      // memory while the tiles compute (the hardware prefetcher alone left decode-sized
+      // products 15-20% slower).
+      const bf16* next = t + 1 < t1 ? p0 + 2 * block : nullptr;
       for (; m + 2 <= full; m += 2) {
-        amx_pass<2>(x + m * 16 * x_stride, x_stride, p0, p1, ksteps, c);
+        amx_pass<2>(x + m * 16 * x_stride, x_stride, p0, p1, ksteps, c, m == 0 ? next : nullptr);
         bf16* ym = y + m * 16 * y_stride;
         amx_store(c, b0, ym, y_stride, 16, n0, N);
         amx_store(c + 256, b1, ym, y_stride, 16, n0 + kLanes, N);
@@ -809,7 +821,7 @@ void gemm_amx(const bf16* x, int64_t x_stride, int64_t M, const bf16* packed, in
         const bool partial = m == full;
         if (partial && rest == 0) break;
         amx_pass<1>(partial ? tail.data() : x + m * 16 * x_stride, partial ? K : x_stride,
-                    p0, p1, ksteps, c);
+                    p0, p1, ksteps, c, m == 0 ? next : nullptr);
         const int64_t rows = partial ? rest : 16;
         amx_store(c, b0, y + m * 16 * y_stride, y_stride, rows, n0, N);
         amx_store(c + 256, b1, y + m * 16 * y_stride, y_stride, rows, n0 + kLanes, N);
