@@ -137,17 +137,12 @@ def linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor,
     if kind == TORCH or rows == 0:
         return _torch_linear(x, weight, bias)
     packed = module.__dict__[PACKS_ATTR][kind]
-    if kind == NATIVE:
+    if kind in (NATIVE, AMX):  # one pack, two kernels
         x2 = x.reshape(rows, k)
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
-        out = cpu_ops.gemm_bf16_packed(x2, packed, weight.shape[0], bias)
-        return out if x.dim() == 2 else out.view(*x.shape[:-1], weight.shape[0])
-    if kind == AMX:
-        x2 = x.reshape(rows, k)
-        if x2.stride(-1) != 1:
-            x2 = x2.contiguous()
-        out = cpu_ops.gemm_bf16_amx(x2, packed, weight.shape[0], bias)
+        gemm = cpu_ops.gemm_bf16_packed if kind == NATIVE else cpu_ops.gemm_bf16_amx
+        out = gemm(x2, packed, weight.shape[0], bias)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], weight.shape[0])
     if kind == FP32:
         return gemm_autotune.run(FP32, x, weight, packed, bias)
