@@ -276,7 +276,7 @@ def test_native_kernel_matches_float64(fp8, q_dtype):
                                    rtol=0)
 
 
-def test_calculate_kv_scales_matches_reference(tiny_float):
+def test_calculate_kv_scales_matches_reference(tiny_float, monkeypatch):
     """--calculate-kv-scales: each layer's scales are max |k| / 200 and max |v| / 100 over
     the first forward pass (the reference takes K after the rotary embedding and V in
     transformers' attention on the same prompt, each layer's attention then reading them
@@ -309,6 +309,13 @@ def test_calculate_kv_scales_matches_reference(tiny_float):
     ref.set_attn_implementation("fp8_kv_sdpa")
     expected = dict(state["scales"])
 
+    # The prompt attended whole, like the reference: which prefill kernel runs is measured
+    # at start-up (prefill_choice.py), and the row-wise one sums in another order; under
+    # fp8 an element on a rounding boundary then lands a step apart in a later layer
+    # (5e-3 in a logprob seen), so the test would depend on the machine's timings.
+    from vllm.native import prefill_choice
+    monkeypatch.setattr(prefill_choice, "choose_plan",
+                        lambda *args: prefill_choice.PrefillPlan((prefill_choice.SDPA,) * 4))
     llm = LLM(model=tiny_float, dtype="float32", max_model_len=256, kv_cache_dtype="fp8",
               calculate_kv_scales=True, kv_cache_memory_bytes=KV_BYTES,
               enable_prefix_caching=False)
