@@ -31,8 +31,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-KERNELS = ("gemm_bf16_packed", "decode_attention", "rms_norm", "rotary_", "silu_and_mul",
-           "write_kv")
+KERNELS = ("gemm_bf16_packed", "gemm_bf16_amx", "decode_attention", "rms_norm", "rotary_",
+           "silu_and_mul", "write_kv")
 
 
 class StepTimer:
