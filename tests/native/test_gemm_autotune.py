@@ -21,6 +21,23 @@ def _layer(n: int = 40, k: int = 64) -> nn.Linear:
     return layer
 
 
+ROWS = (1, 5, 20, 100, 300)
+
+
+def _calls_at_each_row_count(monkeypatch, layer: nn.Linear, kernel: str) -> int:
+    """Runs `layer` at each of ROWS rows (checked against a float linear); returns how
+    many of those calls reached cpu_ops.<kernel>."""
+    seen = []
+    real = getattr(cpu_ops, kernel)
+    monkeypatch.setattr(cpu_ops, kernel, lambda *a: seen.append(1) or real(*a))
+    for rows in ROWS:
+        x = torch.randn(rows, layer.weight.shape[1]).bfloat16()
+        ref = F.linear(x.float(), layer.weight.float(), layer.bias.float())
+        got = cpu_gemm.linear(layer, x, layer.weight, layer.bias)
+        torch.testing.assert_close(got.float(), ref, atol=5e-2, rtol=2e-2)
+    return len(seen)
+
+
 def test_row_buckets_map_to_the_nearest_measured_count():
     plan = GemmPlan(("a", "b", "c", "d", "e", "f"))
     assert [plan.kind_for(r) for r in (1, 2, 3, 8, 9, 32, 33, 128, 129, 512, 513, 8192)] == \
@@ -94,16 +111,8 @@ def test_each_call_runs_its_row_counts_kernel(monkeypatch):
     layer = _layer()
     cpu_gemm.pack_module(layer, plan)
     assert set(layer.gemm_packs) == set(mixed) - {TORCH}
-    seen = []
-    monkeypatch.setattr(cpu_ops, "gemm_bf16_packed",
-                        lambda *a, real=cpu_ops.gemm_bf16_packed: seen.append(NATIVE) or real(*a))
-    for rows in (1, 5, 20, 100, 300):
-        x = torch.randn(rows, 64).bfloat16()
-        ref = F.linear(x.float(), layer.weight.float(), layer.bias.float())
-        got = cpu_gemm.linear(layer, x, layer.weight, layer.bias)
-        torch.testing.assert_close(got.float(), ref, atol=5e-2, rtol=2e-2)
-    expected_native = [r for r in (1, 5, 20, 100, 300) if plan.kind_for(r) == NATIVE]
-    assert len(seen) == len(expected_native)
+    seen = _calls_at_each_row_count(monkeypatch, layer, "gemm_bf16_packed")
+    assert seen == sum(plan.kind_for(r) == NATIVE for r in ROWS)
 
 
 def test_three_dimensional_inputs_keep_their_shape():
@@ -184,15 +193,8 @@ def test_amx_shares_the_native_pack_and_needs_whole_k_steps():
 def test_amx_rows_run_the_amx_kernel(monkeypatch):
     layer = _layer(n=40, k=64)
     plan = cpu_gemm.pack_module(layer, GemmPlan((NATIVE, AMX, AMX, AMX, NATIVE, NATIVE)))
-    seen = []
-    monkeypatch.setattr(cpu_ops, "gemm_bf16_amx",
-                        lambda *a, real=cpu_ops.gemm_bf16_amx: seen.append(AMX) or real(*a))
-    for rows in (1, 5, 20, 100, 300):
-        x = torch.randn(rows, 64).bfloat16()
-        ref = F.linear(x.float(), layer.weight.float(), layer.bias.float())
-        got = cpu_gemm.linear(layer, x, layer.weight, layer.bias)
-        torch.testing.assert_close(got.float(), ref, atol=5e-2, rtol=2e-2)
-    assert len(seen) == sum(plan.kind_for(r) == AMX for r in (1, 5, 20, 100, 300)) == 3
+    seen = _calls_at_each_row_count(monkeypatch, layer, "gemm_bf16_amx")
+    assert seen == sum(plan.kind_for(r) == AMX for r in ROWS) == 3
 
 
 def test_unsteady_choices_are_cached_and_timed_again_only_a_few_starts(monkeypatch,
