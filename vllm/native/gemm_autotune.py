@@ -44,10 +44,13 @@ logger = logging.getLogger(__name__)
 NATIVE, AMX, ONEDNN, FP32, TORCH = "native", "amx", "onednn", "fp32", "torch"
 SHARED_LAYOUT = {AMX: NATIVE}
 """Kinds that run on another kind's pack (the same tensor serves both)."""
-ROW_BUCKETS = (1, 4, 16, 64, 256, 1024)
-"""Row counts that are timed; a call with r rows uses the nearest one (log scale). The
-last one stands for prompt chunks (thousands of rows), where the kernel that wins at a
-few hundred rows can lose by a third (AMX tiles against oneDNN on a Xeon)."""
+ROW_BUCKETS = (1, 4, 16, 64, 256, 2048)
+"""Row counts that are timed; a call with r rows uses the bucket of `ROW_UPPER`. The
+last one stands for prompt chunks (every step of more than 512 rows: prompts of up to
+`max_num_batched_tokens`, 2048-8192), timed at 2048 rows: there the kernel that wins at
+a few hundred rows can lose by 1.7x (AMX tiles against oneDNN on a 2-core Xeon: at 1024
+rows the two were within noise of each other, at 2048 and 4096 oneDNN ran 1.7-2x
+faster, and a 16 x 256-token prefill step went from ~1.0 s to ~0.8 s)."""
 ROW_UPPER = (2, 8, 32, 128, 512)
 """Inclusive upper row bound of each bucket but the last (the native fused layer reads
 them too: fused_decode.py)."""
@@ -62,7 +65,7 @@ ms through the modules, while oneDNN's GEMMs there were only ~15% faster than AM
 The last bucket (prompt chunks, never a fused step) takes the fastest kind."""
 _PRUNE = 4.0
 """A kind this many times slower than the best at some row count is not timed at larger
-ones (where it only falls further behind: timing a dot-product kernel on a 1024-row LM
+ones (where it only falls further behind: timing a dot-product kernel on a 2048-row LM
 head would take seconds)."""
 
 

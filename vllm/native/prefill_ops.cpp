@@ -134,10 +134,6 @@ struct Seqs {
   int64_t block_size;
 };
 
-// Per-thread scratch: the tile's queries (pre-scaled), K transposed, V, scores, output
-// accumulators and the running max / sum of each of its M = rows * groups query rows.
-// The bf16 dot and AMX paths use kp / vp / p and rows (dot) or qb (AMX) instead of
-// q / kt / v (see prefill_tile_dot).
 // Cache slots of positions [k0, k0 + kn) of a sequence, through its block table.
 inline void tile_slots(const int32_t* table, int64_t block_size, int64_t k0, int64_t kn,
                        int64_t* slots) {
@@ -147,16 +143,19 @@ inline void tile_slots(const int32_t* table, int64_t block_size, int64_t k0, int
   }
 }
 
+// Per-thread scratch: the tile's queries (pre-scaled), K transposed, V, scores, output
+// accumulators and the running max / sum of each of its M = rows * groups query rows.
+// The bf16 dot path uses kp / vp / p and rows instead of q / kt / v (see
+// prefill_tile_dot); the AMX path has its own (AmxScratch).
 struct Scratch {
   std::vector<float> q, kt, v, s, o, mx, sum;
   std::vector<int64_t> slots;
   std::vector<uint32_t> kp, vp, p;  // bf16 pairs
   std::vector<const bf16*> rows;
-  std::vector<bf16> qb;
   Scratch(int64_t m, int64_t d, bool dot)
       : q(dot ? 0 : m * d), kt(dot ? 0 : d * KT), v(dot ? 0 : KT * d), s(m * KT), o(m * d),
         mx(m), sum(m), slots(KT), kp(dot ? d / 2 * KT : 0), vp(dot ? KT / 2 * d : 0),
-        p(dot ? m * KT / 2 : 0), rows(dot ? m : 0), qb(dot ? m * d : 0) {}
+        p(dot ? m * KT / 2 : 0), rows(dot ? m : 0) {}
 };
 
 // s[r][0:KT] = q[r] . kt[:, 0:KT] for R query rows: R x 4 accumulators stay in
@@ -582,17 +581,28 @@ void prefill_tile_dot(const bf16* q, int64_t q_stride, const bf16* kc, const bf1
 // ---- AMX path (Sapphire Rapids and later) ---------------------------------------------
 //
 // `tdpbf16ps` multiplies a 16 x 32 bf16 tile by a 32 x 16 one held as 16 rows of pairs,
-// into a 16 x 16 float32 tile: 8192 multiply-adds per instruction. The pair layouts
-// above are exactly its right-hand operand: kp's rows are channel pairs of 32 keys
-// (a 16-key half is a 16 x 64-byte tile of stride 128 bytes), vp's rows key pairs of d
-// channels (16 channels: a tile of stride 4 * d bytes). Left-hand operands: the tile's
-// query rows copied per query head of the group (zero rows past the prompt's end, so a
-// 16-row tile never reads past the query tensor) and the bf16 probability rows. Softmax
-// between the two products stays in AVX-512 on float32 scores, as in the dot path.
+// into a 16 x 16 float32 tile: 8192 multiply-adds per instruction. Unlike the paths
+// above, this one packs each sequence's keys and values once per call, before any
+// tile runs, into the operand layouts of that instruction:
+//   kp: per 16 keys, [d/2 channel pairs][16 keys] pairs: a 16-key by 32-channel B
+//       operand of QK^T is a tile of stride 64 bytes;
+//   vp: [key pairs][d channels] pairs: a 32-key by 16-channel B operand of P.V is a
+//       tile of stride 4 * d bytes.
+// A query tile (16 rows, each of the group's heads one 16-row A operand, read in place
+// from the query tensor when the tile is full) then walks its keys in blocks of KB:
+// QK^T into a float32 score block, one AVX-512 softmax pass per row over the block
+// (running max and sum, probabilities rounded to bf16), P.V into fresh accumulator
+// tiles, folded into the float32 output rows as o = o * alpha + PV. Blocks of KB keys
+// (not the 32 of the paths above) because every hand-over between the tile unit and
+// the vector unit goes through memory: per 32 keys, those stalls cost more than both
+// products (a profile of the 32-key version spent most of its time waiting on tile
+// loads of rows the vector unit had just written).
 // Linux lends a process the AMX state only after it asks (arch_prctl); when it refuses,
 // the AVX512-BF16 path runs instead.
 
 constexpr int kTileRows = 16;
+constexpr int64_t KB = 256;  // keys per block: a multiple of 32 (P.V's key operand)
+// (64, 128 and 256 measured on a 2-core Xeon: 256 was fastest at 128-512 tokens).
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;
@@ -602,8 +612,8 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Every tile 16 rows of 64 bytes: tmm0/1 scores (two 16-key halves), tmm2 queries,
-// tmm3/4 keys, tmm5 output accumulators, tmm6 probabilities, tmm7 values.
+// Every tile 16 rows of 64 bytes: tmm0 the A operand, tmm1 / tmm2 B operands (two so a
+// load does not wait for the product reading the other), tmm4-7 accumulators.
 inline void load_tile_config() {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
@@ -621,82 +631,263 @@ bool amx_permitted() {
   return ok;
 }
 
-// prefill_tile_dot's tile on AMX: the same packing, masking and online softmax.
-void prefill_tile_amx(const bf16* q, int64_t q_stride, const bf16* kc, const bf16* vc,
-                      const Seqs& sq, int64_t i, int64_t kh, int64_t r0, int64_t rn,
-                      int64_t groups, int64_t d, float scale, bf16* out, int64_t out_stride,
-                      Scratch& w) {
-  const int64_t ctx = sq.context_len[i], qs = sq.query_start[i];
-  const int32_t* table = sq.block_table + i * sq.bt_stride;
-  const int64_t m_rows = rn * groups;
-  const int64_t m_pad = (m_rows + kTileRows - 1) / kTileRows * kTileRows;
-  bf16* qb = w.qb.data();  // [groups][QT][d]
+// Keys [k0, k0 + 32) of one sequence (its `len` keys, the rest zero) into kp / vp.
+inline void pack_chunk_amx(const bf16* kc, const bf16* vc, const int32_t* table,
+                           int64_t block_size, int64_t k0, int64_t len, int64_t d,
+                           uint32_t* kp, uint32_t* vp) {
+  int64_t slots[32];
+  const int64_t kn = std::min<int64_t>(32, len - k0);
+  tile_slots(table, block_size, k0, kn, slots);
+  __m512i rows[16], cols[16];
+  for (int64_t h = 0; h < 32; h += 16) {
+    uint32_t* dst = kp + (k0 + h) * (d / 2);  // this 16-key group's [d/2][16]
+    for (int64_t c = 0; c < d; c += 32) {
+      for (int64_t j = 0; j < 16; ++j)
+        rows[j] = h + j < kn ? _mm512_loadu_si512(kc + slots[h + j] * d + c)
+                             : _mm512_setzero_si512();
+      transpose16(rows, cols);
+      for (int64_t p = 0; p < 16; ++p) _mm512_storeu_si512(dst + (c / 2 + p) * 16, cols[p]);
+    }
+  }
+  pack_v(vc, slots, kn, d, vp + (k0 / 2) * d);
+  const int64_t pairs = (kn + 1) / 2;
+  std::fill(vp + (k0 / 2 + pairs) * d, vp + (k0 / 2 + 16) * d, 0u);
+}
+
+// Per-thread buffers of a query tile: M = 16 * groups rows, row m = g * 16 + r.
+struct AmxScratch {
+  std::vector<bf16> qb, p;              // [M][d] padded queries, [M][KB] probabilities
+  std::vector<float> s, o, pv, mx, sum, alpha;
+  AmxScratch(int64_t m, int64_t d)
+      : qb(m * d), p(m * KB), s(m * KB), o(m * d), pv(m * d), mx(m), sum(m), alpha(m) {}
+};
+
+// Softmax of score row m over `kn` keys of a block, `visible` of them unmasked: the
+// running max and sum, alpha (what the row's earlier output is multiplied by) and the
+// bf16 probabilities, zero from `visible` up to the block's 32-key end.
+inline void softmax_block_amx(const float* s, int64_t kn, int64_t visible, float scale,
+                              float& mx, float& sum, float& alpha, bf16* p) {
+  const int64_t width = (kn + 31) / 32 * 32;
+  if (visible <= 0) {
+    std::fill(p, p + width, bf16{0});
+    alpha = 1.0f;
+    return;
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  __m512 vmax = _mm512_set1_ps(NEG_INF);
+  for (int64_t j = 0; j < visible; j += 16) {
+    const __mmask16 m = visible - j >= 16 ? 0xffff : (1u << (visible - j)) - 1u;
+    vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, s + j));
+  }
+  const float block_max = _mm512_reduce_max_ps(vmax) * scale;
+  const float new_max = block_max > mx ? block_max : mx;
+  alpha = mx == NEG_INF ? 0.0f : exp_nonpos(mx - new_max);
+  const __m512 nm = _mm512_set1_ps(new_max);
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t j = 0; j < width; j += 32) {
+    __m512 e[2];
+    for (int h = 0; h < 2; ++h) {
+      const int64_t left = visible - j - 16 * h;
+      const __mmask16 m = left >= 16 ? 0xffff : left <= 0 ? 0 : (1u << left) - 1u;
+      const __m512 x = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(m, s + j + 16 * h), sc, nm);
+      e[h] = _mm512_maskz_mov_ps(m, exp16_nonpos(x));
+      total = _mm512_add_ps(total, e[h]);
+    }
+    _mm512_storeu_si512(p + j, (__m512i)_mm512_cvtne2ps_pbh(e[1], e[0]));
+  }
+  mx = new_max;
+  sum = sum * alpha + _mm512_reduce_add_ps(total);
+}
+
+// QK^T of one block: s[g * 16 + r][0 : 16 * nt] for every head g of the group, nt 16-key
+// tiles of kp (the block's first key group). Up to four accumulators per pass.
+inline void qk_block_amx(const bf16* const* qa, int64_t qa_stride, int64_t groups, int64_t d,
+                         const uint32_t* kp, int64_t nt, float* s) {
   for (int64_t g = 0; g < groups; ++g)
-    for (int64_t r = 0; r < QT; ++r) {
-      bf16* dst = qb + (g * QT + r) * d;
-      if (r < rn)
-        std::memcpy(dst, q + (qs + r0 + r) * q_stride + (kh * groups + g) * d, d * 2);
-      else
-        std::fill(dst, dst + d, bf16{0});
+    for (int64_t n0 = 0; n0 < nt; n0 += 4) {
+      const int64_t nb = std::min<int64_t>(4, nt - n0);
+      _tile_zero(4);
+      _tile_zero(5);
+      _tile_zero(6);
+      _tile_zero(7);
+      const uint32_t* kt = kp + n0 * 16 * (d / 2);
+      for (int64_t c = 0; c < d; c += 32) {
+        _tile_loadd(0, qa[g] + c, qa_stride);
+        const uint32_t* b = kt + (c / 2) * 16;
+        _tile_loadd(1, b, 64);
+        _tile_dpbf16ps(4, 0, 1);
+        if (nb > 1) {
+          _tile_loadd(2, b + 16 * (d / 2), 64);
+          _tile_dpbf16ps(5, 0, 2);
+        }
+        if (nb > 2) {
+          _tile_loadd(1, b + 32 * (d / 2), 64);
+          _tile_dpbf16ps(6, 0, 1);
+        }
+        if (nb > 3) {
+          _tile_loadd(2, b + 48 * (d / 2), 64);
+          _tile_dpbf16ps(7, 0, 2);
+        }
+      }
+      float* sg = s + g * kTileRows * KB + n0 * 16;
+      _tile_stored(4, sg, KB * 4);
+      if (nb > 1) _tile_stored(5, sg + 16, KB * 4);
+      if (nb > 2) _tile_stored(6, sg + 32, KB * 4);
+      if (nb > 3) _tile_stored(7, sg + 48, KB * 4);
     }
-  std::fill(w.o.begin(), w.o.begin() + m_pad * d, 0.0f);
-  std::fill(w.mx.begin(), w.mx.begin() + m_rows, NEG_INF);
-  std::fill(w.sum.begin(), w.sum.begin() + m_rows, 0.0f);
-  float* sc = w.s.data();
-  float* of = w.o.data();
-  uint32_t* pb = w.p.data();
-  uint32_t* kp = w.kp.data();
-  uint32_t* vp = w.vp.data();
-  std::fill(pb + m_rows * (KT / 2), pb + m_pad * (KT / 2), 0u);
-  const int64_t end = ctx + r0 + rn;  // keys the tile's last row sees
-  for (int64_t k0 = 0; k0 < end; k0 += KT) {
-    const int64_t kn = std::min(KT, end - k0);
-    tile_slots(table, sq.block_size, k0, kn, w.slots.data());
-    pack_k(kc, w.slots.data(), kn, d, kp);
-    pack_v(vc, w.slots.data(), kn, d, vp);
-    const int64_t pairs = (kn + 1) / 2;
-    if (pairs < KT / 2) std::fill(vp + pairs * d, vp + (KT / 2) * d, 0u);
+}
+
+// P.V of one block: pv[g * 16 + r][0 : d] = p rows times `chunks` 32-key chunks of vp
+// (the block's first key pair), 64 output channels per pass.
+inline void pv_block_amx(const bf16* p, int64_t groups, int64_t d, const uint32_t* vp,
+                         int64_t chunks, float* pv) {
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t c0 = 0; c0 < d; c0 += 64) {
+      const bool four = c0 + 64 <= d;  // else 32 channels (d % 32 == 0)
+      _tile_zero(4);
+      _tile_zero(5);
+      _tile_zero(6);
+      _tile_zero(7);
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        _tile_loadd(0, p + g * kTileRows * KB + ch * 32, KB * 2);
+        const uint32_t* b = vp + ch * 16 * d + c0;
+        _tile_loadd(1, b, d * 4);
+        _tile_dpbf16ps(4, 0, 1);
+        _tile_loadd(2, b + 16, d * 4);
+        _tile_dpbf16ps(5, 0, 2);
+        if (four) {
+          _tile_loadd(1, b + 32, d * 4);
+          _tile_dpbf16ps(6, 0, 1);
+          _tile_loadd(2, b + 48, d * 4);
+          _tile_dpbf16ps(7, 0, 2);
+        }
+      }
+      float* o = pv + g * kTileRows * d + c0;
+      _tile_stored(4, o, d * 4);
+      _tile_stored(5, o + 16, d * 4);
+      if (four) {
+        _tile_stored(6, o + 32, d * 4);
+        _tile_stored(7, o + 48, d * 4);
+      }
+    }
+}
+
+// Query rows [r0, r0 + rn) of sequence i, heads of KV head kh; kp / vp its packed keys.
+void prefill_tile_amx(const bf16* q, int64_t q_stride, const uint32_t* kp,
+                      const uint32_t* vp, const Seqs& sq, int64_t i, int64_t kh, int64_t r0,
+                      int64_t rn, int64_t groups, int64_t d, float scale, bf16* out,
+                      int64_t out_stride, AmxScratch& w) {
+  const int64_t ctx = sq.context_len[i], qs = sq.query_start[i];
+  const int64_t m_rows = groups * kTileRows;
+  const bf16* qa[16];
+  int64_t qa_stride = q_stride * 2;
+  for (int64_t g = 0; g < groups; ++g)
+    qa[g] = q + (qs + r0) * q_stride + (kh * groups + g) * d;
+  if (rn < kTileRows) {  // a 16-row operand must not read past the prompt's rows
     for (int64_t g = 0; g < groups; ++g) {
-      _tile_zero(0);
-      _tile_zero(1);
-      for (int64_t c = 0; c < d; c += 32) {
-        _tile_loadd(2, qb + g * QT * d + c, d * 2);
-        _tile_loadd(3, kp + (c / 2) * KT, KT * 4);
-        _tile_loadd(4, kp + (c / 2) * KT + 16, KT * 4);
-        _tile_dpbf16ps(0, 2, 3);
-        _tile_dpbf16ps(1, 2, 4);
+      bf16* dst = w.qb.data() + g * kTileRows * d;
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        if (r < rn)
+          std::memcpy(dst + r * d, qa[g] + r * q_stride, d * 2);
+        else
+          std::fill(dst + r * d, dst + (r + 1) * d, bf16{0});
       }
-      // score row of query r, head g: r * groups + g
-      _tile_stored(0, sc + g * KT, groups * KT * 4);
-      _tile_stored(1, sc + g * KT + 16, groups * KT * 4);
+      qa[g] = dst;
     }
+    qa_stride = d * 2;
+  }
+  std::fill(w.o.begin(), w.o.begin() + m_rows * d, 0.0f);
+  std::fill(w.mx.begin(), w.mx.end(), NEG_INF);
+  std::fill(w.sum.begin(), w.sum.end(), 0.0f);
+  const int64_t end = ctx + r0 + rn;  // keys the tile's last row sees
+  for (int64_t k0 = 0; k0 < end; k0 += KB) {
+    const int64_t kn = std::min(KB, end - k0);
+    qk_block_amx(qa, qa_stride, groups, d, kp + k0 * (d / 2), (kn + 15) / 16, w.s.data());
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        const int64_t m = g * kTileRows + r;
+        const int64_t visible = r < rn ? std::min(ctx + r0 + r + 1 - k0, kn) : 0;
+        softmax_block_amx(w.s.data() + m * KB, kn, visible, scale, w.mx[m], w.sum[m],
+                          w.alpha[m], w.p.data() + m * KB);
+      }
+    pv_block_amx(w.p.data(), groups, d, vp + (k0 / 2) * d, (kn + 31) / 32, w.pv.data());
     for (int64_t m = 0; m < m_rows; ++m) {
-      const int64_t visible = std::min(ctx + r0 + m / groups + 1 - k0, kn);
-      softmax_row_bf16(sc + m * KT, visible, scale, w.mx[m], w.sum[m], of + m * d, d,
-                       pb + m * (KT / 2));
-    }
-    for (int64_t m = 0; m < m_pad; m += kTileRows) {  // two output tiles in flight
-      _tile_loadd(6, pb + m * (KT / 2), KT * 2);
-      for (int64_t c = 0; c < d; c += 32) {
-        _tile_loadd(5, of + m * d + c, d * 4);
-        _tile_loadd(0, of + m * d + c + 16, d * 4);
-        _tile_loadd(7, vp + c, d * 4);
-        _tile_loadd(3, vp + c + 16, d * 4);
-        _tile_dpbf16ps(5, 6, 7);
-        _tile_dpbf16ps(0, 6, 3);
-        _tile_stored(5, of + m * d + c, d * 4);
-        _tile_stored(0, of + m * d + c + 16, d * 4);
-      }
+      const __m512 al = _mm512_set1_ps(w.alpha[m]);
+      float* o = w.o.data() + m * d;
+      const float* add = w.pv.data() + m * d;
+      for (int64_t c = 0; c < d; c += 16)
+        _mm512_storeu_ps(o + c, _mm512_fmadd_ps(_mm512_loadu_ps(o + c), al,
+                                                _mm512_loadu_ps(add + c)));
     }
   }
   for (int64_t r = 0; r < rn; ++r) {
     bf16* orow = out + (qs + r0 + r) * out_stride + kh * groups * d;
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t m = r * groups + g;
+      const int64_t m = g * kTileRows + r;
       const float inv = 1.0f / w.sum[m];
-      const float* om = of + m * d;
+      const float* om = w.o.data() + m * d;
       for (int64_t c = 0; c < d; ++c) orow[g * d + c] = from_f<bf16>(om[c] * inv);
     }
+  }
+}
+
+// The whole call on AMX: pack every sequence's keys and values, then the query tiles.
+void prefill_attention_amx(const bf16* q, int64_t q_stride, const bf16* k_cache,
+                           const bf16* v_cache, int64_t num_slots, const Seqs& sq,
+                           int64_t num_seqs, int64_t hq, int64_t hkv, int64_t d, float scale,
+                           bf16* out, int64_t out_stride, int nthreads) {
+  const int64_t groups = hq / hkv;
+  // off[i]: sequence i's first key in the packed buffers (lengths rounded up to 32).
+  std::vector<int64_t> off(num_seqs + 1, 0), chunks, items;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int64_t len = sq.context_len[i] + sq.query_len[i];
+    off[i + 1] = off[i] + (len + 31) / 32 * 32;
+    for (int64_t c = 0; c < len; c += 32) {
+      chunks.push_back(i);
+      chunks.push_back(c);
+    }
+    for (int64_t t = (sq.query_len[i] + QT - 1) / QT - 1; t >= 0; --t) {
+      items.push_back(i);
+      items.push_back(t);
+    }
+  }
+  const int64_t total = off[num_seqs];
+  // Reused across calls (a step calls once per layer): no allocation, no page faults.
+  // It holds a copy of the call's keys and values (4 bytes per key and channel of each
+  // KV head), so it stays as large as the largest call's context since.
+  thread_local std::vector<uint32_t> kbuf, vbuf;
+  const size_t need = static_cast<size_t>(hkv * total * (d / 2));
+  if (kbuf.size() < need) {
+    kbuf.resize(need);
+    vbuf.resize(need);
+  }
+  uint32_t* kp_all = kbuf.data();
+  uint32_t* vp_all = vbuf.data();
+  const int64_t n_chunks = static_cast<int64_t>(chunks.size()) / 2 * hkv;
+  const int64_t n_items = static_cast<int64_t>(items.size()) / 2 * hkv;
+#pragma omp parallel num_threads(nthreads) if (n_items > 1)
+  {
+#pragma omp for schedule(static)
+    for (int64_t it = 0; it < n_chunks; ++it) {
+      const int64_t pair = it / hkv, kh = it % hkv;
+      const int64_t i = chunks[2 * pair], k0 = chunks[2 * pair + 1];
+      const int64_t base = (kh * total + off[i]) * (d / 2);
+      pack_chunk_amx(k_cache + kh * num_slots * d, v_cache + kh * num_slots * d,
+                     sq.block_table + i * sq.bt_stride, sq.block_size, k0,
+                     sq.context_len[i] + sq.query_len[i], d, kp_all + base, vp_all + base);
+    }
+    AmxScratch w(kTileRows * groups, d);
+    load_tile_config();  // per thread: tile state is a thread's
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const int64_t pair = it / hkv, kh = it % hkv;
+      const int64_t i = items[2 * pair], r0 = items[2 * pair + 1] * QT;
+      const int64_t rn = std::min(QT, static_cast<int64_t>(sq.query_len[i]) - r0);
+      const int64_t base = (kh * total + off[i]) * (d / 2);
+      prefill_tile_amx(q, q_stride, kp_all + base, vp_all + base, sq, i, kh, r0, rn, groups,
+                       d, scale, out, out_stride, w);
+    }
+    _tile_release();
   }
 }
 #endif  // VLLM_PREFILL_AMX
@@ -713,11 +904,12 @@ int best_bf16_kernel() {
 }
 
 // The kernel this call runs: float32 models and head sizes not a multiple of 32 keep
-// the float32 path.
+// the float32 path; the AMX path holds at most 16 query heads per KV head.
 template <typename T>
-inline int kernel_for(int64_t d, int asked) {
+inline int kernel_for(int64_t d, int64_t groups, int asked) {
   if (!std::is_same<T, bf16>::value || d % 32 != 0) return kFma;
-  return std::min(asked, best_bf16_kernel());
+  const int best = std::min(asked, best_bf16_kernel());
+  return best == kAmx && groups > 16 ? kDot : best;
 }
 
 template <typename T>
@@ -726,13 +918,6 @@ void run_tile(int kernel, const T* q, int64_t q_stride, const T* kc, const T* vc
               int64_t d, float scale, T* out, int64_t out_stride, Scratch& w) {
 #if VLLM_PREFILL_BF16_DOT
   if constexpr (std::is_same<T, bf16>::value) {
-#if VLLM_PREFILL_AMX
-    if (kernel == kAmx) {
-      prefill_tile_amx(q, q_stride, kc, vc, sq, i, kh, r0, rn, groups, d, scale, out,
-                       out_stride, w);
-      return;
-    }
-#endif
     if (kernel == kDot) {
       prefill_tile_dot(q, q_stride, kc, vc, sq, i, kh, r0, rn, groups, d, scale, out,
                        out_stride, w);
@@ -750,7 +935,16 @@ void prefill_attention(const T* q, int64_t q_stride, const T* k_cache, const T* 
                        int64_t hkv, int64_t d, float scale, T* out, int64_t out_stride,
                        int nthreads, int asked) {
   const int64_t groups = hq / hkv;
-  const int kernel = kernel_for<T>(d, asked);
+  const int kernel = kernel_for<T>(d, groups, asked);
+#if VLLM_PREFILL_AMX
+  if constexpr (std::is_same<T, bf16>::value) {
+    if (kernel == kAmx) {
+      prefill_attention_amx(q, q_stride, k_cache, v_cache, num_slots, sq, num_seqs, hq, hkv,
+                            d, scale, out, out_stride, nthreads);
+      return;
+    }
+  }
+#endif
   // Work items (sequence, KV head, query tile), longest-context tiles first so the
   // dynamic schedule ends with the cheap ones.
   std::vector<int64_t> items;  // packed: seq, tile
@@ -763,9 +957,6 @@ void prefill_attention(const T* q, int64_t q_stride, const T* k_cache, const T* 
 #pragma omp parallel num_threads(nthreads) if (n_items > 1)
   {
     Scratch w(QT * groups, d, kernel != kFma);
-#if VLLM_PREFILL_AMX
-    if (kernel == kAmx) load_tile_config();  // per thread: tile state is a thread's
-#endif
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < n_items; ++it) {
       const int64_t pair = it / hkv, kh = it % hkv;
@@ -775,9 +966,6 @@ void prefill_attention(const T* q, int64_t q_stride, const T* k_cache, const T* 
                   v_cache + kh * num_slots * d, sq, i, kh, r0, rn, groups, d, scale, out,
                   out_stride, w);
     }
-#if VLLM_PREFILL_AMX
-    if (kernel == kAmx) _tile_release();
-#endif
   }
 }
 
@@ -785,7 +973,7 @@ void prefill_attention(const T* q, int64_t q_stride, const T* k_cache, const T* 
 
 extern "C" {
 
-int vllm_prefill_ops_version() { return 2; }
+int vllm_prefill_ops_version() { return 3; }
 
 // The fastest kernel bf16 calls with head sizes that are a multiple of 32 can take:
 // 0 float32 FMAs, 1 AVX512-BF16 dot products, 2 AMX tiles (built for AMX and the
