@@ -319,9 +319,12 @@ inline __m512 sum16(const __m512* v) {
 
 // bf16 with AVX512-BF16: exact bf16 products summed in float32, 32 features per
 // instruction, 16 tokens at a time (one sum16 per head per 16 tokens). Used when
-// head_size is a multiple of 32 and at most 256, and groups at most 16.
+// head_size is a multiple of 32 and at most 256, and groups at most 16. It also starts
+// loading the V rows of the tokens it scores, for the P.V pass that follows: two
+// streams in flight instead of one (64 sequences x 30 layers of SmolLM2-135M on a 2-core
+// Xeon, cache blocks shuffled: 47 -> 39 ms).
 void qk_scores_bf16(const bf16* q, int64_t groups, int64_t d, const bf16* kbase,
-                    const int64_t* slots, int64_t len, float scale,
+                    const bf16* vbase, const int64_t* slots, int64_t len, float scale,
                     float* scores) {
   const int64_t chunks = d / 32;
   __m512bh qv[16][8];
@@ -338,6 +341,7 @@ void qk_scores_bf16(const bf16* q, int64_t groups, int64_t d, const bf16* kbase,
     // The next 16 rows are scattered over the cache: start their loads now.
     for (int64_t i = 0; i < 16 && t0 + 16 + i < len; ++i)
       prefetch_bytes(kbase + slots[t0 + 16 + i] * d, d * 2);
+    for (int64_t i = 0; i < count; ++i) prefetch_bytes(vbase + slots[t0 + i] * d, d * 2);
     for (int64_t g = 0; g < groups; ++g) {
       for (int64_t i = 0; i < 16; ++i) {
         __m512 a = _mm512_setzero_ps();
@@ -492,7 +496,8 @@ void decode_attention(const T* q, int64_t q_stride, const C* k_cache, const C* v
 #if VLLM_HAVE_BF16_GEMM
         if constexpr (std::is_same_v<T, bf16> && std::is_same_v<C, bf16>) {
           if (d % 32 == 0 && d <= 256 && groups <= 16) {
-            qk_scores_bf16(qh, groups, d, k_cache + kh * num_slots * d, slots.data(), len,
+            qk_scores_bf16(qh, groups, d, k_cache + kh * num_slots * d,
+                           v_cache + kh * num_slots * d, slots.data(), len,
                            scale, scores.data());
             done = true;
           }
