@@ -284,3 +284,28 @@ def test_a_forked_worker_is_not_blocked_by_the_parents_background_build(tmp_path
     finally:
         held.release()
         loader._build_locks.pop(source.name, None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_is_torchs_first_maximum(dtype):
+    """The greedy sampler's kernel: the first index among equal maxima, the first NaN
+    of a row that has one, 0 for a row of -inf, inf beating every finite value, row
+    lengths around the 16-lane vectors, strided rows; the same as max(-1).indices."""
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 5, 16, 17, 31, 49152):
+        x = torch.randn(4, n, generator=g).to(dtype)
+        assert torch.equal(cpu_ops.argmax(x), x.max(-1).indices), n
+    x = torch.randn(8, 1000, generator=g).to(dtype)
+    x[0, 100] = x[0].max() + 1
+    x[0, 700] = x[0, 100]             # a tie: the first wins, also across vector lanes
+    x[1, 7] = x[1, 3] = float("nan")  # the first NaN, in the vector part
+    x[2, 998] = float("nan")          # a NaN in the scalar tail
+    x[3] = float("-inf")
+    x[4] = 2.0                        # all equal
+    x[5, 901] = float("inf")
+    rows = x[:, 5:997]                # strided rows, a length that leaves a tail
+    for t in (x, rows):
+        assert torch.equal(cpu_ops.argmax(t), t.max(-1).indices)
+    assert cpu_ops.argmax(x).tolist()[:6] == [100, 3, 998, 0, 0, 901]
+    from vllm.sample.metadata import greedy_sample
+    assert torch.equal(greedy_sample(x), x.max(-1).indices)

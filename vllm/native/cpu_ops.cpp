@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -520,6 +521,52 @@ void decode_attention(const T* q, int64_t q_stride, const C* k_cache, const C* v
       }
     }
   }
+}
+
+// ------------------------------------------------------------------ greedy sampling
+// Row-wise argmax of the logits: the first index among equal maxima (as torch.argmax)
+// and the first NaN where a row has one (torch's max reduction propagates NaN). torch's
+// own bf16 reduction over a 49152-token vocabulary took ~1.5 ms for 64 rows on a 2-core
+// Xeon, a few percent of a decode step; one pass of 16-lane compares is memory speed.
+template <typename T>
+int64_t argmax_row(const T* x, int64_t n) {
+  int64_t j = 0, best = 0;
+  float bv = -std::numeric_limits<float>::infinity();
+#if VLLM_HAVE_AVX512
+  if (n >= 16) {
+    __m512 vbest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __m512i vidx = _mm512_setzero_si512();
+    __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_set1_epi32(16);
+    for (; j + 16 <= n; j += 16) {
+      const __m512 v = load16(x + j);
+      if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) break;  // a NaN: the scalar loop finds it
+      const __mmask16 gt = _mm512_cmp_ps_mask(v, vbest, _CMP_GT_OQ);  // strict: first wins
+      vbest = _mm512_mask_mov_ps(vbest, gt, v);
+      vidx = _mm512_mask_mov_epi32(vidx, gt, cur);
+      cur = _mm512_add_epi32(cur, step);
+    }
+    bv = _mm512_reduce_max_ps(vbest);
+    const __mmask16 at = _mm512_cmp_ps_mask(vbest, _mm512_set1_ps(bv), _CMP_EQ_OQ);
+    best = _mm512_mask_reduce_min_epi32(at, vidx);
+  }
+#endif
+  for (; j < n; ++j) {
+    const float v = to_f(x[j]);
+    if (v != v) return j;
+    if (v > bv) {
+      bv = v;
+      best = j;
+    }
+  }
+  return best;
+}
+
+template <typename T>
+void argmax_rows(const T* x, int64_t stride, int64_t rows, int64_t n, int64_t* out,
+                 int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (rows * n >= 65536) schedule(static)
+  for (int64_t i = 0; i < rows; ++i) out[i] = argmax_row(x + i * stride, n);
 }
 
 #if VLLM_HAVE_PACKED_GEMM
@@ -1041,6 +1088,14 @@ void vllm_rotary(int dtype, void* x, int64_t rows, int64_t row_stride, int64_t n
   else
     rotary<float>(static_cast<float*>(x), rows, row_stride, num_heads, head_size, rot_dim,
                   pos, static_cast<const float*>(cos_sin), neox, nthreads);
+}
+
+void vllm_argmax(int dtype, const void* x, int64_t stride, int64_t rows, int64_t n,
+                 int64_t* out, int nthreads) {
+  if (dtype == 1)
+    argmax_rows<bf16>(static_cast<const bf16*>(x), stride, rows, n, out, nthreads);
+  else
+    argmax_rows<float>(static_cast<const float*>(x), stride, rows, n, out, nthreads);
 }
 
 void vllm_silu_and_mul(int dtype, const void* x, int64_t x_stride, void* out,

@@ -192,6 +192,21 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def argmax(logits: torch.Tensor) -> Optional[torch.Tensor]:
+    """Row-wise argmax of 2-D float32 / bf16 `logits` [rows, vocab] (int64 [rows]): the
+    first index among equal maxima, the first NaN in a row that has one (as
+    `logits.max(-1).indices`). None where the native library cannot take it."""
+    if (logits.dim() != 2 or logits.dtype not in (torch.float32, torch.bfloat16)
+            or logits.shape[1] == 0 or logits.stride(1) != 1 or logits.device.type != "cpu"
+            or get_native_lib() is None):
+        return None
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    get_native_lib().vllm_argmax(DTYPE_CODES[logits.dtype], logits.data_ptr(),
+                                 logits.stride(0), logits.shape[0], logits.shape[1],
+                                 out.data_ptr(), torch.get_num_threads())
+    return out
+
+
 @_torch_op("write_kv", ("kv_cache",), _no_output)
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:

@@ -39,6 +39,7 @@ SIGNATURES: dict[str, tuple] = {
     "vllm_rms_norm": (_i32, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _f32, _i32),
     "vllm_rotary": (_i32, _ptr, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr, _i32, _i32),
     "vllm_silu_and_mul": (_i32, _ptr, _i64, _ptr, _i64, _i64, _i64, _i32),
+    "vllm_argmax": (_i32, _ptr, _i64, _i64, _i64, _ptr, _i32),
     "vllm_write_kv": (_i32, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, _i32),
     "vllm_decode_attention": (_i32, _i32, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64,
                               _i64, _i64, _i64, _i64, _f32, _f32, _ptr, _i64, _i32),
