@@ -257,6 +257,36 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
     __builtin_prefetch(static_cast<const char*>(p) + off);
 }
 
+// Asks for the `len` K and V rows of one KV head's context (its blocks through the block
+// table) to be brought into L2 (prefetcht1): all of a work item's keys and values at its
+// start, so the memory system has the whole item in flight while the first rows are
+// computed on; the loops' per-row L1 prefetches then hit L2. Block by block, a block's K
+// rows then its V rows: on a 2-core Xeon (64 sequences x 30 layers, blocks shuffled)
+// ~48 -> ~40 ms, where all of K before all of V, or K and V lines alternating, gained
+// next to nothing.
+// One line into L2. As inline asm: GCC's dead-code elimination deletes a loop whose
+// body is only __builtin_prefetch calls (the loops below vanished from the -O3 build).
+inline void prefetch_line_l2(const char* p) {
+#if defined(__x86_64__)
+  asm volatile("prefetcht1 %0" : : "m"(*p));
+#else
+  __builtin_prefetch(p, 0, 2);
+#endif
+}
+
+template <typename C>
+inline void prefetch_context_l2(const C* k_base, const C* v_base, const int32_t* table,
+                                int64_t len, int64_t block_size, int64_t d) {
+  for (int64_t b = 0; b * block_size < len; ++b) {
+    const int64_t first = static_cast<int64_t>(table[b]) * block_size * d;
+    const char* k = reinterpret_cast<const char*>(k_base + first);
+    const char* v = reinterpret_cast<const char*>(v_base + first);
+    const int64_t bytes = std::min<int64_t>(block_size, len - b * block_size) * d * sizeof(C);
+    for (int64_t off = 0; off < bytes; off += 64) prefetch_line_l2(k + off);
+    for (int64_t off = 0; off < bytes; off += 64) prefetch_line_l2(v + off);
+  }
+}
+
 // The V row that the P.V loops read kAhead tokens from now.
 constexpr int64_t kAhead = 8;
 template <typename T>
@@ -491,6 +521,8 @@ void decode_attention(const T* q, int64_t q_stride, const C* k_cache, const C* v
         const int64_t len = seq_lens[i];
         slots.resize(len);
         context_slots(block_table + i * bt_stride, len, block_size, slots.data());
+        prefetch_context_l2(k_cache + kh * num_slots * d, v_cache + kh * num_slots * d,
+                            block_table + i * bt_stride, len, block_size, d);
         const T* qh = q + i * q_stride + kh * groups * d;
         scores.resize(groups * len);
         bool done = false;
