@@ -257,13 +257,6 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
     __builtin_prefetch(static_cast<const char*>(p) + off);
 }
 
-// Asks for the `len` K and V rows of one KV head's context (its blocks through the block
-// table) to be brought into L2 (prefetcht1): all of a work item's keys and values at its
-// start, so the memory system has the whole item in flight while the first rows are
-// computed on; the loops' per-row L1 prefetches then hit L2. Block by block, a block's K
-// rows then its V rows: on a 2-core Xeon (64 sequences x 30 layers, blocks shuffled)
-// ~48 -> ~40 ms, where all of K before all of V, or K and V lines alternating, gained
-// next to nothing.
 // One line into L2. As inline asm: GCC's dead-code elimination deletes a loop whose
 // body is only __builtin_prefetch calls (the loops below vanished from the -O3 build).
 inline void prefetch_line_l2(const char* p) {
@@ -274,6 +267,13 @@ inline void prefetch_line_l2(const char* p) {
 #endif
 }
 
+// Asks for the `len` K and V rows of one KV head's context (its blocks through the block
+// table) to be brought into L2 (prefetcht1): all of a work item's keys and values at its
+// start, so the memory system has the whole item in flight while the first rows are
+// computed on; the loops' per-row L1 prefetches then hit L2. Block by block, a block's K
+// rows then its V rows: on a 2-core Xeon (64 sequences x 30 layers, blocks shuffled)
+// ~48 -> ~40 ms, where all of K before all of V, or K and V lines alternating, gained
+// next to nothing.
 template <typename C>
 inline void prefetch_context_l2(const C* k_base, const C* v_base, const int32_t* table,
                                 int64_t len, int64_t block_size, int64_t d) {

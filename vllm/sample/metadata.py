@@ -70,7 +70,7 @@ def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
     runs a scalar loop about 4x slower than the max reduction; both return the first
     maximal index.
     """
-    if logits.device.type == "cpu" and logits.dim() == 2 and _cpu_platform():
+    if logits.device.type == "cpu" and _cpu_platform():
         from vllm.native import cpu_ops
         ids = cpu_ops.argmax(logits)
         if ids is not None:
