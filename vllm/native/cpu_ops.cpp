@@ -208,9 +208,68 @@ void rotary(T* x, int64_t rows, int64_t row_stride, int64_t num_heads, int64_t h
 
 // ------------------------------------------------------------------ SwiGLU
 // out[i, j] = T(T(silu(g)) * u) with g = x[i, j], u = x[i, d + j].
+#if VLLM_HAVE_BF16_GEMM
+// exp_nonpos on 16 lanes (same reduction and polynomial).
+inline __m512 exp_nonpos16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+inline __m512 bf16x16_to_f(const bf16* p, __mmask16 m) {
+  const __m256i raw = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// Round to bf16 (nearest even, NaN kept) in one instruction; back to float for the
+// next product, or stored.
+inline __m512 round_bf16(__m512 v) {
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+void silu_and_mul_bf16(const bf16* x, int64_t x_stride, bf16* out, int64_t out_stride,
+                       int64_t rows, int64_t d, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (rows * d >= 32768) schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const bf16* g = x + i * x_stride;
+    const bf16* u = g + d;
+    bf16* o = out + i * out_stride;
+    for (int64_t j = 0; j < d; j += 16) {
+      const __mmask16 m = d - j >= 16 ? 0xffff : static_cast<__mmask16>((1u << (d - j)) - 1);
+      const __m512 gv = bf16x16_to_f(g + j, m);
+      const __m512 e = exp_nonpos16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gv)));
+      const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+      const __mmask16 neg = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_LT_OQ);
+      const __m512 sig = _mm512_mask_mul_ps(r, neg, e, r);
+      const __m512 prod = _mm512_mul_ps(round_bf16(_mm512_mul_ps(gv, sig)), bf16x16_to_f(u + j, m));
+      _mm256_mask_storeu_epi16(o + j, m, (__m256i)_mm512_cvtneps_pbh(prod));
+    }
+  }
+}
+#endif
+
 template <typename T>
 void silu_and_mul(const T* x, int64_t x_stride, T* out, int64_t out_stride, int64_t rows,
                   int64_t d, int nthreads) {
+#if VLLM_HAVE_BF16_GEMM
+  if constexpr (std::is_same_v<T, bf16>) {
+    silu_and_mul_bf16(x, x_stride, out, out_stride, rows, d, nthreads);
+    return;
+  }
+#endif
 #pragma omp parallel for num_threads(nthreads) if (rows * d >= 32768) schedule(static)
   for (int64_t i = 0; i < rows; ++i) {
     const T* g = x + i * x_stride;
@@ -221,7 +280,8 @@ void silu_and_mul(const T* x, int64_t x_stride, T* out, int64_t out_stride, int6
       const float gv = to_f(g[j]);
       // silu(g) = g * sigmoid(g); sigmoid from exp(-|g|) so the exponent is never > 0.
       const float e = exp_nonpos(-std::fabs(gv));
-      const float sig = gv >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+      const float r = 1.0f / (1.0f + e);
+      const float sig = gv >= 0.0f ? r : e * r;
       o[j] = from_f<T>(round_to<T>(gv * sig) * to_f(u[j]));
     }
   }
