@@ -328,8 +328,7 @@ void silu_and_mul(const T* x, int64_t x_stride, T* out, int64_t out_stride, int6
       const float gv = to_f(g[j]);
       // silu(g) = g * sigmoid(g); sigmoid from exp(-|g|) so the exponent is never > 0.
       const float e = exp_nonpos(-std::fabs(gv));
-      const float r = 1.0f / (1.0f + e);
-      const float sig = gv >= 0.0f ? r : e * r;
+      const float sig = gv >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
       o[j] = from_f<T>(round_to<T>(gv * sig) * to_f(u[j]));
     }
   }
