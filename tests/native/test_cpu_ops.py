@@ -254,6 +254,22 @@ def test_loader_builds_once_and_caches(monkeypatch, tmp_path):
     assert loader.build_library() == built[0] and built[0].stat().st_mtime_ns == mtime
 
 
+def test_a_shared_header_change_rebuilds(monkeypatch, tmp_path):
+    """A kernel file includes the folder's headers (vec_math.h): editing one must give a
+    new build, not the cached library of the old header."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    header = tmp_path / "answer.h"
+    header.write_text("static inline int answer(void) { return 41; }\n")
+    source = tmp_path / "header_ops.cpp"
+    source.write_text('#include "answer.h"\nextern "C" int vllm_answer(void) { return answer(); }\n')
+    import ctypes
+    first = loader.build_library(source)
+    assert ctypes.CDLL(str(first)).vllm_answer() == 41
+    header.write_text("static inline int answer(void) { return 42; }\n")
+    second = loader.build_library(source)
+    assert second != first and ctypes.CDLL(str(second)).vllm_answer() == 42
+
+
 def test_loader_disabled_by_environment(monkeypatch, tmp_path):
     _fresh_loader(monkeypatch, tmp_path, VLLM_CPU_NATIVE_OPS="0")
     assert loader.get_native_lib() is None

@@ -24,6 +24,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "vec_math.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #define VLLM_HAVE_AVX512 1
@@ -269,25 +271,6 @@ void rotary(T* x, int64_t rows, int64_t row_stride, int64_t num_heads, int64_t h
 // ------------------------------------------------------------------ SwiGLU
 // out[i, j] = T(T(silu(g)) * u) with g = x[i, j], u = x[i, d + j].
 #if VLLM_HAVE_BF16_GEMM
-// exp_nonpos on 16 lanes (same reduction and polynomial).
-inline __m512 exp_nonpos16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
-
 void silu_and_mul_bf16(const bf16* x, int64_t x_stride, bf16* out, int64_t out_stride,
                        int64_t rows, int64_t d, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) if (rows * d >= 32768) schedule(static)
@@ -298,7 +281,7 @@ void silu_and_mul_bf16(const bf16* x, int64_t x_stride, bf16* out, int64_t out_s
     for (int64_t j = 0; j < d; j += 16) {
       const __mmask16 m = tail_mask(d - j);
       const __m512 gv = bf16x16_to_f(g + j, m);
-      const __m512 e = exp_nonpos16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gv)));
+      const __m512 e = exp16_nonpos(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gv)));
       const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
       const __mmask16 neg = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_LT_OQ);
       const __m512 sig = _mm512_mask_mul_ps(r, neg, e, r);

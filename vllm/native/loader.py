@@ -119,8 +119,10 @@ def _cache_key(cxx: str, source: Path = SOURCE) -> str:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
                              timeout=30).stdout
     digest = hashlib.sha256()
-    for part in (source.read_bytes(), version.encode(), " ".join(CXX_FLAGS).encode(),
-                 _cpu_flags().encode()):
+    # The headers the kernel files share (vec_math.h) are part of every build.
+    headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]
+    for part in (source.read_bytes(), *headers, version.encode(),
+                 " ".join(CXX_FLAGS).encode(), _cpu_flags().encode()):
         digest.update(part)
         digest.update(b"\0")
     return digest.hexdigest()[:16]

@@ -51,6 +51,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "vec_math.h"
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define VLLM_PREFILL_BF16_DOT 1
@@ -411,23 +413,6 @@ inline void pack_v(const bf16* vc, const int64_t* slots, int64_t kn, int64_t d,
       _mm512_storeu_si512(dst + c + 16, _mm512_permutex2var_epi16(va, hi, vb));
     }
   }
-}
-
-// exp(x) for x <= 0 on 16 lanes: exp_nonpos's split, 2^n applied by vscalefps.
-inline __m512 exp16_nonpos(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
 }
 
 // online_softmax for the bf16 paths on a row of raw scores: scales, masks keys at and
