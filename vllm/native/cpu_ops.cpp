@@ -143,9 +143,6 @@ inline float exp_nonpos(float x) {
   return p * scale;
 }
 
-// ------------------------------------------------------------------ RMSNorm
-// With a residual: residual <- x + residual (rounded to T), then the norm of that sum.
-// out may alias x. out = T(w * T(h * rsqrt(mean(h^2) + eps))), the reference's order.
 #if VLLM_HAVE_BF16_GEMM
 // bf16 rows as float vectors, and float vectors rounded to bf16 (nearest even, NaN
 // kept) in one instruction; used by the AVX512-BF16 versions of the elementwise kernels.
@@ -160,7 +157,12 @@ inline __m512 round_bf16(__m512 v) {
 inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? 0xffff : static_cast<__mmask16>((1u << left) - 1);
 }
+#endif
 
+// ------------------------------------------------------------------ RMSNorm
+// With a residual: residual <- x + residual (rounded to T), then the norm of that sum.
+// out may alias x. out = T(w * T(h * rsqrt(mean(h^2) + eps))), the reference's order.
+#if VLLM_HAVE_BF16_GEMM
 // rms_norm for bf16: the same roundings, 16 features per instruction.
 void rms_norm_bf16(bf16* x, int64_t x_stride, bf16* residual, int64_t res_stride,
                    const bf16* w, bf16* out, int64_t out_stride, int64_t rows, int64_t d,
@@ -271,6 +273,8 @@ void rotary(T* x, int64_t rows, int64_t row_stride, int64_t num_heads, int64_t h
 // ------------------------------------------------------------------ SwiGLU
 // out[i, j] = T(T(silu(g)) * u) with g = x[i, j], u = x[i, d + j].
 #if VLLM_HAVE_BF16_GEMM
+// silu_and_mul for bf16: the same roundings, 16 features per instruction; the sigmoid
+// takes one division, 1 / (1 + e) and e times that (exact against torch in bf16).
 void silu_and_mul_bf16(const bf16* x, int64_t x_stride, bf16* out, int64_t out_stride,
                        int64_t rows, int64_t d, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) if (rows * d >= 32768) schedule(static)
@@ -282,10 +286,12 @@ void silu_and_mul_bf16(const bf16* x, int64_t x_stride, bf16* out, int64_t out_s
       const __mmask16 m = tail_mask(d - j);
       const __m512 gv = bf16x16_to_f(g + j, m);
       const __m512 e = exp16_nonpos(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(gv)));
-      const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+      const __m512 r =
+          _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
       const __mmask16 neg = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_LT_OQ);
       const __m512 sig = _mm512_mask_mul_ps(r, neg, e, r);
-      const __m512 prod = _mm512_mul_ps(round_bf16(_mm512_mul_ps(gv, sig)), bf16x16_to_f(u + j, m));
+      const __m512 prod =
+          _mm512_mul_ps(round_bf16(_mm512_mul_ps(gv, sig)), bf16x16_to_f(u + j, m));
       _mm256_mask_storeu_epi16(o + j, m, f_to_bf16x16(prod));
     }
   }
