@@ -119,8 +119,9 @@ class Attention(nn.Module):
             return encoder_attention(self, query, key, value, [(0, query.shape[0])])
         if (self.logits_soft_cap is not None or self.sliding_window is not None
                 or self.alibi_slopes is not None):
-            return masked_attention(self, query, key, value, torch.arange(query.shape[0]),
-                                    torch.arange(key.shape[0]))
+            return masked_attention(self, query, key, value,
+                                    torch.arange(query.shape[0], device=query.device),
+                                    torch.arange(key.shape[0], device=key.device))
         t = query.shape[0]
         q = query.view(t, self.num_heads, self.head_size).transpose(0, 1)
         k = key.view(t, self.num_kv_heads, self.head_size).transpose(0, 1)

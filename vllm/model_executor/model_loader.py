@@ -125,10 +125,13 @@ def weight_bytes(model: nn.Module) -> int:
 def _init_dummy_weights(model: nn.Module, seed: int, low: float = -1e-3,
                         high: float = 1e-3) -> None:
     """Small uniform random weights (load_format='dummy': profiling, benchmarks)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    generators: dict[torch.device, torch.Generator] = {}  # one stream per device
     for param in model.parameters():
-        values = torch.empty(param.shape, dtype=torch.float32).uniform_(low, high, generator=gen)
-        param.data.copy_(values)
+        device = param.device
+        if device not in generators:
+            generators[device] = torch.Generator(device=device).manual_seed(seed)
+        values = torch.empty(param.shape, dtype=torch.float32, device=device)
+        param.data.copy_(values.uniform_(low, high, generator=generators[device]))
 
 
 def _files_from_index(model_path: str, index_name: str) -> list[str]:
