@@ -8,7 +8,7 @@ attention over the whole input (used by profiling runs and unit tests).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 import torch
@@ -23,6 +23,12 @@ class ForwardContext:
     attn_impl: Any
     """The backend the runner built `attn_metadata` for: the platform's, which the
     Attention layers chose when they were built (attention/selector.py)."""
+    rope_tables: dict[int, tuple] = field(default_factory=dict)
+    """Rotary cos/sin tables gathered for this pass's positions, by rotary module
+    (every layer shares one module and one positions tensor). They live for this one
+    pass only: a CUDA or HPU graph is captured in a pass of its own, so the gather is
+    recorded in the graph; a table kept from an earlier call on the same static
+    positions buffer would be baked into the graph with that call's positions."""
 
 
 _forward_context: Optional[ForwardContext] = None

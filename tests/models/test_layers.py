@@ -145,3 +145,45 @@ def test_dynamic_ntk_rope_uses_vllms_fixed_base():
     plain = get_rope(64, 64, 128, 10000.0)
     same = get_rope(64, 64, 128, 10000.0, {"rope_type": "dynamic", "factor": 1.0})
     torch.testing.assert_close(same.cos_sin_cache, plain.cos_sin_cache)
+
+
+def _rotate(rope, positions, q, k):
+    return rope.forward_native(positions, q.clone(), k.clone())
+
+
+def test_rotary_tables_are_gathered_again_in_each_forward_pass():
+    """A CUDA graph reads its positions from one static buffer, rewritten before each
+    replay, and its capture runs in a pass of its own right after an eager warm-up
+    on that same buffer. Tables kept from a call on the same tensor in an earlier
+    pass would be baked into the graph with that call's positions (on an H200 every
+    decode replayed rotated by the warm-up's position 0)."""
+    from vllm.forward_context import set_forward_context
+    rope = get_rope(16, 16, 64, 10000.0, dtype=torch.float32)
+    q, k = torch.randn(4, 2 * 16), torch.randn(4, 16)
+    static = torch.zeros(4, dtype=torch.long)
+    with set_forward_context(None, [], None):
+        warm = _rotate(rope, static, q, k)
+    static.copy_(torch.tensor([5, 6, 7, 8]))
+    with set_forward_context(None, [], None):
+        replayed = _rotate(rope, static, q, k)
+    fresh = _rotate(rope, torch.tensor([5, 6, 7, 8]), q, k)
+    assert torch.equal(replayed[0], fresh[0]) and torch.equal(replayed[1], fresh[1])
+    assert not torch.equal(replayed[0], warm[0])
+
+
+def test_rotary_tables_are_gathered_once_per_pass(monkeypatch):
+    """Within one pass every layer shares the tables of the first (the reason for
+    the cache); outside a pass nothing is kept."""
+    from vllm.forward_context import set_forward_context
+    rope = get_rope(16, 16, 64, 10000.0, dtype=torch.float32)
+    builds = []
+    build = rope._build_tables
+    monkeypatch.setattr(rope, "_build_tables", lambda *a: builds.append(1) or build(*a))
+    q, k, positions = torch.randn(3, 16), torch.randn(3, 16), torch.tensor([1, 2, 3])
+    with set_forward_context(None, [], None):
+        for _ in range(4):  # four layers
+            _rotate(rope, positions, q, k)
+    assert len(builds) == 1  # one gather for the queries and keys of every layer
+    _rotate(rope, positions, q, k)
+    _rotate(rope, positions, q, k)
+    assert len(builds) == 1 + 4  # outside a pass: one per rotation

@@ -8,11 +8,12 @@ position: no trigonometry and no per-token work in the hot loop.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
+from vllm.forward_context import get_forward_context
 from vllm.model_executor.custom_op import CustomOp
 
 
@@ -46,7 +47,6 @@ class RotaryEmbedding(CustomOp):
         self.is_neox_style = is_neox_style
         cache = self._compute_cos_sin_cache().to(dtype or torch.get_default_dtype())
         self.register_buffer("cos_sin_cache", cache, persistent=False)
-        self._last_tables: Optional[tuple] = None
 
     def _compute_inv_freq(self) -> torch.Tensor:
         exponents = torch.arange(0, self.rotary_dim, 2, dtype=torch.int64).float()
@@ -91,27 +91,35 @@ class RotaryEmbedding(CustomOp):
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, signed sin), each [T, 1, rotary_dim], for these positions.
 
-        Built once per forward pass: every layer shares this module and receives the
-        same `positions` tensor, so the tables of the last call are reused while the
-        tensor object (and dtype) is the same (in eager mode; traced code rebuilds
-        them, as a Python-side cache would be a guard). Layout per head: neox `[c, c]`
-        and `[-s, s]` (halves), GPT-J `[c0, c0, c1, c1, ...]` and
-        `[-s0, s0, -s1, s1, ...]`.
+        Built once per forward pass (`_pass_cached`): every layer shares this module
+        and receives the same `positions` tensor. Layout per head: neox `[c, c]` and
+        `[-s, s]` (halves), GPT-J `[c0, c0, c1, c1, ...]` and `[-s0, s0, -s1, s1, ...]`.
         """
-        compiling = torch.compiler.is_compiling()
-        cached = self._last_tables
-        if (not compiling and cached is not None and cached[0] is positions
-                and cached[1] == dtype):
-            return cached[2]
+        return self._pass_cached(positions, dtype, self._build_tables)
+
+    def _build_tables(self, positions: torch.Tensor,
+                      dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.cos_sin_cache.index_select(0, positions).chunk(2, dim=-1)
         if self.is_neox_style:
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
         else:
             cos = cos.repeat_interleave(2, dim=-1)
             sin = torch.stack((-sin, sin), dim=-1).flatten(-2)
-        tables = (cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1))
-        if not compiling:
-            self._last_tables = (positions, dtype, tables)
+        return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
+
+    def _pass_cached(self, positions: torch.Tensor, dtype: torch.dtype,
+                     build: Callable[[torch.Tensor, torch.dtype], tuple]) -> tuple:
+        """`build(positions, dtype)`, once per forward pass (ForwardContext.rope_tables):
+        later layers of the pass get the same tables. Outside a pass, and in traced
+        code (where a Python-side cache would be a guard), built at every call."""
+        ctx = None if torch.compiler.is_compiling() else get_forward_context()
+        if ctx is None:
+            return build(positions, dtype)
+        hit = ctx.rope_tables.get(id(self))
+        if hit is not None and hit[0] is positions and hit[1] == dtype:
+            return hit[2]
+        tables = build(positions, dtype)
+        ctx.rope_tables[id(self)] = (positions, dtype, tables)
         return tables
 
     def extra_repr(self) -> str:

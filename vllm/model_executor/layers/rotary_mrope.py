@@ -43,20 +43,16 @@ class MRotaryEmbedding(RotaryEmbedding):
         tables gathered at position row i, then doubled neox-style."""
         if positions.dim() == 1:
             return super()._tables(positions, dtype)
-        compiling = torch.compiler.is_compiling()
-        cached = self._last_tables
-        if (not compiling and cached is not None and cached[0] is positions
-                and cached[1] == dtype):
-            return cached[2]
+        return self._pass_cached(positions, dtype, self._build_sectioned_tables)
+
+    def _build_sectioned_tables(self, positions: torch.Tensor,
+                                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.cos_sin_cache[positions]  # [3, T, rotary_dim]: [cos | sin] halves
         cos, sin = rows.chunk(2, dim=-1)
         cos = torch.cat([c[i] for i, c in enumerate(cos.split(self.mrope_section, -1))], -1)
         sin = torch.cat([s[i] for i, s in enumerate(sin.split(self.mrope_section, -1))], -1)
         cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
-        tables = (cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1))
-        if not compiling:
-            self._last_tables = (positions, dtype, tables)
-        return tables
+        return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, mrope_section={self.mrope_section}"
