@@ -148,6 +148,7 @@ class CudaGraphRunner:
         self.device = device
         self.graph_factory = graph_factory
         self.buffers = StaticBuffers.allocate(max(self.capture_sizes), max_blocks, device)
+        self.staging = HostStaging(self.buffers, pin=device.type == "cuda")
         self.graphs: dict[int, Any] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.replays = 0
@@ -169,6 +170,11 @@ class CudaGraphRunner:
         i = int(np.searchsorted(self.capture_sizes, n))
         size = self.capture_sizes[i]
         return size if size in self.graphs else None
+
+    def step_inputs(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The token ids and positions of a step this runner replays: views of the
+        static buffers, which hold the step's values from its replay on."""
+        return self.buffers.input_ids[:num_tokens], self.buffers.positions[:num_tokens]
 
     def capture_all(self, forward: ForwardFn, progress: bool = True) -> float:
         """Capture every size, largest first into one pool; returns the seconds taken."""
@@ -208,14 +214,7 @@ class CudaGraphRunner:
         """Hidden states [n, hidden] of the step (a view of graph `size`'s output,
         valid until the next replay)."""
         host = padded_host_inputs(inputs, token_ids, positions, size, self.max_blocks)
-        b = self.buffers
-        for name, values in host.items():
-            target = getattr(b, name)
-            if name == "block_table":
-                target = target[:size, :values.shape[1]]
-            else:
-                target = target[:values.shape[0]]
-            target.copy_(_staged(values, self.device), non_blocking=True)
+        self.staging.upload(host, self.buffers, size)
         self.graphs[size].replay()
         self.replays += 1
         return self.outputs[size][:inputs.num_tokens]
@@ -226,7 +225,40 @@ class CudaGraphRunner:
         self.outputs.clear()
 
 
-def _staged(values: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host tensor of `values`, pinned when it goes to a GPU (async copy)."""
-    host = torch.from_numpy(values)
-    return host.pin_memory() if device.type == "cuda" else host
+class HostStaging:
+    """Pinned host copies of the static buffers, allocated once: a replay writes the
+    step's values there and copies them to the buffers asynchronously.
+
+    Pinning a fresh tensor per array and step cost more host time than the copies
+    themselves (profiled on an H200: ~0.3 ms a step at batch 1, while the GPU idled).
+    The memory is reused, so a step first waits for the previous step's copies to
+    have left it (an event; they have long finished unless the host ran ahead).
+    """
+
+    def __init__(self, buffers: StaticBuffers, pin: bool) -> None:
+        self.pin = pin
+        self.host = {name: torch.empty(getattr(buffers, name).numel(),
+                                       dtype=getattr(buffers, name).dtype, pin_memory=pin)
+                     for name in _BUFFER_NAMES}
+        self._copied = torch.cuda.Event() if pin else None
+        """Recorded after each upload's copies (waiting on it before any is recorded
+        returns at once)."""
+
+    def upload(self, values: dict[str, np.ndarray], buffers: StaticBuffers,
+               size: int) -> None:
+        """Copy `values` (padded_host_inputs of graph `size`) into the buffers."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        for name, array in values.items():
+            staged = self.host[name][:array.size].view(array.shape)
+            staged.copy_(torch.from_numpy(array))
+            target = getattr(buffers, name)
+            target = (target[:size, :array.shape[1]] if name == "block_table"
+                      else target[:array.shape[0]])
+            target.copy_(staged, non_blocking=self.pin)
+        if self._copied is not None:
+            self._copied.record()
+
+
+_BUFFER_NAMES = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens",
+                 "block_table")

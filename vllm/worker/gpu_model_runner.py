@@ -208,7 +208,7 @@ class GPUModelRunner(ModelRunnerBase):
         if self.triton:  # the proposer reads attn_metadata and the logits rows
             fwd = self._triton_pass(*decode_first_layout(seqs, num_new, self.block_size,
                                                          lambda r, n: False))
-            logits_rows, inputs, _, _ = fwd.platform_data
+            logits_rows, inputs, *_ = fwd.platform_data
             fwd.attn_metadata = upload(inputs, self.block_size, self._to_device)
             fwd.platform_data = logits_rows
             return fwd
@@ -221,20 +221,26 @@ class GPUModelRunner(ModelRunnerBase):
 
     def _triton_pass(self, flat: FlatLayout, req_ids: list[str]) -> ForwardPass:
         """Every request one sequence (flat.prefills, since no row is row-wise).
-        `platform_data`: (sampling rows, host inputs, host token ids and positions);
-        the device metadata is built only for eager steps (`_execute_pass`)."""
+        `platform_data`: (sampling rows, host inputs, host token ids and positions, the
+        graph size that will replay the step or None); the device metadata is built,
+        and the ids and positions uploaded, only for eager steps (`_execute_pass`)."""
         seqs = flat.prefills
         inputs = build_triton_inputs(flat.slots, [s.query_len for s in seqs],
                                      [s.context_len + s.query_len for s in seqs],
                                      flat.prefill_block_ids, self.block_size)
         ids = np.asarray(flat.token_ids, dtype=np.int64)
         pos = np.asarray(flat.positions, dtype=np.int64)
+        size = self.cudagraphs.size_for(inputs) if self.cudagraphs is not None else None
+        if size is None:
+            input_ids, positions = self._to_device(ids), self._to_device(pos)
+        else:  # the replay fills the graph's static buffers itself: nothing to upload
+            input_ids, positions = self.cudagraphs.step_inputs(inputs.num_tokens)
         return ForwardPass(
-            input_ids=self._to_device(ids), positions=self._to_device(pos),
+            input_ids=input_ids, positions=positions,
             attn_metadata=None, req_ids=req_ids, row_offsets=flat.row_offsets,
             num_tokens=flat.num_tokens, num_rows=len(flat.token_ids),
             sample_req_ids=flat.sample_req_ids,
-            platform_data=(flat.logits_indices, inputs, ids, pos))
+            platform_data=(flat.logits_indices, inputs, ids, pos, size))
 
     def _to_device(self, values: list[int] | np.ndarray) -> torch.Tensor:
         """The values on the device (int64 for lists), staged in pinned memory and
@@ -251,11 +257,13 @@ class GPUModelRunner(ModelRunnerBase):
         (and nothing in the pass needs an eager forward), else an eager forward."""
         if not self.triton:
             return super()._execute_pass(fwd)
-        logits_rows, inputs, ids, pos = fwd.platform_data
-        size = None
-        if (self.cudagraphs is not None and fwd.lora_mapping is None
-                and fwd.inputs_embeds is None):
-            size = self.cudagraphs.size_for(inputs)
+        logits_rows, inputs, ids, pos, size = fwd.platform_data
+        if size is not None and (fwd.lora_mapping is not None
+                                 or fwd.inputs_embeds is not None):
+            # Not reached while graphs exclude LoRA and multimodal models (see
+            # graphs_unavailable); kept so that such a step still runs, eagerly.
+            size = None
+            fwd.input_ids, fwd.positions = self._to_device(ids), self._to_device(pos)
         if size is not None:
             hidden = self.cudagraphs.replay(size, inputs, ids, pos)
         else:
