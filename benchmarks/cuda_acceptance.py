@@ -2,7 +2,8 @@
 
     python benchmarks/cuda_acceptance.py --out cuda_results.json
 
-1. Triton kernels on the GPU: the kernel tests (tests/kernels) with CUDA tensors.
+1. Triton kernels on the GPU: the kernel tests (tests/kernels: attention, and the
+   layers' RMSNorm / SiLU-and-mul / rotary) with CUDA tensors.
 2. Correctness: greedy tokens of tiny fp32 random-weight models (Llama, a Mistral
    with a sliding window, a Qwen2-MoE), CUDA graphs on, vs transformers on the GPU.
 3. Serving: the OpenAI server on the tiny Llama, the official client, completions and
@@ -135,7 +136,8 @@ def _free(*objs: Any) -> None:
 def part_kernels(args: argparse.Namespace) -> dict:
     env = dict(os.environ, VLLM_TEST_TRITON_DEVICE=args.device)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/kernels/test_triton_attention.py"], env=env,
+                           "tests/kernels/test_triton_attention.py",
+                           "tests/kernels/test_triton_layer_kernels.py"], env=env,
                           capture_output=True, text=True, timeout=300)
     tail = proc.stdout.strip().splitlines()[-1:] or [""]
     return {"ok": proc.returncode == 0, "pytest": tail[0]}

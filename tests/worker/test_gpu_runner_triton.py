@@ -127,3 +127,27 @@ def test_moe_model_runs_eagerly_and_matches(cuda_runner_on_cpu, tiny_model_facto
     assert _generate(llm, prompts) == _hf_reference(path, prompts)
     reason = llm.collective_rpc(lambda w: w.model_runner.graphs_unavailable())[0]
     assert "MoE layers" in reason
+
+
+def test_cuda_layer_kernels_in_the_model_match_transformers(cuda_runner_on_cpu,
+                                                            tiny_model_factory, monkeypatch):
+    """The CUDA platform's Triton kernels of RMSNorm (in place with the residual),
+    SiLU-and-mul and the rotary embedding (in place on the fused qkv views), bound in
+    place of the CPU's, inside the model with graph replays: greedy tokens equal
+    transformers' (fp32)."""
+    from vllm.cuda import ops as cuda_ops
+    from vllm.model_executor.custom_op import CustomOp
+    from vllm.platforms import current_platform
+    current_platform.bind_custom_ops()  # the CPU's first, so they do not overwrite ours
+    for name, fn in cuda_ops.CUDA_FORWARDS.items():
+        monkeypatch.setitem(CustomOp.entry(name).forwards, "cpu", fn)
+    path = tiny_model_factory("llama")
+    prompts = _prompts(3, [6, 17, 9], seed=4)
+    llm = LLM(model=path, dtype="float32", attention_backend="TRITON_ATTN", max_num_seqs=4,
+              max_model_len=64, cudagraph_capture_sizes=[1, 2, 4])
+    forwards = llm.collective_rpc(lambda w: sorted({
+        m.forward_method_name for m in w.model_runner.model.modules()
+        if hasattr(m, "forward_method_name")}))[0]
+    assert {"rms_norm_cuda", "silu_and_mul_cuda", "rotary_embedding_cuda"} <= set(forwards)
+    assert _generate(llm, prompts) == _hf_reference(path, prompts)
+    assert llm.collective_rpc(_runner_stats)[0][1] >= NEW_TOKENS - 1  # graphs replayed

@@ -30,8 +30,19 @@ class CudaPlatform(Platform):
     """TRITON_ATTN: the paged kernels of vllm/attention/ops (one call per layer for
     decodes and prefills, CUDA-graph capturable); TORCH_SDPA: torch ops, the fallback."""
 
+    _ops_bound = False
+
     def get_worker_cls(self) -> str:
         return "vllm.worker.gpu_worker.GPUWorker"
+
+    def bind_custom_ops(self) -> None:
+        """The Triton kernels of RMSNorm, SiLU-and-mul and the rotary embedding
+        (vllm/cuda/ops.py), bound when the first layer is built, where triton is
+        installed (else the layers' torch forwards run)."""
+        if not self._ops_bound and has_triton():
+            from vllm.cuda.ops import register_cuda_ops
+            register_cuda_ops()
+            self._ops_bound = True
 
     def default_attn_backend(self, vllm_config: "VllmConfig | None") -> str:
         """TRITON_ATTN where triton is installed and the model has no MLA layers (they
