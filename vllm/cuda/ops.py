@@ -80,8 +80,5 @@ CUDA_FORWARDS: dict[str, Callable[..., Any]] = {
 
 
 def register_cuda_ops() -> list[str]:
-    """Bind every CUDA forward (idempotent; affects ops built afterwards); returns the
-    op names bound."""
-    for name, fn in CUDA_FORWARDS.items():
-        CustomOp.register_forward(name, "cuda")(fn)
-    return sorted(CUDA_FORWARDS)
+    """Bind every CUDA forward (idempotent); returns the op names bound."""
+    return CustomOp.register_forwards(CUDA_FORWARDS, "cuda")

@@ -90,8 +90,5 @@ HPU_FORWARDS: dict[str, Callable[..., Any]] = {
 
 
 def register_hpu_ops() -> list[str]:
-    """Bind every HPU forward (idempotent; affects ops built afterwards); returns the
-    op names bound."""
-    for name, fn in HPU_FORWARDS.items():
-        CustomOp.register_forward(name, "hpu")(fn)
-    return sorted(HPU_FORWARDS)
+    """Bind every HPU forward (idempotent); returns the op names bound."""
+    return CustomOp.register_forwards(HPU_FORWARDS, "hpu")

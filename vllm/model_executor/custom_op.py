@@ -148,3 +148,12 @@ class CustomOp(nn.Module):
             cls.entry(name).forwards[device] = fn
             return fn
         return decorator
+
+    @classmethod
+    def register_forwards(cls, forwards: dict[str, Callable[..., Any]],
+                          device: str) -> list[str]:
+        """Bind a platform's table of forwards (op name -> fn) for `device` (idempotent;
+        affects ops built afterwards); returns the op names bound."""
+        for name, fn in forwards.items():
+            cls.register_forward(name, device)(fn)
+        return sorted(forwards)

@@ -127,8 +127,5 @@ CPU_FORWARDS: dict[str, Callable[..., Any]] = {
 
 
 def register_cpu_ops() -> list[str]:
-    """Bind every CPU forward (idempotent; affects ops built afterwards); returns the op
-    names bound."""
-    for name, fn in CPU_FORWARDS.items():
-        CustomOp.register_forward(name, "cpu")(fn)
-    return sorted(CPU_FORWARDS)
+    """Bind every CPU forward (idempotent); returns the op names bound."""
+    return CustomOp.register_forwards(CPU_FORWARDS, "cpu")
