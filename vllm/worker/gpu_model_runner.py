@@ -265,10 +265,10 @@ class GPUModelRunner(ModelRunnerBase):
         logits_rows, inputs, ids, pos, size = fwd.platform_data
         if size is not None and (fwd.lora_mapping is not None
                                  or fwd.inputs_embeds is not None):
-            # Not reached while graphs exclude LoRA and multimodal models (see
-            # graphs_unavailable); kept so that such a step still runs, eagerly.
-            size = None
-            fwd.input_ids, fwd.positions = self._to_device(ids), self._to_device(pos)
+            # graphs_unavailable keeps graphs off for LoRA and multimodal models, whose
+            # passes read the ids before this point (they were not uploaded).
+            raise RuntimeError("a CUDA graph was chosen for a pass with LoRA or input "
+                               "embeddings; graphs_unavailable should have ruled it out")
         if size is not None:
             hidden = self.cudagraphs.replay(size, inputs, ids, pos)
         else:
