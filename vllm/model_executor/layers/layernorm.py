@@ -24,6 +24,8 @@ class RMSNorm(CustomOp):
       formula with HF's roundings; the residual form then works in place as vLLM's
       `fused_add_rms_norm` does (vllm/native/ops.py).
     - HPU: Gaudi's `FusedRMSNorm` kernel after the add (vllm/hpu/ops.py).
+    - CUDA: one Triton kernel for the add and the norm, HF's roundings, the residual
+      form in place as on CPU (vllm/cuda/ops.py).
     - elsewhere: `F.rms_norm`, one call instead of eight elementwise ops; in bf16 it
       rounds once at the end where HF rounds before the weight multiply.
     """
