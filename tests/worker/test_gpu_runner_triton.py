@@ -151,3 +151,94 @@ def test_cuda_layer_kernels_in_the_model_match_transformers(cuda_runner_on_cpu,
     assert {"rms_norm_cuda", "silu_and_mul_cuda", "rotary_embedding_cuda"} <= set(forwards)
     assert _generate(llm, prompts) == _hf_reference(path, prompts)
     assert llm.collective_rpc(_runner_stats)[0][1] >= NEW_TOKENS - 1  # graphs replayed
+
+
+class _CaptureAudit:
+    """What a capture reads that it did not make: the storages of tensors that ops in
+    the captured function take as inputs without having produced them there. A real
+    CUDA graph replays only its recorded kernels, so such a tensor must live as long as
+    the graph and hold what the replay needs: a weight, the KV cache, a static input
+    buffer. Anything else (a table kept from an eager call before the capture) is read
+    from freed or stale memory at replay; EagerGraph alone would not notice, since it
+    re-runs the Python code."""
+
+    def __init__(self) -> None:
+        self.produced: set[int] = set()
+        self.foreign: dict[int, str] = {}
+
+    def run(self, fn):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+        audit = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                for t in tree_flatten((args, kwargs or {}))[0]:
+                    if isinstance(t, torch.Tensor) and t.numel():
+                        ptr = t.untyped_storage().data_ptr()
+                        if ptr not in audit.produced:
+                            audit.foreign.setdefault(ptr, f"{func} {tuple(t.shape)}")
+                out = func(*args, **(kwargs or {}))
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor) and t.numel():
+                        audit.produced.add(t.untyped_storage().data_ptr())
+                return out
+
+        with Mode():
+            return fn()
+
+
+class AuditedEagerGraph(EagerGraph):
+    audits: list = []
+
+    def capture(self, fn, pool=None):
+        audit = _CaptureAudit()
+        AuditedEagerGraph.audits.append(audit)
+        return super().capture(lambda: audit.run(fn), pool)
+
+
+def _allowed_storages(worker) -> set[int]:
+    """What a graph may read without producing it: weights and buffers, the KV
+    caches, the runner's static input buffers."""
+    runner = worker.model_runner
+    tensors = list(runner.model.parameters()) + list(runner.model.buffers())
+    tensors += [c for c in runner.kv_caches if c.numel()]
+    b = runner.cudagraphs.buffers
+    tensors += [b.input_ids, b.positions, b.slot_mapping, b.query_start_loc, b.seq_lens,
+                b.block_table]
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+@pytest.mark.parametrize("layer_forwards", ["torch", "cuda", "cpu"])
+def test_captures_read_only_weights_caches_and_static_buffers(
+        cuda_runner_on_cpu, tiny_model_factory, monkeypatch, layer_forwards):
+    """Every captured graph reads nothing made before its capture but the weights, the
+    KV caches and the static buffers, whichever forwards the layers run: their torch
+    ones (the CUDA platform without triton), the CUDA kernels, the CPU's. On an H200,
+    captures that reused the rotary tables of the eager warm-up replayed wrong tokens;
+    the "torch" case fails on that code."""
+    from vllm.cuda import ops as cuda_ops
+    from vllm.model_executor.custom_op import CustomOp
+    from vllm.platforms import current_platform
+    current_platform.bind_custom_ops()
+    for name, fn in cuda_ops.CUDA_FORWARDS.items():
+        forwards = CustomOp.entry(name).forwards
+        if layer_forwards == "cuda":
+            monkeypatch.setitem(forwards, "cpu", fn)
+        elif layer_forwards == "torch" and "cpu" in forwards:
+            monkeypatch.delitem(forwards, "cpu")
+    monkeypatch.setattr(AuditedEagerGraph, "audits", [])
+    from vllm.worker import cpu_worker
+    monkeypatch.setattr(cpu_worker, "CPUModelRunner",
+                        lambda cfg, device: GPUModelRunner(cfg, device,
+                                                           graph_factory=AuditedEagerGraph))
+    path = tiny_model_factory("llama")
+    llm = LLM(model=path, dtype="float32", attention_backend="TRITON_ATTN", max_num_seqs=2,
+              max_model_len=64, cudagraph_capture_sizes=[1, 2])
+    allowed = llm.collective_rpc(_allowed_storages)[0]
+    assert len(AuditedEagerGraph.audits) >= 2
+    for audit in AuditedEagerGraph.audits:
+        stray = {ptr: op for ptr, op in audit.foreign.items() if ptr not in allowed}
+        assert not stray, f"captured ops read tensors made before the capture: {stray}"
+    prompts = _prompts(2, [7, 12], seed=5)
+    assert _generate(llm, prompts) == _hf_reference(path, prompts)
