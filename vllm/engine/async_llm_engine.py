@@ -165,6 +165,10 @@ class AsyncLLMEngine(EngineClient):
         self._shutdown_done = False
         self._start_requested = start_engine_loop
         self._no_compile_stats = False
+        self._unsettled_since: Optional[float] = None
+        """Since when the idle loop has seen the core count requests it no longer has."""
+        self._was_idle = False
+        """The loop's last turn ran no step (its next idle turn need not poll workers)."""
         self._gate = PauseGate()
         self._held = False  # pause mode "keep": the loop thread runs no step (its own)
 
@@ -429,11 +433,14 @@ class AsyncLLMEngine(EngineClient):
                 if self.engine.has_unfinished_requests() and not self._held:
                     outputs = self.engine.step()
                     self._dispatch(outputs)
+                    self._was_idle = False
                 else:
                     # Going idle: poll the workers' counters now, or the last second of
                     # work (its compiles, its bucket padding) would wait for the next step.
-                    self._publish_stats(force=True)
-                    self._wake.wait()
+                    wait = self._idle_stats_wait()  # reads the core's latest stats first
+                    self._publish_stats(force=not self._was_idle)
+                    self._was_idle = True
+                    self._wake.wait(wait)
         except BaseException as exc:  # noqa: BLE001 - any crash kills the engine, reported
             logger.exception("The engine loop stopped with an error.")
             dead = EngineDeadError(
@@ -445,6 +452,27 @@ class AsyncLLMEngine(EngineClient):
             self._fail_all(dead)
             return
         self._fail_all(self._dead or EngineDeadError("The engine is shutting down."))
+
+    _SETTLE_POLL_S = 0.05
+    _SETTLE_LIMIT_S = 5.0
+
+    def _idle_stats_wait(self) -> Optional[float]:
+        """How long the idle loop may sleep: until woken (None), or a moment while the
+        core's stats still count requests this frontend no longer has (an abort just
+        sent reaches the core after the loop learned of it; without another look
+        /metrics would show the aborted request running until the next one arrives).
+        It looks again for a few seconds at most."""
+        get_stats = getattr(self.engine, "get_stats", None)
+        stats = get_stats() if get_stats is not None else None
+        if stats is None or (stats.num_running_reqs == 0 and stats.num_waiting_reqs == 0):
+            self._unsettled_since = None
+            return None
+        now = time.monotonic()
+        if self._unsettled_since is None:
+            self._unsettled_since = now
+        if now - self._unsettled_since > self._SETTLE_LIMIT_S:
+            return None
+        return self._SETTLE_POLL_S
 
     def _drain_inbox(self) -> None:
         deliveries: list[tuple[Any, Any]] = []

@@ -208,7 +208,11 @@ class MPEngineCoreClient:
             pass
 
     def get_stats(self) -> SchedulerStats:
-        """The scheduler's stats as of the last outputs received."""
+        """The scheduler's stats as of the last message from the core (those already
+        waiting are read first: after an abort the core sends its new stats with no
+        outputs, which no step would read once the frontend has nothing to run)."""
+        if not self._dead:
+            self._drain()
         return self._stats
 
     # --------------------------------------------------------- utilities
