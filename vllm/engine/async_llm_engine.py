@@ -464,7 +464,8 @@ class AsyncLLMEngine(EngineClient):
         It looks again for a few seconds at most."""
         get_stats = getattr(self.engine, "get_stats", None)
         stats = get_stats() if get_stats is not None else None
-        if stats is None or (stats.num_running_reqs == 0 and stats.num_waiting_reqs == 0):
+        if (stats is None or self.engine.has_unfinished_requests()  # held: nothing to settle
+                or (stats.num_running_reqs == 0 and stats.num_waiting_reqs == 0)):
             self._unsettled_since = None
             return None
         now = time.monotonic()
