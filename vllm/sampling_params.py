@@ -266,6 +266,8 @@ class SamplingParams:
         """Range checks with vLLM's bounds; each error names the field."""
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            raise ValueError(f"seed must be a 64-bit signed integer, got {self.seed}.")
         if self.best_of is not None:
             if self.best_of < self.n:
                 raise ValueError(

@@ -167,3 +167,85 @@ def test_return_prompt_text(http, tok):
     assert all(e.get("prompt_text") is None for e in events[1:])
     plain = http.post("/v1/chat/completions", json={**body, "return_prompt_text": False})
     assert plain.json()["prompt_text"] is None
+
+
+def test_echo_with_max_tokens_zero_returns_the_prompt_scored(http):
+    """lm-eval's log-likelihood call: the prompt, its logprobs, nothing generated."""
+    body = {"prompt": "The cat sat on the mat", "max_tokens": 0, "echo": True,
+            "logprobs": 1, "temperature": 0}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    choice = out["choices"][0]
+    assert choice["text"] == "The cat sat on the mat"
+    assert choice["finish_reason"] == "length"
+    lp = choice["logprobs"]
+    assert lp["token_logprobs"][0] is None and len(lp["token_logprobs"]) >= 5
+    assert all(isinstance(x, float) for x in lp["token_logprobs"][1:])
+    assert "".join(lp["tokens"]) == "The cat sat on the mat"
+    assert out["usage"]["completion_tokens"] == 0
+    events = _events(http, "/v1/completions", body)
+    text = "".join(c["text"] for e in events for c in e["choices"])
+    assert text == "The cat sat on the mat"
+    # Without echo, max_tokens 0 stays an error.
+    r = http.post("/v1/completions", json={**body, "echo": False})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+
+
+def test_prompt_logprobs_cannot_stream(http):
+    for path, body in (("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+                       ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2})):
+        r = http.post(path, json={**body, "prompt_logprobs": 1, "stream": True})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_continuous_usage_counts_each_choice(http):
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    for path, body in (("/v1/completions", {"prompt": "Hi"}),
+                       ("/v1/chat/completions", {"messages": CHAT})):
+        events = _events(http, path, {**body, "max_tokens": 3, "n": 2, "temperature": 1.0,
+                                      "seed": 1, "ignore_eos": True, "stream_options": opts})
+        per_choice: dict[int, list[int]] = {}
+        for e in events:
+            for c in e["choices"]:
+                per_choice.setdefault(c["index"], []).append(e["usage"]["completion_tokens"])
+        assert sorted(per_choice) == [0, 1]
+        for counts in per_choice.values():
+            assert counts == sorted(counts) and max(counts) == 3, (path, per_choice)
+        assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_null_max_tokens_on_completions_is_the_default(http):
+    r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": None,
+                                           "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
+
+
+def test_request_ids_from_body_and_header(http):
+    import concurrent.futures
+    body = {"prompt": "Hi", "max_tokens": 4, "request_id": "dup"}
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        responses = list(pool.map(lambda _: http.post("/v1/completions", json=body), range(3)))
+    assert [r.status_code for r in responses] == [200] * 3
+    assert {r.json()["id"] for r in responses} == {"cmpl-dup"}
+    r = http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2},
+                  headers={"X-Request-Id": "hdr123"})
+    assert r.status_code == 200 and r.json()["id"] == "chatcmpl-hdr123"
+
+
+def test_truncate_minus_one_leaves_room_for_the_output(http):
+    ids = [100 + (i % 50) for i in range(600)]  # longer than max_model_len (512)
+    r = http.post("/v1/completions", json={"prompt": ids, "max_tokens": 4,
+                                           "truncate_prompt_tokens": -1, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 508
+
+
+def test_continue_final_message_after_a_user_turn(http):
+    """vLLM refuses it only with add_generation_prompt; any final role is continued."""
+    r = http.post("/v1/chat/completions", json={
+        "messages": CHAT, "max_tokens": 2, "continue_final_message": True,
+        "add_generation_prompt": False, "return_prompt_text": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_text"].endswith("Say something.")  # left open, no end marker

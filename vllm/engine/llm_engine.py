@@ -97,12 +97,20 @@ class LLMEngine:
     # ------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     arrival_time: Optional[float] = None,
-                    lora_request: Optional[LoRARequest] = None) -> list[Request]:
+                    lora_request: Optional[LoRARequest] = None,
+                    tokenization_kwargs: Optional[dict[str, Any]] = None,
+                    priority: int = 0) -> list[Request]:
         """Validate and queue one request; ValueError for bad input (nothing is queued).
 
-        Returns the core requests queued (n of them), whose `max_tokens` is the resolved
-        one (what the metrics report)."""
+        vLLM's signature: `tokenization_kwargs` go to the tokenizer call on a text prompt;
+        `priority` must be 0 (first come, first served). Returns the core requests
+        queued (n of them), whose `max_tokens` is the resolved one (what the metrics
+        report)."""
+        if priority != 0:
+            raise ValueError("priority: only 0 is supported (FCFS scheduling).")
         self.engine_core.check_awake()
+        if tokenization_kwargs:
+            prompt = self.processor.tokenize_with(prompt, tokenization_kwargs)
         if request_id in self.output_processor.parents:
             raise ValueError(f"Request id {request_id} is already in use.")
         if isinstance(params, PoolingParams):
@@ -118,6 +126,7 @@ class LLMEngine:
             self._check_lora_request(lora_request)
         check_kv_transfer_params(params, self.vllm_config.kv_transfer_config)
         prompt_text, prompt_ids, mm_features = self.processor.process_prompt(prompt)
+        prompt_ids = self.processor.truncate_prompt(prompt_ids, params, mm_features)
         params, max_tokens = self.processor.process_params(prompt_ids, params)
         so_request = self.processor.structured_output_request(params)
         arrival = arrival_time if arrival_time is not None else time.time()
@@ -188,7 +197,7 @@ class LLMEngine:
             child = params.clone()
             child.n = 1
             if params.seed is not None:
-                child.seed = params.seed + i
+                child.seed = (params.seed + i + 2**63) % 2**64 - 2**63  # stays int64
             ids.append(f"{i}_{request_id}")
             children.append(child)
         return ids, children
@@ -233,6 +242,18 @@ class LLMEngine:
         rank; one result per rank."""
         return self.call_utility("collective_rpc", method, timeout=timeout, args=args,
                                  kwargs=kwargs)
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        """vLLM's task names this model serves: ("generate",) for a generative model,
+        ("encode", <its pooling task>) for a pooling one."""
+        mc = self.model_config
+        if mc.runner_type == "pooling":
+            return ("encode", mc.pooling_task)
+        return ("generate",)
+
+    def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:
+        """`func(model)` on every rank's model; one result per rank."""
+        return self.collective_rpc("apply_model", args=(func,))
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Load (and check) an adapter in the workers; ValueError if it cannot be used."""

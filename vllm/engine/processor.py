@@ -2,7 +2,7 @@
 (vllm/engine/params.py)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from vllm.config import ModelConfig, StructuredOutputsConfig
 from vllm.engine.params import RequestParamsPolicy
@@ -73,6 +73,36 @@ class Processor:
         raise ValueError(f"Invalid prompt {type(prompt).__name__}: expected a string, "
                          "{'prompt': str} or {'prompt_token_ids': list[int]}.")
 
+    def tokenize_with(self, prompt: PromptType, kwargs: dict[str, Any]) -> PromptType:
+        """A text prompt as {"prompt", "prompt_token_ids"}, tokenized with the caller's
+        tokenizer arguments (vLLM's tokenization_kwargs, e.g. truncation=True,
+        max_length=N); a token prompt unchanged (there is nothing to tokenize)."""
+        text = prompt if isinstance(prompt, str) else (
+            prompt.get("prompt") if isinstance(prompt, dict) and
+            "prompt_token_ids" not in prompt else None)
+        if not isinstance(text, str):
+            return prompt
+        try:
+            ids = self.tokenizer(text, **kwargs)["input_ids"]
+        except TypeError as e:
+            raise ValueError(f"tokenization_kwargs: {e}") from e
+        out = dict(prompt) if isinstance(prompt, dict) else {}
+        out.update(prompt=text, prompt_token_ids=list(ids))
+        return out
+
+    def truncate_prompt(self, prompt_ids: list[int], params: SamplingParams,
+                        mm_features: Optional[list]) -> list[int]:
+        """The prompt's last `params.truncate_prompt_tokens` tokens (-1: as many as leave
+        room for max_tokens), as vLLM keeps them; the ids unchanged without it or when they are short enough.
+        A prompt with images is not cut (the placeholders' expansion would break)."""
+        keep = truncation_size(params.truncate_prompt_tokens, self.model_config.max_model_len,
+                               params.max_tokens)
+        if keep is None or len(prompt_ids) <= keep:
+            return prompt_ids
+        if mm_features:
+            raise ValueError("truncate_prompt_tokens cannot cut a prompt with images.")
+        return prompt_ids[-keep:]
+
     def process_params(self, prompt_token_ids: list[int], params: SamplingParams
                        ) -> tuple[SamplingParams, int]:
         """(params with the model's defaults applied, the resolved max_tokens): the one
@@ -94,3 +124,27 @@ class Processor:
         from vllm.structured_output import validate_structured_outputs
         return validate_structured_outputs(params.structured_outputs,
                                            self.structured_outputs_config)
+
+
+def truncation_size(truncate_prompt_tokens: Optional[int], max_model_len: int,
+                    max_tokens: Optional[int] = None) -> Optional[int]:
+    """How many prompt tokens truncate_prompt_tokens keeps (None: no truncation).
+
+    -1 keeps as many as leave room for `max_tokens` (max_model_len - max_tokens; all of
+    max_model_len when max_tokens is not given, as in vLLM). 0 would leave nothing to
+    complete (vLLM then renders no prompt at all), and more than max_model_len cannot
+    be honoured: both are refused with a ValueError naming the field.
+    """
+    if truncate_prompt_tokens is None:
+        return None
+    if truncate_prompt_tokens == -1:
+        room = max_model_len - (max_tokens or 0)
+        return max(room, 1)
+    if truncate_prompt_tokens < 1:
+        raise ValueError(f"truncate_prompt_tokens must be -1 (keep the last max_model_len "
+                         f"- max_tokens tokens) or at least 1, got {truncate_prompt_tokens}.")
+    if truncate_prompt_tokens > max_model_len:
+        raise ValueError(f"truncate_prompt_tokens={truncate_prompt_tokens} cannot be greater "
+                         f"than max_model_len={max_model_len}; choose a smaller truncation "
+                         "size.")
+    return truncate_prompt_tokens

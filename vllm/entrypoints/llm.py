@@ -19,6 +19,7 @@ from vllm.entrypoints.weight_update_offline import WeightUpdateOfflineMixin
 from vllm.metrics.reader import Metric
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
+from vllm.entrypoints.offline_inputs import ChatOptions, check_priority, cumulative
 from vllm.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,20 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLM":
         return cls(**vars(engine_args))
+
+    @property
+    def model_config(self):
+        """The engine's ModelConfig (vLLM's attribute)."""
+        return self.llm_engine.model_config
+
+    @property
+    def supported_tasks(self) -> tuple[str, ...]:
+        return self.llm_engine.get_supported_tasks()
+
+    def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:
+        """`func(model)` on every rank's model (the torch module); one result per rank.
+        The function travels by value (cloudpickle) when the engine runs elsewhere."""
+        return self.llm_engine.apply_model(func)
 
     def get_world_size(self, include_dp: bool = True) -> int:
         """tensor x pipeline parallel ranks (the offline LLM runs one replica, so the
@@ -121,27 +136,48 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
     # ------------------------------------------------------------ generate
     def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = True, prompt_token_ids: Optional[list] = None,
+                 use_tqdm: Union[bool, Callable[..., Any]] = True,
+                 prompt_token_ids: Optional[list] = None,
                  lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]],
-                                     None] = None,
-                 **kwargs: Any) -> list[RequestOutput]:
-        """`lora_request`: one adapter for all prompts, or one (or None) per prompt."""
+                                     None] = None, *,
+                 priority: Optional[Sequence[int]] = None,
+                 tokenization_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
+        """vLLM's generate: one finished RequestOutput per prompt, in order.
+
+        `lora_request`: one adapter for all prompts, or one (or None) per prompt.
+        `priority`: one per prompt; only 0, as this engine schedules first come, first
+        served. `tokenization_kwargs` go to the tokenizer call on text prompts (e.g.
+        {"truncation": True, "max_length": 512}). `use_tqdm` may be a tqdm-like class
+        that builds the progress bar. Each request's final output is complete
+        whatever `output_kind` its params name (DELTA is for streaming consumers).
+        """
         prompt_list = self._normalize_prompts(prompts, prompt_token_ids)
+        if tokenization_kwargs:
+            prompt_list = [self._tokenize(p, tokenization_kwargs) for p in prompt_list]
+        check_priority(priority, len(prompt_list))
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
-        params_list = self._normalize_params(sampling_params, len(prompt_list))
+        params_list = [cumulative(p) for p in
+                       self._normalize_params(sampling_params, len(prompt_list))]
         lora_list = self._normalize_loras(lora_request, len(prompt_list))
         request_ids = self._add_requests(prompt_list, params_list, lora_list)
         return self._run_engine(request_ids, use_tqdm)
 
     def beam_search(self, prompts: Union[PromptType, Sequence[PromptType]],
                     params: BeamSearchParams, lora_request: Optional[LoRARequest] = None,
-                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+                    use_tqdm: bool = False,
+                    concurrency_limit: Optional[int] = None) -> list[BeamSearchOutput]:
         """Beam search (vllm/beam_search.py): per prompt, the `params.beam_width` best
         sequences, best first. Steps run as batches of 1-token requests whose beams
-        share their prefix blocks through the prefix cache."""
+        share their prefix blocks through the prefix cache; `concurrency_limit` prompts
+        at a time (default: all), to bound the beams in flight."""
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}.")
+        if concurrency_limit is not None and (
+                isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int)
+                or concurrency_limit < 1):
+            raise ValueError(f"concurrency_limit must be a positive integer, got "
+                             f"{concurrency_limit!r}.")
         processor = self.llm_engine.processor
         token_lists = [processor.tokenize_prompt(p)[1]
                        for p in self._normalize_prompts(prompts, None)]
@@ -151,8 +187,13 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
             return self.generate([{"prompt_token_ids": t} for t in batch], step,
                                  use_tqdm=False, lora_request=lora_request)
 
-        return run_beam_search(token_lists, params, processor.eos_token_id, generate,
-                               lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        chunk = concurrency_limit or max(1, len(token_lists))
+        outputs: list[BeamSearchOutput] = []
+        for start in range(0, len(token_lists), chunk):
+            outputs += run_beam_search(
+                token_lists[start:start + chunk], params, processor.eos_token_id, generate,
+                lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        return outputs
 
     @staticmethod
     def _normalize_loras(lora_request: Union[LoRARequest, Sequence[Optional[LoRARequest]],
@@ -210,8 +251,9 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
         engine = self.llm_engine
         # Queued requests (enqueue) that finished during an earlier run wait here.
         finished = {r: self._stashed.pop(r) for r in request_ids if r in self._stashed}
-        bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True,
-                   disable=not use_tqdm)
+        make_bar = use_tqdm if callable(use_tqdm) else tqdm
+        bar = make_bar(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True,
+                       disable=not use_tqdm)
         in_toks = out_toks = 0
         try:
             while engine.has_unfinished_requests():
@@ -240,57 +282,64 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
     # ---------------------------------------------------------------- chat
     def chat(self, messages: Union[ChatMessages, list[ChatMessages]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-             use_tqdm: bool = True, chat_template: Optional[str] = None,
+             use_tqdm: Union[bool, Callable[..., Any]] = True,
+             lora_request: Optional[LoRARequest] = None,
+             chat_template: Optional[str] = None,
+             chat_template_content_format: str = "auto",
              add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: Optional[list[dict[str, Any]]] = None,
              chat_template_kwargs: Optional[dict[str, Any]] = None,
-             lora_request: Optional[LoRARequest] = None) -> list[RequestOutput]:
-        """Chat completions offline. With a multimodal model, content parts may be
-        {"type": "image_url", "image_url": {"url": ...}} (data:, http(s):, file: under
-        allowed_local_media_path) or {"type": "image_pil", "image_pil": PIL image}."""
-        conversations = messages if messages and isinstance(messages[0], list) else [messages]
-        prompts = [self._chat_prompt(conv, chat_template, add_generation_prompt,
-                                     continue_final_message, chat_template_kwargs or {})
-                   for conv in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
-                             lora_request=lora_request)
-
-    def _chat_prompt(self, conversation: ChatMessages, *template_args: Any) -> dict[str, Any]:
-        """The engine prompt of one conversation: token ids, or for a multimodal model
-        whose messages hold images, the rendered text and the images (loaded here)."""
-        mm = self.llm_engine.processor.mm_processor
-        if mm is None or not _has_image_parts(conversation):
-            return {"prompt_token_ids": self._apply_chat_template(conversation, *template_args)}
-        from vllm.entrypoints.openai.chat_utils import conversation_and_images
-        from vllm.entrypoints.openai.errors import OpenAIError
-        from vllm.multimodal.media import load_image_url
-        try:
-            conversation, refs = conversation_and_images(conversation, mm.image_placeholder)
-        except OpenAIError as e:  # the server's 400 is the offline API's ValueError
-            raise ValueError(str(e)) from e
-        root = self.llm_engine.model_config.allowed_local_media_path
-        images = [load_image_url(r, root) if isinstance(r, str) else r for r in refs]
-        text = self._apply_chat_template(conversation, *template_args, tokenize=False)
-        return {"prompt": text, "multi_modal_data": {"image": images}}
-
-    def _apply_chat_template(self, conversation: ChatMessages, chat_template: Optional[str],
-                             add_generation_prompt: bool, continue_final_message: bool,
-                             kwargs: dict[str, Any], tokenize: bool = True) -> Any:
+             mm_processor_kwargs: Optional[dict[str, Any]] = None,
+             tokenization_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
+        """Chat completions offline, with vLLM's arguments in vLLM's order. Content may
+        be a string or OpenAI-style parts: {"type": "text", "text": ...}, and with a
+        multimodal model {"type": "image_url", "image_url": {"url": ...}} (data:,
+        http(s):, file: under allowed_local_media_path) or {"type": "image_pil",
+        "image_pil": PIL image}. `tools` (OpenAI function definitions) go to the
+        template; `tokenization_kwargs` to the tokenizer call on the rendered text."""
+        if mm_processor_kwargs:
+            raise ValueError("mm_processor_kwargs: per-request multimodal processor "
+                             "arguments are not supported by this engine.")
         if add_generation_prompt and continue_final_message:
             raise ValueError("continue_final_message and add_generation_prompt cannot both "
                              "be true.")
+        conversations = (messages if messages and isinstance(messages[0], (list, tuple))
+                         else [messages])
+        options = ChatOptions(chat_template, chat_template_content_format,
+                               add_generation_prompt, continue_final_message, tools,
+                               chat_template_kwargs or {}, tokenization_kwargs)
+        prompts = [self._chat_prompt(list(conv), options) for conv in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
+
+    def _chat_prompt(self, conversation: ChatMessages, options: ChatOptions
+                     ) -> dict[str, Any]:
+        """The engine prompt of one conversation: token ids, or for a multimodal model
+        whose messages hold images, the rendered text and the images (loaded here). The
+        server's message parsing and template call, its 400s raised as ValueError."""
+        from vllm.entrypoints.openai import chat_utils
+        from vllm.entrypoints.openai.errors import OpenAIError
+        mm = self.llm_engine.processor.mm_processor
         tokenizer = self.get_tokenizer()
-        if chat_template is None and not getattr(tokenizer, "chat_template", None):
-            raise ValueError("The model's tokenizer has no chat template; pass chat_template.")
-        text = tokenizer.apply_chat_template(
-            conversation, chat_template=chat_template, tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, **kwargs)
-        if not tokenize:
-            return text
-        return tokenizer.encode(text, add_special_tokens=False)
-
-
-def _has_image_parts(conversation: Any) -> bool:
-    return any(isinstance(m, dict) and isinstance(m.get("content"), list) and any(
-        isinstance(p, dict) and p.get("type") in ("image_url", "image_pil")
-        for p in m["content"]) for m in conversation)
+        try:
+            fmt = chat_utils.resolve_content_format(
+                options.content_format,
+                options.chat_template or getattr(tokenizer, "chat_template", None),
+                multimodal=mm is not None)
+            conversation, refs = chat_utils.conversation_and_images(
+                conversation, mm.image_placeholder if mm is not None else None, fmt)
+            text = chat_utils.apply_chat_template(
+                tokenizer, conversation, chat_template=options.chat_template,
+                add_generation_prompt=options.add_generation_prompt,
+                continue_final_message=options.continue_final_message,
+                chat_template_kwargs=options.chat_template_kwargs, tools=options.tools)
+        except OpenAIError as e:  # the server's 400 is the offline API's ValueError
+            raise ValueError(str(e)) from e
+        if refs:
+            from vllm.multimodal.media import load_image_url
+            root = self.llm_engine.model_config.allowed_local_media_path
+            images = [load_image_url(r, root) if isinstance(r, str) else r for r in refs]
+            return {"prompt": text, "multi_modal_data": {"image": images}}
+        ids = tokenizer(text, add_special_tokens=False,
+                        **(options.tokenization_kwargs or {}))["input_ids"]
+        return {"prompt": text, "prompt_token_ids": list(ids)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence, Union
 
 from vllm.engine.processor import PromptType
+from vllm.entrypoints.offline_inputs import ChatOptions, check_priority, cumulative
 from vllm.lora.request import LoRARequest
 from vllm.outputs import PoolingRequestOutput, RequestOutput
 from vllm.sampling_params import SamplingParams
@@ -24,14 +25,14 @@ class OfflineQueueMixin:
         """Queue prompts for generation without running them; their request ids."""
         if self.llm_engine.model_config.runner_type != "generate":
             raise ValueError("LLM.enqueue() is only supported for generative models.")
-        _check_priority(priority)
-        if tokenization_kwargs:
-            raise ValueError("tokenization_kwargs are not supported by enqueue() here; "
-                             "pass token ids ({'prompt_token_ids': [...]}) instead.")
         prompt_list = self._normalize_prompts(prompts, None)
+        if tokenization_kwargs:
+            prompt_list = [self._tokenize(p, tokenization_kwargs) for p in prompt_list]
+        check_priority(priority, len(prompt_list))
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
-        params = self._normalize_params(sampling_params, len(prompt_list))
+        params = [cumulative(p) for p in
+                  self._normalize_params(sampling_params, len(prompt_list))]
         loras = self._normalize_loras(lora_request, len(prompt_list))
         ids = self._add_requests(prompt_list, params, loras)
         self._queued.extend(ids)
@@ -45,12 +46,19 @@ class OfflineQueueMixin:
                      add_generation_prompt: bool = True,
                      continue_final_message: bool = False,
                      chat_template_kwargs: Optional[dict[str, Any]] = None,
-                     use_tqdm: bool = True) -> list[str]:
-        """Queue chat conversations (rendered with the chat template) for generation."""
-        conversations = messages if messages and isinstance(messages[0], list) else [messages]
-        prompts = [{"prompt_token_ids": self._apply_chat_template(
-            conv, chat_template, add_generation_prompt, continue_final_message,
-            chat_template_kwargs or {})} for conv in conversations]
+                     use_tqdm: bool = True,
+                     chat_template_content_format: str = "auto",
+                     tools: Optional[list[dict[str, Any]]] = None) -> list[str]:
+        """Queue chat conversations (rendered as LLM.chat does) for generation."""
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both "
+                             "be true.")
+        conversations = (messages if messages and isinstance(messages[0], (list, tuple))
+                         else [messages])
+        options = ChatOptions(chat_template, chat_template_content_format,
+                               add_generation_prompt, continue_final_message, tools,
+                               chat_template_kwargs or {}, None)
+        prompts = [self._chat_prompt(list(conv), options) for conv in conversations]
         return self.enqueue(prompts, sampling_params, lora_request=lora_request)
 
     def wait_for_completion(self, output_type: Any = None, *, use_tqdm: bool = True
@@ -61,10 +69,3 @@ class OfflineQueueMixin:
         outputs = self._run_engine(ids, use_tqdm)
         kinds = output_type or (RequestOutput, PoolingRequestOutput)
         return [o for o in outputs if isinstance(o, kinds)]
-
-
-def _check_priority(priority: Optional[Union[int, Sequence[int]]]) -> None:
-    values = [] if priority is None else (
-        [priority] if isinstance(priority, int) else list(priority))
-    if any(p != 0 for p in values):
-        raise ValueError("priority: only 0 is supported (FCFS scheduling).")

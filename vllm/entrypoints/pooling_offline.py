@@ -174,11 +174,5 @@ class PoolingOfflineMixin:
 
     def _tokenize(self, prompt: PromptType, kwargs: dict[str, Any]) -> PromptType:
         """A text prompt tokenized with the caller's tokenizer arguments."""
-        text = prompt if isinstance(prompt, str) else (
-            prompt.get("prompt") if isinstance(prompt, dict) and
-            "prompt_token_ids" not in prompt else None)
-        if text is None:
-            return prompt
-        return {"prompt": text,
-                "prompt_token_ids": self.get_tokenizer()(text, **kwargs)["input_ids"]}
+        return self.llm_engine.processor.tokenize_with(prompt, kwargs)
 

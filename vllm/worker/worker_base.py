@@ -7,7 +7,7 @@ the driver's output (rank 0 of the last pipeline stage's TP group) is returned.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
@@ -68,6 +68,10 @@ class WorkerBase:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> Optional[ModelRunnerOutput]:
         return self.model_runner.execute_model(scheduler_output)
+
+    def apply_model(self, func: Any) -> Any:
+        """`func(model)` on this rank's model (vLLM's LLM.apply_model)."""
+        return func(self.model_runner.model)
 
     def check_health(self) -> None:
         return None

@@ -368,6 +368,7 @@ def _install_routes(app: FastAPI) -> None:
     @app.post("/v1/completions")
     @with_cancellation
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Any:
+        _header_request_id(request, raw_request)
         return _respond(await _state(raw_request).completion.create_completion(request))
 
     if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
@@ -381,7 +382,16 @@ def _install_routes(app: FastAPI) -> None:
     @with_cancellation
     async def create_chat_completion(request: ChatCompletionRequest,
                                      raw_request: Request) -> Any:
+        _header_request_id(request, raw_request)
         return _respond(await _state(raw_request).chat.create_chat_completion(request))
+
+
+def _header_request_id(request: Any, raw_request: Request) -> None:
+    """An X-Request-Id header names the request (over the body's request_id), as in
+    vLLM: gateways set it to find a request in the logs and in the response id."""
+    header = raw_request.headers.get("x-request-id")
+    if header:
+        request.request_id = header
 
 
 def _install_lora_routes(app: FastAPI) -> None:

@@ -9,6 +9,7 @@ collected in order (`conversation_and_images`). Other part types are refused.
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Any, Optional
 
 from vllm.entrypoints.openai.errors import BadRequestError
@@ -55,17 +56,56 @@ def conversation_from_messages(messages: list[ChatMessage]) -> list[dict[str, An
     return conversation_and_images(messages, None)[0]
 
 
-def conversation_and_images(messages: list[Any], image_placeholder: Optional[str]
+CONTENT_FORMATS = ("auto", "string", "openai")
+"""vLLM's chat_template_content_format: how a message's content reaches the template.
+"string" joins text parts into one string; "openai" keeps the list of parts
+({"type": "text", "text": ...}) for templates that loop over them; "auto" is "openai"
+when the template loops over a message's content, else "string"."""
+
+_CONTENT_LOOP = re.compile(r"\bfor\s+\w+\s+in\s+\w+(\[['\"]content['\"]\]|\.content)")
+
+
+def resolve_content_format(content_format: str, template: Optional[str],
+                           multimodal: bool = False) -> str:
+    """"string" or "openai" for `content_format`, "auto" decided from the template text
+    (a `for part in message['content']` loop means the template expects parts). A
+    multimodal model's "auto" is "string": its processor finds the image placeholders
+    in the rendered text."""
+    if content_format not in CONTENT_FORMATS:
+        raise BadRequestError(f"chat_template_content_format must be one of "
+                              f"{', '.join(CONTENT_FORMATS)}, got {content_format!r}.",
+                              param="chat_template_content_format")
+    if content_format != "auto":
+        return content_format
+    if multimodal:
+        return "string"
+    return "openai" if template and _CONTENT_LOOP.search(template) else "string"
+
+
+def conversation_and_images(messages: list[Any], image_placeholder: Optional[str],
+                            content_format: str = "string"
                             ) -> tuple[list[dict[str, Any]], list[Any]]:
     """(conversation dicts, image references in order). `messages` are ChatMessage
     models or plain dicts (the offline LLM.chat); an image reference is an image_url's
     URL or, offline, a PIL image (`image_pil` parts). Image parts are refused when
-    `image_placeholder` is None (a text-only model)."""
+    `image_placeholder` is None (a text-only model). `content_format` "openai" gives
+    each message's content as a list of text parts."""
     if not messages:
         raise BadRequestError("messages must contain at least one message.", param="messages")
+    if content_format == "openai" and image_placeholder is not None:
+        raise BadRequestError("chat_template_content_format 'openai' is not supported for "
+                              "multimodal models here (their image placeholders are found "
+                              "in the rendered text): use 'auto' or 'string'.",
+                              param="chat_template_content_format")
     conversation, images = [], []
     for i, message in enumerate(messages):
+        if not isinstance(message, dict) and not hasattr(message, "role"):
+            raise BadRequestError(f"Each message must be a dict with 'role' and 'content', "
+                                  f"got {type(message).__name__}.", param=f"messages.{i}")
         if isinstance(message, dict):
+            if not isinstance(message.get("role"), str):
+                raise BadRequestError("Each message needs a 'role' string.",
+                                      param=f"messages.{i}.role")
             entry = {k: v for k, v in message.items() if k != "content"}
             content = message.get("content")
         else:
@@ -74,7 +114,9 @@ def conversation_and_images(messages: list[Any], image_placeholder: Optional[str
             if message.name is not None:
                 entry["name"] = message.name
             content = message.content
-        entry["content"] = _content_text(content, i, image_placeholder, images)
+        texts = _content_texts(content, i, image_placeholder, images)
+        entry["content"] = ([{"type": "text", "text": t} for t in texts]
+                            if content_format == "openai" else "\n".join(texts))
         conversation.append(entry)
     return conversation, images
 
@@ -83,14 +125,17 @@ def _part_field(part: Any, name: str) -> Any:
     return part.get(name) if isinstance(part, dict) else getattr(part, name, None)
 
 
-def _content_text(content: Any, index: int, image_placeholder: Optional[str] = None,
-                  images: Optional[list[Any]] = None) -> str:
-    """A message's text; null content (e.g. an assistant turn) is the empty string, which
-    every text template can render. Image parts become `image_placeholder`."""
+def _content_texts(content: Any, index: int, image_placeholder: Optional[str] = None,
+                   images: Optional[list[Any]] = None) -> list[str]:
+    """A message's text parts; null content (e.g. an assistant turn) is one empty string,
+    which every text template can render. Image parts become `image_placeholder`."""
     if content is None:
-        return ""
+        return [""]
     if isinstance(content, str):
-        return content
+        return [content]
+    if not isinstance(content, (list, tuple)):
+        raise BadRequestError(f"Message content must be a string or a list of parts, got "
+                              f"{type(content).__name__}.", param=f"messages.{index}.content")
     texts = []
     for j, part in enumerate(content):
         kind = _part_field(part, "type")
@@ -105,11 +150,11 @@ def _content_text(content: Any, index: int, image_placeholder: Optional[str] = N
             raise BadRequestError(f"Content part type {kind!r} is not supported; only "
                                   f"{allowed}.", param=param)
         text = _part_field(part, "text")
-        if text is None:
-            raise BadRequestError("A 'text' content part needs a 'text' field.",
+        if not isinstance(text, str):
+            raise BadRequestError("A 'text' content part needs a 'text' string.",
                                   param=f"{param}.text")
         texts.append(text)
-    return "\n".join(texts)
+    return texts
 
 
 def _image_ref(part: Any, kind: str, param: str) -> Any:
@@ -142,10 +187,6 @@ def apply_chat_template(tokenizer: Any, conversation: list[dict[str, Any]], *,
         raise BadRequestError(
             "The model's tokenizer has no chat template; start the server with "
             "--chat-template or pass chat_template in the request.", param="chat_template")
-    if continue_final_message and (not conversation
-                                   or conversation[-1].get("role") != "assistant"):
-        raise BadRequestError("continue_final_message needs a final assistant message to "
-                              "continue.", param="continue_final_message")
     try:
         text = tokenizer.apply_chat_template(
             conversation, chat_template=template, tokenize=False,

@@ -17,7 +17,7 @@ import uuid
 from typing import Any, ClassVar, Literal, Optional, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, create_model, model_serializer,
-                      model_validator)
+                      field_validator, model_validator)
 
 from vllm.sampling_params import StructuredOutputsParams
 
@@ -292,6 +292,12 @@ class CompletionRequest(SamplingFields):
     max_tokens: Optional[int] = 16
     suffix: Optional[str] = None
     add_special_tokens: bool = True
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _null_max_tokens_is_the_default(cls, value: Any) -> Any:
+        """An explicit null means the default 16 (as in vLLM), not "fill the context"."""
+        return 16 if value is None else value
 
     def unsupported_fields(self) -> Optional[tuple[str, str]]:
         if self.suffix:

@@ -22,7 +22,7 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatComplet
                                               ChatCompletionResponseChoice,
                                               ChatCompletionResponseStreamChoice,
                                               ChatCompletionStreamResponse, ChatResponseMessage,
-                                              DeltaMessage, random_uuid)
+                                              DeltaMessage)
 from vllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, PromptInput, sse,
                                                    sse_error)
 from vllm.entrypoints.openai.stream_interval import batch_stream
@@ -91,7 +91,8 @@ class OpenAIServingChat(OpenAIServing):
         await self.check_engine()
         prompt = await self.render_prompt(request)
         truncated = self.truncate(prompt.token_ids, request.truncate_prompt_tokens,
-                                  self.max_model_len, request.truncation_side)
+                                  self.max_model_len, request.truncation_side,
+                                  request.requested_max_tokens)
         if truncated is not prompt.token_ids:
             if prompt.multi_modal_data:
                 raise BadRequestError("truncate_prompt_tokens cannot cut a prompt with "
@@ -110,9 +111,9 @@ class OpenAIServingChat(OpenAIServing):
                                       stream=bool(request.stream),
                                       structured_outputs=plan.structured,
                                       max_tokens_param=max_tokens_param)
-        request_id = f"chatcmpl-{request.request_id or random_uuid()}"
+        request_id, engine_id = self.request_ids("chatcmpl", request.request_id)
         try:
-            stream = await self.add_request(request_id, prompt.engine_prompt(), params,
+            stream = await self.add_request(engine_id, prompt.engine_prompt(), params,
                                             request.model)
         except ValueError as e:
             raise self.engine_error(e, "messages", "messages", max_tokens_param,
@@ -186,7 +187,8 @@ class OpenAIServingChat(OpenAIServing):
                       request_id: str, created: int, model_name: str,
                       role: str, plan: ToolPlan) -> AsyncIterator[str]:
         prompt_tokens = len(prompt.token_ids)
-        completion_tokens = cached_tokens = 0
+        cached_tokens = 0
+        completion_tokens = [0] * request.n  # per choice: continuous usage counts its own
         as_ids = bool(request.return_tokens_as_token_ids)
         with_ids = bool(request.return_token_ids)
 
@@ -197,7 +199,7 @@ class OpenAIServingChat(OpenAIServing):
                   prompt_text: Optional[str] = None) -> str:
             usage = None
             if request.continuous_usage:
-                usage = self.usage(prompt_tokens, completion_tokens, cached_tokens)
+                usage = self.usage(prompt_tokens, completion_tokens[index], cached_tokens)
             return sse(ChatCompletionStreamResponse(
                 id=request_id, created=created, model=model_name, usage=usage,
                 prompt_token_ids=prompt_token_ids, prompt_text=prompt_text,
@@ -223,7 +225,7 @@ class OpenAIServingChat(OpenAIServing):
                 if prompt.multi_modal_data and output.prompt_token_ids:
                     prompt_tokens = len(output.prompt_token_ids)  # images expanded
                 for c in output.outputs:
-                    completion_tokens += len(c.token_ids)
+                    completion_tokens[c.index] += len(c.token_ids)
                     if not c.text and not c.token_ids and c.finish_reason is None:
                         continue
                     logprobs = None
@@ -245,7 +247,7 @@ class OpenAIServingChat(OpenAIServing):
             if request.include_usage:
                 yield sse(ChatCompletionStreamResponse(
                     id=request_id, created=created, model=model_name, choices=[],
-                    usage=self.usage(prompt_tokens, completion_tokens, cached_tokens)))
+                    usage=self.usage(prompt_tokens, sum(completion_tokens), cached_tokens)))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - reported in-stream (headers are sent)

@@ -5,6 +5,8 @@ Choice indices run prompt-major: prompt i's j-th completion is choice i * n + j,
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import time
 from typing import Any, AsyncIterator, Optional, Union
 
@@ -13,7 +15,7 @@ from vllm.entrypoints.openai.errors import BadRequestError
 from vllm.entrypoints.openai.protocol import (CompletionRequest, CompletionResponse,
                                               CompletionResponseChoice,
                                               CompletionResponseStreamChoice,
-                                              CompletionStreamResponse, random_uuid)
+                                              CompletionStreamResponse)
 from vllm.entrypoints.openai.serving_engine import (SSE_DONE, OpenAIServing, PromptInput,
                                                    merge_async_iterators, sse, sse_error)
 from vllm.entrypoints.openai.stream_interval import batch_stream
@@ -29,14 +31,18 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_supported(request)
         await self.check_engine()
         prompts = await self._prompt_inputs(request)
-        base_id = f"cmpl-{request.request_id or random_uuid()}"
+        response_id, base_id = self.request_ids("cmpl", request.request_id)
         if request.use_beam_search:
-            return await self._beam_search(request, prompts, base_id, model_name)
+            return await self._beam_search(request, prompts, base_id, model_name,
+                                           response_id)
         # echo + logprobs returns the prompt's logprobs too, so ask the engine for them.
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = request.logprobs
-        params = self.sampling_params(request, max_tokens=request.max_tokens,
+        # echo with max_tokens 0 (log-likelihood scoring, e.g. lm-eval): the prompt and its
+        # logprobs only. The engine computes one token, which the response leaves out.
+        echo_only = bool(request.echo) and request.max_tokens == 0
+        params = self.sampling_params(request, max_tokens=1 if echo_only else request.max_tokens,
                                       logprobs=request.logprobs,
                                       prompt_logprobs=prompt_logprobs,
                                       stream=bool(request.stream))
@@ -57,12 +63,14 @@ class OpenAIServingCompletion(OpenAIServing):
                 raise self.engine_error(errors[0], "prompt", "prompt") from errors[0]
             raise errors[0]
         iterators = [self.engine.iterate(s) for s in streams]
+        if echo_only:
+            iterators = [_without_generation(it) for it in iterators]
         if request.stream and (request.stream_interval or 1) > 1:
             iterators = [batch_stream(it, request.stream_interval) for it in iterators]
         created = int(time.time())
         if request.stream:
-            return self._stream(request, prompts, iterators, base_id, created, model_name)
-        return await self._full(request, prompts, iterators, base_id, created, model_name)
+            return self._stream(request, prompts, iterators, response_id, created, model_name)
+        return await self._full(request, prompts, iterators, response_id, created, model_name)
 
     async def _prompt_inputs(self, request: CompletionRequest) -> list[PromptInput]:
         prompt = request.prompt
@@ -79,14 +87,14 @@ class OpenAIServingCompletion(OpenAIServing):
             if isinstance(item, str):
                 ids = await self.tokenize_text(item, request.add_special_tokens, "prompt",
                                                request.truncate_prompt_tokens,
-                                               request.truncation_side)
+                                               request.truncation_side, request.max_tokens)
                 text: Optional[str] = item
             else:
                 ids = list(item)
                 self.check_token_ids(ids, "prompt")
                 text = None
             ids = self.truncate(ids, request.truncate_prompt_tokens, self.max_model_len,
-                                request.truncation_side)
+                                request.truncation_side, request.max_tokens)
             if not ids:
                 raise BadRequestError("The prompt is empty (no tokens).", param="prompt")
             if text is None or request.truncate_prompt_tokens is not None:
@@ -96,7 +104,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     # ---------------------------------------------------------- beam search
     async def _beam_search(self, request: CompletionRequest, prompts: list[PromptInput],
-                           base_id: str, model_name: str
+                           base_id: str, model_name: str, response_id: str
                            ) -> Union[CompletionResponse, AsyncIterator[str]]:
         """use_beam_search: `n` beams per prompt (vllm/beam_search.py), each choice one
         finished beam, best first; a stream sends each prompt's choices when its search
@@ -117,8 +125,8 @@ class OpenAIServingCompletion(OpenAIServing):
             searches.append(self._run_beam_search(request, prompt, params, request_id))
         created = int(time.time())
         if request.stream:
-            return self._stream(request, prompts, searches, base_id, created, model_name)
-        return await self._full(request, prompts, searches, base_id, created, model_name)
+            return self._stream(request, prompts, searches, response_id, created, model_name)
+        return await self._full(request, prompts, searches, response_id, created, model_name)
 
     async def _run_beam_search(self, request: CompletionRequest, prompt: PromptInput,
                                params: BeamSearchParams, request_id: str
@@ -207,7 +215,7 @@ class OpenAIServingCompletion(OpenAIServing):
         sent_text_len = [0] * (len(prompts) * n)   # text offset of each choice so far
         echoed = [not request.echo] * (len(prompts) * n)
         prompt_tokens = [len(p.token_ids) for p in prompts]
-        completion_tokens = [0] * len(prompts)
+        completion_tokens = [0] * (len(prompts) * n)  # per choice (continuous usage)
         cached_tokens = [0] * len(prompts)
         as_ids = bool(request.return_tokens_as_token_ids)
         with_ids = bool(request.return_token_ids)
@@ -218,7 +226,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 cached_tokens[i] = output.num_cached_tokens or 0
                 for c in output.outputs:
                     index = i * n + c.index
-                    completion_tokens[i] += len(c.token_ids)
+                    completion_tokens[index] += len(c.token_ids)
                     new_ids = list(c.token_ids)
                     text = c.text
                     token_ids, steps = list(c.token_ids), list(c.logprobs or [])
@@ -237,7 +245,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     sent_text_len[index] += len(text)
                     usage = None
                     if request.continuous_usage:
-                        usage = self.usage(prompt_tokens[i], completion_tokens[i],
+                        usage = self.usage(prompt_tokens[i], completion_tokens[index],
                                            cached_tokens[i])
                     prompt_ids = None
                     if with_ids and not ids_sent[index]:
@@ -261,3 +269,16 @@ class OpenAIServingCompletion(OpenAIServing):
             yield sse_error(e)
         yield SSE_DONE
 
+
+async def _without_generation(outputs: AsyncIterator[RequestOutput]
+                              ) -> AsyncIterator[RequestOutput]:
+    """The outputs with every completion emptied (text, tokens, logprobs): echo with
+    max_tokens 0 returns the prompt alone, finished for length, as vLLM does."""
+    async for output in outputs:
+        output = copy.copy(output)
+        output.outputs = [dataclasses.replace(c, text="", token_ids=[], logprobs=None,
+                                              cumulative_logprob=None,
+                                              finish_reason=("length" if c.finish_reason
+                                                             else None), stop_reason=None)
+                          for c in output.outputs]
+        yield output

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, Sequence
 
 from vllm.engine.params import MaxTokensTooLargeError, PromptTooLongError, RequestParamsPolicy
+from vllm.engine.processor import truncation_size
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai.errors import (BadRequestError, InternalServerError,
                                             NotFoundError, OpenAIError,
@@ -22,7 +23,7 @@ from vllm.entrypoints.openai.errors import (BadRequestError, InternalServerError
 from vllm.entrypoints.openai.protocol import (ChatCompletionLogProb, ChatCompletionLogProbs,
                                               ChatCompletionLogProbsContent, CompletionLogProbs,
                                               Logprob, PromptTokensDetails, SamplingFields,
-                                              UsageInfo)
+                                              UsageInfo, random_uuid)
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
 from vllm.entrypoints.openai.structured_outputs import (check_structured_outputs,
                                                         structured_outputs_from_request)
@@ -95,6 +96,17 @@ class OpenAIServing:
         return await self.engine.add_request(request_id, prompt, params, lora_request=lora)
 
     @staticmethod
+    def request_ids(prefix: str, client_id: Optional[str]) -> tuple[str, str]:
+        """(response id, engine id) of a request. A client's request_id (the body's, or
+        the X-Request-Id header's) names the response, as in vLLM; the engine's id adds
+        a random suffix, so that concurrent requests reusing one id do not collide."""
+        if not client_id:
+            response_id = f"{prefix}-{random_uuid()}"
+            return response_id, response_id
+        response_id = f"{prefix}-{client_id}"
+        return response_id, f"{response_id}-{random_uuid()[:8]}"
+
+    @staticmethod
     def check_supported(request: Any) -> None:
         refused = request.unsupported_fields()
         if refused is not None:
@@ -111,7 +123,8 @@ class OpenAIServing:
 
     async def tokenize_text(self, text: str, add_special_tokens: bool, param: str = "prompt",
                             truncate_prompt_tokens: Optional[int] = None,
-                            truncation_side: Optional[str] = None) -> list[int]:
+                            truncation_side: Optional[str] = None,
+                            max_tokens: Optional[int] = None) -> list[int]:
         """Token ids of `text`, refusing up front a text too long for any truncation-free
         prompt (it could only waste the tokenizer's time and memory).
 
@@ -120,7 +133,8 @@ class OpenAIServing:
         one; the kept tokens are the text's last ones, as in vLLM (its first ones with
         truncation_side='right').
         """
-        keep = check_truncate_prompt_tokens(truncate_prompt_tokens, self.max_model_len)
+        keep = check_truncate_prompt_tokens(truncate_prompt_tokens, self.max_model_len,
+                                            max_tokens)
         if keep is not None:
             part = 2 * self.tokenizer_pool.max_prompt_chars(keep)
             if len(text) > part:
@@ -152,10 +166,11 @@ class OpenAIServing:
 
     @staticmethod
     def truncate(token_ids: list[int], truncate_prompt_tokens: Optional[int],
-                 max_model_len: int, truncation_side: Optional[str] = None) -> list[int]:
-        """Keep the last `truncate_prompt_tokens` tokens (-1: max_model_len), as vLLM does;
-        the first ones with truncation_side='right'."""
-        keep = check_truncate_prompt_tokens(truncate_prompt_tokens, max_model_len)
+                 max_model_len: int, truncation_side: Optional[str] = None,
+                 max_tokens: Optional[int] = None) -> list[int]:
+        """Keep the last `truncate_prompt_tokens` tokens (-1: as many as leave room for
+        `max_tokens`), as vLLM does; the first ones with truncation_side='right'."""
+        keep = check_truncate_prompt_tokens(truncate_prompt_tokens, max_model_len, max_tokens)
         if keep is None or len(token_ids) <= keep:
             return token_ids
         return token_ids[:keep] if truncation_side == "right" else token_ids[-keep:]
@@ -229,6 +244,9 @@ class OpenAIServing:
         name) replaces the constraint the request's own fields ask for (tool_choice
         does)."""
         from vllm.sampling_params import RequestOutputKind, SamplingParams
+        if stream and getattr(request, "prompt_logprobs", None) is not None:
+            raise BadRequestError("`prompt_logprobs` are not available when `stream=True`.",
+                                  param="prompt_logprobs")
         self.check_requested_max_tokens(max_tokens, max_tokens_param)
         logit_bias = self._logit_bias(request.logit_bias)
         stop = [request.stop] if isinstance(request.stop, str) else request.stop
@@ -356,25 +374,14 @@ class OpenAIServing:
 
 
 # -------------------------------------------------------------------- helpers
-def check_truncate_prompt_tokens(value: Optional[int], max_model_len: int) -> Optional[int]:
-    """How many prompt tokens truncate_prompt_tokens keeps (None: no truncation).
-
-    -1 means max_model_len. 0 would leave nothing to complete (vLLM then renders no
-    prompt at all), and more than max_model_len cannot be honoured: both are refused.
-    """
-    if value is None:
-        return None
-    if value == -1:
-        return max_model_len
-    if value < 1:
-        raise BadRequestError(f"truncate_prompt_tokens must be -1 (keep the last "
-                              f"max_model_len tokens) or at least 1, got {value}.",
-                              param="truncate_prompt_tokens")
-    if value > max_model_len:
-        raise BadRequestError(f"truncate_prompt_tokens={value} cannot be greater than "
-                              f"max_model_len={max_model_len}; choose a smaller truncation "
-                              "size.", param="truncate_prompt_tokens")
-    return value
+def check_truncate_prompt_tokens(value: Optional[int], max_model_len: int,
+                                 max_tokens: Optional[int] = None) -> Optional[int]:
+    """How many prompt tokens truncate_prompt_tokens keeps (None: no truncation); the
+    engine's rule (processor.truncation_size), its ValueError as the client's 400."""
+    try:
+        return truncation_size(value, max_model_len, max_tokens)
+    except ValueError as e:
+        raise BadRequestError(str(e), param="truncate_prompt_tokens") from e
 
 
 def copy_tokenizer(tokenizer: Any) -> Any:
