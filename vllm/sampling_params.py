@@ -164,6 +164,8 @@ class SamplingParams:
 
     # Set by update_from_generation_config (the model's end-of-sequence token).
     _eos_token_id: Optional[int] = field(default=None, init=False, repr=False)
+    _bad_words_token_ids: Optional[list[list[int]]] = field(default=None, init=False,
+                                                            repr=False)
     # Set by from_client: the fields the client left unset (None: built in Python).
     _client_unset: Optional[frozenset[str]] = field(default=None, init=False, repr=False)
 
@@ -317,10 +319,9 @@ class SamplingParams:
                 f"truncate_prompt_tokens must be -1 or at least 1, got "
                 f"{self.truncate_prompt_tokens}.")
         self._verify_stop()
-        if self.bad_words:
-            raise ValueError(
-                "bad_words is not supported by this engine; leave it unset (use "
-                "logit_bias with -100 or allowed_token_ids instead).")
+        if any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            raise ValueError(f"bad_words must be a list of non-empty strings, got "
+                             f"{self.bad_words!r}.")
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
                 raise ValueError("allowed_token_ids must not be empty when given.")
@@ -395,6 +396,28 @@ class SamplingParams:
     def eos_token_id(self) -> Optional[int]:
         """The tokenizer's eos id set by update_from_generation_config, if any."""
         return self._eos_token_id
+
+    @property
+    def bad_words_token_ids(self) -> Optional[list[list[int]]]:
+        """The token sequences `bad_words` forbid (set by update_from_tokenizer)."""
+        return self._bad_words_token_ids
+
+    def update_from_tokenizer(self, tokenizer: Any) -> None:
+        """Tokenize `bad_words` (vLLM's name). Each word is forbidden as the tokenizer
+        spells it at the start of a text and, where that differs, after a space (most
+        tokenizers fold the space into the word's first token): the sampler then never
+        lets the output end with one of these sequences."""
+        if not self.bad_words:
+            self._bad_words_token_ids = None
+            return
+        sequences: list[list[int]] = []
+        for word in self.bad_words:
+            bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            sequences.append(list(bare))
+            if spaced and len(spaced) == len(bare) and spaced[0] != bare[0]:
+                sequences.append(list(spaced))
+        self._bad_words_token_ids = [s for s in sequences if s]
 
     @property
     def all_stop_token_ids(self) -> set[int]:

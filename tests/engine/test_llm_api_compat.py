@@ -179,3 +179,38 @@ def test_engine_add_request_keywords(llm):
     while engine.has_unfinished_requests():
         outs += [o for o in engine.step() if o.finished]
     assert [len(o.prompt_token_ids) for o in outs] == [2]
+
+
+def _pair_that_round_trips(tokenizer, ids):
+    """A position i where ids[i], ids[i + 1] spell a word the tokenizer encodes back to
+    exactly those two tokens (with or without a leading space)."""
+    for i in range(len(ids) - 1):
+        word = tokenizer.decode(ids[i:i + 2])
+        if not word.strip():
+            continue
+        for text in (word.lstrip(), " " + word.lstrip()):
+            if tokenizer.encode(text, add_special_tokens=False) == ids[i:i + 2]:
+                return i, word
+    return None
+
+
+def test_bad_words_one_and_two_tokens(llm):
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    base = list(llm.generate("the cat sat on", params, use_tqdm=False)[0].outputs[0].token_ids)
+    first_word = tokenizer.decode(base[:1])
+    banned = llm.generate("the cat sat on", SamplingParams(
+        max_tokens=12, temperature=0.0, ignore_eos=True, bad_words=[first_word]),
+        use_tqdm=False)[0].outputs[0].token_ids
+    assert base[0] not in banned
+    found = _pair_that_round_trips(tokenizer, base)
+    assert found is not None, base
+    i, word = found
+    out = list(llm.generate("the cat sat on", SamplingParams(
+        max_tokens=12, temperature=0.0, ignore_eos=True, bad_words=[word]),
+        use_tqdm=False)[0].outputs[0].token_ids)
+    assert out[:i + 1] == base[:i + 1]  # the first token alone is allowed
+    assert out[i + 1] != base[i + 1]
+    assert not any(out[j:j + 2] == base[i:i + 2] for j in range(len(out) - 1))
+    with pytest.raises(ValueError, match="bad_words"):
+        SamplingParams(bad_words=[""])

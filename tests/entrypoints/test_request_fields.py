@@ -249,3 +249,20 @@ def test_continue_final_message_after_a_user_turn(http):
         "add_generation_prompt": False, "return_prompt_text": True})
     assert r.status_code == 200, r.text
     assert r.json()["prompt_text"].endswith("Say something.")  # left open, no end marker
+
+
+def test_bad_words(http, tok):
+    body = {"prompt": "the cat sat on", "max_tokens": 6, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}
+    base = http.post("/v1/completions", json=body).json()["choices"][0]
+    word = base["text"].split()[0] if base["text"].split() else None
+    assert word, base
+    out = http.post("/v1/completions", json={**body, "bad_words": [word]})
+    assert out.status_code == 200, out.text
+    ids = out.json()["choices"][0]["token_ids"]
+    assert ids != base["token_ids"]
+    for text in (word, " " + word):  # the spellings bad_words forbids
+        seq = tok.encode(text, add_special_tokens=False)
+        assert not any(ids[j:j + len(seq)] == seq for j in range(len(ids))), (text, ids)
+    bad = http.post("/v1/completions", json={**body, "bad_words": "oops"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("bad_words")

@@ -284,3 +284,29 @@ def test_extreme_accepted_knobs_do_not_break_the_float32_columns():
     assert torch.isfinite(md.temperature).all()
     token = Sampler()(torch.randn(1, 16), md).sampled_token_ids
     assert 0 <= int(token[0]) < 16
+
+
+def test_apply_bad_words_bans_only_completing_tokens():
+    from vllm.sample.ops.logit_masks import apply_bad_words
+    logits = torch.zeros(2, 10)
+    output = [4, 7]
+    entries = [(0, [[3], [7, 5], [6, 5], [2, 9, 8]], output), (1, [[4, 7, 1]], output)]
+    banned = torch.isneginf(apply_bad_words(logits, entries))
+    # Row 0: 3 always; 5 because the output ends with 7; not 8 (needs 2, 9 before it).
+    assert banned[0].nonzero().flatten().tolist() == [3, 5]
+    assert banned[1].nonzero().flatten().tolist() == [1]
+    output.append(2)  # the lists are read live: after [.., 2] the ban on 5 lifts
+    banned = torch.isneginf(apply_bad_words(torch.zeros(2, 10), entries))
+    assert banned[0].nonzero().flatten().tolist() == [3]
+
+
+def test_fixed_shapes_fold_bad_words_into_the_mask():
+    from vllm.hpu.sampling import fixed_shapes
+    from vllm.sample.metadata import SamplingMetadata, SamplingRow
+    from vllm.sampling_params import SamplingParams
+    params = SamplingParams(temperature=0.0, bad_words=["x"])
+    params._bad_words_token_ids = [[3], [5, 6]]
+    row = SamplingRow(params=params, prompt_token_ids=[1], output_token_ids=[5])
+    md = fixed_shapes(SamplingMetadata.build([row], 10, "cpu"), "cpu")
+    assert md.bad_words is None
+    assert md.allowed_token_mask[0].nonzero().flatten().tolist() == [3, 6]

@@ -64,7 +64,7 @@ def test_tiny_temperature_is_raised_to_avoid_overflow():
     (dict(seed="abc"), "seed"),
     (dict(stop=["ok", ""]), "stop"),
     (dict(stop="x", detokenize=False), "stop"),
-    (dict(bad_words=["foo"]), "bad_words"),
+    (dict(bad_words=["foo", " "]), "bad_words"),
     (dict(logit_bias={"abc": 1.0}), "logit_bias"),
     (dict(logit_bias={1: "high"}), "logit_bias"),
     (dict(allowed_token_ids=[]), "allowed_token_ids"),

@@ -293,3 +293,30 @@ def test_penalties_on_non_contiguous_logits():
     got = Sampler.apply_logit_processing(logits.clone(), md)
     ref = Sampler.apply_logit_processing(logits.contiguous(), md)
     assert torch.equal(got, ref) and not torch.equal(ref, logits)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_bad_words_follow_the_output_step_by_step(static):
+    """A two-token bad word bans its last token only right after its first: the cached
+    metadata reads the output live, and fixed shapes (HPU) rebuild their mask per step."""
+    params = SamplingParams(temperature=0.0, bad_words=["x"])
+    params._bad_words_token_ids = [[5, 6], [9]]
+    new = NewRequestData(req_id="r", prompt_token_ids=[1, 2], output_token_ids=[],
+                         sampling_params=params, block_ids=[0], num_computed_tokens=0,
+                         wants_prompt_logprobs=False)
+    state = CachedRequestState.from_new_request(new, "cpu")
+    batch = InputBatch(MAX_REQS)
+    batch.add_request(state)
+    finalize = fixed_shapes if static else None
+    logits = torch.zeros(1, V)
+
+    def banned() -> list[int]:
+        md = batch.sampling_metadata(["r"], V, "cpu", finalize=finalize)
+        out = Sampler.apply_logit_processing(logits.clone(), md, static_shapes=static)
+        return torch.isneginf(out[0]).nonzero().flatten().tolist()
+
+    assert banned() == [9]
+    state.append_token(5)
+    assert banned() == [6, 9]
+    state.append_token(7)
+    assert banned() == [9]

@@ -107,7 +107,11 @@ class Processor:
                        ) -> tuple[SamplingParams, int]:
         """(params with the model's defaults applied, the resolved max_tokens): the one
         place a request's parameters are completed and checked (vllm/engine/params.py)."""
-        return self.params_policy.process(prompt_token_ids, params, self.eos_token_id)
+        params, max_tokens = self.params_policy.process(prompt_token_ids, params,
+                                                        self.eos_token_id)
+        if params.bad_words:
+            params.update_from_tokenizer(self.tokenizer)
+        return params, max_tokens
 
     def default_sampling_params(self) -> SamplingParams:
         """vLLM's defaults overridden by the model's generation config."""

@@ -34,6 +34,7 @@ from typing import Any, Hashable, Optional, Sequence
 import torch
 
 from vllm.sample.metadata import PADDING_ROW, PenaltyInputs, SamplingMetadata, SamplingRow
+from vllm.sample.ops.logit_masks import apply_bad_words
 from vllm.sampling_params import SamplingParams
 
 DUMMY_ROW = PADDING_ROW
@@ -95,13 +96,15 @@ def fixed_shapes(md: SamplingMetadata, device: torch.device | str,
         md.penalties = _neutral_penalties(n, token_stats)
     md.allowed_token_mask = _dense_mask(md, device)
     md.min_tokens_mask = None
+    md.bad_words = None  # folded into the mask: the batch rebuilds it each step they apply
     md.dense_logit_bias = _dense_bias(md, device)
     md.logit_bias = None
     return md
 
 
 def _dense_mask(md: SamplingMetadata, device: torch.device | str) -> torch.Tensor:
-    """allowed_token_ids and min_tokens as one [N, V] bool mask (True: -inf)."""
+    """allowed_token_ids, min_tokens and the bad words' next tokens (as of now) as one
+    [N, V] bool mask (True: -inf)."""
     mask = md.allowed_token_mask
     if mask is None:
         mask = torch.zeros(md.num_rows, md.vocab_size, dtype=torch.bool, device=device)
@@ -109,6 +112,10 @@ def _dense_mask(md: SamplingMetadata, device: torch.device | str) -> torch.Tenso
         rows, tokens = md.min_tokens_mask
         mask = mask.clone()
         mask[rows, tokens] = True
+    if md.bad_words is not None:
+        banned = apply_bad_words(torch.zeros(md.num_rows, md.vocab_size, device=device),
+                                 md.bad_words)
+        mask = mask | torch.isneginf(banned)
     return mask
 
 

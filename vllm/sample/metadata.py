@@ -56,7 +56,8 @@ def needs_only_argmax(params: SamplingParams, num_output_tokens: int) -> bool:
     `SamplingMetadata.build` and the sampler entirely (see `greedy_sample`).
     """
     return (is_greedy(params) and params.logprobs is None and not params.logit_bias
-            and params.allowed_token_ids is None and params.presence_penalty == 0.0
+            and params.allowed_token_ids is None and not params.bad_words
+            and params.presence_penalty == 0.0
             and params.frequency_penalty == 0.0 and params.repetition_penalty == 1.0
             and num_output_tokens >= params.min_tokens)
 
@@ -133,6 +134,9 @@ class SamplingMetadata:
     min_tokens_mask: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (rows, token ids)
     logit_bias: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
     # (rows, token ids, bias values)
+    bad_words: Optional[list[tuple[int, list[list[int]], list[int]]]] = None
+    """(logits row, the request's bad-word token sequences, its output token list, read
+    live at each step) per row with bad_words."""
     dense_logit_bias: Optional[torch.Tensor] = None
     """[N, V] float32 added to the logits after the masks: `logit_bias` in a fixed
     shape (static-shape sampling, vllm/hpu/sampling.py)."""
@@ -142,7 +146,7 @@ class SamplingMetadata:
         """Whether anything changes the logits before the greedy argmax."""
         return (self.allowed_token_mask is not None or self.min_tokens_mask is not None
                 or self.logit_bias is not None or self.penalties is not None
-                or self.dense_logit_bias is not None)
+                or self.dense_logit_bias is not None or self.bad_words is not None)
 
     @classmethod
     def build(cls, rows: Sequence[SamplingRow], vocab_size: int,
@@ -201,6 +205,14 @@ def build_min_tokens(rows: Sequence[SamplingRow], vocab_size: int,
 def min_tokens_in_force(row: SamplingRow) -> bool:
     """Whether the row's stop tokens are still forbidden (fewer than min_tokens outputs)."""
     return bool(row.params.min_tokens) and len(row.output_token_ids) < row.params.min_tokens
+
+
+def build_bad_words(rows: Sequence[SamplingRow]
+                    ) -> Optional[list[tuple[int, list[list[int]], list[int]]]]:
+    """The rows with bad words: their sequences and (live) output token lists."""
+    found = [(i, r.params.bad_words_token_ids, r.output_token_ids)
+             for i, r in enumerate(rows) if r.params.bad_words_token_ids]
+    return found or None
 
 
 def build_logit_bias(params: Sequence[SamplingParams], vocab_size: int,

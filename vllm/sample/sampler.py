@@ -16,8 +16,8 @@ from vllm.sample.host_copy import device_to_host
 from vllm.sample.logprobs import (LogprobsLists, LogprobsTensors, compute_logprobs,
                                   gather_logprobs)
 from vllm.sample.metadata import SamplingMetadata, greedy_sample
-from vllm.sample.ops.logit_masks import (apply_allowed_token_mask, apply_logit_bias,
-                                         apply_min_tokens)
+from vllm.sample.ops.logit_masks import (apply_allowed_token_mask, apply_bad_words,
+                                         apply_logit_bias, apply_min_tokens)
 from vllm.sample.ops.penalties import apply_penalties, apply_penalties_dense
 from vllm.sample.ops.topk_topp import apply_min_p, apply_top_k_top_p, apply_top_k_top_p_sorted
 
@@ -88,6 +88,8 @@ class Sampler(nn.Module):
             logits = apply_allowed_token_mask(logits, md.allowed_token_mask)
         if md.min_tokens_mask is not None:
             logits = apply_min_tokens(logits, *md.min_tokens_mask)
+        if md.bad_words is not None:
+            logits = apply_bad_words(logits, md.bad_words)
         if md.logit_bias is not None:
             logits = apply_logit_bias(logits, *md.logit_bias)
         if md.dense_logit_bias is not None:

@@ -16,7 +16,8 @@ import torch
 
 from vllm.sample.host_copy import host_to_device
 from vllm.sample.metadata import (PenaltyInputs, SamplingMetadata, SamplingRow,
-                                  build_allowed_mask, build_logit_bias, build_min_tokens,
+                                  build_allowed_mask, build_bad_words, build_logit_bias,
+                                  build_min_tokens,
                                   is_greedy)
 from vllm.sample.penalty_tables import PenaltyTables
 from vllm.sampling_params import SamplingParams
@@ -115,6 +116,7 @@ class SamplingState:
         md.allowed_token_mask = build_allowed_mask(params, vocab_size, device)
         md.min_tokens_mask = build_min_tokens(srows, vocab_size, device)
         md.logit_bias = build_logit_bias(params, vocab_size, device)
+        md.bad_words = build_bad_words(srows)
         return md
 
     def _fill_random(self, md: SamplingMetadata, index: torch.Tensor,

@@ -43,9 +43,12 @@ class _CachedSampling:
     min_tokens_rows: list[SamplingRow]
     """Rows whose min_tokens was in force at build time: the entry expires once one
     of them reaches it (its stop tokens are allowed again, maybe the argmax path)."""
+    per_step: bool = False
+    """A row has a bad word of several tokens, whose ban depends on the latest output:
+    fixed-shape metadata (HPU) folds it into a mask, so the entry serves one step."""
 
     def expired(self) -> bool:
-        return any(not min_tokens_in_force(r) for r in self.min_tokens_rows)
+        return self.per_step or any(not min_tokens_in_force(r) for r in self.min_tokens_rows)
 
 
 class InputBatch:
@@ -198,11 +201,14 @@ class InputBatch:
         min_tokens_rows = [self.sampling.rows[i] for i in rows
                            if min_tokens_in_force(self.sampling.rows[i])]
         metadata = None
+        per_step = False
         if not all(self.takes_argmax(r) for r in req_ids if r is not None):
             metadata = self.sampling.metadata(rows, vocab_size, device)
+            per_step = finalize is not None and any(
+                len(seq) > 1 for _, seqs, _ in metadata.bad_words or () for seq in seqs)
             if finalize is not None:
                 metadata = finalize(metadata, torch.device(device))
-        return _CachedSampling(metadata, min_tokens_rows)
+        return _CachedSampling(metadata, min_tokens_rows, per_step)
 
     def record_output_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int]) -> None:
         """token_ids[i] was just appended to request req_ids[i]'s output: count it for

@@ -130,10 +130,11 @@ _UNSET = object()
 
 NOT_IMPLEMENTED_FIELDS: dict[str, tuple[Any, str]] = {
     # request field: (vLLM's default, which is accepted as a no-op; what is missing)
-    "guided_decoding_backend": (None, "guided decoding (structured output)"),
+    "guided_decoding_backend": (None, "choosing a structured-output backend per request "
+                                      "(the server's --structured-outputs-config backend "
+                                      "serves every request)"),
     "guided_whitespace_pattern": (None, "guided decoding (structured output)"),
     "logits_processors": (None, "custom logits processors"),
-    "bad_words": (None, "bad_words"),
     "cache_salt": (None, "cache_salt"),
     "vllm_xargs": (None, "vllm_xargs"),
     "logprob_token_ids": (None, "logprobs of chosen token ids"),
@@ -211,7 +212,8 @@ class SamplingFields(OpenAIBaseModel):
     use_beam_search: bool = False
     length_penalty: float = 1.0
     logits_processors: Optional[Any] = None
-    bad_words: Optional[Any] = None
+    bad_words: Optional[list[str]] = None
+    """Words the completion must not contain (vLLM's field; see SamplingParams)."""
     cache_salt: Optional[Any] = None
     vllm_xargs: Optional[Any] = None
     kv_transfer_params: Optional[dict[str, Any]] = None

@@ -259,6 +259,7 @@ class OpenAIServing:
             skip_special_tokens=request.skip_special_tokens,
             spaces_between_special_tokens=request.spaces_between_special_tokens,
             logit_bias=logit_bias, allowed_token_ids=request.allowed_token_ids,
+            bad_words=request.bad_words,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
             **{name: getattr(request, name, None) for name in _MODEL_DEFAULTED})
         if request.kv_transfer_params is not None:
