@@ -278,6 +278,10 @@ class ModelConfig:
     def vocab_size(self) -> int:
         return self.hf_text_config.vocab_size
 
+    def get_vocab_size(self) -> int:
+        """vLLM's accessor of the same fact."""
+        return self.vocab_size
+
     @property
     def hf_text_config(self) -> Any:
         """The language model's config: a multimodal config's `text_config` (LLaVA,

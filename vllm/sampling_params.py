@@ -310,9 +310,9 @@ class SamplingParams:
                 f"got {self.min_tokens}.")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and value < 0:
-                hint = (" (-1, the full vocabulary, is not supported)" if value == -1 else "")
-                raise ValueError(f"{name} must be non-negative, got {value}{hint}.")
+            if value is not None and value < -1:
+                raise ValueError(f"{name} must be non-negative or -1 (the whole "
+                                 f"vocabulary), got {value}.")
         if self.truncate_prompt_tokens is not None and not (
                 self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1):
             raise ValueError(
@@ -366,11 +366,16 @@ class SamplingParams:
     def verify_against(self, vocab_size: int, max_logprobs: int) -> None:
         """Checks that need the model: token ids inside the vocabulary, logprob counts.
 
-        `max_logprobs` < 0 means no cap beyond the vocabulary size.
+        `max_logprobs` < 0 means no cap beyond the vocabulary size. A logprobs count of
+        -1 (the whole vocabulary, as in vLLM) becomes `vocab_size` here, so it passes
+        only where the cap allows that many (--max-logprobs -1).
         """
         cap = vocab_size if max_logprobs < 0 else max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
+            if value == -1:
+                value = vocab_size
+                setattr(self, name, value)
             if value is not None and value > cap:
                 raise LogprobsTooLargeError(name, value, cap)
         for name, ids in (("stop_token_ids", self.stop_token_ids),

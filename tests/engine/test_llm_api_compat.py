@@ -6,6 +6,7 @@ concurrency limit, LLMEngine.add_request's keywords."""
 from __future__ import annotations
 
 import inspect
+import math
 
 import pytest
 
@@ -214,3 +215,21 @@ def test_bad_words_one_and_two_tokens(llm):
     assert not any(out[j:j + 2] == base[i:i + 2] for j in range(len(out) - 1))
     with pytest.raises(ValueError, match="bad_words"):
         SamplingParams(bad_words=[""])
+
+
+def test_logprobs_minus_one_is_the_whole_vocabulary(llm, tiny_model_factory):
+    params = SamplingParams(max_tokens=2, temperature=0.0, logprobs=-1)
+    with pytest.raises(ValueError, match="max allowed: 20"):  # vLLM's default cap
+        llm.generate("the cat", params, use_tqdm=False)
+    with pytest.raises(ValueError, match="logprobs"):
+        SamplingParams(logprobs=-2)
+    wide = LLM(model=tiny_model_factory("llama"), dtype="float32", max_model_len=64,
+               max_logprobs=-1, kv_cache_memory_bytes=16 << 20)
+    try:
+        out = wide.generate("the cat", params, use_tqdm=False)[0].outputs[0]
+        vocab = wide.llm_engine.model_config.get_vocab_size()
+        assert [len(step) for step in out.logprobs] == [vocab, vocab]
+        total = sum(math.exp(lp.logprob) for lp in out.logprobs[0].values())
+        assert abs(total - 1.0) < 1e-3
+    finally:
+        del wide

@@ -57,7 +57,7 @@ def test_tiny_temperature_is_raised_to_avoid_overflow():
     (dict(max_tokens=0), "max_tokens"),
     (dict(min_tokens=-1), "min_tokens"),
     (dict(min_tokens=10, max_tokens=5), "min_tokens"),
-    (dict(logprobs=-1), "logprobs"),
+    (dict(logprobs=-2), "logprobs"),
     (dict(prompt_logprobs=-3), "prompt_logprobs"),
     (dict(stop_token_ids=[1, "x"]), "stop_token_ids"),
     (dict(stop_token_ids=[-1]), "stop_token_ids"),
@@ -78,9 +78,12 @@ def test_invalid_values_name_the_field(kwargs, field):
         SamplingParams(**kwargs)
 
 
-def test_full_vocab_logprobs_refused_clearly():
-    with pytest.raises(ValueError, match="full vocabulary"):
-        SamplingParams(logprobs=-1)
+def test_full_vocab_logprobs_need_the_cap_lifted():
+    p = SamplingParams(logprobs=-1, prompt_logprobs=-1)
+    with pytest.raises(ValueError, match="max allowed: 20"):
+        p.clone().verify_against(vocab_size=100, max_logprobs=20)
+    p.verify_against(vocab_size=100, max_logprobs=-1)
+    assert (p.logprobs, p.prompt_logprobs) == (100, 100)
 
 
 def test_eos_and_generation_config():
