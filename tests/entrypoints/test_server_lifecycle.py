@@ -165,9 +165,11 @@ def test_kv_cache_is_committed_at_startup(tiny_model_factory):
     """Committed right after start-up (in the background: its log line is awaited), RSS
     then grows under a load that fills the KV cache by well under the cache's size
     (lazily committed memory made RSS creep up by its full size only under load). Some
-    growth is the load's own activations (16 prompts of 496 tokens in 8k-token steps:
-    ~100 MiB of float32 temporaries the allocator may keep), so the bound is half the
-    cache, not a fraction of RSS."""
+    growth is the load's own: the engine core kept 70-160 MiB of it (float32
+    temporaries of 16 prompts of 496 tokens, 4096 wide, that the allocator may keep;
+    the high end in one run of three or four, at this code and before it). Uncommitted,
+    the cache would add its full 256 MiB on top; the bound, three quarters of the
+    cache, lies between the two."""
     # 1 layer of 16 KV heads x 256: 32 KiB of float32 KV per token, so 256 MiB of KV cache
     # is most of the server's memory yet fills with 8k tokens.
     model = tiny_model_factory("llama", num_hidden_layers=1, num_attention_heads=16,
@@ -217,7 +219,7 @@ def test_kv_cache_is_committed_at_startup(tiny_model_factory):
     assert "KV cache: 0.25 GiB committed" in log, log
     assert usage > 0.9, usage  # the load did fill the cache
     assert rss_start > kv_bytes, rss_start
-    assert rss_load - rss_start < kv_bytes // 2, (rss_start >> 20, rss_load >> 20)
+    assert rss_load - rss_start < kv_bytes * 3 // 4, (rss_start >> 20, rss_load >> 20)
 
 
 def read_gauge(url: str, name: str) -> float:

@@ -132,3 +132,27 @@ class RequestParamsPolicy:
             raise ValueError(f"min_tokens must be less than or equal to max_tokens="
                              f"{max_tokens}, got {params.min_tokens}.")
         return params, max_tokens
+
+
+def truncation_size(truncate_prompt_tokens: Optional[int], max_model_len: int,
+                    max_tokens: Optional[int] = None) -> Optional[int]:
+    """How many prompt tokens truncate_prompt_tokens keeps (None: no truncation).
+
+    -1 keeps as many as leave room for `max_tokens` (max_model_len - max_tokens; all of
+    max_model_len when max_tokens is not given, as in vLLM). 0 would leave nothing to
+    complete (vLLM then renders no prompt at all), and more than max_model_len cannot
+    be honoured: both are refused with a ValueError naming the field.
+    """
+    if truncate_prompt_tokens is None:
+        return None
+    if truncate_prompt_tokens == -1:
+        room = max_model_len - (max_tokens or 0)
+        return max(room, 1)
+    if truncate_prompt_tokens < 1:
+        raise ValueError(f"truncate_prompt_tokens must be -1 (keep the last max_model_len "
+                         f"- max_tokens tokens) or at least 1, got {truncate_prompt_tokens}.")
+    if truncate_prompt_tokens > max_model_len:
+        raise ValueError(f"truncate_prompt_tokens={truncate_prompt_tokens} cannot be greater "
+                         f"than max_model_len={max_model_len}; choose a smaller truncation "
+                         "size.")
+    return truncate_prompt_tokens

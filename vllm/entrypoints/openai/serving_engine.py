@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, Sequence
 
-from vllm.engine.params import MaxTokensTooLargeError, PromptTooLongError, RequestParamsPolicy
-from vllm.engine.processor import truncation_size
+from vllm.engine.params import (MaxTokensTooLargeError, PromptTooLongError,
+                                RequestParamsPolicy, truncation_size)
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai.errors import (BadRequestError, InternalServerError,
                                             NotFoundError, OpenAIError,
@@ -378,7 +378,7 @@ class OpenAIServing:
 def check_truncate_prompt_tokens(value: Optional[int], max_model_len: int,
                                  max_tokens: Optional[int] = None) -> Optional[int]:
     """How many prompt tokens truncate_prompt_tokens keeps (None: no truncation); the
-    engine's rule (processor.truncation_size), its ValueError as the client's 400."""
+    engine's rule (params.truncation_size), its ValueError as the client's 400."""
     try:
         return truncation_size(value, max_model_len, max_tokens)
     except ValueError as e:
