@@ -137,3 +137,23 @@ def test_shutdown_timeout_flag():
     assert args.shutdown_timeout == 30 and args.trust_request_chat_template
     with pytest.raises(ValueError, match="--shutdown-timeout"):
         validate_parsed_serve_args(parse_serve(["--shutdown-timeout", "-1"]))
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ([], "<user>[a][b]"),  # auto: the template loops over the parts
+    (["--chat-template-content-format", "string"], "<user>a\nb"),
+    (["--chat-template-content-format", "openai"], "<user>[a][b]")])
+def test_chat_template_content_format_flag(tokenizer, monkeypatch, flag, expected):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    template = ("{% for m in messages %}<{{ m.role }}>{% if m.content is string %}"
+                "{{ m.content }}{% else %}{% for p in m.content %}[{{ p.text }}]{% endfor %}"
+                "{% endif %}{% endfor %}")
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                          {"type": "text", "text": "b"}]}]
+
+    async def requests(client):
+        return await client.post("/tokenize", json={"messages": parts})
+
+    tok = run_app(tokenizer, ["--chat-template", template, *flag], requests)
+    assert tok.status_code == 200, tok.text
+    assert tok.json()["tokens"] == tokenizer(expected, add_special_tokens=False).input_ids

@@ -94,6 +94,7 @@ class ServerState:
         self.chat = OpenAIServingChat(
             engine, self.models, response_role=getattr(args, "response_role", "assistant"),
             chat_template=load_chat_template(getattr(args, "chat_template", None)),
+            content_format=getattr(args, "chat_template_content_format", "auto"),
             trust_request_chat_template=bool(getattr(args, "trust_request_chat_template",
                                                      False)),
             enable_auto_tools=bool(getattr(args, "enable_auto_tool_choice", False)),

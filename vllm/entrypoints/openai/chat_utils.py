@@ -79,7 +79,8 @@ def resolve_content_format(content_format: str, template: Optional[str],
         return content_format
     if multimodal:
         return "string"
-    return "openai" if template and _CONTENT_LOOP.search(template) else "string"
+    looping = isinstance(template, str) and _CONTENT_LOOP.search(template) is not None
+    return "openai" if looping else "string"
 
 
 def conversation_and_images(messages: list[Any], image_placeholder: Optional[str],
@@ -119,6 +120,13 @@ def conversation_and_images(messages: list[Any], image_placeholder: Optional[str
                             if content_format == "openai" else "\n".join(texts))
         conversation.append(entry)
     return conversation, images
+
+
+def content_chars(content: Any) -> int:
+    """Characters of a conversation entry's content (a string, or "openai" text parts)."""
+    if isinstance(content, str):
+        return len(content)
+    return sum(len(part.get("text") or "") for part in content)
 
 
 def _part_field(part: Any, name: str) -> Any:

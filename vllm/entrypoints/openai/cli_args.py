@@ -93,6 +93,12 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     server.add_argument("--chat-template", type=str, default=None,
                         help="Chat template: a file path or the Jinja template itself. "
                              "Defaults to the tokenizer's.")
+    server.add_argument("--chat-template-content-format", type=str, default="auto",
+                        choices=["auto", "string", "openai"],
+                        help="How message content reaches the chat template: 'string' "
+                             "joins text parts into one string, 'openai' passes the list "
+                             "of parts, 'auto' picks 'openai' for templates that loop over "
+                             "a message's content.")
     server.add_argument("--trust-request-chat-template", action="store_true",
                         help="Accept a chat_template passed in a request (rendered in a "
                              "sandbox with a time limit). Without it such requests are "

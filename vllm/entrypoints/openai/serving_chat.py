@@ -14,8 +14,9 @@ from typing import Any, AsyncIterator, Optional, Union
 import vllm.envs as envs
 from vllm.entrypoints.openai.chat_parsing import ChoiceParser, ToolPlan
 from vllm.entrypoints.openai.chat_utils import (apply_chat_template,
-                                                check_request_chat_template,
-                                                conversation_and_images)
+                                                check_request_chat_template, content_chars,
+                                                conversation_and_images,
+                                                resolve_content_format)
 from vllm.entrypoints.openai.chat_media import ChatImages
 from vllm.entrypoints.openai.errors import BadRequestError
 from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse,
@@ -33,6 +34,7 @@ class OpenAIServingChat(OpenAIServing):
 
     def __init__(self, *args: Any, response_role: str = "assistant",
                  chat_template: Optional[str] = None,
+                 content_format: str = "auto",
                  trust_request_chat_template: bool = False,
                  enable_auto_tools: bool = False, tool_parser: Optional[str] = None,
                  reasoning_parser: Optional[str] = None, **kwargs: Any) -> None:
@@ -47,6 +49,9 @@ class OpenAIServingChat(OpenAIServing):
             if reasoning_parser else None)
         self.response_role = response_role
         self.chat_template = chat_template
+        self.content_format = content_format
+        """--chat-template-content-format, resolved per request against the template used
+        (chat_utils.resolve_content_format)."""
         self.trust_request_chat_template = trust_request_chat_template
         self.chat_images = ChatImages(self.model_config)
         # Request templates are code from the client: rendered in a killable helper process.
@@ -58,12 +63,17 @@ class OpenAIServingChat(OpenAIServing):
     async def render_prompt(self, request: Any) -> PromptInput:
         """Messages -> template text -> token ids (shared with /tokenize)."""
         check_request_chat_template(request, self.trust_request_chat_template)
-        conversation, image_refs = conversation_and_images(request.messages,
-                                                           self.chat_images.placeholder)
-        self.check_prompt_chars(sum(len(m["content"]) for m in conversation), "messages",
-                                "messages")
+        template = request.chat_template or self.chat_template
+        placeholder = self.chat_images.placeholder
+        content_format = resolve_content_format(
+            self.content_format, template or getattr(self.tokenizer, "chat_template", None),
+            multimodal=placeholder is not None)
+        conversation, image_refs = conversation_and_images(request.messages, placeholder,
+                                                           content_format)
+        self.check_prompt_chars(sum(content_chars(m["content"]) for m in conversation),
+                                "messages", "messages")
         job = dict(conversation=conversation,
-                   chat_template=request.chat_template or self.chat_template,
+                   chat_template=template,
                    add_generation_prompt=request.add_generation_prompt,
                    continue_final_message=request.continue_final_message,
                    chat_template_kwargs=request.chat_template_kwargs,
