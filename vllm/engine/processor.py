@@ -93,8 +93,9 @@ class Processor:
     def truncate_prompt(self, prompt_ids: list[int], params: SamplingParams,
                         mm_features: Optional[list]) -> list[int]:
         """The prompt's last `params.truncate_prompt_tokens` tokens (-1: as many as leave
-        room for max_tokens), as vLLM keeps them; the ids unchanged without it or when they are short enough.
-        A prompt with images is not cut (the placeholders' expansion would break)."""
+        room for max_tokens), as vLLM keeps them; the ids unchanged without it or when
+        they are short enough. A prompt with images is not cut (the expanded image
+        placeholders would be cut apart)."""
         keep = truncation_size(params.truncate_prompt_tokens, self.model_config.max_model_len,
                                params.max_tokens)
         if keep is None or len(prompt_ids) <= keep:

@@ -12,6 +12,7 @@ from vllm.config import DEFAULT_MODEL
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.engine.processor import PromptType
+from vllm.entrypoints.offline_inputs import ChatOptions, check_priority, cumulative
 from vllm.entrypoints.offline_queue import OfflineQueueMixin
 from vllm.entrypoints.offline_stats import OfflineStats
 from vllm.entrypoints.pooling_offline import PoolingOfflineMixin
@@ -19,7 +20,6 @@ from vllm.entrypoints.weight_update_offline import WeightUpdateOfflineMixin
 from vllm.metrics.reader import Metric
 from vllm.lora.request import LoRARequest
 from vllm.outputs import RequestOutput
-from vllm.entrypoints.offline_inputs import ChatOptions, check_priority, cumulative
 from vllm.sampling_params import BeamSearchParams, SamplingParams
 
 logger = logging.getLogger(__name__)
