@@ -55,6 +55,9 @@ _REFUSED_KEYS = {
 
 def check_prompt_keys(prompt: dict[str, Any]) -> None:
     """ValueError naming the first field of a prompt dict this engine cannot honour."""
+    salt = prompt.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError("cache_salt must be a non-empty string when given.")
     for key, reason in _REFUSED_KEYS.items():
         if key in prompt and prompt[key] is not None:
             raise ValueError(f"{key}: {reason}.")

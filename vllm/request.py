@@ -86,6 +86,9 @@ class Request:
     """The prompt's images (vllm/multimodal), in prompt order; None: text only."""
     num_external_computed_tokens: int = 0
     """Prompt tokens whose KV a KV connector loaded from another engine (vllm/kv_transfer)."""
+    cache_salt: Optional[str] = None
+    """The prompt's cache_salt: part of its first block's hash, so only requests with the
+    same salt share its prefix-cache blocks (vLLM's cache isolation between tenants)."""
 
     @property
     def lora_int_id(self) -> int:

@@ -233,3 +233,19 @@ def test_logprobs_minus_one_is_the_whole_vocabulary(llm, tiny_model_factory):
         assert abs(total - 1.0) < 1e-3
     finally:
         del wide
+
+
+def test_cache_salt_isolates_prefix_cache_blocks(llm):
+    ids = list(range(200, 248))  # three full blocks of 16
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+
+    def cached(prompt: dict) -> int:
+        return llm.generate(prompt, params, use_tqdm=False)[0].num_cached_tokens
+
+    assert cached({"prompt_token_ids": ids}) == 0
+    assert cached({"prompt_token_ids": ids}) > 0  # caching works here
+    assert cached({"prompt_token_ids": ids, "cache_salt": "tenant-a"}) == 0
+    assert cached({"prompt_token_ids": ids, "cache_salt": "tenant-a"}) > 0
+    assert cached({"prompt_token_ids": ids, "cache_salt": "tenant-b"}) == 0
+    with pytest.raises(ValueError, match="cache_salt"):
+        llm.generate({"prompt_token_ids": ids, "cache_salt": ""}, params, use_tqdm=False)

@@ -266,3 +266,19 @@ def test_bad_words(http, tok):
         assert not any(ids[j:j + len(seq)] == seq for j in range(len(ids))), (text, ids)
     bad = http.post("/v1/completions", json={**body, "bad_words": "oops"})
     assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("bad_words")
+
+
+def test_cache_salt(http):
+    prompt = [300 + i for i in range(64)]
+
+    def cached(**extra) -> int:
+        r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1, **extra})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    cached(cache_salt="a")
+    assert cached(cache_salt="a") > 0
+    assert cached(cache_salt="b") == 0
+    assert cached() == 0  # unsalted requests do not see salted blocks
+    r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1, "cache_salt": ""})
+    assert r.status_code == 400 and "cache_salt" in r.json()["error"]["message"]

@@ -174,3 +174,14 @@ def test_async_engine_encode_and_metrics(encoder_factory):
     metrics = engine.stats.metrics
     assert metrics.prompt_tokens._value.get() == len(outs[0].prompt_token_ids)
     assert metrics.request_success["stop"]._value.get() == 1
+
+
+def test_supported_tasks_and_the_wrong_task_named(tmp_path):
+    from tests.pooling._pooling_models import make_tiny_encoder
+    from vllm import LLM
+    llm = LLM(model=make_tiny_encoder(str(tmp_path), "bert", "CLS"), dtype="float32")
+    assert llm.supported_tasks == ("embed",)
+    with pytest.raises(ValueError, match="pooling_task='token_embed' is not supported"):
+        llm.encode(["x"], pooling_task="token_embed")
+    with pytest.raises(ValueError, match="Classification API is not supported"):
+        llm.encode(["x"], pooling_task="classify")

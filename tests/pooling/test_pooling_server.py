@@ -140,3 +140,29 @@ def test_chat_form_embeddings(http, model_path):
         assert r.json()["usage"]["prompt_tokens"] == len(ids)
     r = http.post("/v1/embeddings", json={"model": "tiny-embed"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+
+
+def test_truncation_keeps_cls_and_sep(http, model_path):
+    """truncate_prompt_tokens cuts the text's tokens, not [CLS] / [SEP], and keeps the
+    beginning by default: what the tokenizer's own truncation gives (the offline
+    tokenization_kwargs path), as in vLLM."""
+    from transformers import AutoTokenizer
+
+    from vllm import LLM
+    tok = AutoTokenizer.from_pretrained(model_path)
+    text = TEXTS[0]
+    for keep, side in ((4, None), (5, "left")):
+        body = {"model": "tiny-embed", "input": text, "truncate_prompt_tokens": keep,
+                "encoding_format": "float"}
+        if side:
+            body["truncation_side"] = side
+        r = http.post("/v1/embeddings", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == keep
+        tok.truncation_side = side or "right"
+        ids = tok(text, truncation=True, max_length=keep)["input_ids"]
+        assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
+        llm = LLM(model=model_path, dtype="float32")
+        want = llm.embed([{"prompt_token_ids": ids}], use_tqdm=False)[0].outputs.embedding
+        del llm
+        np.testing.assert_allclose(r.json()["data"][0]["embedding"], want, atol=1e-6)

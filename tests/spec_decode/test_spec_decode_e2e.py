@@ -193,6 +193,29 @@ def test_draft_model_greedy_is_token_identical(baseline, model, tiny_model_facto
         gc.collect()
 
 
+@pytest.mark.parametrize("draft_len", [None, 32])
+def test_draft_with_a_shorter_context(baseline, model, tiny_model_factory, draft_len):
+    """A draft whose context (max_position_embeddings 48) is shorter than the target's
+    serves as in vLLM: its max_model_len is the smaller one (or speculative_config's
+    max_model_len), and past it the target verifies without drafts: same tokens."""
+    draft = tiny_model_factory("llama", max_position_embeddings=48)
+    config = {"model": draft, "num_speculative_tokens": 3}
+    if draft_len is not None:
+        config["max_model_len"] = draft_len
+    llm = LLM(model=model, speculative_config=config, **COMMON)
+    try:
+        params = _greedy(40)
+        prompts = [PROMPTS[0], PROMPTS[-2]]  # 40 tokens out: past the draft's context
+        assert _ids(llm.generate(prompts, params, use_tqdm=False)) == \
+            _ids(baseline.generate(prompts, params, use_tqdm=False))
+        spec_config = llm.llm_engine.vllm_config.speculative_config
+        assert spec_config.draft_model_config.max_model_len == (draft_len or 48)
+        assert llm.llm_engine.get_stats().spec_decoding_stats.num_drafts > 0
+    finally:
+        del llm
+        gc.collect()
+
+
 def test_draft_model_of_another_vocabulary_is_refused(model, tiny_model_factory):
     other = tiny_model_factory("llama", vocab_size=1024)
     with pytest.raises(ValueError, match="speculative_config.model.*vocabulary"):

@@ -94,3 +94,17 @@ def test_sampled_json_is_never_cut_in_whitespace(llm, disable_any_whitespace):
         jsonschema.validate(json.loads(c.text), PERSON)
         if disable_any_whitespace:  # the backend's fixed separators, no free whitespace
             assert "  " not in c.text and "\n" not in c.text, c.text
+
+
+def test_json_properties_come_in_the_schema_order(llm):
+    """A schema that lists "zeta" before "alpha" gets them in that order (vLLM compiles
+    the schema as given; sorting its keys would make a model answer before reasoning)."""
+    schema = {"type": "object", "properties": {"zeta": {"type": "integer"},
+                                               "alpha": {"type": "integer"}},
+              "required": ["zeta", "alpha"], "additionalProperties": False}
+    out = llm.generate(["Two numbers as JSON:"], SamplingParams(
+        temperature=0.0, max_tokens=40,
+        structured_outputs=StructuredOutputsParams(json=schema)), use_tqdm=False)[0]
+    value = json.loads(out.outputs[0].text)
+    jsonschema.validate(value, schema)
+    assert list(value) == ["zeta", "alpha"]

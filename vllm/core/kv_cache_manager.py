@@ -71,6 +71,8 @@ class KVCacheManager:
         for i in range(len(hashes), len(tokens) // bs):
             parent = hashes[-1] if hashes else self.root_hash
             extra = _extra_keys(lora, request.mm_features, i * bs, (i + 1) * bs)
+            if i == 0 and request.cache_salt is not None:  # later blocks chain from it
+                extra = (extra, "cache_salt", request.cache_salt)
             hashes.append(hash_block_tokens(parent, tuple(tokens[i * bs:(i + 1) * bs]), extra))
         return hashes
 

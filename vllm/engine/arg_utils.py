@@ -338,15 +338,19 @@ class EngineArgs:
 
     def _speculative_config(self, target: Any) -> Optional[SpeculativeConfig]:
         """The parsed --speculative-config; a draft model's config is loaded here, with
-        the target's dtype and context length."""
+        the target's dtype and a context no longer than the target's."""
         spec = SpeculativeConfig.from_cli(self.speculative_config)
         if spec is not None and spec.use_draft_model:
-            spec.draft_model_config = create_model_config(
+            draft = create_model_config(
                 model=spec.model, dtype=str(target.torch_dtype).removeprefix("torch."),
-                seed=self.seed,
-                max_model_len=target.max_model_len, quantization=spec.quantization,
-                revision=spec.revision, tokenizer_mode=self.tokenizer_mode,
-                enforce_eager=self.enforce_eager, download_dir=self.download_dir)
+                seed=self.seed, max_model_len=spec.max_model_len,
+                quantization=spec.quantization, revision=spec.revision,
+                tokenizer_mode=self.tokenizer_mode, enforce_eager=self.enforce_eager,
+                download_dir=self.download_dir)
+            # The draft's own context, at most the target's (as vLLM): past it, requests
+            # are verified without drafts (DraftModelProposer._context_left).
+            draft.max_model_len = min(draft.max_model_len, target.max_model_len)
+            spec.draft_model_config = draft
         return spec
 
     def _lora_config(self) -> Optional[LoRAConfig]:

@@ -139,6 +139,7 @@ class LLMEngine:
             request_id=cid, prompt_token_ids=prompt_ids, sampling_params=cparams,
             eos_token_id=self.processor.eos_token_id, arrival_time=arrival,
             max_tokens=max_tokens, lora_request=lora_request, mm_features=mm_features,
+            cache_salt=prompt.get("cache_salt") if isinstance(prompt, dict) else None,
             structured_output_request=(dataclasses.replace(so_request)
                                        if so_request is not None else None))
             for cid, cparams in zip(child_ids, child_params)]
@@ -245,10 +246,11 @@ class LLMEngine:
 
     def get_supported_tasks(self) -> tuple[str, ...]:
         """vLLM's task names this model serves: ("generate",) for a generative model,
-        ("encode", <its pooling task>) for a pooling one."""
+        (its pooling task,) for a pooling one ("embed" or "classify"; vLLM has no
+        "encode" task any more, and PoolingParams refuses it)."""
         mc = self.model_config
         if mc.runner_type == "pooling":
-            return ("encode", mc.pooling_task)
+            return (mc.pooling_task,)
         return ("generate",)
 
     def apply_model(self, func: Callable[[Any], Any]) -> list[Any]:

@@ -40,6 +40,7 @@ class Processor:
         mm_data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
         if mm_data is None:
             return (*self.tokenize_prompt(prompt), None)
+        check_prompt_keys(prompt)
         if self.mm_processor is None:
             raise ValueError("multi_modal_data: multimodal inputs are not supported by "
                              f"this model ({', '.join(self.model_config.architectures)}).")

@@ -143,8 +143,9 @@ class PoolingOfflineMixin:
                              "or pooling_task='embed', LLM.classify(...) or "
                              "pooling_task='classify', LLM.score(...) for scores.")
         if pooling_task != task:
-            api = "Embedding" if pooling_task == "embed" else "Classification"
-            raise ValueError(f"{api} API is not supported by this model (its task is "
+            api = {"embed": "Embedding API", "classify": "Classification API"}.get(
+                pooling_task, f"pooling_task={pooling_task!r}")
+            raise ValueError(f"{api} is not supported by this model (its task is "
                              f"{task!r}). Unsupported task: {pooling_task!r} Supported "
                              f"tasks: {[task]}")
 

@@ -43,6 +43,9 @@ class SpeculativeConfig:
     """Quantization of the draft model's weights (as --quantization)."""
     revision: Optional[str] = None
     """Revision of the draft model (as --revision)."""
+    max_model_len: Optional[int] = None
+    """The draft model's context length; default: the smaller of its own and the
+    target's. Requests longer than it are verified without drafts."""
 
     draft_model_config: Any = field(default=None, repr=False)
     """The draft's loaded ModelConfig (set by EngineArgs; None for ngram)."""

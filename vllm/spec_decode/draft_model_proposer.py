@@ -110,8 +110,8 @@ class DraftModelProposer:
     def propose_batch(self, states: Sequence[Any], max_drafts: Sequence[int]
                       ) -> list[list[int]]:
         ids = [st.req_id for st in states]
-        limits = [min(self.num_speculative_tokens, m, self._slots_left(st))
-                  for st, m in zip(states, max_drafts)]
+        limits = [min(self.num_speculative_tokens, m, self._slots_left(st),
+                      self._context_left(st)) for st, m in zip(states, max_drafts)]
         seqs = {}
         for st in states:
             known = list(st.token_ids)
@@ -132,6 +132,14 @@ class DraftModelProposer:
             # KV is in the draft cache for every token it has computed.
             self._cached[req_id] = seq.token_ids[:seq.num_computed_tokens]
         return [drafts[r] for r in ids]
+
+    def _context_left(self, state: Any) -> int:
+        """Drafts the draft model's context still holds: k drafts feed positions up to
+        n + k - 2 (n known tokens), which must stay below its max_model_len (a draft
+        with a shorter context than the target stops proposing there, as in vLLM)."""
+        max_len = self.vllm_config.speculative_config.draft_model_config.max_model_len
+        n = len(state.token_ids)
+        return max(0, max_len - n + 1) if n <= max_len else 0
 
     def _slots_left(self, state: Any) -> int:
         """Drafts whose input positions have reserved slots: d_j is fed at position

@@ -61,8 +61,9 @@ def grammar_spec(params: StructuredOutputsParams, disable_any_whitespace: bool =
                              f"{type(schema).__name__}.")
         if disable_additional_properties or params.disable_additional_properties:
             schema = _close_objects(schema)
-        return GrammarSpec("json", json.dumps(schema, sort_keys=True), any_ws,
-                           params.whitespace_pattern)
+        # In the schema's own key order: the grammar emits properties in that order
+        # (a schema that puts "reasoning" before "answer" means it), as in vLLM.
+        return GrammarSpec("json", json.dumps(schema), any_ws, params.whitespace_pattern)
     if kind == "json_object":
         return GrammarSpec("json", json.dumps({"type": "object"}), any_ws,
                            params.whitespace_pattern)

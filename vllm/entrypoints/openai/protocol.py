@@ -135,7 +135,6 @@ NOT_IMPLEMENTED_FIELDS: dict[str, tuple[Any, str]] = {
                                       "serves every request)"),
     "guided_whitespace_pattern": (None, "guided decoding (structured output)"),
     "logits_processors": (None, "custom logits processors"),
-    "cache_salt": (None, "cache_salt"),
     "vllm_xargs": (None, "vllm_xargs"),
     "logprob_token_ids": (None, "logprobs of chosen token ids"),
     "thinking_token_budget": (None, "a thinking token budget"),
@@ -214,7 +213,8 @@ class SamplingFields(OpenAIBaseModel):
     logits_processors: Optional[Any] = None
     bad_words: Optional[list[str]] = None
     """Words the completion must not contain (vLLM's field; see SamplingParams)."""
-    cache_salt: Optional[Any] = None
+    cache_salt: Optional[str] = None
+    """Prefix-cache isolation: only requests with the same salt share cached blocks."""
     vllm_xargs: Optional[Any] = None
     kv_transfer_params: Optional[dict[str, Any]] = None
     """Prefill/decode disaggregation (needs --kv-transfer-config): {"do_remote_decode":

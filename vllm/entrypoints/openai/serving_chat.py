@@ -123,7 +123,8 @@ class OpenAIServingChat(OpenAIServing):
                                       max_tokens_param=max_tokens_param)
         request_id, engine_id = self.request_ids("chatcmpl", request.request_id)
         try:
-            stream = await self.add_request(engine_id, prompt.engine_prompt(), params,
+            stream = await self.add_request(engine_id, prompt.engine_prompt(request.cache_salt),
+                                            params,
                                             request.model)
         except ValueError as e:
             raise self.engine_error(e, "messages", "messages", max_tokens_param,

@@ -49,7 +49,7 @@ class OpenAIServingCompletion(OpenAIServing):
         jobs = []
         for i, prompt in enumerate(prompts):
             request_id = base_id if len(prompts) == 1 else f"{base_id}-{i}"
-            jobs.append((request_id, prompt.engine_prompt(), params))
+            jobs.append((request_id, prompt.engine_prompt(request.cache_salt), params))
         # Submit every prompt at once: acceptance happens between engine steps, so
         # awaiting them one by one would cost one step per prompt. The engine checks
         # each; if one is refused, the accepted ones are aborted.
@@ -94,7 +94,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 self.check_token_ids(ids, "prompt")
                 text = None
             ids = self.truncate(ids, request.truncate_prompt_tokens, self.max_model_len,
-                                request.truncation_side, request.max_tokens)
+                                request.truncation_side, request.max_tokens,
+                                specials=text is not None and request.add_special_tokens)
             if not ids:
                 raise BadRequestError("The prompt is empty (no tokens).", param="prompt")
             if text is None or request.truncate_prompt_tokens is not None:

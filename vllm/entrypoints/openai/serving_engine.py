@@ -50,12 +50,16 @@ class PromptInput:
     """Images of a chat prompt: the engine's processor expands their placeholders in
     `text`, so `token_ids` are then the unexpanded ones."""
 
-    def engine_prompt(self) -> dict[str, Any]:
+    def engine_prompt(self, cache_salt: Optional[str] = None) -> dict[str, Any]:
         if self.multi_modal_data:
-            return {"prompt": self.text, "multi_modal_data": self.multi_modal_data}
-        prompt: dict[str, Any] = {"prompt_token_ids": self.token_ids}
-        if self.text is not None:
-            prompt["prompt"] = self.text
+            prompt: dict[str, Any] = {"prompt": self.text,
+                                      "multi_modal_data": self.multi_modal_data}
+        else:
+            prompt = {"prompt_token_ids": self.token_ids}
+            if self.text is not None:
+                prompt["prompt"] = self.text
+        if cache_salt is not None:
+            prompt["cache_salt"] = cache_salt
         return prompt
 
 
@@ -164,16 +168,42 @@ class OpenAIServing:
                 raise BadRequestError(f"Token id {tid} is out of vocabulary (valid: 0 to "
                                       f"{vocab - 1}).", param=param)
 
-    @staticmethod
-    def truncate(token_ids: list[int], truncate_prompt_tokens: Optional[int],
+    def truncate(self, token_ids: list[int], truncate_prompt_tokens: Optional[int],
                  max_model_len: int, truncation_side: Optional[str] = None,
-                 max_tokens: Optional[int] = None) -> list[int]:
+                 max_tokens: Optional[int] = None, specials: bool = False) -> list[int]:
         """Keep the last `truncate_prompt_tokens` tokens (-1: as many as leave room for
-        `max_tokens`), as vLLM does; the first ones with truncation_side='right'."""
+        `max_tokens`), as vLLM does; the first ones with truncation_side='right'.
+
+        `specials`: the ids come from tokenizing text with the tokenizer's special tokens
+        (BERT's [CLS] ... [SEP], a BOS). Those stay and the text's tokens between them are
+        cut, as the tokenizer's own truncation (what vLLM calls) does: an embedding model
+        pooling [CLS] must still see it."""
         keep = check_truncate_prompt_tokens(truncate_prompt_tokens, max_model_len, max_tokens)
         if keep is None or len(token_ids) <= keep:
             return token_ids
-        return token_ids[:keep] if truncation_side == "right" else token_ids[-keep:]
+        head, tail = self.special_token_ends() if specials else (0, 0)
+        if head + tail >= keep:
+            head = tail = 0
+        body = token_ids[head:len(token_ids) - tail]
+        n = keep - head - tail
+        body = body[:n] if truncation_side == "right" else body[-n:]
+        return token_ids[:head] + body + token_ids[len(token_ids) - tail:]
+
+    def special_token_ends(self) -> tuple[int, int]:
+        """(tokens the tokenizer adds before a text, after it) with special tokens on:
+        found by tokenizing a word both ways (fast tokenizers add them in their
+        post-processor, so no method of the tokenizer says)."""
+        cached = getattr(self, "_special_ends", None)
+        if cached is None:
+            plain = self.tokenizer("hello", add_special_tokens=False)["input_ids"]
+            full = self.tokenizer("hello", add_special_tokens=True)["input_ids"]
+            cached = (0, 0)
+            for start in range(len(full) - len(plain) + 1):
+                if full[start:start + len(plain)] == plain:
+                    cached = (start, len(full) - start - len(plain))
+                    break
+            self._special_ends = cached
+        return cached
 
     def check_requested_max_tokens(self, requested: Optional[int],
                                    max_tokens_param: str = "max_tokens") -> None:

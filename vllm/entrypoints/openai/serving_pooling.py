@@ -126,7 +126,7 @@ class OpenAIServingPooling(OpenAIServing):
             raise validation_error(e.errors()) from None
         prompt = await self.chat.render_prompt(chat_request)
         ids = self.truncate(prompt.token_ids, request.truncate_prompt_tokens,
-                            self.max_model_len, request.truncation_side)
+                            self.max_model_len, request.truncation_side or "right")
         return PromptInput(ids, prompt.text)
 
     async def pooling_prompts(self, inputs: Any, request: Any) -> list[PromptInput]:
@@ -141,17 +141,19 @@ class OpenAIServingPooling(OpenAIServing):
         if not items:
             raise BadRequestError("input must not be empty.", param="input")
         prompts = []
+        # Pooling keeps a text's beginning by default (vLLM's pooling tokenizers truncate
+        # on the right); [CLS] and the other special tokens stay either way.
+        side = request.truncation_side or "right"
         for item in items:
             if isinstance(item, str):
                 ids = await self.tokenize_text(item, request.add_special_tokens, "input",
-                                               request.truncate_prompt_tokens,
-                                               request.truncation_side)
+                                               request.truncate_prompt_tokens, side)
                 text: Optional[str] = item
             else:
                 ids, text = list(item), None
                 self.check_token_ids(ids, "input")
-            ids = self.truncate(ids, request.truncate_prompt_tokens, self.max_model_len,
-                                request.truncation_side)
+            ids = self.truncate(ids, request.truncate_prompt_tokens, self.max_model_len, side,
+                                specials=text is not None and request.add_special_tokens)
             prompts.append(PromptInput(ids, text))
         return prompts
 

@@ -81,7 +81,8 @@ class OpenAIServingScores(OpenAIServingPooling):
             prompt, split = await self.run_blocking(
                 cross_encoder_prompt, self.tokenizer, a, b, self.model_config.hf_config)
             ids = self.truncate(prompt["prompt_token_ids"], request.truncate_prompt_tokens,
-                                self.max_model_len, request.truncation_side)
+                                self.max_model_len, request.truncation_side or "right",
+                                specials=True)
             p = PoolingParams(task="classify", use_activation=request.use_activation)
             if split is not None and split < len(ids):
                 p.extra_kwargs = {"compressed_token_type_ids": split}
