@@ -80,6 +80,9 @@ def test_streamed_deltas_rebuild_the_calls(name, chunking, tokenizer):
     for i, piece in enumerate(pieces):
         delta_content, deltas = streamer.feed(piece, final=i == len(pieces) - 1)
         got_content += delta_content
+        # One entry per call index in a chunk: clients read a chunk's entry for an index
+        # as that call's news (a header and its first arguments come together).
+        assert len({d.index for d in deltas}) == len(deltas), deltas
         for d in deltas:
             entry = calls.setdefault(d.index, {"args": ""})
             if d.id is not None:

@@ -159,20 +159,28 @@ class ToolCallStreamer:
         return content_delta, self._tool_deltas(calls, final)
 
     def _tool_deltas(self, calls: list[PartialCall], final: bool) -> list[DeltaToolCall]:
+        """At most one entry per call index (clients read a chunk's entry for an index
+        as that call's news): a new call's header carries its first arguments."""
         deltas = []
         for i, call in enumerate(calls):
+            header = None
             if i == len(self.calls):
                 self.calls.append(_CallState(self.parser.make_tool_call_id()))
-                deltas.append(DeltaToolCall(index=i, id=self.calls[i].id, type="function",
-                                            function=DeltaFunctionCall(name=call.name,
-                                                                       arguments="")))
+                header = DeltaToolCall(index=i, id=self.calls[i].id, type="function",
+                                       function=DeltaFunctionCall(name=call.name,
+                                                                  arguments=""))
+                deltas.append(header)
             state = self.calls[i]
             text = call.arguments_json()
             if not (final or call.complete) and call.arguments_text is None:
                 text = stable_prefix(text)
             if len(text) > len(state.sent_args) and text.startswith(state.sent_args):
-                deltas.append(DeltaToolCall(index=i, function=DeltaFunctionCall(
-                    arguments=text[len(state.sent_args):])))
+                fragment = text[len(state.sent_args):]
+                if header is not None:
+                    header.function.arguments = fragment
+                else:
+                    deltas.append(DeltaToolCall(index=i, function=DeltaFunctionCall(
+                        arguments=fragment)))
                 state.sent_args = text
             elif final and text != state.sent_args:
                 logger.warning("Streamed arguments of tool call %d diverged from the final "
