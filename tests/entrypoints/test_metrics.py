@@ -85,3 +85,29 @@ def test_process_and_python_collectors(http):
                  "python_info", "python_gc_collections_total"):
         assert name in samples, name
         assert "engine" not in samples[name][0].labels
+
+
+def test_n_completions_count_as_n_requests(http, model_name):
+    """vLLM runs n > 1 as n child requests and counts each (prompt tokens, TTFT,
+    latency, finish reasons); n and the longest completion once per request."""
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    before = scrape(http)
+    r = http.post("/v1/completions", json={"model": model_name, "prompt": prompt, "n": 3,
+                                           "max_tokens": 4, "temperature": 1.0, "seed": 5,
+                                           "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    after = scrape(http)
+
+    def grew(name: str, **labels) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew("vllm:prompt_tokens_total") == 27
+    assert grew("vllm:generation_tokens_total") == 12
+    assert grew("vllm:request_success_total", finished_reason="length") == 3
+    assert grew("vllm:time_to_first_token_seconds_count") == 3
+    assert grew("vllm:e2e_request_latency_seconds_count") == 3
+    assert grew("vllm:request_prompt_tokens_sum") == 27
+    assert grew("vllm:request_generation_tokens_sum") == 12
+    assert grew("vllm:inter_token_latency_seconds_count") == 9
+    assert grew("vllm:request_params_n_count") == 1 and grew("vllm:request_params_n_sum") == 3
+    assert grew("vllm:request_max_num_generation_tokens_sum") == 4
