@@ -80,10 +80,13 @@ def test_n_completions_and_metrics(tokenizer):
     reg = engine.stats.registry
     labels = {"model_name": "fake-model", "engine": "0"}
     assert reg.get_sample_value("vllm:generation_tokens_total", labels) == 12
-    assert reg.get_sample_value("vllm:prompt_tokens_total", labels) == len(out.prompt_token_ids)
+    # vLLM counts the n completions as n (child) requests.
+    assert reg.get_sample_value("vllm:prompt_tokens_total", labels) == \
+        3 * len(out.prompt_token_ids)
     assert reg.get_sample_value("vllm:request_success_total",
-                                {**labels, "finished_reason": "length"}) == 1
-    assert reg.get_sample_value("vllm:e2e_request_latency_seconds_count", labels) == 1
+                                {**labels, "finished_reason": "length"}) == 3
+    assert reg.get_sample_value("vllm:e2e_request_latency_seconds_count", labels) == 3
+    assert reg.get_sample_value("vllm:request_params_n_count", labels) == 1
 
 
 def test_metrics_report_the_resolved_max_tokens(tokenizer):

@@ -19,7 +19,8 @@ def tiny_server(tiny_model_factory):
     model = tiny_model_factory("llama")
     srv = RemoteServer(["--model", model, "--served-model-name", "tiny", "--dtype", "float32",
                         "--max-model-len", "512", "--kv-cache-memory-bytes", str(16 << 20),
-                        "--enable-prompt-tokens-details"])
+                        "--enable-prompt-tokens-details", "--enable-log-requests",
+                        "--enable-log-outputs"])
     yield srv
     srv.stop()
 
@@ -282,3 +283,16 @@ def test_cache_salt(http):
     assert cached() == 0  # unsalted requests do not see salted blocks
     r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1, "cache_salt": ""})
     assert r.status_code == 400 and "cache_salt" in r.json()["error"]["message"]
+
+
+def test_log_outputs(http, tiny_server):
+    body = {"prompt": "Log me", "max_tokens": 3, "ignore_eos": True, "temperature": 0,
+            "request_id": "logged"}
+    full = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    events = _events(http, "/v1/completions", {**body, "request_id": "logged-stream"})
+    streamed = "".join(c["text"] for e in events for c in e["choices"])
+    log = tiny_server.tail(20000)
+    for rid, text in (("cmpl-logged-", full), ("cmpl-logged-stream-", streamed)):
+        lines = [ln for ln in log.splitlines() if "Generated response " + rid in ln]
+        assert lines and f"output: {text!r}" in lines[-1], (rid, lines)
+        assert "finish_reason: length" in lines[-1]

@@ -363,6 +363,15 @@ class EngineArgs:
 @dataclass
 class AsyncEngineArgs(EngineArgs):
     disable_log_requests: bool = False
+    enable_log_requests: bool = False
+    """Log each received request (vLLM's current spelling; this server logs them unless
+    --disable-log-requests, so the flag only wins over that one)."""
+    enable_log_outputs: bool = False
+    """Log each finished request's output text, token ids and finish reason."""
+
+    @property
+    def log_requests(self) -> bool:
+        return self.enable_log_requests or not self.disable_log_requests
 
     CPU_BATCH_DEFAULTS = (128, 2048)
     """The server on CPU, per rank, as vLLM: smaller prompt chunks keep the running

@@ -72,6 +72,7 @@ class RequestStream:
     def __init__(self, request_id: str, output_kind: Any) -> None:
         self.request_id = request_id
         self._kind = _kind_name(output_kind)
+        self.output_kind_name = self._kind
         self._items: list[Any] = []
         self._ready = asyncio.Event()
         self._acc: Any = None  # merged output not yet handed out (or all, for CUMULATIVE)
@@ -139,11 +140,13 @@ class AsyncLLMEngine(EngineClient):
     """asyncio front of LLMEngine: `generate()` streams RequestOutputs of one request."""
 
     def __init__(self, engine: Any, *, log_requests: bool = True, log_stats: bool = True,
-                 max_log_len: Optional[int] = None, start_engine_loop: bool = True) -> None:
+                 max_log_len: Optional[int] = None, start_engine_loop: bool = True,
+                 log_outputs: bool = False) -> None:
         self.engine = engine
         self.model_config = engine.model_config
         self.vllm_config = getattr(engine, "vllm_config", None)
         self.log_requests = log_requests
+        self.log_outputs = log_outputs
         self.max_log_len = max_log_len
         lora_config = getattr(self.vllm_config, "lora_config", None)
         spec_config = getattr(self.vllm_config, "speculative_config", None)
@@ -195,7 +198,8 @@ class AsyncLLMEngine(EngineClient):
                 engine.engine_core.shutdown()
                 raise
         return cls(engine,
-                   log_requests=not getattr(engine_args, "disable_log_requests", False),
+                   log_requests=getattr(engine_args, "log_requests", True),
+                   log_outputs=getattr(engine_args, "enable_log_outputs", False),
                    log_stats=not getattr(engine_args, "disable_log_stats", False),
                    max_log_len=max_log_len, start_engine_loop=start_engine_loop)
 
@@ -302,12 +306,16 @@ class AsyncLLMEngine(EngineClient):
 
     async def iterate(self, stream: RequestStream) -> AsyncGenerator[Any, None]:
         """Yield a stream's outputs; abort the request if the consumer stops early."""
+        texts: dict[int, str] = {}
+        ids: dict[int, list[int]] = {}
         try:
             while True:
                 try:
                     output = await stream.get()
                 except StopAsyncIteration:
                     return
+                if self.log_outputs:
+                    self._log_output(stream, output, texts, ids)
                 yield output
         finally:
             self._pending_ids.discard(stream.request_id)
@@ -421,6 +429,24 @@ class AsyncLLMEngine(EngineClient):
             ids = ids[:self.max_log_len] if ids is not None else None
         logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s.",
                     request_id, text, params, ids)
+
+    def _log_output(self, stream: RequestStream, output: Any, texts: dict[int, str],
+                    ids: dict[int, list[int]]) -> None:
+        """--enable-log-outputs: collect a request's completions (deltas or whole, as
+        its stream hands them out) and log them when it finishes."""
+        delta = stream.output_kind_name == "DELTA"
+        for c in getattr(output, "outputs", None) or []:
+            if not hasattr(c, "token_ids"):
+                continue  # a pooling output
+            texts[c.index] = (texts.get(c.index, "") if delta else "") + c.text
+            ids[c.index] = (ids.get(c.index, []) if delta else []) + list(c.token_ids)
+            if c.finish_reason is not None:
+                text, token_ids = texts[c.index], ids[c.index]
+                if self.max_log_len is not None:
+                    text, token_ids = text[:self.max_log_len], token_ids[:self.max_log_len]
+                logger.info("Generated response %s (choice %d): output: %r, output_token_ids: "
+                            "%s, finish_reason: %s.", stream.request_id, c.index, text,
+                            token_ids, c.finish_reason)
 
     # -------------------------------------------------------- engine thread
     def _run_loop(self) -> None:

@@ -80,7 +80,8 @@ def _build_replica(engine_args: AsyncEngineArgs, rank: int, start_engine_loop: b
     config = engine_args.create_engine_config()
     config.parallel_config = dataclasses.replace(config.parallel_config, data_parallel_rank=rank)
     engine = LLMEngine(config, log_stats=not engine_args.disable_log_stats)
-    return AsyncLLMEngine(engine, log_requests=not engine_args.disable_log_requests,
+    return AsyncLLMEngine(engine, log_requests=engine_args.log_requests,
+                          log_outputs=engine_args.enable_log_outputs,
                           log_stats=not engine_args.disable_log_stats,
                           max_log_len=max_log_len, start_engine_loop=start_engine_loop)
 

@@ -139,6 +139,11 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     AsyncEngineArgs.add_cli_args(parser)
     _add(parser, server, "--disable-log-requests", action="store_true",
          help="Do not log each received request.")
+    _add(parser, server, "--enable-log-requests", action="store_true",
+         help="Log each received request (vLLM's current spelling; requests are logged "
+              "unless --disable-log-requests).")
+    _add(parser, server, "--enable-log-outputs", action="store_true",
+         help="Log each finished request's output text, token ids and finish reason.")
     _add(parser, server, "--disable-log-stats", action="store_true",
          help="Do not log throughput and cache statistics periodically.")
     return parser
