@@ -173,3 +173,30 @@ def test_default_model_adapter_matches_peft(default_model_path, tmp_path):
     reference = peft_model(base, path)
     assert got == [greedy(reference, ids, MAX_TOKENS) for ids in prompts]
     assert got != base_out
+
+
+def test_load_inplace_swaps_the_weights_under_one_id(llm, qwen2_adapters, qwen2_prompt_ids,
+                                                     qwen2_references, tmp_path):
+    """An RL loop writes each step's adapter to one path: LoRARequest(load_inplace=True)
+    reads it again (vLLM's field); without it the loaded weights stay, and no prefix-cache
+    block computed with the old weights is reused after the swap."""
+    path = tmp_path / "hot"
+    shutil.copytree(qwen2_adapters["sql"], path)
+    hot = LoRARequest("hot", 99, str(path))
+    assert _generate(llm, qwen2_prompt_ids, hot) == qwen2_references["sql"]
+    long_prompt = sum(qwen2_prompt_ids, []) * 3
+    first = llm.generate([{"prompt_token_ids": long_prompt}], GREEDY, use_tqdm=False,
+                         lora_request=hot)[0]
+    shutil.rmtree(path)
+    shutil.copytree(qwen2_adapters["poet"], path)
+    assert _generate(llm, qwen2_prompt_ids, hot) == qwen2_references["sql"]  # not reread
+    swapped = LoRARequest("hot", 99, str(path), load_inplace=True)
+    assert _generate(llm, qwen2_prompt_ids, swapped) == qwen2_references["poet"]
+    after = llm.generate([{"prompt_token_ids": long_prompt}], GREEDY, use_tqdm=False,
+                         lora_request=hot)[0]
+    assert after.num_cached_tokens == 0 and after.outputs[0].token_ids != \
+        first.outputs[0].token_ids
+    again = llm.generate([{"prompt_token_ids": long_prompt}], GREEDY, use_tqdm=False,
+                         lora_request=hot)[0]
+    assert again.num_cached_tokens > 0 and again.outputs[0].token_ids == \
+        after.outputs[0].token_ids

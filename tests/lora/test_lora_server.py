@@ -121,6 +121,22 @@ def test_runtime_load_and_unload(server, client, qwen2_base, qwen2_adapters, qwe
     assert _tokens(client, "chat", qwen2_prompt_ids[0]) == qwen2_references["chat"][0]
 
 
+def test_load_inplace_swaps_an_adapter(server, client, qwen2_adapters, qwen2_prompt_ids,
+                                       qwen2_references, tmp_path):
+    """vLLM's load_inplace: the same name (and id) with another adapter's weights."""
+    http = httpx.Client(base_url=server.url, timeout=120)
+    load = "/v1/load_lora_adapter"
+    r = http.post(load, json={"lora_name": "swap", "lora_path": qwen2_adapters["sql"]})
+    assert r.status_code == 200, r.text
+    assert _tokens(client, "swap", qwen2_prompt_ids[0]) == qwen2_references["sql"][0]
+    r = http.post(load, json={"lora_name": "swap", "lora_path": qwen2_adapters["poet"],
+                              "load_inplace": True})
+    assert r.status_code == 200, r.text
+    assert _tokens(client, "swap", qwen2_prompt_ids[0]) == qwen2_references["poet"][0]
+    assert _tokens(client, "swap", qwen2_prompt_ids[1]) == qwen2_references["poet"][1]
+    assert [m.id for m in client.models.list().data].count("swap") == 1
+
+
 def test_lora_info_metric(server, client):
     text = httpx.get(server.url + "/metrics", timeout=30).text
     lines = [l for l in text.splitlines() if l.startswith("vllm:lora_requests_info{")]

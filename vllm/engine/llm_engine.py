@@ -123,7 +123,7 @@ class LLMEngine:
                              "takes PoolingParams (LLM.embed / classify / score / encode, "
                              "the embeddings and score APIs), not SamplingParams.")
         if lora_request is not None:
-            self._check_lora_request(lora_request)
+            lora_request = self._check_lora_request(lora_request)
         check_kv_transfer_params(params, self.vllm_config.kv_transfer_config)
         prompt_text, prompt_ids, mm_features = self.processor.process_prompt(prompt)
         prompt_ids = self.processor.truncate_prompt(prompt_ids, params, mm_features)
@@ -156,7 +156,7 @@ class LLMEngine:
             raise ValueError("PoolingParams need a pooling model: this one generates. Try "
                              "--runner pooling (--convert embed) to use it as one.")
         if lora_request is not None:
-            self._check_lora_request(lora_request)
+            lora_request = self._check_lora_request(lora_request)
         params = params.clone()
         task = params.task or mc.pooling_task
         if task != mc.pooling_task:
@@ -175,17 +175,21 @@ class LLMEngine:
         return request
 
     # --------------------------------------------------------------- LoRA
-    def _check_lora_request(self, lora_request: LoRARequest) -> None:
+    def _check_lora_request(self, lora_request: LoRARequest) -> LoRARequest:
         """The first request naming an adapter has the workers load and check it, so a
-        bad adapter is a ValueError here, not a failed step."""
+        bad adapter is a ValueError here, not a failed step. Returns the adapter as
+        loaded (its generation), which the request carries."""
         if not isinstance(lora_request, LoRARequest):
             raise ValueError("lora_request must be a vllm.lora.request.LoRARequest.")
         if self.vllm_config.lora_config is None:
             raise ValueError("lora_request: LoRA is not enabled; start the engine with "
                              "enable_lora=True (--enable-lora).")
         known = self.engine_core.loaded_loras.get(lora_request.lora_int_id)
-        if known is None or known.lora_path != lora_request.lora_path:
+        if known is None or known.lora_path != lora_request.lora_path or \
+                lora_request.load_inplace:
             self.add_lora(lora_request)
+            known = self.engine_core.loaded_loras[lora_request.lora_int_id]
+        return known
 
     @staticmethod
     def _fan_out(request_id: str, params: SamplingParams
@@ -234,7 +238,24 @@ class LLMEngine:
     # ------------------------------------------------- admin operations
     # Each is one utility call (vllm/engine/utility.py); these are vLLM's spellings.
     def call_utility(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "add_lora":  # every adapter load passes here (the servers' too)
+            args = (self._stamp_lora(args[0]), *args[1:])
         return self.engine_core.call_utility(name, *args, **kwargs)
+
+    def _stamp_lora(self, lora_request: LoRARequest) -> LoRARequest:
+        """The request as loaded: a reload of a known id (load_inplace, or new files)
+        gets the next generation, which the prefix-cache key carries (no block computed
+        with the old weights is reused) and which makes the workers read the files again;
+        load_inplace itself is spent here, so requests naming the adapter later do not
+        reload it."""
+        if not isinstance(lora_request, LoRARequest):
+            return lora_request
+        known = self.engine_core.loaded_loras.get(lora_request.lora_int_id)
+        generation = 0
+        if known is not None:
+            reload = lora_request.load_inplace or known.lora_path != lora_request.lora_path
+            generation = known.generation + 1 if reload else known.generation
+        return dataclasses.replace(lora_request, load_inplace=False, generation=generation)
 
     def collective_rpc(self, method: Union[str, Callable[..., Any]],
                        timeout: Optional[float] = None, args: tuple = (),

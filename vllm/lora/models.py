@@ -88,7 +88,8 @@ class LoRAModelManager:
     def add_adapter(self, request: LoRARequest) -> bool:
         """Load (and check) an adapter into the host cache; False if already there."""
         cached = self._host.get(request.lora_int_id)
-        if cached is not None and cached.lora_request.lora_path == request.lora_path:
+        if cached is not None and cached.lora_request.lora_path == request.lora_path \
+                and cached.lora_request.generation == request.generation:
             self._host.move_to_end(request.lora_int_id)
             return False
         model = load_adapter(request, self.specs, self.targets, self.max_rank, self.dtype)
@@ -128,7 +129,8 @@ class LoRAModelManager:
         for lora_id, req in wanted.items():
             if lora_id in self._slots:
                 cached = self._host.get(lora_id)
-                if cached is None or cached.lora_request.lora_path == req.lora_path:
+                if cached is None or (cached.lora_request.lora_path == req.lora_path and
+                                      cached.lora_request.generation == req.generation):
                     self._slots.move_to_end(lora_id)
                     continue
             self._load_into_slot(req, set(wanted))

@@ -24,6 +24,13 @@ class LoRARequest:
     """The base model this adapter belongs to (shown as `parent` in /v1/models)."""
     tensorizer_config_dict: Optional[dict] = None
     """Tensorizer-serialized adapters are not supported (refused when set)."""
+    load_inplace: bool = False
+    """Reload the adapter's files even when one with this id is loaded already (its new
+    weights replace the old ones for every later step), as vLLM: how RL loops push
+    each training step's adapter to the same path."""
+    generation: int = 0
+    """Bumped by the engine at each in-place reload: part of the prefix-cache key, so
+    KV computed with the old weights is never reused."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.lora_int_id, int) or isinstance(self.lora_int_id, bool) \
@@ -61,7 +68,7 @@ class LoRARequest:
     def cache_key(self) -> tuple:
         """What prefix-cache block hashes include: KV computed under one adapter is never
         reused for another (nor for the base model, whose key is None)."""
-        return ("lora", self.lora_int_id, self.lora_name, self.lora_path)
+        return ("lora", self.lora_int_id, self.lora_name, self.lora_path, self.generation)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, LoRARequest) and self.lora_name == other.lora_name

@@ -666,6 +666,8 @@ class VersionResponse(ResponseModel):
 class LoadLoRAAdapterRequest(OpenAIBaseModel):
     lora_name: str
     lora_path: str
+    load_inplace: bool = False
+    """Reload a loaded adapter's weights (from lora_path) under its name and id."""
 
 
 class UnloadLoRAAdapterRequest(OpenAIBaseModel):

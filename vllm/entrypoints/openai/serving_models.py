@@ -7,6 +7,7 @@ A request whose `model` is an adapter's name runs with that adapter.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from dataclasses import dataclass
@@ -84,19 +85,27 @@ class OpenAIServingModels:
         if not name or not path:
             raise BadRequestError("Both 'lora_name' and 'lora_path' must be provided.",
                                   err_type="InvalidUserInput")
-        if name in self.lora_requests:
+        known = self.lora_requests.get(name)
+        inplace = bool(getattr(request, "load_inplace", False))
+        if known is not None and not inplace:
             raise BadRequestError(f"The lora adapter '{name}' has already been loaded.",
                                   err_type="InvalidUserInput")
-        lora = LoRARequest(lora_name=name, lora_int_id=next(self._lora_ids), lora_path=path,
-                           base_model_name=base_model_name)
+        # load_inplace on a known name: the same id, its weights read again (vLLM's RL
+        # hot-swap); the engine spends the flag, so later requests do not reload.
+        lora = LoRARequest(lora_name=name,
+                           lora_int_id=known.lora_int_id if known else next(self._lora_ids),
+                           lora_path=path, base_model_name=base_model_name or (
+                               known.base_model_name if known else None),
+                           load_inplace=inplace)
         try:
             await self.engine.add_lora(lora)
         except LoRAAdapterNotFoundError as e:
             raise NotFoundError(str(e), param="lora_path") from e
         except ValueError as e:
             raise BadRequestError(str(e), param="lora_path") from e
-        self.lora_requests[name] = lora
-        logger.info("Loaded new LoRA adapter: name '%s', path '%s'", name, path)
+        self.lora_requests[name] = dataclasses.replace(lora, load_inplace=False)
+        logger.info("Loaded %s LoRA adapter: name '%s', path '%s'",
+                    "(in place) the" if known else "new", name, path)
         return f"Success: LoRA adapter '{name}' added successfully."
 
     async def unload_lora_adapter(self, request: UnloadLoRAAdapterRequest) -> str:
