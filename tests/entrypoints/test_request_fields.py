@@ -296,3 +296,24 @@ def test_log_outputs(http, tiny_server):
         lines = [ln for ln in log.splitlines() if "Generated response " + rid in ln]
         assert lines and f"output: {text!r}" in lines[-1], (rid, lines)
         assert "finish_reason: length" in lines[-1]
+
+
+def _cli(args: list[str], stdin: str = "") -> "subprocess.CompletedProcess":
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "vllm.entrypoints.cli.main", *args],
+                          input=stdin, capture_output=True, text=True, timeout=120)
+
+
+def test_vllm_complete_and_chat_commands(tiny_server):
+    url = tiny_server.url + "/v1"
+    done = _cli(["complete", "--url", url, "--max-tokens", "3", "-q", "Hello"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
+    # A conversation piped in: one answer per line, the model taken from /v1/models.
+    chat = _cli(["chat", "--url", url, "--system-prompt", "Be brief.", "--max-tokens", "4"],
+                stdin="Hi\nAnd again\n")
+    assert chat.returncode == 0, chat.stderr
+    assert len(chat.stdout.splitlines()) >= 2
+    gone = _cli(["chat", "--url", "http://127.0.0.1:9/v1", "-q", "hi"])
+    assert gone.returncode == 1 and "APIConnectionError" in gone.stdout + gone.stderr

@@ -1,4 +1,4 @@
-"""The `vllm` command: `vllm serve MODEL ...`, `vllm --version`.
+"""The `vllm` command: `vllm serve MODEL ...`, `vllm chat`, `vllm complete`, `vllm --version`.
 
 Declared as the console script `vllm = vllm.entrypoints.cli.main:main`.
 """
@@ -13,12 +13,14 @@ logger = logging.getLogger("vllm.entrypoints.cli.main")  # not __main__ under -m
 
 
 def make_parser() -> argparse.ArgumentParser:
+    from vllm.entrypoints.cli.openai_client import add_client_parsers
     from vllm.entrypoints.cli.serve import add_serve_parser
     from vllm.version import __version__
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     parser = FlexibleArgumentParser(prog="vllm", description="vLLM CLI")
     parser.add_argument("-v", "--version", action="version", version=__version__)
-    subparsers = parser.add_subparsers(dest="subcommand", metavar="{serve}")
+    subparsers = parser.add_subparsers(dest="subcommand", metavar="{chat,complete,serve}")
+    add_client_parsers(subparsers)
     add_serve_parser(subparsers)
     return parser
 
@@ -32,7 +34,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         args.dispatch_function(args)
     except KeyboardInterrupt:
-        logger.info("Server stopped.")
+        if args.subcommand == "serve":
+            logger.info("Server stopped.")
     except (ValueError, OSError, MemoryError) as e:  # flags, port, KV cache: no traceback
         logger.error("%s", e)
         sys.exit(1)
