@@ -157,3 +157,17 @@ def test_chat_template_content_format_flag(tokenizer, monkeypatch, flag, expecte
     tok = run_app(tokenizer, ["--chat-template", template, *flag], requests)
     assert tok.status_code == 200, tok.text
     assert tok.json()["tokens"] == tokenizer(expected, add_special_tokens=False).input_ids
+
+
+def test_dotted_json_flags():
+    """vLLM's key-by-key JSON flags: --hf-overrides.rope_theta 500000 and friends."""
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    args = make_arg_parser().parse_args([
+        "--hf_overrides.rope_theta", "500000", "--hf-overrides.rope_scaling.type", "linear",
+        "--limit-mm-per-prompt.image=0", "--max-model-len", "4k",
+        "--override-generation-config", '{"temperature": 0.5, "top_k": 3}',
+        "--override-generation-config.top_k", "5"])
+    assert args.hf_overrides == {"rope_theta": 500000, "rope_scaling": {"type": "linear"}}
+    assert args.limit_mm_per_prompt == {"image": 0}
+    assert args.max_model_len == 4000
+    assert args.override_generation_config == {"temperature": 0.5, "top_k": 5}

@@ -4,7 +4,11 @@
   name become dashes; values are left alone);
 - `--config file.yaml` reads flags from a YAML mapping (`max-model-len: 4k`,
   `enable-prefix-caching: false`, lists as lists); flags given on the command line win;
-- `human_readable_int` parses `4k` (4000), `4K` (4096), `1.5m`, `2M`.
+- `human_readable_int` parses `4k` (4000), `4K` (4096), `1.5m`, `2M`;
+- a JSON flag may be given key by key: `--hf-overrides.rope_theta 500000`,
+  `--limit-mm-per-prompt.image 0`, nested `--a.b.c 1`, appended to a list with
+  `--a.list+ x` (values are read as JSON where they parse, else as strings); they merge
+  into the flag's own JSON value when that is given too.
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
             args = sys.argv[1:]
         args = [_dash_flag(a) for a in args]
         args = self._expand_config(args)
+        args = _merge_dotted(args)
         return super().parse_known_args(args, namespace)
 
     def _expand_config(self, args: list[str]) -> list[str]:
@@ -115,11 +120,83 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
 
 
 def _dash_flag(arg: str) -> str:
-    """'--max_model_len=8' -> '--max-model-len=8' (the value is kept as written)."""
+    """'--max_model_len=8' -> '--max-model-len=8' (the value is kept as written, and so
+    are the keys of a dotted JSON flag: '--hf_overrides.rope_theta')."""
     if not arg.startswith("--") or arg == "--":
         return arg
     name, sep, value = arg.partition("=")
-    return "--" + name[2:].replace("_", "-") + sep + value
+    flag, dot, keys = name[2:].partition(".")
+    return "--" + flag.replace("_", "-") + dot + keys + sep + value
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _merge_dotted(args: list[str]) -> list[str]:
+    """`--flag.key value` pieces folded into one `--flag '{"key": value}'` per flag (at
+    the first piece's place), merged over the flag's own JSON value if it is given."""
+    dotted: dict[str, dict] = {}
+    first_at: dict[str, int] = {}
+    plain: dict[str, int] = {}
+    out: list[Any] = []
+    gone = object()  # an argument folded into a merged value
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.partition("=")[0]
+        if arg.startswith("--") and "." in name and not name.startswith("--."):
+            flag, _, path = name.partition(".")
+            if "=" in arg:
+                value, i = arg.partition("=")[2], i + 1
+            elif i + 1 < len(args):
+                value, i = args[i + 1], i + 2
+            else:
+                raise argparse.ArgumentTypeError(f"{name} needs a value.")
+            _set_path(dotted.setdefault(flag, {}), path, _json_value(value))
+            if flag not in first_at:
+                first_at[flag] = len(out)
+                out += [flag, gone]  # the value is filled in below
+            continue
+        if arg.startswith("--") and "=" not in arg:
+            plain[arg] = len(out)
+        out.append(arg)
+        i += 1
+    for flag, values in dotted.items():
+        base = {}
+        at = plain.get(flag)
+        if at is not None and at + 1 < len(out):
+            parsed = _json_value(out[at + 1])
+            base = parsed if isinstance(parsed, dict) else {}
+        merged = _deep_merge(base, values)
+        out[first_at[flag] + 1] = json.dumps(merged)
+        if at is not None:
+            out[at] = out[at + 1] = gone  # superseded by the merged value
+    return [a for a in out if a is not gone]
+
+
+def _set_path(target: dict, path: str, value: Any) -> None:
+    keys = path.split(".")
+    for key in keys[:-1]:
+        target = target.setdefault(key, {})
+    last = keys[-1]
+    if last.endswith("+"):
+        target.setdefault(last[:-1], []).append(value)
+    else:
+        target[last] = value
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    merged = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def parse_json_dict(value: Any) -> dict:
