@@ -300,17 +300,21 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
         if mm_processor_kwargs:
             raise ValueError("mm_processor_kwargs: per-request multimodal processor "
                              "arguments are not supported by this engine.")
-        if add_generation_prompt and continue_final_message:
+        prompts = self._chat_prompts(messages, ChatOptions(
+            chat_template, chat_template_content_format, add_generation_prompt,
+            continue_final_message, tools, chat_template_kwargs or {}, tokenization_kwargs))
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
+
+    def _chat_prompts(self, messages: Union[ChatMessages, list[ChatMessages]],
+                      options: ChatOptions) -> list[dict[str, Any]]:
+        """One engine prompt per conversation (`messages` is one, or a list of them)."""
+        if options.add_generation_prompt and options.continue_final_message:
             raise ValueError("continue_final_message and add_generation_prompt cannot both "
                              "be true.")
         conversations = (messages if messages and isinstance(messages[0], (list, tuple))
                          else [messages])
-        options = ChatOptions(chat_template, chat_template_content_format,
-                               add_generation_prompt, continue_final_message, tools,
-                               chat_template_kwargs or {}, tokenization_kwargs)
-        prompts = [self._chat_prompt(list(conv), options) for conv in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm,
-                             lora_request=lora_request)
+        return [self._chat_prompt(list(conv), options) for conv in conversations]
 
     def _chat_prompt(self, conversation: ChatMessages, options: ChatOptions
                      ) -> dict[str, Any]:

@@ -50,15 +50,9 @@ class OfflineQueueMixin:
                      chat_template_content_format: str = "auto",
                      tools: Optional[list[dict[str, Any]]] = None) -> list[str]:
         """Queue chat conversations (rendered as LLM.chat does) for generation."""
-        if add_generation_prompt and continue_final_message:
-            raise ValueError("continue_final_message and add_generation_prompt cannot both "
-                             "be true.")
-        conversations = (messages if messages and isinstance(messages[0], (list, tuple))
-                         else [messages])
-        options = ChatOptions(chat_template, chat_template_content_format,
-                               add_generation_prompt, continue_final_message, tools,
-                               chat_template_kwargs or {}, None)
-        prompts = [self._chat_prompt(list(conv), options) for conv in conversations]
+        prompts = self._chat_prompts(messages, ChatOptions(
+            chat_template, chat_template_content_format, add_generation_prompt,
+            continue_final_message, tools, chat_template_kwargs or {}, None))
         return self.enqueue(prompts, sampling_params, lora_request=lora_request)
 
     def wait_for_completion(self, output_type: Any = None, *, use_tqdm: bool = True

@@ -8,7 +8,6 @@ the server's first model unless `--model-name` names one.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any, Iterator
 
@@ -23,16 +22,12 @@ def add_client_parsers(subparsers: Any) -> None:
     _common_args(chat)
     chat.add_argument("--system-prompt", type=str, default=None,
                       help="A system message that starts the conversation.")
-    chat.add_argument("--max-tokens", type=int, default=None,
-                      help="Most tokens per answer (default: the server's).")
     chat.set_defaults(dispatch_function=cmd_chat)
     complete = subparsers.add_parser(
         "complete", help="Complete prompts with a running server (OpenAI completions).",
         description="Generate text completions via the running API server.",
         usage="vllm complete [options]")
     _common_args(complete)
-    complete.add_argument("--max-tokens", type=int, default=None,
-                          help="Most tokens to generate per completion.")
     complete.set_defaults(dispatch_function=cmd_complete)
 
 
@@ -42,16 +37,21 @@ def _common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-name", type=str, default=None,
                         help="The model to use (default: the server's first model).")
     parser.add_argument("--api-key", type=str, default=None,
-                        help="API key (default: OPENAI_API_KEY, else none).")
+                        help="API key (default: the OPENAI_API_KEY environment variable, "
+                             "else none).")
     parser.add_argument("-q", "--quick", type=str, default=None, metavar="MESSAGE",
                         help="Send one message, print the answer and exit.")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="Most tokens per answer (default: the server's).")
 
 
 def _client(args: argparse.Namespace) -> tuple[Any, str]:
     """(openai client, model name)."""
     import openai
-    client = openai.OpenAI(base_url=args.url,
-                           api_key=args.api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"))
+    try:  # api_key None: the client reads OPENAI_API_KEY
+        client = openai.OpenAI(base_url=args.url, api_key=args.api_key)
+    except openai.OpenAIError:  # no key anywhere: a server without --api-key needs none
+        client = openai.OpenAI(base_url=args.url, api_key="EMPTY")
     model = args.model_name
     if model is None:
         models = client.models.list().data
