@@ -38,7 +38,8 @@ def _processed_params() -> list[SamplingParams]:
                            max_tokens=4, ignore_eos=True),
             SamplingParams(temperature=0.8, seed=7, repetition_penalty=1.2,
                            logit_bias={5: 3.0, 9: -2.0}, max_tokens=3, ignore_eos=True),
-            SamplingParams(temperature=0.0, min_tokens=3, max_tokens=5),
+            SamplingParams(temperature=0.0, min_tokens=3, max_tokens=5,
+                           bad_words=["the cat", "x"]),
             SamplingParams(temperature=0.0, allowed_token_ids=list(range(10, 60)),
                            logprobs=2, max_tokens=3, ignore_eos=True)]
 
@@ -77,9 +78,10 @@ def test_mixed_workload_compiles_nothing_after_warmup(tiny_model_factory, prefix
             assert runner.bucketing.fallback_buckets == []
             assert runner.num_graph_replays > 0
             if prefix_caching:
-                # Penalties, logit_bias, min_tokens and allowed_token_ids, alone and
-                # together, greedy and seeded, batch sizes 1-4: the sampler's one full
-                # shape per bucket, warmed, so nothing compiles.
+                # Penalties, logit_bias, min_tokens, bad_words (a mask rebuilt per step)
+                # and allowed_token_ids, alone and together, greedy and seeded, batch
+                # sizes 1-4: the sampler's one full shape per bucket, warmed, so nothing
+                # compiles.
                 _run(llm, prompts[:4], _processed_params())
                 _run(llm, prompts[:1], _processed_params()[:1])
                 _run(llm, prompts[1:3], _processed_params()[2:])

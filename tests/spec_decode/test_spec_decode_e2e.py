@@ -290,6 +290,26 @@ def test_penalties_and_min_tokens_decode_without_drafts(baseline, spec):
     assert spec.llm_engine.get_stats().spec_decoding_stats.minus(before).num_drafts == 0
 
 
+def test_multi_token_bad_words_decode_without_drafts(baseline, spec):
+    """A bad word of several tokens is banned by what the output ends with, which the
+    drafts would change row by row: such requests get no drafts and give the tokens
+    they give without speculation (single-token bad words keep their drafts)."""
+    tokenizer = baseline.get_tokenizer()
+    prompt = PROMPTS[3]  # repetitive: n-gram drafts are accepted
+    free = list(baseline.generate(prompt, _greedy(24), use_tqdm=False)[0].outputs[0].token_ids)
+    word = next(w for w in (tokenizer.decode(free[i:i + 2]) for i in range(len(free) - 1))
+                if w.strip() and len(tokenizer.encode(w.strip(), add_special_tokens=False)) > 1)
+    params = _greedy(24, bad_words=[word])
+    before = spec.llm_engine.get_stats().spec_decoding_stats.copy()
+    want = baseline.generate([prompt], params, use_tqdm=False)
+    got = spec.generate([prompt], params, use_tqdm=False)
+    assert _ids(got) == _ids(want)
+    assert spec.llm_engine.get_stats().spec_decoding_stats.minus(before).num_drafts == 0
+    single = _greedy(24, bad_words=[tokenizer.decode(free[:1]).strip() or "x"])
+    assert _ids(spec.generate([prompt], single, use_tqdm=False)) == \
+        _ids(baseline.generate([prompt], single, use_tqdm=False))
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_preempted_requests_resume_identically(model, method):
     """A KV pool too small for the batch: requests are preempted (draft KV slots and
