@@ -29,9 +29,10 @@ def test_linear_ranges():
     assert linear_range(2, 32, 64) == [2, 4, 8, 16, 32, 64]
     assert linear_range(128, 128, 512) == [128, 256, 384, 512]
     assert linear_range(0, 8, 24) == [0, 8, 16, 24]
-    # min is the lowest bucket, also when step < min (the multiples below it are dropped)
+    # min is the lowest bucket, also when step < min (the multiples below it are
+    # dropped, min itself kept)
     assert linear_range(4, 2, 8) == [4, 6, 8]
-    assert linear_range(3, 2, 9) == [4, 6, 8]
+    assert linear_range(3, 2, 9) == [3, 4, 6, 8]
     assert linear_range(128, 64, 256) == [128, 192, 256]
 
 
@@ -49,6 +50,34 @@ def test_exponential_known_lists():
     assert exponential_range(1, 2, 256, 9) == [1, 2, 4, 8, 14, 24, 42, 78, 140, 256]
     assert exponential_range(0, 1, 64, 7) == [0, 1, 2, 4, 8, 16, 32, 64]
     assert exponential_range(5, 1, 40, 1) == [40]
+
+
+@pytest.mark.parametrize("bmin", [2, 4, 16, 64])
+def test_exponential_decode_block_min_is_the_lowest_bucket(monkeypatch, bmin):
+    """Issue 54: a decode block min below the step (block_size blocks) rounded every
+    low point up to the step, leaving [128]: a one-sequence decode of 3 blocks ran
+    as (1, 1, 128). The min is the lowest bucket, the low end filled up to the step."""
+    monkeypatch.setenv("VLLM_DECODE_BLOCK_BUCKET_MIN", str(bmin))
+    ctx = _ctx(max_num_seqs=64, max_model_len=4096, num_kv_blocks=2048)
+    blocks = sorted({b.num_blocks for b in ctx.decode_buckets})
+    assert blocks[0] == bmin and 128 in blocks and blocks[-1] == 2048
+    assert all(b >= bmin for b in blocks)
+    assert ctx.find_decode_bucket(1, 3) == Bucket(1, 1, max(4, bmin))
+    assert ctx.find_decode_bucket(1, 100) == Bucket(1, 1, 128)
+
+
+def test_exponential_prompt_mins_are_the_lowest_buckets(monkeypatch):
+    """VLLM_PROMPT_SEQ_BUCKET_MIN=64 became 128 and VLLM_PROMPT_BS_BUCKET_MIN=3 became 4."""
+    monkeypatch.setenv("VLLM_PROMPT_SEQ_BUCKET_MIN", "64")
+    monkeypatch.setenv("VLLM_PROMPT_BS_BUCKET_MIN", "3")
+    ctx = _ctx(max_num_seqs=64, max_model_len=4096)
+    assert ctx.prompt_seq_range.values()[:3] == [64, 128, 256]
+    assert ctx.prompt_bs_range.values()[0] == 3
+    assert min(b.query_len for b in ctx.prompt_buckets) == 64
+    assert min(b.batch_size for b in ctx.prompt_buckets) == 3
+    assert ctx.find_prompt_bucket(3, 50) == Bucket(3, 64, 0)
+    assert exponential_range(64, 128, 1024, 5) == [64, 128, 256, 384, 640, 1024]
+    assert exponential_range(200, 128, 1024, 4) == [200, 384, 640, 1024]
 
 
 def test_fill_low_end_of_the_decode_blocks():
@@ -106,16 +135,28 @@ def test_lookup_smallest_covering_bucket():
 
 
 def test_fallback_warns_once_and_adds_one_bucket(caplog):
+    """A batch no bucket covers runs in its own shape, unpadded (seed 001: a shape
+    outside the buckets is processed without padding), warned once; the bucket
+    stays for the batches it covers."""
     ctx = _ctx(num_kv_blocks=4096)
     before = ctx.num_prompt_buckets
     with caplog.at_level(logging.WARNING, logger="vllm"):
         first = ctx.find_prompt_bucket(3, 2100)  # (4, 2304) breaks the token budget
         second = ctx.find_prompt_bucket(3, 2100)
-        third = ctx.find_prompt_bucket(4, 2300)
+        third = ctx.find_prompt_bucket(3, 2050)
     warnings = [r for r in caplog.records if "was not warmed up" in r.getMessage()]
-    assert first == second == third == Bucket(4, 2304, 0)
-    assert len(warnings) == 1
+    assert first == second == third == Bucket(3, 2100, 0)
+    assert len(warnings) == 1 and "without padding" in warnings[0].getMessage()
     assert ctx.num_prompt_buckets == before + 1 and ctx.fallback_buckets == [first]
+
+
+def test_decode_fallback_is_not_padded(monkeypatch):
+    """Issue 54: (3, 1, 5) outside the decode buckets ran as (4, 1, 32)."""
+    monkeypatch.setenv("VLLM_DECODE_BS_BUCKET_MAX", "2")
+    ctx = _ctx(max_num_seqs=8, max_model_len=512, num_kv_blocks=32)
+    assert max(b.batch_size for b in ctx.decode_buckets) == 2
+    assert ctx.find_decode_bucket(3, 5) == Bucket(3, 1, 5)
+    assert ctx.fallback_buckets == [Bucket(3, 1, 5)]
 
 
 def test_decode_fallback_past_range():

@@ -89,28 +89,39 @@ WARMUP_ENV = {"PT_HPU_LAZY_MODE": "1", "VLLM_PROMPT_BS_BUCKET_MAX": "2",
 WARMUP_LINES = [
     r"Prompt bucket config \(min, step, max_warmup\) bs:\[1, 2, 2\], seq:\[128, 128, 128\]",
     r"Generated 2 prompt buckets: \[\(1, 128, 0\), \(2, 128, 0\)\]",
+    # Seed 001: decode config with `seq` (KV tokens: blocks x 128), at start-up.
+    r"Decode bucket config \(min, step, max_warmup\) bs:\[1, 2, 4\], "
+    r"seq:\[128, 16384, 16384\], block:\[1, 128, 128\]$",
     r"Free device memory: [\d.]+ \w+, [\d.]+ \w+ usable \(gpu_memory_utilization=0\.9\), "
     r"[\d.]+ \w+ reserved for HPUGraphs \(measured: [\d.]+ of usable\), [\d.]+ \w+ "
     r"reserved for KV cache",
+    r"# HPU blocks: 16, # CPU blocks: 0",
+    r"Initializing cache engine took -?[\d.]+ \w+ of device memory",
     # The block range (1, 128, 16) gives 1 and 16; the powers of two fill the gap.
     r"Generated 12 decode buckets: "
     r"\[\(1, 1, 1\), \(1, 1, 2\), \(1, 1, 4\), \(1, 1, 8\), \(1, 1, 16\), \(2, 1, 2\), ",
     r"\[Warmup\]\[Prompt\]\[1/2\] batch_size:2 seq_len:128 free_mem:[\d.]+ \w+ num_blocks:0",
-    r"\[Warmup\]\[Decode\]\[12/12\] batch_size:1 seq_len:1 free_mem:[\d.]+ \w+ num_blocks:1",
-    r"\[Warmup\]\[Graph/Prompt\]\[1/2\] batch_size:1 seq_len:128 free_mem:[\d.]+ \w+ num_blocks:0",
-    r"\[Warmup\]\[Graph/Decode\]\[1/12\] batch_size:4 seq_len:1 free_mem:[\d.]+ \w+ num_blocks:4",
+    r"\[Warmup\]\[Decode\]\[12/12\] batch_size:1 seq_len:128 free_mem:[\d.]+ \w+ num_blocks:1",
+    r"\[Warmup\]\[Graph/Prompt\]\[1/2\] batch_size:1 seq_len:128 free_mem:[\d.]+ \w+ "
+    r"num_blocks:0",
+    r"\[Warmup\]\[Graph/Decode\]\[1/12\] batch_size:4 seq_len:512 free_mem:[\d.]+ \w+ "
+    r"num_blocks:4",
     r"Graph/Decode captured:12 \(100\.0%\) used_mem:",
+    r"Warmup finished in \d+ secs, allocated [\d.]+ \w+ of device memory",
+    r"init_cache_engine took -?[\d.]+ \w+ of device memory \([\d.]+ \w+/[\d.]+ \w+ used\) "
+    r"and -?[\d.]+ \w+ of host memory \([\d.]+ \w+/[\d.]+ \w+ used\)$",
+]
+"""Seed 001's start-up lines (with this engine's extra fields after them), in the
+order the seed prints them: this order is checked too."""
+UNORDERED_LINES = [
     r"Pre-loading model weights on hpu:0 took [\d.]+ \w+ of device memory \([\d.]+ \w+/"
     r"[\d.]+ \w+ used\) and -?[\d.]+ \w+ of host memory \([\d.]+ \w+/[\d.]+ \w+ used\)",
     r"Wrapping in HPU Graph took -?[\d.]+ \w+ of device memory",
     r"Loading model weights took in total -?[\d.]+ \w+ of device memory .* in [\d.]+ s",
-    r"Initializing cache engine took -?[\d.]+ \w+ of device memory",
     r"Model profiling run took -?[\d.]+ \w+ of device memory \([\d.]+ \w+/[\d.]+ \w+ used\) "
     r"and -?[\d.]+ \w+ of host memory \([\d.]+ \w+/[\d.]+ \w+ used\)",
-    r"# HPU blocks: 16, # CPU blocks: 0",
     r"Using [\d.]+ \w+/[\d.]+ \w+ of free device memory for HPUGraphs, [\d.]+ \w+ for prompt "
     r"and [\d.]+ \w+ for decode \(VLLM_GRAPH_PROMPT_RATIO=0\.\d+\)",
-    r"Warmup finished in \d+ secs, allocated [\d.]+ \w+ of device memory",
 ]
 
 
@@ -138,9 +149,16 @@ def test_warmup_then_serving_compiles_nothing(reference, caplog):
     with platform_env("hpu", **WARMUP_ENV), caplog.at_level(logging.INFO, logger="vllm"):
         llm = make_llm(enable_prefix_caching=False, max_num_seqs=4, num_gpu_blocks_override=16)
         runner = runner_of(llm)
-        log = caplog.text
+        messages = [r.getMessage() for r in caplog.records]
+        first = []
         for pattern in WARMUP_LINES:
-            assert re.search(pattern, log), pattern
+            hits = [i for i, m in enumerate(messages) if re.search(pattern, m)]
+            assert hits, pattern
+            first.append(hits[0])
+        assert first == sorted(first), [WARMUP_LINES[i] for i in range(len(first))
+                                         if first[i] != sorted(first)[i]]
+        for pattern in UNORDERED_LINES:
+            assert any(re.search(pattern, m) for m in messages), pattern
         stats = habana.graph_stats(runner.forward_module)
         captures, bypassed = stats.captures, stats.bypassed
         assert captures == len(runner.graphed_buckets) == 14
@@ -160,13 +178,14 @@ def test_warmup_then_serving_compiles_nothing(reference, caplog):
             assert _generate(llm, [prompts[long_id]]) == [expected[long_id]]
         warnings = [r for r in caplog.records if "was not warmed up" in r.getMessage()]
         assert len(warnings) == 1
-        assert runner.bucketing.fallback_buckets == [Bucket(1, 256, 0)]
+        # Outside the buckets the prompt runs unpadded (seed 001), in its own shape.
+        assert runner.bucketing.fallback_buckets == [Bucket(1, 160, 0)]
         # The fallback bucket's graph is captured, and its logits gather (a new hidden
         # shape) compiles too: two compiles, once.
-        assert (True, Bucket(1, 256, 0)) in runner.graphed_buckets
+        assert (True, Bucket(1, 160, 0)) in runner.graphed_buckets
         assert runner.num_compiles_after_warmup == 2
-        assert runner.tracker.compiled_labels[True] == ["prompt (1, 256, 0)", "logits (1,)"]
-        assert re.search(r"Step \d+: 2 graph compilation\(s\) \[prompt \(1, 256, 0\): 1, "
+        assert runner.tracker.compiled_labels[True] == ["prompt (1, 160, 0)", "logits (1,)"]
+        assert re.search(r"Step \d+: 2 graph compilation\(s\) \[prompt \(1, 160, 0\): 1, "
                          r"logits \(1,\): 1", caplog.text)
         compile_stats = llm.llm_engine.engine_core.executor.worker.get_compile_stats()
         assert compile_stats["num_compiles_after_warmup"] == 2

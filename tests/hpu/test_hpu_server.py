@@ -23,16 +23,18 @@ EXPECTED_LINES = [
     r"contiguous PA: True",
     r"Prompt bucket config \(min, step, max_warmup\) bs:\[1, 2, 2\], seq:\[128, 128, 128\]",
     r"Generated 2 prompt buckets: \[\(1, 128, 0\), \(2, 128, 0\)\]",
+    r"Decode bucket config \(min, step, max_warmup\) bs:\[1, 2, \d+\], seq:\[128, \d+, \d+\]",
     r"Free device memory: [\d.]+ \w+, [\d.]+ \w+ usable \(gpu_memory_utilization=0\.9\), "
     r"[\d.]+ \w+ reserved for HPUGraphs \(measured: [\d.]+ of usable\), [\d.]+ \w+ "
     r"reserved for KV cache",
     r"Generated \d+ decode buckets: ",
     r"\[Warmup\]\[Prompt\]\[1/2\] batch_size:2 seq_len:128 free_mem:[\d.]+ \w+ num_blocks:0",
-    r"\[Warmup\]\[Decode\]\[1/\d+\] batch_size:2 seq_len:1 free_mem:[\d.]+ \w+ num_blocks:\d+",
+    r"\[Warmup\]\[Decode\]\[1/\d+\] batch_size:2 seq_len:\d+ free_mem:[\d.]+ \w+ num_blocks:\d+",
     r"\[Warmup\]\[Graph/Prompt\]\[2/2\] batch_size:2 seq_len:128 free_mem:[\d.]+ \w+ num_blocks:0",
-    r"\[Warmup\]\[Graph/Decode\]\[1/\d+\] batch_size:2 seq_len:1 free_mem:[\d.]+ \w+ "
+    r"\[Warmup\]\[Graph/Decode\]\[1/\d+\] batch_size:2 seq_len:\d+ free_mem:[\d.]+ \w+ "
     r"num_blocks:\d+",
     r"Warmup finished in \d+ secs, allocated [\d.]+ \w+ of device memory",
+    r"init_cache_engine took [\d.-]+ \w+ of device memory",
 ]
 
 

@@ -45,7 +45,7 @@ def test_each_line_in_the_seed_wording(caplog):
         hpu_log.log_bucket_config("Prompt", [1, 2, 4], "seq", [128, 128, 512],
                                   ", blocks:[0, 1, 4]")
         hpu_log.log_generated_buckets("Prompt", [Bucket(1, 128, 0), Bucket(2, 256, 1)])
-        hpu_log.log_warmup_step("Prompt", 3, 7, Bucket(2, 256, 1))
+        hpu_log.log_warmup_step("Prompt", 3, 7, Bucket(2, 256, 1), 128)
         before = hpu_log.MemorySnapshot.take()
         hpu_log.log_weights_loaded("hpu:0", before, 1.5)
         hpu_log.log_profile_run(before, Bucket(2, 256, 0))
@@ -98,7 +98,7 @@ def test_second_prompt_capture_pass_continues_the_numbering(caplog, monkeypatch)
     steps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[Warmup]")]
     assert [s.split(" free_mem")[0] for s in steps] == [
         "[Warmup][Graph/Prompt][1/2] batch_size:1 seq_len:128",
-        "[Warmup][Graph/Decode][1/1] batch_size:1 seq_len:1",
+        "[Warmup][Graph/Decode][1/1] batch_size:1 seq_len:512",
         "[Warmup][Graph/Prompt][2/2] batch_size:2 seq_len:128",
     ]
     assert "Graph/Prompt captured:2 (100.0%)" in caplog.text

@@ -61,9 +61,10 @@ class EngineCore:
                 "cache size (VLLM_CPU_KVCACHE_SPACE / kv_cache_memory_bytes / "
                 "gpu_memory_utilization) or decrease max_model_len.")
         cfg.cache_config.num_gpu_blocks = num_blocks
-        self.executor.initialize_cache(num_blocks)
         # vLLM's wording ("# GPU blocks: N, # CPU blocks: M", the CPU backend's
         # "# CPU blocks: N"); no swap space here, so an accelerator has 0 CPU blocks.
+        # Logged once the size is known, before the cache is built and warmed up (the
+        # HPU seed's moment: warmup logs follow it).
         device = cfg.device_config.device.upper()
         tail = f" (block size {bs}, {num_blocks * bs} tokens)"
         if device == "CPU":
@@ -72,6 +73,7 @@ class EngineCore:
             logger.info("# %s blocks: %d, # CPU blocks: 0%s", device, num_blocks, tail)
         logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_len,
                     num_blocks * bs / max_len)
+        self.executor.initialize_cache(num_blocks)
         return num_blocks
 
     def add_request(self, request: Request) -> None:

@@ -16,7 +16,7 @@ before). Prompt buckets are the grid of bs x query x ctx values that some real b
 can need (see `_prompt_fits`); decode buckets the grid of bs x blocks with at least
 one block per sequence. `plan` takes the buckets of a plan file
 (`VLLM_BUCKET_PLAN`, from `python -m vllm.hpu.bucket_planner`) instead of the 12
-range knobs; the exponential ranges then only round fallback buckets.
+range knobs (the exponential context values aside, see `_plan_prompt_buckets`).
 `VLLM_EXPONENTIAL_BUCKETING` is the strategy's deprecated alias.
 """
 from __future__ import annotations
@@ -68,10 +68,10 @@ def linear_range(bmin: int, bstep: int, bmax: int) -> list[int]:
     (2, 32, 64) -> 2 4 8 16 32 64; (128, 128, 512) -> 128 256 384 512.
     A min of 0 adds the value 0 and continues from `step` (0 cannot be doubled).
     min is the lowest bucket: with step < min the multiples of step below min are
-    dropped, (4, 2, 8) -> 4 6 8.
+    dropped and min itself kept, (4, 2, 8) -> 4 6 8; (3, 2, 9) -> 3 4 6 8.
     """
     _check_range(bmin, bstep, bmax)
-    values = [0] if bmin == 0 else []
+    values = [bmin]
     v = bstep if bmin == 0 else bmin
     while v < bstep and v <= bmax:
         values.append(v)
@@ -81,29 +81,33 @@ def linear_range(bmin: int, bstep: int, bmax: int) -> list[int]:
 
 
 def exponential_range(bmin: int, bstep: int, bmax: int, num: int) -> list[int]:
-    """`num` points spaced geometrically from min to max, rounded up to `step`.
+    """`num` points spaced geometrically up to max, rounded up to `step`; min is the
+    lowest value.
 
-    v_i = ceil(min * (max/min)^(i/(num-1)) / step) * step for i in 0..num-1,
-    de-duplicated, each clamped to max. A min of 0 or 1 would waste points on tiny
-    values, so the points are built from `step` and min is added back.
+    v_i = ceil(base * (max/base)^(i/(num-1)) / step) * step for i in 0..num-1,
+    de-duplicated, each clamped to max, with base = max(min, step). A min below the
+    step would round every low point up to the same step (min 2, step 128 gave
+    128 128 ... : the min was lost and the points spent), so the points are built
+    from the step and min is added back as the lowest value; a min above the step
+    is the first point, kept as given (not rounded up). The docs' promise, as for
+    the linear ranges: the min is the lowest bucket.
     Decode bs (1, 2, 256, 9) -> 1 2 4 8 14 24 42 78 140 256;
-    query (128, 128, 8192, 13) -> 128 256 384 512 768 1024 1536 2048 2944 4096 5888 8192.
+    query (128, 128, 8192, 13) -> 128 256 384 512 768 1024 1536 2048 2944 4096 5888 8192;
+    query (64, 128, 1024, 5) -> 64 128 256 384 640 1024.
     """
     _check_range(bmin, bstep, bmax)
     if num < 1:
         raise ValueError(f"number of exponential buckets must be >= 1, got {num}.")
-    extra = None
-    if bmin in (0, 1):
-        extra, bmin = bmin, bstep
-    bmin = min(bmin, bmax)
-    values = set() if extra is None else {extra}
+    base = min(max(bmin, bstep), bmax)
+    values = {bmin} if bmin < base else set()
     if num == 1:
         return sorted(values | {bmax})
-    ratio = bmax / bmin
+    ratio = bmax / base
     for i in range(num):
-        point = bmin * ratio ** (i / (num - 1))
+        point = base * ratio ** (i / (num - 1))
         # The epsilon keeps float noise (64**(1/3) = 3.9999..) from bumping a step.
-        values.add(min(bmax, math.ceil(point / bstep - 1e-9) * bstep))
+        rounded = base if i == 0 else math.ceil(point / bstep - 1e-9) * bstep
+        values.add(min(bmax, rounded))
     return sorted(values)
 
 
@@ -238,14 +242,6 @@ def _covering(buckets: list[Bucket], want: Bucket) -> list[Bucket]:
             and b.query_len >= want.query_len and b.num_blocks >= want.num_blocks]
 
 
-def _round_up_to_range(value: int, values: list[int], step: int) -> int:
-    """The smallest range value >= value; past the range, the next multiple of step."""
-    for v in values:
-        if v >= value:
-            return v
-    return _round_up(value, step)
-
-
 class HPUBucketingContext:
     """Generates prompt/decode buckets and finds the bucket a batch is padded to.
 
@@ -302,6 +298,9 @@ class HPUBucketingContext:
         self.prompt_bs_range, self.prompt_seq_range, self.prompt_ctx_range = \
             self._prompt_ranges()
         self.generate_prompt_buckets()
+        self.decode_bs_range, self.decode_block_range = self._decode_ranges(
+            num_kv_blocks or self._max_decode_blocks())
+        self._log_decode_config()
         if num_kv_blocks is not None:
             self.generate_decode_buckets(num_kv_blocks)
 
@@ -356,9 +355,13 @@ class HPUBucketingContext:
                                     _round_up(max(max_ctx, 1), ctx_step), None, 0)
         return bs, seq, ctx
 
+    def _max_decode_blocks(self) -> int:
+        """The decode block max before the KV cache's size clamps it."""
+        return max(128, self.max_num_seqs * -(-self.max_model_len // self.block_size))
+
     def _decode_ranges(self, num_kv_blocks: int) -> tuple[BucketRange, BucketRange]:
         bsz, mns = self.block_size, self.max_num_seqs
-        max_blocks = max(128, mns * -(-self.max_model_len // bsz))
+        max_blocks = self._max_decode_blocks()
         if self.contiguous_pa:
             max_blocks = max(max_blocks, num_kv_blocks)
         if self.strategy == "pad":
@@ -446,12 +449,23 @@ class HPUBucketingContext:
         """bs x blocks grid, blocks clamped to the KV cache, at least a block per sequence."""
         self.num_kv_blocks = num_kv_blocks
         self.decode_buckets = self.decode_grid(num_kv_blocks)
+        configured = self.decode_block_range.max
         self.decode_bs_range, self.decode_block_range = self._decode_ranges(num_kv_blocks)
         self._clear_lookups()
-        log_bucket_config("Decode", self.decode_bs_range.as_list(), "block",
-                          self.decode_block_range.as_list())
-        log_generated_buckets("Decode", self.decode_buckets)
+        block_max = self.decode_block_range.max
+        log_generated_buckets("Decode", self.decode_buckets,
+                              f" (block max {block_max}: the KV cache's blocks)"
+                              if block_max != configured else "")
         return self.decode_buckets
+
+    def _log_decode_config(self) -> None:
+        """The seed's decode config line, at the seed's moment (start-up, before the
+        KV cache is sized; a cache smaller than the block max clamps it later, as the
+        "Generated N decode buckets" line then says). `seq` is the KV tokens a
+        decode bucket reads (blocks x block_size), the `block` range after it."""
+        blocks = self.decode_block_range.as_list()
+        log_bucket_config("Decode", self.decode_bs_range.as_list(), "seq",
+                          [v * self.block_size for v in blocks], f", block:{blocks}")
 
     def decode_grid(self, num_kv_blocks: int) -> list[Bucket]:
         """The decode buckets a KV cache of `num_kv_blocks` blocks gets (no state
@@ -522,28 +536,25 @@ class HPUBucketingContext:
         return found
 
     def _add_fallback(self, is_prompt: bool, want: Bucket) -> Bucket:
-        """Round the batch up dimension by dimension, warn once, and keep the bucket."""
+        """The batch's own shape as a new bucket, warned once and kept.
+
+        No bucket covers the batch, so it compiles whatever it is padded to; as the
+        seed's bucketing says, a shape outside the buckets is processed without
+        padding (rounding it up to the ranges' next values padded (3, 1, 5) to
+        (4, 1, 32), computing more for the same compile). A later batch it covers
+        reuses it.
+        """
+        bucket = Bucket(*want)
+        kind = "Prompt" if is_prompt else "Decode"
         if is_prompt:
-            bs_r, seq_r = self.prompt_bs_range, self.prompt_seq_range
-            ctx_r = self.prompt_ctx_range
-            bucket = Bucket(_round_up_to_range(want.batch_size, bs_r.values(), bs_r.step),
-                            _round_up_to_range(want.query_len, seq_r.values(), seq_r.step),
-                            _round_up_to_range(want.num_blocks, ctx_r.values(), ctx_r.step)
-                            if want.num_blocks else 0)
             self.prompt_buckets = sorted(self.prompt_buckets + [bucket])
-            kind = "Prompt"
         else:
-            bs_r, blk_r = self.decode_bs_range, self.decode_block_range
-            blocks = _round_up_to_range(want.num_blocks, blk_r.values(), blk_r.step)
-            blocks = max(want.num_blocks, min(blocks, self.num_kv_blocks or blocks))
-            bucket = Bucket(_round_up_to_range(want.batch_size, bs_r.values(), bs_r.step), 1,
-                            blocks)
             self.decode_buckets = sorted(self.decode_buckets + [bucket])
-            kind = "Decode"
         self.fallback_buckets.append(bucket)
         self._clear_lookups()  # the new bucket may beat earlier answers
-        logger.warning("%s bucket %s for batch %s was not warmed up; this step compiles a "
-                       "new graph. Raise the VLLM_%s_*_BUCKET_MAX settings to cover it.",
+        logger.warning("%s bucket %s for batch %s was not warmed up (no bucket covers it; "
+                       "it runs without padding); this step compiles a new graph. Raise "
+                       "the VLLM_%s_*_BUCKET_MAX settings to cover it.",
                        kind, tuple(bucket), tuple(want), kind.upper())
         return bucket
 

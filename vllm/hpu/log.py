@@ -5,26 +5,40 @@ Where this engine knows more than the original lines carry (three-dimensional
 buckets, timings), the extra fields go at the END of a line; the documented part is
 never renamed or reordered:
 
+In start-up order (the seed's moments: both bucket configs before the memory
+profile; the block counts, then the cache engine, after KV sizing and before the
+warmup; `init_cache_engine took` after it):
+
     Prompt bucket config (min, step, max_warmup) bs:[1, 2, 4], seq:[128, 128, 512], blocks:[.]
     Generated 12 prompt buckets: [(1, 128, 0), ...]
-    [Warmup][Prompt][1/12] batch_size:4 seq_len:512 free_mem:15.3 GiB num_blocks:0
+    Decode bucket config (min, step, max_warmup) bs:[1, 2, 8], seq:[128, 16384, 16384],
+        block:[1, 128, 128]     (one line; the block max before the KV cache is sized)
     Pre-loading model weights on hpu:0 took 515 MiB of device memory (515 MiB/16 GiB used)
         and 1.2 GiB of host memory (9.1 GiB/24 GiB used) in 8.48 s     (one line)
     Wrapping in HPU Graph took 0 B of device memory (515 MiB/16 GiB used) and 2 MiB of
         host memory (9.1 GiB/24 GiB used)     (one line; HPU graph mode)
     Loading model weights took in total 515 MiB of device memory (515 MiB/16 GiB used)
         and 1.2 GiB of host memory (9.1 GiB/24 GiB used) in 8.52 s     (one line)
-    Initializing cache engine took 7.9 GiB of device memory (8.4 GiB/16 GiB used) and
-        1 MiB of host memory (9.1 GiB/24 GiB used)     (one line)
     Model profiling run took 355 MiB of device memory (870 MiB/16 GiB used) and 34 MiB
         of host memory (9.2 GiB/24 GiB used) at prompt bucket (4, 512, 0)     (one line)
+    Free device memory: ... reserved for KV cache     (worker.py)
     # HPU blocks: 63, # CPU blocks: 0 (block size 128, 8064 tokens)   (engine/core.py)
+    Initializing cache engine took 7.9 GiB of device memory (8.4 GiB/16 GiB used) and
+        1 MiB of host memory (9.1 GiB/24 GiB used)     (one line)
+    Generated 21 decode buckets: [(1, 1, 1), ...] (block max 32: the KV cache's blocks)
+    [Warmup][Prompt][1/12] batch_size:4 seq_len:512 free_mem:15.3 GiB num_blocks:0
+    [Warmup][Decode][1/21] batch_size:8 seq_len:4096 free_mem:15.3 GiB num_blocks:32
     Using 1.4 GiB/14.4 GiB of free device memory for HPUGraphs, 430 MiB for prompt and
         1 GiB for decode (VLLM_GRAPH_PROMPT_RATIO=0.3)     (one line)
+    Warmup finished in 49 secs, allocated 1.2 GiB of device memory     (model_runner.py)
+    init_cache_engine took 7.9 GiB of device memory (8.4 GiB/16 GiB used) and 2 MiB of
+        host memory (9.1 GiB/24 GiB used)     (one line; KV cache and warmup together)
 
 Bucket tuples are (batch_size, seq_len, num_blocks): seq_len is the padded query
 length (1 for decode), num_blocks the context blocks per prompt sequence or the KV
-blocks of a whole decode batch.
+blocks of a whole decode batch. Where the seed's lines say `seq` for a decode bucket
+(the config's range and the warmup lines' seq_len) they mean the KV tokens it reads,
+so here that is num_blocks x block_size (the whole batch's), with the blocks after it.
 """
 from __future__ import annotations
 
@@ -81,16 +95,21 @@ def log_bucket_config(phase: str, bs: list[int], second_name: str, second: list[
                 second_name, second, extra)
 
 
-def log_generated_buckets(phase: str, buckets: Sequence[tuple]) -> None:
-    """'Generated N prompt buckets: [...]'."""
-    logger.info("Generated %d %s buckets: %s", len(buckets), phase.lower(), _buckets(buckets))
+def log_generated_buckets(phase: str, buckets: Sequence[tuple], extra: str = "") -> None:
+    """'Generated N prompt buckets: [...]' (+ extra)."""
+    logger.info("Generated %d %s buckets: %s%s", len(buckets), phase.lower(),
+                _buckets(buckets), extra)
 
 
-def log_warmup_step(phase: str, index: int, total: int, bucket: tuple) -> None:
+def log_warmup_step(phase: str, index: int, total: int, bucket: tuple,
+                    block_size: int) -> None:
     """'[Warmup][Prompt][i/N] batch_size:B seq_len:S free_mem:X num_blocks:C' (phase
-    'Graph/Prompt' etc. for captures)."""
+    'Graph/Prompt' etc. for captures). seq_len: the query length of a prompt bucket,
+    the KV tokens (blocks x block_size) of a decode bucket, as the seed's decode
+    lines count a bucket's sequence length in tokens."""
     from vllm.hpu import habana
-    batch_size, seq_len, num_blocks = bucket
+    batch_size, query_len, num_blocks = bucket
+    seq_len = num_blocks * block_size if phase.endswith("Decode") else query_len
     logger.info("[Warmup][%s][%d/%d] batch_size:%d seq_len:%d free_mem:%s num_blocks:%d",
                 phase, index, total, batch_size, seq_len,
                 format_bytes(habana.mem_get_info()[0]), num_blocks)

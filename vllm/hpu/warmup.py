@@ -241,14 +241,15 @@ class HPUWarmup:
                     "bucket): prompt %s, decode %s", ops.budget_s, i, len(order),
                     [tuple(b) for p, b in cold if p], [tuple(b) for p, b in cold if not p])
                 return cold
-            log_warmup_step("Prompt" if is_prompt else "Decode", i + 1, len(order), bucket)
+            log_warmup_step("Prompt" if is_prompt else "Decode", i + 1, len(order), bucket,
+                            ops.block_size)
             ops.run_dummy_batch(is_prompt, bucket)
         return []
 
     def _compile_phase(self, phase: str, is_prompt: bool, buckets: list[Bucket]) -> None:
         for i, bucket in enumerate(tqdm(buckets, desc=f"Warmup {phase.lower()} buckets",
                                         disable=None, leave=False), start=1):
-            log_warmup_step(phase, i, len(buckets), bucket)
+            log_warmup_step(phase, i, len(buckets), bucket, self.ops.block_size)
             self.ops.run_dummy_batch(is_prompt, bucket)
 
     def _capture_graphs(self, prompt: list[Bucket], decode: list[Bucket]
@@ -311,7 +312,8 @@ class HPUWarmup:
         total = len(buckets) if total is None else total
 
         def capture(bucket: Bucket) -> int:
-            log_warmup_step(f"Graph/{phase}", next(counter), total, bucket)
+            log_warmup_step(f"Graph/{phase}", next(counter), total, bucket,
+                            self.ops.block_size)
             before = self._free()
             failed = False
             try:

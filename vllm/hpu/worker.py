@@ -30,7 +30,7 @@ from vllm import envs
 
 from vllm.hpu import habana
 from vllm.hpu.model_runner import HPUModelRunner
-from vllm.hpu.log import format_bytes
+from vllm.hpu.log import MemorySnapshot, format_bytes, log_took
 from vllm.hpu.warmup import graph_reserved_fraction
 from vllm.worker.worker_base import WorkerBase
 
@@ -203,13 +203,17 @@ class HPUWorker(WorkerBase):
         return num_blocks
 
     def initialize_cache(self, num_blocks: int) -> None:
+        """The KV cache, then the warmup; the seed's `init_cache_engine took` line
+        covers both (what serving starts with)."""
         runner: HPUModelRunner = self.model_runner
+        before = MemorySnapshot.take()
         runner.initialize_kv_cache(num_blocks)
         runner.init_kv_connector()
         if envs.VLLM_SKIP_WARMUP:
             runner.skip_warmup()
         else:
             runner.warmup_model()
+        log_took("init_cache_engine", before)
 
     def get_compile_stats(self) -> dict:
         """Compile accounting for metrics (see HPUModelRunner.get_compile_stats)."""
