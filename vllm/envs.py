@@ -99,6 +99,34 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_ENGINE_ITERATION_TIMEOUT_S": (int, 60, "Seconds a worker may take for one step."),
     "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": (_bool, False, "Keep the OpenAI server up (answering "
                                         "503) after its engine died, instead of exiting."),
+    "VLLM_MAX_COMPLETION_PROMPTS": (int, 1024, "Most prompts one request may hold (a list "
+                                    "`prompt` of /v1/completions, a list `input` of the "
+                                    "pooling routes, the pairs of /score and the documents "
+                                    "of /rerank), each one engine request; a 400 above it."),
+    # ---- structured outputs (vllm/structured_output/limits.py) ----
+    "VLLM_STRUCTURED_OUTPUT_MAX_SPEC_BYTES": (int, 512 * 1024, "Largest JSON schema, regex "
+                                              "or grammar a request may constrain its "
+                                              "output with, in bytes (a 400 above it)."),
+    "VLLM_STRUCTURED_OUTPUT_MAX_PROPERTIES": (int, 5000, "Most properties (all objects "
+                                              "together) a JSON schema constraint may have "
+                                              "(OpenAI's limit)."),
+    "VLLM_STRUCTURED_OUTPUT_MAX_ENUM_VALUES": (int, 10000, "Most enum values (all enums "
+                                               "together) a JSON schema constraint may have."),
+    "VLLM_STRUCTURED_OUTPUT_MAX_PATTERNS": (int, 1000, "Most `pattern` / patternProperties "
+                                            "regexes a JSON schema constraint may have."),
+    "VLLM_STRUCTURED_OUTPUT_MAX_NESTING": (int, 64, "Deepest nesting of a JSON schema "
+                                           "constraint (objects and arrays of the schema "
+                                           "document itself)."),
+    "VLLM_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S": (float, 10.0, "Seconds one grammar compile "
+                                                 "may take (in its helper process) before "
+                                                 "its request fails with a 400."),
+    "VLLM_STRUCTURED_OUTPUT_COMPILE_MAX_MEMORY_MB": (int, 2048, "Memory one grammar compile "
+                                                     "may add (MiB, the helper process's "
+                                                     "resident growth) before its request "
+                                                     "fails with a 400."),
+    "VLLM_STRUCTURED_OUTPUT_COMPILE_WORKERS": (int, 2, "Grammar compiles that run at once, "
+                                               "each in its own helper process (smallest "
+                                               "spec first when more wait)."),
     "VLLM_CHAT_TEMPLATE_WORKERS": (int, 4, "Helper processes that render request-supplied "
                                    "chat templates at once, each under its own deadline."),
     "VLLM_IMAGE_FETCH_TIMEOUT": (float, 5.0, "Seconds to fetch one http(s) image URL of a "
@@ -109,6 +137,15 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                               "height), checked before its pixels are decoded."),
     "VLLM_CHAT_TEMPLATE_TIMEOUT_S": (float, 5.0, "Seconds a request-supplied chat template "
                                      "(--trust-request-chat-template) may take to render."),
+    "VLLM_ENABLE_RESPONSES_API_STORE": (_bool, False, "Keep /v1/responses results (store: "
+                                        "true) for GET /v1/responses/{id}, "
+                                        "previous_response_id and background responses "
+                                        "(as vLLM, off by default: a store:true request is "
+                                        "answered but not kept)."),
+    "VLLM_RESPONSES_API_STORE_MAX_BYTES": (int, 256 * 2**20, "Bound of the /v1/responses "
+                                           "store in bytes (each entry counted as its JSON "
+                                           "text); the oldest responses are evicted first, "
+                                           "and one larger than the bound is not kept."),
     "VLLM_ENABLE_V1_MULTIPROCESSING": (_opt_bool, None, "Run the engine core in its own "
                                        "process (1) or in the frontend's (0); unset: its own "
                                        "for the server and AsyncLLMEngine, in-process for "

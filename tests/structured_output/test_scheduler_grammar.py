@@ -66,10 +66,10 @@ def test_compile_runs_off_the_loop(model_dir, monkeypatch):
     gate = threading.Event()
     original = StructuredOutputManager._compile
 
-    def slow_compile(self, key):
+    def slow_compile(self, backend, spec):
         assert threading.current_thread() is not threading.main_thread()
         gate.wait(30)
-        return original(self, key)
+        return original(self, backend, spec)
 
     monkeypatch.setattr(StructuredOutputManager, "_compile", slow_compile)
     sched = make_scheduler(model_dir)

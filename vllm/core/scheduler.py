@@ -65,6 +65,9 @@ class EngineCoreOutput:
     """Times the request was preempted so far (vllm:request_num_preemptions)."""
     num_external_computed_tokens: int = 0
     """Prompt tokens whose KV came from another engine (KV transfer)."""
+    error: Optional[str] = None
+    """Why the request failed before producing anything (its grammar could not be
+    compiled): the frontend raises it as a ValueError, a 400 on the server."""
     kv_transfer_params: Optional[dict[str, Any]] = None
     """Set on a finished request by the KV connector (where another engine finds its
     KV: what a disaggregated-serving proxy forwards to the decode instance)."""
@@ -149,6 +152,8 @@ class Scheduler:
                 request, self.kv_cache_manager.get_block_ids(request.request_id))
         self.kv_cache_manager.free(request)
         self.encoder_cache_manager.release(request.request_id, request.mm_features)
+        if request.use_structured_output:
+            self.structured_output_manager.release(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
         return params
@@ -457,18 +462,20 @@ class Scheduler:
                 manager.allocate(request.request_id, feature.identifier, feature.length)
 
     def _grammar_ready(self, request: Request) -> bool:
-        """Whether the request's grammar is compiled; a failed compile ends the request."""
+        """Whether the request's grammar is compiled; a failed compile ends the request
+        with the reason as its error (a 400 for the client)."""
         try:
             return self.structured_output_manager.grammar_ready(request)
         except Exception as e:  # noqa: BLE001 - one request's grammar, not the engine
             logger.error("Structured output grammar of request %s failed to compile: %s",
                          request.request_id, e)
+            error = f"The structured output constraint could not be used: {e}"
         self.waiting.popleft()
         request.status = RequestStatus.FINISHED_ABORTED
         self._free_request(request)
         self._failed_outputs.append(EngineCoreOutput(
             request_id=request.request_id, new_token_ids=[],
-            finish_reason=request.get_finished_reason()))
+            finish_reason=request.get_finished_reason(), error=error))
         return False
 
     def take_failed_outputs(self) -> list[EngineCoreOutput]:

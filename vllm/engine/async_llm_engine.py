@@ -24,6 +24,7 @@ from typing import Any, AsyncGenerator, Callable, Iterable, Optional, Union
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.metrics import StatsTracker
+from vllm.engine.output_processor import RequestFailure
 from vllm.engine.pause import PauseGate, resolve_pause_mode
 from vllm.engine.protocol import EngineClient, EngineDeadError
 
@@ -237,8 +238,8 @@ class AsyncLLMEngine(EngineClient):
             raise self._dead
 
     def _mark_dead(self, exc: BaseException) -> None:
-        dead = EngineDeadError(f"The engine failed: {exc} It cannot serve more requests; "
-                               "restart the server.")
+        dead = EngineDeadError(f"The engine failed: {_sentence(exc)} It cannot serve more "
+                               "requests; restart the server.")
         dead.__cause__ = exc
         with self._lock:
             if self._dead is None:
@@ -470,8 +471,9 @@ class AsyncLLMEngine(EngineClient):
         except BaseException as exc:  # noqa: BLE001 - any crash kills the engine, reported
             logger.exception("The engine loop stopped with an error.")
             dead = EngineDeadError(
-                f"The engine loop died with {type(exc).__name__}: {exc}. It cannot serve "
-                "more requests; restart the server (see the server log for the traceback).")
+                f"The engine loop died with {type(exc).__name__}: {_sentence(exc)} It "
+                "cannot serve more requests; restart the server (see the server log for the "
+                "traceback).")
             dead.__cause__ = exc
             with self._lock:
                 self._dead = dead
@@ -555,8 +557,14 @@ class AsyncLLMEngine(EngineClient):
             self._publish_stats()
 
     def _dispatch(self, outputs: list[Any]) -> None:
-        deliveries = []
+        deliveries: list[tuple[Any, Any]] = []
         live = [out for out in outputs if out.request_id in self._streams]
+        failed = [out for out in live if isinstance(out, RequestFailure)]
+        if failed:
+            live = [out for out in live if not isinstance(out, RequestFailure)]
+            for out in failed:
+                self.stats.on_request_failed(out.request_id)
+                deliveries.append((self._streams.pop(out.request_id), ValueError(out.error)))
         self.stats.on_step(live)
         for out in live:
             stream = self._streams[out.request_id]
@@ -697,6 +705,13 @@ def as_aborted(output: Any, empty: bool = False) -> Any:
         if c.finish_reason is None:
             c.finish_reason = "abort"
     return final
+
+
+def _sentence(exc: BaseException) -> str:
+    """The error's message as a sentence (one final period), to be followed by another:
+    messages that end with a period already must not get a second one."""
+    text = str(exc).rstrip()
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 def _prompt_parts(prompt: Any) -> tuple[Optional[str], Optional[list[int]]]:

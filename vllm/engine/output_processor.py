@@ -24,6 +24,16 @@ from vllm.sequence import Logprob, PromptLogprobs, SampleLogprobs
 
 
 @dataclass
+class RequestFailure:
+    """A request the engine ended with an error instead of output (its grammar could
+    not be compiled). The async engine raises `error` as a ValueError in the request's
+    stream (a 400 on the server); LLM raises it."""
+    request_id: str
+    error: str
+    finished: bool = True
+
+
+@dataclass
 class ParentRequest:
     """The user's request: owns n children and the parts of the output they share."""
     request_id: str
@@ -133,6 +143,12 @@ class OutputProcessor:
             if out.new_prompt_logprobs is not None and parent.prompt_logprobs is not None:
                 parent.prompt_logprobs.extend(self._prompt_logprob_dicts(
                     out.new_prompt_logprobs))
+            if out.error is not None:
+                results.append(RequestFailure(parent.request_id, out.error))
+                touched.pop(parent.request_id, None)
+                stopped.extend(cid for cid in self.abort_requests([parent.request_id])
+                               if cid != out.request_id)
+                continue
             if out.new_token_ids:
                 if self._process_tokens(state, out):
                     stopped.append(state.request_id)

@@ -11,6 +11,7 @@ from vllm.beam_search import BeamSearchOutput, run_beam_search
 from vllm.config import DEFAULT_MODEL
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
+from vllm.engine.output_processor import RequestFailure
 from vllm.engine.processor import PromptType
 from vllm.entrypoints.offline_inputs import ChatOptions, check_priority, cumulative
 from vllm.entrypoints.offline_queue import OfflineQueueMixin
@@ -258,6 +259,9 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
         try:
             while engine.has_unfinished_requests():
                 step_outputs = engine.step()
+                for output in step_outputs:
+                    if isinstance(output, RequestFailure):
+                        raise ValueError(f"Request {output.request_id}: {output.error}")
                 if self._stats is not None:
                     self._stats.on_step(step_outputs, engine.get_stats())
                 for output in step_outputs:

@@ -79,6 +79,7 @@ class GuidanceBackend:
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
         import llguidance.hf
+        self.vocab_size = vocab_size
         self.ll_tokenizer = llguidance.hf.from_tokenizer(
             tokenizer, n_vocab=vocab_size, eos_token=stop_token_ids[0] if stop_token_ids
             else None)

@@ -72,12 +72,31 @@ class XgrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
                  max_threads: int = 1) -> None:
         import xgrammar as xgr
-        self._xgr = xgr
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=stop_token_ids or None)
+        self._init(info, max_threads)
+
+    @classmethod
+    def from_tokenizer_info_json(cls, info_json: str, max_threads: int = 1
+                                 ) -> "XgrammarBackend":
+        """The backend from `tokenizer_info_json()` of another one (a compile helper's:
+        indexing the vocabulary again would take seconds)."""
+        import xgrammar as xgr
+        backend = cls.__new__(cls)
+        backend._init(xgr.TokenizerInfo.deserialize_json(info_json), max_threads)
+        return backend
+
+    def _init(self, info: Any, max_threads: int) -> None:
+        import xgrammar as xgr
+        self._xgr = xgr
+        self.info = info
+        self.vocab_size = info.vocab_size
         # The compiler's own cache is off: the manager caches compiled grammars by spec.
         self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads,
                                             cache_enabled=False)
+
+    def tokenizer_info_json(self) -> str:
+        return self.info.serialize_json()
 
     def compile(self, spec: GrammarSpec) -> Any:
         try:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Iterable, Optional
@@ -14,6 +13,8 @@ import torch
 from vllm.config import StructuredOutputsConfig, VllmConfig
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.structured_output.backend_types import GrammarSpec, grammar_spec
+from vllm.structured_output.compile_pool import CompilerSetup, GrammarCompilePool
+from vllm.structured_output.limits import GrammarLimits, check_spec_limits
 from vllm.structured_output.request import StructuredOutputRequest
 
 if TYPE_CHECKING:
@@ -23,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 GRAMMAR_CACHE_SIZE = 512
 """Compiled grammars kept (least recently used ones are dropped first)."""
+TRUSTED_SPECS = frozenset({GrammarSpec("json", '{"type": "object"}', any_whitespace)
+                           for any_whitespace in (True, False)})
+"""Specs the engine writes itself (json_object), compiled without a helper's bounds."""
 
 
 def select_backend(spec: GrammarSpec, configured: str) -> str:
@@ -47,6 +51,7 @@ def validate_structured_outputs(params: StructuredOutputsParams,
     try:
         spec = grammar_spec(params, config.disable_any_whitespace,
                             config.disable_additional_properties)
+        check_spec_limits(spec, GrammarLimits.from_env())
         backend = select_backend(spec, config.backend)
         (validate_xgrammar if backend == "xgrammar" else validate_guidance)(spec)
     except ValueError as e:
@@ -54,6 +59,10 @@ def validate_structured_outputs(params: StructuredOutputsParams,
         if not message.startswith("structured_outputs"):
             message = f"{field}: {message}"
         raise ValueError(message) from None
+    except RecursionError:  # parsing or writing a schema nested thousands deep
+        raise ValueError(f"{field}: the schema is nested more deeply than the limit of "
+                         f"{GrammarLimits.from_env().max_nesting} levels "
+                         "(VLLM_STRUCTURED_OUTPUT_MAX_NESTING).") from None
     return StructuredOutputRequest(params=params, spec=spec, backend=backend)
 
 
@@ -61,16 +70,19 @@ class StructuredOutputManager:
     """Scheduler-side owner of the grammar backends, the compile pool and the cache."""
 
     def __init__(self, vllm_config: VllmConfig) -> None:
+        import vllm.envs as envs
         self.config = vllm_config.structured_outputs_config
         self.model_config = vllm_config.model_config
         self.vocab_size = self.model_config.vocab_size
         self.bitmask_words = (self.vocab_size + 31) // 32
+        self.limits = GrammarLimits.from_env()
         self._lock = threading.Lock()
         self._backends: dict[str, Any] = {}
         self._tokenizer: Any = None
         self._stop_token_ids: list[int] = []
         self.reasoner: Any = None
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self.pool = GrammarCompilePool(self.limits, envs.VLLM_STRUCTURED_OUTPUT_COMPILE_WORKERS,
+                                       self._compile, self._helper_setup)
         self._cache: OrderedDict[tuple[str, GrammarSpec], concurrent.futures.Future] = \
             OrderedDict()
 
@@ -82,20 +94,44 @@ class StructuredOutputManager:
         future = self._cache.get(key)
         if future is not None:
             self._cache.move_to_end(key)
+            self.pool.add_waiter(future)
         else:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=max(1, min(4, (os.cpu_count() or 2) // 2)),
-                    thread_name_prefix="vllm-grammar")
-            future = self._executor.submit(self._compile, key)
+            future = self.pool.submit(so_req.backend, so_req.spec,
+                                      trusted=so_req.spec in TRUSTED_SPECS)
             self._cache[key] = future
             while len(self._cache) > GRAMMAR_CACHE_SIZE:
                 self._cache.popitem(last=False)
         so_req.compiled = future
 
-    def _compile(self, key: tuple[str, GrammarSpec]) -> Any:
-        backend_name, spec = key
+    def release(self, request: "Request") -> None:
+        """The request finished or went away: a compile nobody else waits for stops."""
+        so_req = request.structured_output_request
+        if so_req is None or so_req.compiled is None or so_req.compiled.done():
+            return
+        future = so_req.compiled
+        so_req.compiled = None
+        if self.pool.release(future):
+            key = (so_req.backend, so_req.spec)
+            if self._cache.get(key) is future:
+                del self._cache[key]
+
+    def _compile(self, backend_name: str, spec: GrammarSpec) -> Any:
         return self._backend(backend_name).compile(spec)
+
+    def _helper_setup(self) -> CompilerSetup:
+        """What a compile helper process needs to build the same backends."""
+        with self._lock:
+            self._load_tokenizer()
+        xgrammar = self._backend("xgrammar") if self._uses_xgrammar() else None
+        return CompilerSetup(
+            tokenizer=self.model_config.tokenizer_path,
+            tokenizer_mode=self.model_config.tokenizer_mode,
+            vocab_size=self.vocab_size, stop_token_ids=tuple(self._stop_token_ids),
+            xgrammar_tokenizer_info=xgrammar.tokenizer_info_json() if xgrammar else None,
+            max_memory_bytes=self.limits.compile_max_memory_mb << 20)
+
+    def _uses_xgrammar(self) -> bool:
+        return self.config.backend in ("auto", "xgrammar")
 
     def _backend(self, name: str) -> Any:
         """The backend, built on first use (in a compile thread: loading the tokenizer and
@@ -250,6 +286,4 @@ class StructuredOutputManager:
                     and so_req.reasoning_ended and so_req.grammar.is_terminated())
 
     def shutdown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        self.pool.shutdown()

@@ -20,18 +20,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
-import struct
-import subprocess
-import sys
 import threading
 from typing import IO, Any, Optional
 
 from vllm.entrypoints.openai.errors import (BadRequestError, InternalServerError,
                                             ServiceUnavailableError)
+from vllm.utils.helper_process import (HelperProcess, helper_main, limit_address_space,
+                                       read_message, write_message)
 
 logger = logging.getLogger(__name__)
 
-_HEADER = struct.Struct("<Q")
 _READY_TIMEOUT_S = 120.0
 """How long a request waits for a helper that is still starting (imports, tokenizer)."""
 _MEMORY_LIMIT_BYTES = 2 << 30
@@ -39,54 +37,9 @@ _MEMORY_LIMIT_BYTES = 2 << 30
 strings faster than the deadline passes)."""
 
 
-def _write(stream: IO[bytes], obj: Any) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_HEADER.pack(len(data)) + data)
-    stream.flush()
-
-
-def _read(stream: IO[bytes]) -> Any:
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
-        raise EOFError("template helper closed its pipe")
-    (size,) = _HEADER.unpack(header)
-    data = stream.read(size)
-    if len(data) < size:
-        raise EOFError("template helper closed its pipe")
-    return pickle.loads(data)
-
-
-class _Helper:
-    """One helper process: started at once, loaded (tokenizer read) in the background."""
-
-    def __init__(self, tokenizer_bytes: bytes) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.template_sandbox"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-        self.loaded = threading.Event()
-        threading.Thread(target=self._handshake, args=(tokenizer_bytes,),
-                         name="vllm-template-sandbox", daemon=True).start()
-
-    def _handshake(self, tokenizer_bytes: bytes) -> None:
-        try:
-            self.exchange(tokenizer_bytes)
-        except (OSError, EOFError, ValueError, pickle.UnpicklingError):
-            pass  # the helper died; its user finds it gone
-        finally:
-            self.loaded.set()
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def exchange(self, message: Any) -> Any:
-        _write(self.proc.stdin, message)
-        return _read(self.proc.stdout)
-
-    def kill(self) -> None:
-        if self.alive:
-            self.proc.kill()
-        self.proc.wait()
+def _new_helper(tokenizer_bytes: bytes) -> HelperProcess:
+    return HelperProcess("vllm.entrypoints.openai.template_sandbox", tokenizer_bytes,
+                         "vllm-template-sandbox")
 
 
 class TemplateSandbox:
@@ -105,13 +58,13 @@ class TemplateSandbox:
         self._tokenizer_bytes = pickle.dumps(tokenizer)
         self.timeout_s = timeout_s
         self.max_workers = max_workers
-        self._idle: list[_Helper] = []  # started (maybe still loading), not rendering
-        self._busy: set[_Helper] = set()
+        self._idle: list[HelperProcess] = []  # started (maybe still loading), not rendering
+        self._busy: set[HelperProcess] = set()
         self._lock = threading.Lock()
         self._freed: Optional[asyncio.Event] = None
 
     @property
-    def helpers(self) -> list[_Helper]:
+    def helpers(self) -> list[HelperProcess]:
         """Every live helper (tests: their pids)."""
         with self._lock:
             return [h for h in [*self._idle, *self._busy] if h.alive]
@@ -122,7 +75,7 @@ class TemplateSandbox:
         with self._lock:
             self._idle = [h for h in self._idle if h.alive]
             if not self._idle and len(self._busy) < self.max_workers:
-                self._idle.append(_Helper(self._tokenizer_bytes))
+                self._idle.append(_new_helper(self._tokenizer_bytes))
 
     def stop(self) -> None:
         with self._lock:
@@ -156,7 +109,7 @@ class TemplateSandbox:
             return reply[1]
         raise BadRequestError(reply[1], param=reply[2])
 
-    async def _acquire(self, loop: asyncio.AbstractEventLoop, deadline: float) -> _Helper:
+    async def _acquire(self, loop: asyncio.AbstractEventLoop, deadline: float) -> HelperProcess:
         """A loaded helper for this render; waits for one to load or free up, at most
         until the deadline (a helper's first start does not count against it)."""
         if self._freed is None:
@@ -181,7 +134,7 @@ class TemplateSandbox:
                     f"All {self.max_workers} chat template sandboxes are busy; try again "
                     "later.") from None
 
-    def _take(self) -> Optional[_Helper]:
+    def _take(self) -> Optional[HelperProcess]:
         """An idle helper (loaded first), or a new one if fewer than max_workers run."""
         with self._lock:
             self._idle = [h for h in self._idle if h.alive]
@@ -189,20 +142,20 @@ class TemplateSandbox:
             if self._idle:
                 helper = self._idle.pop(0)
             elif len(self._busy) < self.max_workers:
-                helper = _Helper(self._tokenizer_bytes)
+                helper = _new_helper(self._tokenizer_bytes)
             else:
                 return None
             self._busy.add(helper)
             return helper
 
-    def _release(self, helper: _Helper) -> None:
+    def _release(self, helper: HelperProcess) -> None:
         with self._lock:
             self._busy.discard(helper)
             if helper.alive:
                 self._idle.append(helper)
         self._notify()
 
-    def _retire(self, helper: _Helper) -> None:
+    def _retire(self, helper: HelperProcess) -> None:
         """Kill a helper mid-render and keep a fresh spare loading for the next request."""
         helper.kill()
         with self._lock:
@@ -215,30 +168,14 @@ class TemplateSandbox:
             self._freed.set()
 
 
-def _limit_memory() -> None:
-    """Let the address space grow by at most _MEMORY_LIMIT_BYTES from here on."""
-    try:
-        import os
-        import resource
-        with open("/proc/self/statm") as f:
-            used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = used + _MEMORY_LIMIT_BYTES
-        if hard != resource.RLIM_INFINITY:
-            limit = min(limit, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    except (ImportError, ValueError, OSError):
-        pass  # not Linux: the deadline alone bounds the helper
-
-
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     from vllm.entrypoints.openai.chat_utils import apply_chat_template
-    tokenizer = pickle.loads(_read(stdin))
-    _limit_memory()
-    _write(stdout, "ready")
+    tokenizer = pickle.loads(read_message(stdin))
+    limit_address_space(_MEMORY_LIMIT_BYTES)
+    write_message(stdout, "ready")
     while True:
         try:
-            job = _read(stdin)
+            job = read_message(stdin)
         except EOFError:
             return
         try:
@@ -248,20 +185,11 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
         except Exception as e:  # noqa: BLE001 - MemoryError, RecursionError...: the template's
             reply = ("error", f"Could not apply the chat template: {type(e).__name__}: {e}",
                      "chat_template")
-        _write(stdout, reply)
+        write_message(stdout, reply)
 
 
 def main() -> None:
-    import os
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when this ends
-    try:
-        os.nice(10)
-    except OSError:
-        pass
-    stdout = sys.stdout.buffer
-    sys.stdout = sys.stderr  # stray prints must not corrupt the protocol
-    _serve(sys.stdin.buffer, stdout)
+    helper_main(_serve)
 
 
 if __name__ == "__main__":
