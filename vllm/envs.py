@@ -6,8 +6,11 @@ monkeypatch after import and see the change.
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
 
 
 def _bool(value: str) -> bool:
@@ -235,6 +238,26 @@ def is_set(name: str) -> bool:
     if name not in environment_variables:
         raise AttributeError(f"module 'vllm.envs' has no attribute {name!r}")
     return name in os.environ
+
+
+_unknown_checked = False
+
+
+def warn_unknown_variables() -> list[str]:
+    """Warn, once per process, about each VLLM_* variable set that nothing here reads,
+    as vLLM does at start-up: a typo (VLLM_SKIP_WARMPU) or another backend's knob
+    (vllm-fork's VLLM_PROMPT_USE_FUSEDSDPA) is otherwise silently ignored. Returns
+    the names warned about (empty after the first call)."""
+    global _unknown_checked
+    if _unknown_checked:
+        return []
+    _unknown_checked = True
+    unknown = sorted(n for n in os.environ
+                     if n.startswith("VLLM_") and n not in environment_variables)
+    for name in unknown:
+        logger.warning("Unknown vLLM environment variable detected: %s (this engine does "
+                       "not read it; see vllm/envs.py for the ones it does)", name)
+    return unknown
 
 
 def __dir__() -> list[str]:

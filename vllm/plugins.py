@@ -62,11 +62,18 @@ def load_platform_plugin() -> Optional[str]:
 
 
 def load_general_plugins() -> None:
-    """Run every general plugin once per process (called by engines and workers)."""
+    """Run every general plugin once per process (called by engines and workers).
+
+    The platform is resolved first (its plugin loaded, its settings applied), as
+    vLLM's plugin documentation orders them: a general plugin may ask which platform
+    it runs on, and a spawned worker, whose first call this is, had loaded the
+    general plugins before any platform plugin."""
     global _general_plugins_loaded
     if _general_plugins_loaded:
         return
     _general_plugins_loaded = True
+    from vllm.platforms import current_platform
+    logger.debug("Platform for the general plugins: %s", current_platform.device_name)
     for name, func in load_plugins_by_group("vllm.general_plugins").items():
         try:
             func()

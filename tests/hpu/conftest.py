@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import random
 from typing import Iterator
 
@@ -26,6 +27,11 @@ ALL_HPU_KNOBS = ["VLLM_SKIP_WARMUP", "VLLM_EXPONENTIAL_BUCKETING", "VLLM_CONTIGU
     for p in ("MIN", "STEP", "MAX")]
 
 
+RUNTIME_SETTINGS = ("PT_HPU_WEIGHT_SHARING", "RUNTIME_SCALE_PATCHING")
+"""Set by the HPU platform's choice when unset (with PT_HPU_ENABLE_LAZY_COLLECTIVES
+and torch._dynamo's switch in lazy mode)."""
+
+
 @contextlib.contextmanager
 def platform_env(target: str, **env: str) -> Iterator[None]:
     """Select the CPU or the fake HPU platform (plus env knobs) for the block."""
@@ -35,6 +41,15 @@ def platform_env(target: str, **env: str) -> Iterator[None]:
             mp.delenv(name, raising=False)
         # The HPU platform sets this one itself for TP with graphs: restore it after.
         mp.setenv("PT_HPU_ENABLE_LAZY_COLLECTIVES", "false")
+        # So does the HPU platform's choice (Gaudi's runtime settings, vllm/hpu/plugin.py):
+        # undo them after the block, or one mode's settings leak into the next test.
+        for name in RUNTIME_SETTINGS:
+            if name in os.environ:
+                mp.setenv(name, os.environ[name])
+            else:
+                mp.setenv(name, "unset")  # records "unset" for the undo
+                mp.delenv(name)
+        mp.setattr(torch._dynamo.config, "disable", torch._dynamo.config.disable)
         mp.setenv("VLLM_TARGET_DEVICE", target)
         if target == "hpu":
             mp.setenv("VLLM_USE_FAKE_HPU", "1")

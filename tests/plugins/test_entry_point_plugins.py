@@ -7,6 +7,8 @@ is all `importlib.metadata` needs to find it.
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
 import textwrap
 
@@ -24,6 +26,7 @@ PLUGIN_SOURCE = textwrap.dedent('''
     from vllm.platforms.interface import PlatformEnum
 
     GENERAL_CALLS = []
+    ORDER = []
 
 
     class DummyAccelPlatform(CpuPlatform):
@@ -36,6 +39,7 @@ PLUGIN_SOURCE = textwrap.dedent('''
 
     def register_platform():
         """Activate only where the (pretend) device exists."""
+        ORDER.append("platform")
         return None if os.environ.get("DUMMY_ACCEL_ABSENT") else f"{__name__}.DummyAccelPlatform"
 
 
@@ -44,6 +48,7 @@ PLUGIN_SOURCE = textwrap.dedent('''
 
 
     def register_general():
+        ORDER.append("general")
         GENERAL_CALLS.append(os.getpid())
 ''')
 
@@ -114,3 +119,18 @@ def test_vllm_plugins_set_but_empty_loads_none(installed_plugin, monkeypatch):
     assert vllm.plugins.load_platform_plugin() is None
     vllm.plugins.load_general_plugins()
     assert installed_plugin.GENERAL_CALLS == []
+
+
+def test_a_fresh_process_loads_the_platform_plugin_first(installed_plugin, tmp_path):
+    """Seed 002 (vLLM's plugin docs): the platform plugin, then the general plugins. A
+    spawned worker's first call is `load_general_plugins` (create_worker), which ran
+    the general plugins before any platform plugin (issue 54)."""
+    code = ("import vllm.plugins, vllm_test_dummy_plugin as m; "
+            "vllm.plugins.load_general_plugins(); print('ORDER', m.ORDER)")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "DUMMY_ACCEL_ABSENT")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), root, env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "ORDER ['platform', 'general']" in out.stdout

@@ -71,6 +71,27 @@ def test_register_stands_aside_without_an_hpu(unset_settings):
     assert hpu_plugin.register() == "vllm.hpu.platform.HpuPlatform"
 
 
+def test_builtin_hpu_platform_applies_the_settings_without_the_plugin(unset_settings):
+    """Issue 54: VLLM_TARGET_DEVICE=hpu on a build without the HPU entry points (as a
+    source checkout's CPU build) chose the HPU platform but skipped Gaudi's runtime
+    settings, which only the plugin's register() applied."""
+    import vllm.plugins
+    from vllm import platforms
+    unset_settings.setenv("VLLM_TARGET_DEVICE", "hpu")
+    unset_settings.setenv("PT_HPU_LAZY_MODE", "1")
+    unset_settings.setattr(vllm.plugins, "load_platform_plugin", lambda: None)
+    platforms._reset_current_platform()
+    try:
+        assert platforms.resolve_current_platform_cls_qualname() == hpu_plugin.HPU_PLATFORM
+    finally:
+        platforms._reset_current_platform()
+    assert _settings() == ["0", "true", None, True]
+    unset_settings.setenv("VLLM_TARGET_DEVICE", "cpu")  # another platform: nothing more
+    unset_settings.delenv("PT_HPU_WEIGHT_SHARING")
+    assert platforms.resolve_current_platform_cls_qualname().endswith("CpuPlatform")
+    assert os.environ.get("PT_HPU_WEIGHT_SHARING") is None
+
+
 def test_register_ops_binds_the_hpu_kernels(monkeypatch):
     """Without the binding an op built on the HPU runs its native forward; after
     `register_ops()` every op with a Gaudi kernel, subclasses included (the scaled

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
+from vllm import envs
 from vllm.config import (ATTENTION_BACKEND_NAMES, CONVERT_CHOICES, DEFAULT_MODEL,
                          KV_CACHE_DTYPES, RUNNER_CHOICES, AttentionConfig, CacheConfig,
                          CompilationConfig, DeviceConfig,
@@ -247,6 +248,7 @@ class EngineArgs:
 
     # ------------------------------------------------------------- config
     def create_engine_config(self) -> VllmConfig:
+        envs.warn_unknown_variables()  # once per process, at start-up (as vLLM)
         model_config = create_model_config(
             model=self.model, tokenizer=self.tokenizer, dtype=self.dtype, seed=self.seed,
             max_model_len=self.max_model_len, served_model_name=self.served_model_name,

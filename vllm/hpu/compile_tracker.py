@@ -11,7 +11,9 @@ the fake HPU it counts new signatures recorded with `record_compile`, which the
 fake HPU graphs do per capture and this tracker does for passes run without a
 graph), splits the total into warmup and serving, and implements the per-step
 logs of VLLM_HPU_LOG_STEP_GRAPH_COMPILATION[_ALL] and
-VLLM_HPU_LOG_STEP_CPU_FALLBACKS[_ALL].
+VLLM_HPU_LOG_STEP_CPU_FALLBACKS[_ALL]. CPU fallbacks are counted where the runtime
+counts them (Gaudi); the fake HPU cannot (every op runs on the host), so there
+`num_cpu_fallbacks` is None and the fallback logs say so once instead of printing 0.
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ def _metric_value(metric: Any, key: str) -> Any:
 class PassRecord:
     label: str
     compiles: int
-    cpu_fallbacks: int
+    cpu_fallbacks: Optional[int]
+    """None: the runtime cannot count them (the fake HPU)."""
     fallback_ops: dict = field(default_factory=dict)
 
 
@@ -50,7 +53,9 @@ class CompileTracker:
         self.warmup_done = False
         self.num_compiles_warmup = 0
         self.num_compiles_after_warmup = 0
-        self.num_cpu_fallbacks = 0
+        self.num_cpu_fallbacks: Optional[int] = 0
+        """None once a pass could not count them (the fake HPU)."""
+        self._said_unmeasured = False
         self.num_steps = 0
         self._step: list[PassRecord] = []
         self.compiled_labels: dict[bool, list[str]] = {False: [], True: []}
@@ -70,8 +75,9 @@ class CompileTracker:
             if signature is not None:
                 habana.record_compile(("hpu_runner", self._uid, signature))
             yield
+        fallback_count = _metric_value(fallbacks, "TotalNumber")
         record = PassRecord(label, int(_metric_value(compiles, "TotalNumber")),
-                            int(_metric_value(fallbacks, "TotalNumber")),
+                            None if fallback_count is None else int(fallback_count),
                             dict(_metric_value(fallbacks, "FallbackOps") or {}))
         if record.compiles:
             self.compiled_labels[self.warmup_done].append(label)
@@ -79,7 +85,10 @@ class CompileTracker:
             self.num_compiles_after_warmup += record.compiles
         else:
             self.num_compiles_warmup += record.compiles
-        self.num_cpu_fallbacks += record.cpu_fallbacks
+        if record.cpu_fallbacks is None or self.num_cpu_fallbacks is None:
+            self.num_cpu_fallbacks = None
+        else:
+            self.num_cpu_fallbacks += record.cpu_fallbacks
         self._step.append(record)
 
     def finish_warmup(self) -> None:
@@ -97,7 +106,15 @@ class CompileTracker:
             log = logger.warning if compiles else logger.info
             log("Step %d: %d graph compilation(s) [%s]; %d since warmup.", self.num_steps,
                 compiles, detail, self.num_compiles_after_warmup)
-        fallbacks = sum(r.cpu_fallbacks for r in records)
+        asked = envs.VLLM_HPU_LOG_STEP_CPU_FALLBACKS_ALL or envs.VLLM_HPU_LOG_STEP_CPU_FALLBACKS
+        if any(r.cpu_fallbacks is None for r in records):
+            if asked and not self._said_unmeasured:
+                self._said_unmeasured = True
+                logger.warning("CPU fallbacks cannot be counted on the fake HPU (every op "
+                               "runs on the host; none is known to lack a Gaudi kernel): "
+                               "VLLM_HPU_LOG_STEP_CPU_FALLBACKS[_ALL] logs nothing here.")
+            return
+        fallbacks = sum(r.cpu_fallbacks or 0 for r in records)
         if envs.VLLM_HPU_LOG_STEP_CPU_FALLBACKS_ALL or (
                 envs.VLLM_HPU_LOG_STEP_CPU_FALLBACKS and fallbacks):
             ops: dict = {}
@@ -106,7 +123,7 @@ class CompileTracker:
             log = logger.warning if fallbacks else logger.info
             log("Step %d: %d CPU fallback(s) %s", self.num_steps, fallbacks, ops or "")
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Optional[int]]:
         return {"num_compiles_warmup": self.num_compiles_warmup,
                 "num_compiles_after_warmup": self.num_compiles_after_warmup,
                 "num_cpu_fallbacks": self.num_cpu_fallbacks,

@@ -57,6 +57,8 @@ class HpuPlatform(Platform):
     def check_and_update_config(self, vllm_config: "VllmConfig") -> None:
         super().check_and_update_config(vllm_config)
         from vllm.hpu import habana
+        from vllm.hpu.warmup import check_warmup_knobs
+        check_warmup_knobs()  # at start-up, not after the warmup's compile phase
         parallel = vllm_config.parallel_config
         # The bridge's is_lazy() is the one source of truth for the mode (the runner's
         # execution mode and the workers' mark_step before collectives use it too).

@@ -68,16 +68,25 @@ def configure_hpu_runtime() -> dict[str, str]:
     return applied
 
 
+def apply_runtime_settings() -> None:
+    """`configure_hpu_runtime`, logged. The platform layer calls it too when it picks
+    the built-in HPU platform without this plugin (VLLM_TARGET_DEVICE=hpu on a build
+    without the HPU entry points, or an HPU build off a Gaudi image): the settings
+    belong to the HPU platform, however it was chosen. Calling it again sets nothing
+    the first call set (a variable already given is kept)."""
+    applied = configure_hpu_runtime()
+    if applied:
+        logger.info("HPU plugin set %s (unset before).",
+                    ", ".join(f"{k}={v}" for k, v in applied.items()))
+
+
 def register() -> Optional[str]:
     """`vllm.platform_plugins` entry point: the HPU platform's class path after
     applying the runtime settings; None where no HPU is present or another device
     was asked for at run time (vLLM's contract for an absent device)."""
     if not hpu_requested():
         return None
-    applied = configure_hpu_runtime()
-    if applied:
-        logger.info("HPU plugin set %s (unset before).",
-                    ", ".join(f"{k}={v}" for k, v in applied.items()))
+    apply_runtime_settings()
     return HPU_PLATFORM
 
 

@@ -62,15 +62,33 @@ def order_for_capture(buckets: list[Bucket], is_prompt: bool, strategy: str) -> 
     """min_tokens: smallest bs x seq first (many small graphs), where seq is the query
     length of a prompt bucket and the KV blocks of a decode bucket, as Gaudi's runner
     orders them; max_bs: largest batch first."""
-    allowed = PROMPT_STRATEGIES if is_prompt else DECODE_STRATEGIES
-    name = "VLLM_GRAPH_PROMPT_STRATEGY" if is_prompt else "VLLM_GRAPH_DECODE_STRATEGY"
-    if strategy not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}, got {strategy!r}.")
+    _check_strategy(is_prompt, strategy)
     if strategy == "min_tokens":
         def bs_x_seq(b: Bucket) -> int:
             return b.batch_size * (b.query_len if is_prompt else b.num_blocks)
         return sorted(buckets, key=lambda b: (bs_x_seq(b), b))
     return sorted(buckets, key=lambda b: (-b.batch_size, b.query_len, b.num_blocks))
+
+
+def _check_strategy(is_prompt: bool, strategy: str) -> None:
+    allowed = PROMPT_STRATEGIES if is_prompt else DECODE_STRATEGIES
+    name = "VLLM_GRAPH_PROMPT_STRATEGY" if is_prompt else "VLLM_GRAPH_DECODE_STRATEGY"
+    if strategy not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {strategy!r}.")
+
+
+def check_warmup_knobs() -> None:
+    """Refuse a bad warmup or graph-capture knob at start-up (the platform's config
+    check). The capture knobs are read when the graphs are captured, after the whole
+    compile phase of the warmup: a typo there cost the warmup's minutes first."""
+    if envs.VLLM_WARMUP_BUDGET_S < 0:
+        raise ValueError(f"VLLM_WARMUP_BUDGET_S must be >= 0, got "
+                         f"{envs.VLLM_WARMUP_BUDGET_S}.")
+    _check_strategy(True, envs.VLLM_GRAPH_PROMPT_STRATEGY)
+    _check_strategy(False, envs.VLLM_GRAPH_DECODE_STRATEGY)
+    graph_reserved_fraction()
+    if envs.VLLM_GRAPH_PROMPT_RATIO is not None:
+        _check_ratio("VLLM_GRAPH_PROMPT_RATIO", envs.VLLM_GRAPH_PROMPT_RATIO, True)
 
 
 @dataclass

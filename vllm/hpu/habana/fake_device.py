@@ -81,8 +81,10 @@ class FakeMetric:
 
     graph_compilation: [("TotalNumber", compiles), ("TotalTime", ms), ("AvgTime", ms)],
     counting `compile_stats.record_compile` calls with new signatures inside the block.
-    cpu_fallback: [("TotalNumber", 0), ("FallbackOps", {})]; nothing falls back off
-    hardware because everything already runs on the CPU.
+    cpu_fallback: [("TotalNumber", None), ("FallbackOps", {})]: not measurable. A CPU
+    fallback is an op without a Gaudi kernel run on the host; off hardware every op
+    runs on the host and nothing says which would lack a kernel, so the count is
+    unknown (None), not 0.
     """
 
     def __init__(self, name: str) -> None:
@@ -97,7 +99,7 @@ class FakeMetric:
     def stats(self) -> list[tuple[str, Any]]:
         count, now = self._end or (compile_stats.compile_count(), time.perf_counter())
         if self.name == "cpu_fallback":
-            return [("TotalNumber", 0), ("FallbackOps", {})]
+            return [("TotalNumber", None), ("FallbackOps", {})]
         compiles = count - self._start_count
         total_ms = (now - self._start_time) * 1000.0 if compiles else 0.0
         return [("TotalNumber", compiles), ("TotalTime", total_ms),
