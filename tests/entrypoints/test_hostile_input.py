@@ -111,6 +111,32 @@ def test_invalid_json_names_the_position(tokenizer):
     assert "char 15" in error["message"], error
 
 
+@pytest.mark.parametrize("metadata,says", [
+    ({f"k{i}": "v" for i in range(17)}, "too many properties"),
+    ({"k" * 65: "v"}, "key with maximum length 64"),
+    ({"k": "v" * 513}, "maximum length 512"),
+    ({"k": {"nested": "v" * 50_000}}, "expected a string"),
+    ({"k": 1}, "expected a string")])
+def test_metadata_within_openai_limits(tokenizer, metadata, says):
+    """`metadata` (chat completions and responses, as OpenAI): at most 16 pairs, keys of
+    at most 64 characters, string values of at most 512; else a 400 naming it."""
+    async def requests(client):
+        chat = {"messages": MSGS, "max_tokens": 2}
+        responses = {"input": "Hi", "max_output_tokens": 2}
+        return ([await client.post("/v1/chat/completions", json={**chat, "metadata": metadata}),
+                 await client.post("/v1/responses", json={**responses, "metadata": metadata})],
+                [await client.post("/v1/chat/completions", json={**chat, "metadata": ok}),
+                 await client.post("/v1/responses", json={**responses, "metadata": ok})])
+
+    ok = {f"{'k' * 62}{i:02d}": "v" * 512 for i in range(16)}  # at every limit
+    refused, accepted = run_app(tokenizer, [], requests)
+    for r in refused:
+        assert says in assert_error(r, 400, "metadata")["message"]
+    for r in accepted:
+        assert r.status_code == 200, r.text
+    assert accepted[1].json()["metadata"] == ok
+
+
 def test_request_chat_template_needs_trust_flag(tokenizer):
     async def requests(client):
         return [await client.post(route, json={"messages": MSGS, "chat_template": TEMPLATE,

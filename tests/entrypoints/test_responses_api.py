@@ -1,23 +1,30 @@
 """/v1/responses with the official openai client: create (full and streamed), retrieve,
 previous_response_id, background + cancel, function tools, refusals. One tiny-model
-server for the module; the answers are checked against /v1/chat/completions."""
+server for the module (its store on: VLLM_ENABLE_RESPONSES_API_STORE=1); the answers
+are checked against /v1/chat/completions. The store's own rules (off by default, bounded
+in bytes) and input checks run on the app over a fake engine."""
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
 import pytest
 
 from tests.entrypoints.conftest import RemoteServer
+from tests.entrypoints.test_cli_and_app import run_app
+from vllm.entrypoints.openai.responses_store import (ResponsesStore, StoredResponse,
+                                                     entry_bytes)
 
 GREEDY = dict(temperature=0.0, max_output_tokens=8)
+STORE_ON = "VLLM_ENABLE_RESPONSES_API_STORE"
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_factory):
     srv = RemoteServer(["--model", tiny_model_factory("llama"), "--served-model-name", "tiny",
                         "--dtype", "float32", "--max-model-len", "512",
-                        "--kv-cache-memory-bytes", str(16 << 20)])
+                        "--kv-cache-memory-bytes", str(16 << 20)], env={STORE_ON: "1"})
     yield srv
     srv.stop()
 
@@ -138,3 +145,107 @@ def test_refusals_are_openai_errors(http):
         assert 400 <= r.status_code < 500, r.text
         assert r.json()["error"]["param"] == param, r.text
     assert http.get("/v1/responses/resp_nope").status_code == 404
+
+
+# ------------------------------------------------ the app over a fake engine, no server
+def test_store_is_off_by_default_as_in_vllm(tokenizer, monkeypatch):
+    monkeypatch.delenv(STORE_ON, raising=False)
+
+    async def requests(client):
+        made = await client.post("/v1/responses", json={"input": "Hi", "max_output_tokens": 3})
+        got = await client.get(f"/v1/responses/{made.json()['id']}")
+        follow = await client.post("/v1/responses", json={
+            "input": "Again", "max_output_tokens": 3,
+            "previous_response_id": made.json()["id"]})
+        background = await client.post("/v1/responses", json={
+            "input": "Hi", "max_output_tokens": 3, "background": True})
+        return made, got, follow, background
+
+    made, got, follow, background = run_app(tokenizer, [], requests)
+    assert made.status_code == 200 and made.json()["store"] is False, made.text
+    assert got.status_code == 404 and follow.status_code == 404, (got.text, follow.text)
+    error = background.json()["error"]
+    assert background.status_code == 400 and error["param"] == "background", error
+    assert STORE_ON in error["message"] and error["code"] == 400
+
+
+def test_store_is_bounded_in_bytes(tokenizer, monkeypatch):
+    """Old responses are evicted by size; one larger than the whole bound is answered but
+    not kept, and evicts nothing (the fake engine's context is short, so the bytes come
+    from `metadata`: 16 values of 500 characters, ~9 kB per response)."""
+    monkeypatch.setenv(STORE_ON, "1")
+    heavy = {"input": "Hi", "max_output_tokens": 2,
+             "metadata": {f"k{i}": "v" * 500 for i in range(16)}}
+
+    async def fill(client):
+        ids = []
+        for _ in range(6):
+            r = await client.post("/v1/responses", json=heavy)
+            assert r.status_code == 200, r.text
+            ids.append(r.json()["id"])
+        return [(await client.get(f"/v1/responses/{i}")).status_code for i in ids]
+
+    monkeypatch.setenv("VLLM_RESPONSES_API_STORE_MAX_BYTES", "30000")
+    assert run_app(tokenizer, [], fill) == [404, 404, 404, 200, 200, 200]
+
+    async def oversize(client):
+        small = await client.post("/v1/responses", json={"input": "Hi",
+                                                         "max_output_tokens": 2})
+        big = await client.post("/v1/responses", json=heavy)
+        big_background = await client.post("/v1/responses", json={**heavy,
+                                                                   "background": True})
+        return ((await client.get(f"/v1/responses/{small.json()['id']}")).status_code, big,
+                (await client.get(f"/v1/responses/{big.json()['id']}")).status_code,
+                big_background)
+
+    monkeypatch.setenv("VLLM_RESPONSES_API_STORE_MAX_BYTES", "5000")
+    small_kept, big, big_kept, big_background = run_app(tokenizer, [], oversize)
+    assert small_kept == 200 and big.status_code == 200 and big_kept == 404, big.text
+    assert big_background.status_code == 400, big_background.text
+    assert big_background.json()["error"]["param"] == "background"
+
+
+def test_store_evicts_oldest_first_and_cancels_evicted_background_work():
+    def entry(size: int) -> StoredResponse:
+        return StoredResponse({"id": "x", "status": "completed"},
+                              [{"role": "user", "content": "a" * size}])
+
+    size = entry_bytes(entry(1000))
+
+    async def main():
+        store = ResponsesStore(max_bytes=3 * size)
+        running = asyncio.ensure_future(asyncio.sleep(60))
+        first = entry(1000)
+        first.task = running
+        assert store.put("a", first)
+        for name in "bcd":
+            assert store.put(name, entry(1000))
+        await asyncio.sleep(0)
+        assert store.get("a") is None and running.cancelled()
+        assert [store.get(n) is not None for n in "bcd"] == [True] * 3
+        assert store.total_bytes == 3 * size
+        assert not store.put("e", entry(4 * 1000))  # alone larger than the store
+        assert len(store) == 3 and store.total_bytes == 3 * size
+        assert store.put("c", entry(10))  # replacing an entry counts its new size only
+        assert store.total_bytes == 2 * size + entry_bytes(entry(10))
+
+    asyncio.run(main())
+
+
+def test_function_call_output_needs_an_earlier_call(tokenizer, monkeypatch):
+    monkeypatch.delenv(STORE_ON, raising=False)
+    call = {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}
+
+    async def requests(client):
+        bodies = [[output], [output, call], [{"role": "user", "content": "Hi"}, call, output]]
+        return [await client.post("/v1/responses", json={"input": b, "max_output_tokens": 2})
+                for b in bodies]
+
+    alone, before_its_call, answered = run_app(tokenizer, [], requests)
+    for r in (alone, before_its_call):
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == "input", r.text
+        assert error["message"] == ("No tool call found for function call output with "
+                                    "call_id call_1.")
+    assert answered.status_code == 200, answered.text

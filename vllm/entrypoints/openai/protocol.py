@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal, Optional, Union
 from pydantic import (BaseModel, ConfigDict, Field, create_model, model_serializer,
                       field_validator, model_validator)
 
+from vllm.entrypoints.openai.request_metadata import metadata_problem
 from vllm.sampling_params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
@@ -429,6 +430,8 @@ class ChatCompletionRequest(SamplingFields):
     audio: Optional[Any] = None
     modalities: Optional[list[str]] = None
     prediction: Optional[Any] = None
+    metadata: Optional[dict[str, Any]] = None
+    """Accepted (within OpenAI's limits, request_metadata.py) and otherwise ignored."""
     # vLLM extras
     echo: bool = False
     add_generation_prompt: bool = True
@@ -440,6 +443,9 @@ class ChatCompletionRequest(SamplingFields):
     mm_processor_kwargs: Optional[Any] = None
 
     def unsupported_fields(self) -> Optional[tuple[str, str]]:
+        bad_metadata = metadata_problem(self.metadata)
+        if bad_metadata is not None:
+            return ("metadata", bad_metadata)
         if self.function_call not in (None, "none"):
             return ("function_call", "Function calling is not supported.")
         if self.modalities and any(m != "text" for m in self.modalities):

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from vllm.entrypoints.openai.errors import BadRequestError
 from vllm.entrypoints.openai.protocol import OpenAIBaseModel
+from vllm.entrypoints.openai.request_metadata import metadata_problem
 
 
 class ResponsesRequest(OpenAIBaseModel):
@@ -46,6 +47,9 @@ class ResponsesRequest(OpenAIBaseModel):
 
     def unsupported_field(self) -> Optional[tuple[str, str]]:
         """(field, reason) of the first field asking for what is not served."""
+        bad_metadata = metadata_problem(self.metadata)
+        if bad_metadata is not None:
+            return ("metadata", bad_metadata)
         if self.reasoning and any(v is not None for v in self.reasoning.values()):
             return ("reasoning", "reasoning options (effort, summary) are not supported; "
                     "start the server with --reasoning-parser to get reasoning items.")
@@ -77,15 +81,25 @@ def with_instructions(request: ResponsesRequest, conversation: list[dict[str, An
 
 def chat_messages(request: ResponsesRequest, history: list[dict[str, Any]]
                   ) -> list[dict[str, Any]]:
-    """The conversation of the request: the previous response's, then `input`."""
+    """The conversation of the request: the previous response's, then `input`.
+
+    A `function_call_output` must answer a call made before it (in `input` or in the
+    previous response's conversation), as OpenAI requires: an answer to no call would
+    reach the chat template as a tool message that follows nothing."""
     messages: list[dict[str, Any]] = list(history)
     if isinstance(request.input, str):
         messages.append({"role": "user", "content": request.input})
         return messages
+    call_ids = {call.get("id") for m in history for call in m.get("tool_calls") or ()}
     for i, item in enumerate(request.input):
         message = _input_item(item, i)
-        if message is not None:
-            messages.append(message)
+        if message is None:
+            continue
+        if message["role"] == "tool" and message["tool_call_id"] not in call_ids:
+            raise BadRequestError("No tool call found for function call output with call_id "
+                                  f"{message['tool_call_id']}.", param="input")
+        call_ids.update(call["id"] for call in message.get("tool_calls") or ())
+        messages.append(message)
     return messages
 
 

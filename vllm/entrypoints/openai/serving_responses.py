@@ -3,8 +3,10 @@
 A request is served by the chat handler (protocol_responses.py translates it), so
 chat templates, tool parsers and reasoning parsers apply as on /v1/chat/completions;
 the answer is re-shaped into a Response (responses_output.py) and, with `store` (the
-default), kept in a bounded in-memory store (responses_store.py) for retrieval and for
-`previous_response_id`.
+default) on a server started with VLLM_ENABLE_RESPONSES_API_STORE=1, kept in a bounded
+in-memory store (responses_store.py) for retrieval, for `previous_response_id` and for
+background responses. Without that variable, as in vLLM, `store: true` is answered
+but not kept (the Response says `store: false`) and `background: true` is refused.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import logging
 import time
 from typing import Any, AsyncIterator, Optional
 
+from vllm import envs
 from vllm.entrypoints.openai.errors import BadRequestError, NotFoundError, OpenAIError
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.protocol_responses import (ResponsesRequest, chat_messages,
@@ -31,13 +34,27 @@ class OpenAIServingResponses:
 
     def __init__(self, chat: OpenAIServingChat, store: Optional[ResponsesStore] = None) -> None:
         self.chat = chat
-        self.store = store or ResponsesStore()
+        self.enable_store = envs.VLLM_ENABLE_RESPONSES_API_STORE
+        self.store = store or ResponsesStore(envs.VLLM_RESPONSES_API_STORE_MAX_BYTES)
+        if self.enable_store:
+            logger.info("Responses API store on: up to %d bytes of responses are kept, the "
+                        "oldest evicted first.", self.store.max_bytes)
 
     # ------------------------------------------------------------- create
     async def create_response(self, request: ResponsesRequest) -> Any:
         refused = request.unsupported_field()
         if refused is not None:
             raise BadRequestError(refused[1], param=refused[0])
+        if request.store and not self.enable_store:
+            if request.background:
+                raise BadRequestError(
+                    "This vLLM engine does not support `store=True` and therefore does not "
+                    "support the background mode. To enable these features, set the "
+                    "environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when "
+                    "launching the vLLM server.", param="background")
+            # Answered but not kept (vLLM's choice: `store` defaults to true, so most
+            # requests that say so never meant to keep the response).
+            request.store = False
         model = self.chat.check_model(request.model)
         history = self._history(request.previous_response_id)
         messages = chat_messages(request, history)  # the conversation a continuation keeps
@@ -137,13 +154,22 @@ class OpenAIServingResponses:
                           chat_request: ChatCompletionRequest) -> dict[str, Any]:
         queued = response_object(response_id, request, model, "queued", [], None, created)
         entry = StoredResponse(queued, messages)
-        self.store.put(response_id, entry)
+        if not self.store.put(response_id, entry):
+            raise BadRequestError("The request is too large for the responses store "
+                                  "(VLLM_RESPONSES_API_STORE_MAX_BYTES), so it cannot run "
+                                  "in the background.", param="background")
 
         async def work() -> None:
             entry.response = response_object(response_id, request, model, "in_progress", [],
                                              None, created)
             try:
                 await self._run(request, response_id, created, model, messages, chat_request)
+                if self.store.get(response_id) is entry:  # the result was too large to keep
+                    entry.response = response_object(
+                        response_id, request, model, "failed", [], None, created,
+                        error={"code": "server_error", "message": "The response is larger "
+                               "than the responses store (VLLM_RESPONSES_API_STORE_MAX_BYTES)"
+                               " and was not kept."})
             except asyncio.CancelledError:
                 entry.response = response_object(response_id, request, model, "cancelled",
                                                  [], None, created)
