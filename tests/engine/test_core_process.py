@@ -104,8 +104,8 @@ def test_killed_core_is_reported_not_a_hang(tiny, monkeypatch):
     llm = _llm(tiny)
     client = llm.llm_engine.engine_core
     os.kill(client.proc.pid, signal.SIGKILL)
-    client.proc.join(10)
-    with pytest.raises(EngineCoreDeadError, match="killed by SIGKILL"):
+    # At once: not only once the kernel has torn the process down and it can be reaped.
+    with pytest.raises(EngineCoreDeadError, match=r"\(killed by SIGKILL\)\.$"):
         llm.llm_engine.check_health()
     start = time.monotonic()
     with pytest.raises(EngineCoreDeadError):

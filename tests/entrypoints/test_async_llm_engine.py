@@ -196,6 +196,40 @@ def test_engine_crash_fails_streams_and_new_requests(tokenizer):
     assert sum(len(o.outputs[0].token_ids) for o in received) == 3
 
 
+def test_engine_death_messages_end_each_sentence_once(tokenizer):
+    """The dead engine's message quotes the cause as a sentence, then adds its own: a
+    cause that ends with a period (the core's "(killed by SIGKILL).") gets no second."""
+    cause = "The engine core process (pid 1) exited unexpectedly (killed by SIGKILL)."
+
+    class DyingEngine(FakeLLMEngine):
+        def step(self):
+            raise RuntimeError(cause)
+
+    class UnhealthyEngine(FakeLLMEngine):
+        def check_health(self):
+            raise RuntimeError(cause.rstrip("."))  # no period: one is added
+
+    async def run(engine_cls, make_dead):
+        engine = AsyncLLMEngine(engine_cls(tokenizer), log_requests=False, log_stats=False)
+        try:
+            with pytest.raises(EngineDeadError) as info:
+                await make_dead(engine)
+            return str(info.value)
+        finally:
+            engine.shutdown()
+
+    async def generate(engine):
+        async for _ in engine.generate("Hi", params(RequestOutputKind.DELTA), "x"):
+            pass
+
+    from_loop = asyncio.run(asyncio.wait_for(run(DyingEngine, generate), 10))
+    from_check = asyncio.run(asyncio.wait_for(
+        run(UnhealthyEngine, lambda engine: engine.check_health()), 10))
+    for message in (from_loop, from_check):
+        assert "(killed by SIGKILL). It cannot serve more requests" in message, message
+        assert ".." not in message, message
+
+
 def test_shutdown_stops_thread_and_ends_streams(tokenizer):
     fake, engine = make_engine(tokenizer, step_delay_s=0.01)
 

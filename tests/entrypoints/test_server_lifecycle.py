@@ -131,7 +131,8 @@ def test_killed_worker_exits_nonzero_within_10s(tiny_model_factory):
 
 def test_killed_engine_core_process_makes_health_503_then_exits(tiny_model_factory):
     """The engine core in its own process (the server's default) is SIGKILLed under
-    load: the stream ends with an error event, /health answers 503 (kept alive), and
+    load: /health answers 503 at once (not only once the kernel has torn the process
+    down), the stream ends with an error event, /health stays 503 (kept alive), and
     SIGTERM then stops the server with no process left behind."""
     srv = RemoteServer(server_args(tiny_model_factory("llama")),
                        env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
@@ -143,7 +144,13 @@ def test_killed_engine_core_process_makes_health_503_then_exits(tiny_model_facto
                  if "resource_tracker" not in " ".join(p.cmdline())]
         assert len(cores) == 1, [p.cmdline() for p in server.children(recursive=True)]
         (thread, events), = start_streams(srv.url, [1000])
-        cores[0].kill()
+        with httpx.Client(base_url=srv.url, timeout=10) as http:
+            http.get("/health")  # connected before the kill: the next request is quick
+            cores[0].kill()
+            killed = time.monotonic()
+            first = http.get("/health")
+            took = time.monotonic() - killed
+        assert first.status_code == 503 and took < 5, (first.text, took)
         thread.join(20)
         assert not thread.is_alive(), "the stream hung after its engine died"
         assert events[-1] == "[DONE]" and "error" in events[-2], events[-3:]
@@ -152,6 +159,10 @@ def test_killed_engine_core_process_makes_health_503_then_exits(tiny_model_facto
         late = httpx.post(srv.url + "/v1/completions", timeout=10,
                           json={"prompt": "late", "max_tokens": 2})
         assert late.status_code == 503, late.text
+        for message in (first.json()["error"]["message"], events[-2]["error"]["message"],
+                        health.json()["error"]["message"], late.json()["error"]["message"]):
+            assert "(killed by SIGKILL). It cannot" in message and ".." not in message, \
+                message
         children = server.children(recursive=True)
         assert srv.stop(signal.SIGTERM) is not None, srv.tail()
         _, alive = psutil.wait_procs(children, timeout=5)

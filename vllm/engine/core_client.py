@@ -253,8 +253,11 @@ class MPEngineCoreClient:
                              "requests.")
 
     def check_health(self) -> None:
-        """Raise when the core process is gone (no round trip: a flag and a waitpid)."""
-        if self._dead is None and not self.proc.is_alive():
+        """Raise when the core process is gone (no round trip: a flag, a waitpid and a
+        read of /proc, which tells a killed core at once, before it can be reaped)."""
+        from vllm.executor.multiproc_utils import exiting_status
+        if self._dead is None and (not self.proc.is_alive()
+                                   or exiting_status(self.proc.pid) is not None):
             self._read_last_words()
             if self._dead is None:
                 self._dead = self._death_message()
@@ -344,8 +347,9 @@ class MPEngineCoreClient:
             pass
 
     def _death_message(self) -> str:
-        from vllm.executor.multiproc_utils import describe_exit
-        self.proc.join(1.0)  # reap it: its exit code (the sentinel fires before that)
+        from vllm.executor.multiproc_utils import describe_exit, exiting_status
+        if exiting_status(self.proc.pid) is None:
+            self.proc.join(1.0)  # reap it: its exit code (the sentinel fires before that)
         return (f"The engine core process (pid {self.proc.pid}) exited unexpectedly "
                 f"({describe_exit(self.proc)}).")
 

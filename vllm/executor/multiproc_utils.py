@@ -225,9 +225,48 @@ def stop_processes(procs: Sequence[BaseProcess], grace_s: float = 5.0) -> None:
             p.join(2.0)
 
 
+_PF_EXITING = 0x4
+"""The kernel's task flag for a process in its exit (linux/sched.h)."""
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
+def exiting_status(pid: int) -> Optional[int]:
+    """The wait status (as waitpid words it) of a process that is exiting but not yet
+    reaped; None while it is not exiting, or where /proc cannot tell.
+
+    A killed process can be reaped only once the kernel has torn it down (ended its
+    threads, freed its memory: a fraction of a second for a few GiB), and until then
+    waitpid and `is_alive()` call it alive. /proc/<pid>/stat tells at once: a SIGKILL is
+    pending from the moment kill() returns, then the flags carry PF_EXITING (and the
+    exit_code field the status), then the state is a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2:].split()  # fields[i] is field i + 3 of proc(5)
+    try:
+        state, flags, pending = fields[0], int(fields[6]), int(fields[28])
+        exit_code = int(fields[49]) if len(fields) > 49 else 0
+    except (IndexError, ValueError):
+        return None
+    if exit_code:
+        return exit_code
+    if pending & _SIGKILL_BIT:
+        return int(signal.SIGKILL)
+    if state in (b"Z", b"X") or flags & _PF_EXITING:
+        return 0
+    return None
+
+
 def describe_exit(proc: BaseProcess) -> str:
-    """'exit code 3' / 'killed by SIGKILL' / 'still running' for a worker process."""
+    """'exit code 3' / 'killed by SIGKILL' / 'still running' for a worker process (also
+    one being torn down, not yet reaped: see `exiting_status`)."""
     code = proc.exitcode
+    if code is None and proc.pid is not None:
+        status = exiting_status(proc.pid)
+        if status is not None:
+            code = -(status & 0x7F) if status & 0x7F else status >> 8
     if code is None:
         return "still running"
     if code < 0:
