@@ -63,6 +63,9 @@ MIN_BODY_LIMIT_BYTES = 2 << 20
 BODY_BYTES_PER_PROMPT_CHAR = 8
 """Request bodies may be this many bytes per character of the longest possible prompt
 (JSON escapes take up to 6 bytes a character; a few prompts or messages fit beside it)."""
+OFF_LOOP_BODY_BYTES = 64 << 10
+"""Bodies from this size on are checked for lone surrogates on a pool thread (smaller
+ones take less than the hand-off)."""
 GRACEFUL_SHUTDOWN_S = 5
 """After every request ended (see --shutdown-timeout), how long uvicorn waits for the
 connections to close before cancelling them."""
@@ -235,12 +238,21 @@ async def _checked_json_request(request: Request) -> Request:
                               "objects may nest a few hundred levels at most.") from None
     except ValueError as e:  # json.JSONDecodeError
         raise BadRequestError(f"The request body is not valid JSON: {e}.") from None
-    where = lone_surrogate_path(body)
+    where = await _lone_surrogate_path(request, body, len(raw))
     if where is not None:
         raise BadRequestError(f"{where}: the text is not valid Unicode (it holds a lone "
                               "UTF-16 surrogate such as \\ud800).",
                               param=None if where == "body" else where)
     return request
+
+
+async def _lone_surrogate_path(request: Request, body: Any, size: int) -> Optional[str]:
+    """`lone_surrogate_path` of the body; for a large body on a pool thread, as the walk
+    visits every string in Python (about 20 ms per MB, 20,000 tool properties included)
+    and the event loop must keep answering meanwhile."""
+    if size < OFF_LOOP_BODY_BYTES:
+        return lone_surrogate_path(body)
+    return await _state(request).tokenizer_pool.run(lone_surrogate_path, body)
 
 
 def _is_json_media_type(content_type: str) -> bool:
@@ -539,6 +551,15 @@ def _log_startup(engine: EngineClient) -> None:
                 device or current_platform.device_type, current_platform.device_name)
 
 
+def _freeze_startup_heap() -> None:
+    """Leave the objects made at startup (torch, transformers, the tokenizer: millions)
+    out of garbage collection, as vLLM does. Otherwise each oldest-generation collection,
+    which any busy request's allocations can trigger, walks them all while holding the
+    GIL: 150-300 ms during which the event loop and /health answer nothing."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_server(args: argparse.Namespace) -> None:
     """Load the engine, then serve until SIGINT/SIGTERM (exit status 1 if the engine died)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -565,6 +586,7 @@ def run_server(args: argparse.Namespace) -> None:
         try:
             _log_startup(engine)
             app = build_app(args, engine, tokenizer=spare.get("tokenizer"))
+            _freeze_startup_heap()
             scheme = "https" if args.ssl_certfile else "http"
             logger.info("Starting vLLM API server on %s://%s:%d", scheme,
                         args.host or "0.0.0.0", args.port)

@@ -89,6 +89,16 @@ class OpenAIServingChat(OpenAIServing):
             return PromptInput(ids, text, multi_modal_data={"image": images})
         return PromptInput(ids, text)
 
+    async def tool_plan(self, request: ChatCompletionRequest) -> ToolPlan:
+        """The request's ToolPlan, built on a pool thread when it has tools: building it
+        parses each tool's parameters schema, which takes the grammar compiler seconds
+        for a large one (it releases the GIL, so the event loop keeps serving)."""
+        args = (request, self.tokenizer, self.tool_parser_cls, self.enable_auto_tools,
+                self.structured_outputs_config)
+        if not request.tools:
+            return ToolPlan.build(*args)
+        return await self.run_blocking(ToolPlan.build, *args)
+
     def response_role_for(self, request: ChatCompletionRequest) -> str:
         if request.add_generation_prompt:
             return self.response_role
@@ -111,16 +121,15 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens_param = ("max_completion_tokens" if request.max_completion_tokens
                             is not None else "max_tokens")
         top = request.top_logprobs or 0
-        plan = ToolPlan.build(request, self.tokenizer, self.tool_parser_cls,
-                              self.enable_auto_tools, self.structured_outputs_config)
+        plan = await self.tool_plan(request)
         if plan.mode == "auto":
             request = plan.parser.adjust_request(request)
-        params = self.sampling_params(request, max_tokens=request.requested_max_tokens,
-                                      logprobs=top if request.logprobs else None,
-                                      prompt_logprobs=request.prompt_logprobs,
-                                      stream=bool(request.stream),
-                                      structured_outputs=plan.structured,
-                                      max_tokens_param=max_tokens_param)
+        params = await self.sampling_params(request, max_tokens=request.requested_max_tokens,
+                                            logprobs=top if request.logprobs else None,
+                                            prompt_logprobs=request.prompt_logprobs,
+                                            stream=bool(request.stream),
+                                            structured_outputs=plan.structured,
+                                            max_tokens_param=max_tokens_param)
         request_id, engine_id = self.request_ids("chatcmpl", request.request_id)
         try:
             stream = await self.add_request(engine_id, prompt.engine_prompt(request.cache_salt),

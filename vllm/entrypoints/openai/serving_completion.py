@@ -42,10 +42,10 @@ class OpenAIServingCompletion(OpenAIServing):
         # echo with max_tokens 0 (log-likelihood scoring, e.g. lm-eval): the prompt and its
         # logprobs only. The engine computes one token, which the response leaves out.
         echo_only = bool(request.echo) and request.max_tokens == 0
-        params = self.sampling_params(request, max_tokens=1 if echo_only else request.max_tokens,
-                                      logprobs=request.logprobs,
-                                      prompt_logprobs=prompt_logprobs,
-                                      stream=bool(request.stream))
+        params = await self.sampling_params(
+            request, max_tokens=1 if echo_only else request.max_tokens,
+            logprobs=request.logprobs, prompt_logprobs=prompt_logprobs,
+            stream=bool(request.stream))
         jobs = []
         for i, prompt in enumerate(prompts):
             request_id = base_id if len(prompts) == 1 else f"{base_id}-{i}"
@@ -82,17 +82,18 @@ class OpenAIServingCompletion(OpenAIServing):
             items = [prompt]
         else:
             items = list(prompt)
+        self.check_num_prompts(len(items), "prompt")
+        texts = [item for item in items if isinstance(item, str)]
+        encoded = iter(await self.tokenize_texts(texts, request.add_special_tokens, "prompt",
+                                                 request.truncate_prompt_tokens,
+                                                 request.truncation_side, request.max_tokens))
         inputs = []
-        for i, item in enumerate(items):
+        for item in items:
             if isinstance(item, str):
-                ids = await self.tokenize_text(item, request.add_special_tokens, "prompt",
-                                               request.truncate_prompt_tokens,
-                                               request.truncation_side, request.max_tokens)
-                text: Optional[str] = item
+                ids, text = next(encoded), item
             else:
-                ids = list(item)
+                ids, text = list(item), None
                 self.check_token_ids(ids, "prompt")
-                text = None
             ids = self.truncate(ids, request.truncate_prompt_tokens, self.max_model_len,
                                 request.truncation_side, request.max_tokens,
                                 specials=text is not None and request.add_special_tokens)

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, Sequence
 
+import vllm.envs as envs
 from vllm.engine.params import (MaxTokensTooLargeError, PromptTooLongError,
                                 RequestParamsPolicy, truncation_size)
 from vllm.engine.protocol import EngineClient
@@ -137,6 +138,25 @@ class OpenAIServing:
         one; the kept tokens are the text's last ones, as in vLLM (its first ones with
         truncation_side='right').
         """
+        text = self._text_to_encode(text, param, truncate_prompt_tokens, truncation_side,
+                                    max_tokens)
+        return await self.tokenizer_pool.encode(text, add_special_tokens)
+
+    async def tokenize_texts(self, texts: Sequence[str], add_special_tokens: bool,
+                             param: str = "prompt",
+                             truncate_prompt_tokens: Optional[int] = None,
+                             truncation_side: Optional[str] = None,
+                             max_tokens: Optional[int] = None) -> list[list[int]]:
+        """`tokenize_text` of each text, encoded together in one pool job (a batch of
+        prompts in one request)."""
+        kept = [self._text_to_encode(text, param, truncate_prompt_tokens, truncation_side,
+                                     max_tokens) for text in texts]
+        return await self.tokenizer_pool.encode_many(kept, add_special_tokens)
+
+    def _text_to_encode(self, text: str, param: str, truncate_prompt_tokens: Optional[int],
+                        truncation_side: Optional[str], max_tokens: Optional[int]) -> str:
+        """The part of `text` worth encoding: its tail (head with truncation_side='right')
+        that can hold the kept tokens, or all of it after the too-long check."""
         keep = check_truncate_prompt_tokens(truncate_prompt_tokens, self.max_model_len,
                                             max_tokens)
         if keep is not None:
@@ -145,7 +165,19 @@ class OpenAIServing:
                 text = text[:part] if truncation_side == "right" else text[-part:]
         else:
             self.check_prompt_chars(len(text), param)
-        return await self.tokenizer_pool.encode(text, add_special_tokens)
+        return text
+
+    @staticmethod
+    def check_num_prompts(num_prompts: int, param: str, what: str = "prompts") -> None:
+        """400 for more prompts in one request than VLLM_MAX_COMPLETION_PROMPTS: each
+        becomes an engine request, so one body could otherwise queue thousands (10,000
+        took the frontend over a minute) ahead of everybody else's."""
+        limit = envs.VLLM_MAX_COMPLETION_PROMPTS
+        if num_prompts > limit:
+            raise BadRequestError(
+                f"{param} holds {num_prompts} {what}; one request may hold at most {limit} "
+                f"(VLLM_MAX_COMPLETION_PROMPTS). Split them over several requests.",
+                param=param)
 
     def check_prompt_chars(self, num_chars: int, param: str, what: str = "prompt") -> None:
         """400 for a text with more characters than max_model_len tokens can spell."""
@@ -163,10 +195,11 @@ class OpenAIServing:
     def check_token_ids(self, token_ids: Sequence[int], param: str) -> None:
         vocab = max(len(self.tokenizer), self.model_config.vocab_size
                     if self.model_config.hf_config is not None else 0)
-        for tid in token_ids:
-            if not 0 <= tid < vocab:
-                raise BadRequestError(f"Token id {tid} is out of vocabulary (valid: 0 to "
-                                      f"{vocab - 1}).", param=param)
+        if not token_ids or (0 <= min(token_ids) and max(token_ids) < vocab):
+            return  # min/max in C: a long list costs the event loop little
+        tid = next(t for t in token_ids if not 0 <= t < vocab)
+        raise BadRequestError(f"Token id {tid} is out of vocabulary (valid: 0 to "
+                              f"{vocab - 1}).", param=param)
 
     def truncate(self, token_ids: list[int], truncate_prompt_tokens: Optional[int],
                  max_model_len: int, truncation_side: Optional[str] = None,
@@ -264,7 +297,7 @@ class OpenAIServing:
                          prompt_tokens_details=details)
 
     # ------------------------------------------------------------- sampling
-    def sampling_params(self, request: SamplingFields, *, max_tokens: Optional[int],
+    async def sampling_params(self, request: SamplingFields, *, max_tokens: Optional[int],
                         logprobs: Optional[int], prompt_logprobs: Optional[int],
                         stream: bool, structured_outputs: Optional[tuple[Any, str]] = None,
                         max_tokens_param: str = "max_tokens") -> Any:
@@ -272,7 +305,9 @@ class OpenAIServing:
         engine fills the fields it left unset from the model's generation config and
         resolves max_tokens (None: as many as fit). `structured_outputs` (params, field
         name) replaces the constraint the request's own fields ask for (tool_choice
-        does)."""
+        does). The constraint is parsed on a pool thread: a large JSON schema takes the
+        grammar compiler a second or more, which on the event loop would stall every
+        other request and /health (the compilers release the GIL)."""
         from vllm.sampling_params import RequestOutputKind, SamplingParams
         if stream and getattr(request, "prompt_logprobs", None) is not None:
             raise BadRequestError("`prompt_logprobs` are not available when `stream=True`.",
@@ -298,7 +333,8 @@ class OpenAIServing:
             structured_outputs = structured_outputs_from_request(request)
         if structured_outputs is not None:
             so_params, so_param = structured_outputs
-            check_structured_outputs(so_params, so_param, self.structured_outputs_config)
+            await self.run_blocking(check_structured_outputs, so_params, so_param,
+                                    self.structured_outputs_config)
             kwargs["structured_outputs"] = so_params
         try:
             return SamplingParams.from_client(**kwargs)

@@ -129,9 +129,11 @@ class OpenAIServingPooling(OpenAIServing):
                             self.max_model_len, request.truncation_side or "right")
         return PromptInput(ids, prompt.text)
 
-    async def pooling_prompts(self, inputs: Any, request: Any) -> list[PromptInput]:
+    async def pooling_prompts(self, inputs: Any, request: Any,
+                              param: Optional[str] = "input") -> list[PromptInput]:
         """The request's `input` as token-id prompts (tokenized off the event loop,
-        truncated as asked)."""
+        truncated as asked); at most VLLM_MAX_COMPLETION_PROMPTS of them (`param` names
+        the field in the 400; None: the caller has bounded them)."""
         if isinstance(inputs, str):
             items: list[Any] = [inputs]
         elif inputs and all(isinstance(t, int) for t in inputs):
@@ -140,15 +142,18 @@ class OpenAIServingPooling(OpenAIServing):
             items = list(inputs)
         if not items:
             raise BadRequestError("input must not be empty.", param="input")
+        if param is not None:
+            self.check_num_prompts(len(items), param)
         prompts = []
         # Pooling keeps a text's beginning by default (vLLM's pooling tokenizers truncate
         # on the right); [CLS] and the other special tokens stay either way.
         side = request.truncation_side or "right"
+        encoded = iter(await self.tokenize_texts(
+            [item for item in items if isinstance(item, str)], request.add_special_tokens,
+            "input", request.truncate_prompt_tokens, side))
         for item in items:
             if isinstance(item, str):
-                ids = await self.tokenize_text(item, request.add_special_tokens, "input",
-                                               request.truncate_prompt_tokens, side)
-                text: Optional[str] = item
+                ids, text = next(encoded), item
             else:
                 ids, text = list(item), None
                 self.check_token_ids(ids, "input")

@@ -32,6 +32,7 @@ class OpenAIServingScores(OpenAIServingPooling):
             first, second = pair_inputs(*request.pair())
         except ValueError as e:
             raise BadRequestError(str(e)) from None
+        self.check_num_prompts(len(second), _second_field(request), "pairs")
         model, scores, num_tokens = await self._scores(request, first, second)
         return ScoreResponse(model=model, data=[ScoreResponseData(index=i, score=s)
                                                 for i, s in enumerate(scores)],
@@ -41,6 +42,7 @@ class OpenAIServingScores(OpenAIServingPooling):
     async def create_rerank(self, request: RerankRequest) -> RerankResponse:
         if not request.documents:
             raise BadRequestError("documents must not be empty.", param="documents")
+        self.check_num_prompts(len(request.documents), "documents", "documents")
         model, scores, num_tokens = await self._scores(
             request, [request.query] * len(request.documents), list(request.documents))
         order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
@@ -95,7 +97,7 @@ class OpenAIServingScores(OpenAIServingPooling):
     async def _bi_encoder(self, request: Any, texts_1: list[str], texts_2: list[str]
                           ) -> tuple[list[float], int]:
         texts = list(dict.fromkeys(texts_1 + texts_2))
-        prompts = await self.pooling_prompts(texts, request)
+        prompts = await self.pooling_prompts(texts, request, param=None)  # pairs bounded
         params = PoolingParams(task="embed", use_activation=request.use_activation)
         outputs = await self.pool(prompts, [params] * len(prompts), request.model,
                                   request.request_id)
@@ -103,3 +105,11 @@ class OpenAIServingScores(OpenAIServingPooling):
         scores = [float(F.cosine_similarity(vectors[a], vectors[b], dim=0))
                   for a, b in zip(texts_1, texts_2)]
         return scores, sum(len(p.token_ids) for p in prompts)
+
+
+def _second_field(request: ScoreRequest) -> str:
+    """The field of a score request that holds the documents side of its pairs."""
+    for name in ("text_2", "data_2", "documents"):
+        if getattr(request, name, None) is not None:
+            return name
+    return "text_2"

@@ -70,5 +70,19 @@ class TokenizerPool:
 
         return await self.run(work)
 
+    async def encode_many(self, texts: list[str], add_special_tokens: bool
+                          ) -> list[list[int]]:
+        """Token ids of each text, in one job: a request's batch of prompts costs one
+        hand-off to a pool thread, not one per prompt (a thousand hand-offs took longer
+        than the encoding), and a fast tokenizer encodes the batch in parallel."""
+        if not texts:
+            return []
+
+        def work() -> list[list[int]]:
+            encoded = self._own_tokenizer()(texts, add_special_tokens=add_special_tokens)
+            return [list(ids) for ids in encoded["input_ids"]]
+
+        return await self.run(work)
+
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
