@@ -94,6 +94,24 @@ def test_errors_are_openai_shaped(http):
     assert r.status_code == 400 and "pooling model" in r.json()["error"]["message"]
 
 
+def test_inputs_per_request_are_bounded(http):
+    """VLLM_MAX_COMPLETION_PROMPTS (1024) bounds a request's inputs, each one engine
+    request: a 400 naming the field and the limit, before anything is tokenized."""
+    many = ["cat"] * 1025
+    cases = [("/v1/embeddings", {"input": many}, "input"),
+             ("/pooling", {"input": many}, "input"),
+             ("/v1/score", {"text_1": "cat", "text_2": many}, "text_2"),
+             ("/score", {"queries": many, "documents": many}, "documents"),
+             ("/rerank", {"query": "cat", "documents": many}, "documents")]
+    for path, body, param in cases:
+        r = http.post(path, json=body)
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()["error"]
+        assert error["param"] == param, (path, error)
+        assert "1025" in error["message"] and "at most 1024" in error["message"], error
+        assert "VLLM_MAX_COMPLETION_PROMPTS" in error["message"]
+
+
 def test_bi_encoder_score_and_rerank(http, reference):
     r = http.post("/v1/score", json={"text_1": TEXTS[0], "text_2": TEXTS[1:]}).json()
     expected = [float(torch.nn.functional.cosine_similarity(
