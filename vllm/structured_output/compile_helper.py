@@ -7,8 +7,13 @@ either limit (vllm/structured_output/compile_pool.py). A compile that fits is th
 again in the engine, which needs the compiled object itself (xgrammar's serialized
 form of a large grammar is a hundred times its size and slower than compiling it).
 
-Handshake: a `CompilerSetup`; the answer is "ready". Jobs: (backend name, GrammarSpec);
-replies: ("ok",) or ("error", message).
+It also parses specs for the frontend's check (kind "validate": no tokenizer needed),
+which for some schemas takes as long as a compile (a pattern `[a-z]{1,9999}` is
+seconds of regex expansion) and so needs the same bounds.
+
+Handshake: a `CompilerSetup`; the answer is "ready". Jobs: (kind, backend name,
+GrammarSpec) with kind "compile" or "validate"; replies: ("ok",), ("error", message) or
+("memory",).
 """
 from __future__ import annotations
 
@@ -60,9 +65,22 @@ def probe_compile(backend: Any, spec: GrammarSpec) -> None:
     grammar.fill_bitmask(torch.full((1, words), -1, dtype=torch.int32), 0)
 
 
-def _reply(backends: _Backends, name: str, spec: GrammarSpec) -> tuple:
+def validate(name: str, spec: GrammarSpec) -> None:
+    """Parse the spec as backend `name` would, without a tokenizer (ValueError if bad)."""
+    if name == "xgrammar":
+        from vllm.structured_output.backend_xgrammar import validate_xgrammar
+        validate_xgrammar(spec)
+    else:
+        from vllm.structured_output.backend_guidance import validate_guidance
+        validate_guidance(spec)
+
+
+def _reply(backends: _Backends, kind: str, name: str, spec: GrammarSpec) -> tuple:
     try:
-        probe_compile(backends.get(name), spec)
+        if kind == "validate":
+            validate(name, spec)
+        else:
+            probe_compile(backends.get(name), spec)
         return ("ok",)
     except ValueError as e:
         return ("error", str(e))
@@ -72,7 +90,40 @@ def _reply(backends: _Backends, name: str, spec: GrammarSpec) -> tuple:
         return ("error", f"the grammar could not be compiled: {type(e).__name__}: {e}")
 
 
+def _limit_cpu(seconds: float) -> None:
+    """Let this process use at most `seconds` more CPU time (the kernel ends it past
+    that): the parent's deadline holds even if the parent is gone."""
+    try:
+        import resource
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        used = usage.ru_utime + usage.ru_stime
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        soft = int(used + seconds) + 1
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _exit_with_parent() -> None:
+    """A thread that ends this process once its parent is gone (a compile holds the
+    main thread in native code, with the GIL released, for as long as it takes)."""
+    import os
+    import threading
+    import time
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="vllm-parent-watch", daemon=True).start()
+
+
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    _exit_with_parent()
     setup: CompilerSetup = read_message(stdin)
     backends = _Backends(setup)
     if setup.xgrammar_tokenizer_info is not None:
@@ -81,10 +132,11 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     write_message(stdout, "ready")
     while True:
         try:
-            name, spec = read_message(stdin)
+            kind, name, spec = read_message(stdin)
         except (EOFError, pickle.UnpicklingError):
             return
-        write_message(stdout, _reply(backends, name, spec))
+        _limit_cpu(2 * setup.max_seconds + 5)
+        write_message(stdout, _reply(backends, kind, name, spec))
 
 
 def main() -> None:

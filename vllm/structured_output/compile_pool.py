@@ -49,6 +49,9 @@ class CompilerSetup:
     max_memory_bytes: int
     """The parent's memory limit; the helper caps its address space well above it as a
     backstop for growth faster than the parent's polling."""
+    max_seconds: float
+    """The parent's time limit; the helper caps each job's CPU time above it, so a
+    compile ends even if the parent that watches it died."""
 
 
 @dataclass(eq=False)
@@ -71,16 +74,18 @@ class GrammarCompilePool:
     """Worker threads, each driving one helper process; jobs smallest first."""
 
     def __init__(self, limits: GrammarLimits, workers: int,
-                 compile_fn: Callable[[str, GrammarSpec], Any],
-                 helper_setup: Callable[[], CompilerSetup]) -> None:
-        """`compile_fn(backend, spec)`: the engine's own compile. `helper_setup()`: the
-        handshake of a new helper (a CompilerSetup), asked for in a
-        worker thread when the first helper starts."""
+                 compile_fn: Optional[Callable[[str, GrammarSpec], Any]],
+                 helper_setup: Callable[[], CompilerSetup], kind: str = "compile") -> None:
+        """`compile_fn(backend, spec)`: the engine's own compile, run once the helper's
+        fit the limits; None for a pool that only checks (kind "validate": the helpers
+        parse specs, a job's result is None). `helper_setup()`: the handshake of a new
+        helper (a CompilerSetup), asked for in a worker thread when the first starts."""
         if workers < 1:
             raise ValueError(f"VLLM_STRUCTURED_OUTPUT_COMPILE_WORKERS must be >= 1, got "
                              f"{workers}.")
         self.limits = limits
         self.workers = workers
+        self.kind = kind
         self._compile_fn = compile_fn
         self._helper_setup = helper_setup
         self._setup: Optional[CompilerSetup] = None
@@ -98,6 +103,10 @@ class GrammarCompilePool:
                ) -> concurrent.futures.Future:
         """Start compiling; the future holds the compiled grammar or a ValueError that
         names the limit it broke."""
+        if trusted and self._compile_fn is None:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(None)
+            return done
         if trusted:
             if self._direct is None:
                 self._direct = concurrent.futures.ThreadPoolExecutor(
@@ -198,6 +207,9 @@ class GrammarCompilePool:
                 self._finish(job, error=ValueError("the request went away"))
                 return
             job.in_engine = True
+        if self._compile_fn is None:
+            self._finish(job, result=None)
+            return
         try:
             result = self._compile_fn(job.backend, job.spec)
         except ValueError as e:
@@ -235,7 +247,7 @@ class GrammarCompilePool:
                 return "memory"
             return None
 
-        helper.send((job.backend, job.spec))
+        helper.send((self.kind, job.backend, job.spec))
         try:
             tag, reply = helper.wait_reply(time.monotonic() + timeout, _POLL_S, still_wanted)
         except (EOFError, OSError):
@@ -243,15 +255,16 @@ class GrammarCompilePool:
         if tag == "reply" and reply[0] != "memory":
             return None if reply[0] == "ok" else reply[1]
         self._replace_helper(slot)
+        what = "compiling" if self.kind == "compile" else "parsing"
         if tag == "reply" or tag == "memory":
-            return (f"compiling the grammar needed more than the limit of "
+            return (f"{what} the grammar needed more than the limit of "
                     f"{self.limits.compile_max_memory_mb} MiB of memory "
                     "(VLLM_STRUCTURED_OUTPUT_COMPILE_MAX_MEMORY_MB).")
         if tag == "timeout":
-            return (f"compiling the grammar took longer than the limit of {timeout:g} s "
+            return (f"{what} the grammar took longer than the limit of {timeout:g} s "
                     "(VLLM_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S).")
         if tag == "died":
-            return ("the grammar compiler process ended while compiling the grammar; the "
+            return (f"the grammar helper process ended while {what} the grammar; the "
                     "grammar is too large or too complex.")
         return None  # cancelled: the caller sees job.cancelled
 

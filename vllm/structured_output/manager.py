@@ -40,20 +40,21 @@ def select_backend(spec: GrammarSpec, configured: str) -> str:
 
 def validate_structured_outputs(params: StructuredOutputsParams,
                                 config: StructuredOutputsConfig) -> StructuredOutputRequest:
-    """Check a request's constraint without the tokenizer (cheap, in the frontend).
+    """Check a request's constraint without the tokenizer, in the frontend: its size
+    against the limits, then its parse (bounded, in a helper process; the verdict is
+    cached by spec, see validator.py).
 
     ValueError messages start with the field: `structured_outputs.json: invalid JSON
     schema: ...`.
     """
-    from vllm.structured_output.backend_guidance import validate_guidance
-    from vllm.structured_output.backend_xgrammar import validate_xgrammar
+    from vllm.structured_output.validator import get_validator
     field = f"structured_outputs.{params.kind}"
     try:
         spec = grammar_spec(params, config.disable_any_whitespace,
                             config.disable_additional_properties)
         check_spec_limits(spec, GrammarLimits.from_env())
         backend = select_backend(spec, config.backend)
-        (validate_xgrammar if backend == "xgrammar" else validate_guidance)(spec)
+        get_validator().check(backend, spec, trusted=spec in TRUSTED_SPECS)
     except ValueError as e:
         message = str(e)
         if not message.startswith("structured_outputs"):
@@ -128,7 +129,8 @@ class StructuredOutputManager:
             tokenizer_mode=self.model_config.tokenizer_mode,
             vocab_size=self.vocab_size, stop_token_ids=tuple(self._stop_token_ids),
             xgrammar_tokenizer_info=xgrammar.tokenizer_info_json() if xgrammar else None,
-            max_memory_bytes=self.limits.compile_max_memory_mb << 20)
+            max_memory_bytes=self.limits.compile_max_memory_mb << 20,
+            max_seconds=self.limits.compile_timeout_s)
 
     def _uses_xgrammar(self) -> bool:
         return self.config.backend in ("auto", "xgrammar")
