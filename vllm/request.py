@@ -71,7 +71,8 @@ class Request:
     """Tokens sampled by steps still running (async scheduling): scheduled for, not
     known yet. The workers feed them as inputs; the scheduler only counts them."""
     num_cached_tokens: int = -1
-    """Prompt tokens served from the prefix cache on first scheduling (-1 until then)."""
+    """Prompt tokens not computed here on first scheduling (-1 until then): local
+    prefix-cache hits plus tokens a KV connector loaded, as vLLM counts them."""
     stop_reason: Optional[int | str] = None
     block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0

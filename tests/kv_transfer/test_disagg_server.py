@@ -40,7 +40,8 @@ PLATFORMS = {
 def _server_args(model: str, kv_config: dict, max_num_seqs: int) -> list[str]:
     return ["--model", model, "--dtype", "float32", "--max-model-len", "512",
             "--max-num-seqs", str(max_num_seqs), "--kv-cache-memory-bytes", str(16 << 20),
-            "--disable-log-requests", "--kv-transfer-config", json.dumps(kv_config)]
+            "--disable-log-requests", "--enable-prompt-tokens-details",
+            "--kv-transfer-config", json.dumps(kv_config)]
 
 
 class Proxy:
@@ -148,6 +149,9 @@ def test_proxy_outputs_equal_one_instance_and_decode_computes_no_prompt(pd):
     assert grew["external_kv_transfer"] == sum(len(p) - 1 for p in prompts)
     assert grew["local_compute"] == len(prompts)  # the last prompt token only
     assert grew["local_cache_hit"] == 0
+    # vLLM's usage counts the loaded tokens as cached (local + external).
+    assert [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in answers] == \
+        [len(p) - 1 for p in prompts]
 
 
 def test_streamed_through_proxy_and_kv_transfer_params(pd):

@@ -402,7 +402,8 @@ class Scheduler:
                     request, num_computed - num_external)
             request.num_computed_tokens = num_computed
             if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_computed - num_external
+                # Local prefix-cache hits plus connector-loaded tokens, as vLLM counts.
+                request.num_cached_tokens = num_computed
             num_scheduled[request.request_id] = num_new
             budget -= num_new
             if request.lora_int_id:
@@ -540,7 +541,7 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None:
                 continue
-            local = max(request.num_cached_tokens, 0)
+            local = max(request.num_cached_tokens, 0) - request.num_external_computed_tokens
             self.kv_cache_manager.forget_blocks(
                 request, local, local + request.num_external_computed_tokens)
             (self.running if request in self.running else self.waiting).remove(request)

@@ -87,7 +87,7 @@ class PrometheusMetrics:
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.prompt_tokens_cached = counter(
             "vllm:prompt_tokens_cached",
-            "Number of prompt tokens served from the prefix cache instead of computed.")
+            "Number of cached prompt tokens (local prefix cache + external KV transfer).")
         self.generation_tokens = counter("vllm:generation_tokens",
                                          "Number of generation tokens processed.")
         self.num_preemptions = counter("vllm:num_preemptions",
@@ -195,9 +195,9 @@ class _RequestTimes:
     arrival: float
     prompt_len: int = 0
     cached: int = 0
-    """Prompt tokens served from the prefix cache."""
+    """Prompt tokens not computed: prefix-cache hits plus `external`."""
     external: int = 0
-    """Prompt tokens whose KV was loaded from another engine (KV transfer)."""
+    """Of those, the tokens whose KV was loaded from another engine (KV transfer)."""
     n: int = 1
     max_tokens: Optional[int] = None
     choices: dict[int, _ChoiceTimes] = field(default_factory=dict)
@@ -302,10 +302,11 @@ class StatsTracker:
             m.prompt_tokens.inc(n * times.prompt_len)
             m.prompt_tokens_cached.inc(n * times.cached)
             times.external = min(getattr(output, "num_external_computed_tokens", 0) or 0,
-                                 times.prompt_len - times.cached)
+                                 times.cached)
             m.prompt_tokens_by_source["local_compute"].inc(
-                n * (times.prompt_len - times.cached - times.external))
-            m.prompt_tokens_by_source["local_cache_hit"].inc(n * times.cached)
+                n * (times.prompt_len - times.cached))
+            m.prompt_tokens_by_source["local_cache_hit"].inc(
+                n * (times.cached - times.external))
             m.prompt_tokens_by_source["external_kv_transfer"].inc(n * times.external)
             self._window.prompt_tokens += n * times.prompt_len
             self._step_tokens += n * times.prompt_len
@@ -346,8 +347,7 @@ class StatsTracker:
             m.e2e_request_latency.observe((choice.finished or now) - times.arrival)
             m.request_prompt_tokens.observe(times.prompt_len)
             m.request_generation_tokens.observe(choice.generated)
-            m.request_prefill_kv_computed_tokens.observe(
-                times.prompt_len - times.cached - times.external)
+            m.request_prefill_kv_computed_tokens.observe(times.prompt_len - times.cached)
             m.request_num_preemptions.observe(preemptions)
             if times.max_tokens is not None:
                 m.request_params_max_tokens.observe(times.max_tokens)
