@@ -82,7 +82,9 @@ def test_builtin_hpu_platform_applies_the_settings_without_the_plugin(unset_sett
     unset_settings.setattr(vllm.plugins, "load_platform_plugin", lambda: None)
     platforms._reset_current_platform()
     try:
-        assert platforms.resolve_current_platform_cls_qualname() == hpu_plugin.HPU_PLATFORM
+        qualname = platforms.resolve_current_platform_cls_qualname()
+        assert qualname == hpu_plugin.HPU_PLATFORM
+        platforms._load_cls(qualname)()  # the platform, built: settings applied
     finally:
         platforms._reset_current_platform()
     assert _settings() == ["0", "true", None, True]

@@ -30,6 +30,12 @@ class HpuPlatform(Platform):
     supported_dtypes = (torch.bfloat16, torch.float32)
 
     def __init__(self) -> None:
+        # Gaudi's runtime settings, before the bridge is imported. The HPU build's
+        # platform plugin has applied them already; a platform chosen without it
+        # (VLLM_TARGET_DEVICE=hpu on another build) needs them all the same. A second
+        # call sets nothing.
+        from vllm.hpu.plugin import apply_runtime_settings
+        apply_runtime_settings()
         from vllm.hpu import habana
         self.is_fake = habana.is_fake_hpu()
         self.torch_device = habana.torch_device_type()

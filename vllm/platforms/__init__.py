@@ -66,15 +66,9 @@ def resolve_current_platform_cls_qualname() -> str:
     oot = load_platform_plugin()
     if oot is not None:
         return oot
-    builtin = _detect_builtin()
-    if builtin == "hpu":
-        # The HPU build's platform plugin applies Gaudi's runtime settings when it
-        # picks the platform; chosen here instead (no entry point: VLLM_TARGET_DEVICE=hpu
-        # on another build, or an HPU build off a Gaudi image), the platform needs them
-        # all the same, before any model code.
-        from vllm.hpu.plugin import apply_runtime_settings
-        apply_runtime_settings()
-    return _BUILTIN[builtin]
+    # A built-in HPU platform chosen here (no entry point: VLLM_TARGET_DEVICE=hpu on
+    # another build) applies Gaudi's runtime settings itself when built (HpuPlatform).
+    return _BUILTIN[_detect_builtin()]
 
 
 def _load_cls(qualname: str) -> type:
