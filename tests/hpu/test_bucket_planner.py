@@ -244,3 +244,50 @@ def test_recorded_trace_round_trip(tmp_path):
     rec.close()
     limits, passes = read_trace(str(path))
     assert limits == LIMITS and passes[0].real_tokens == 150 and passes[1].num_blocks == 3
+
+
+def test_a_server_warms_exactly_the_plan_buckets_with_prompt_context(caplog):
+    """Issue 54 item 2: a served 16-bucket plan became 64 prompt buckets, the server
+    adding context variants of each. A plan made for prompts with context is taken
+    as it is; only a plan without context buckets served where prompts have context
+    gets them added, with a warning that gives the count."""
+    prompt = [Bucket(1, 128, 0), Bucket(1, 128, 4), Bucket(4, 256, 0), Bucket(1, 512, 15)]
+    decode = [Bucket(1, 1, 4), Bucket(8, 1, 64)]
+    planned = BucketPlan(128, prompt, decode, use_prompt_context=True)
+    ctx = HPUBucketingContext(8, None, 128, 2048, 2048, num_kv_blocks=128,
+                              use_prompt_context=True, strategy="plan", plan=planned)
+    assert sorted(ctx.prompt_buckets) == sorted(prompt)
+    assert sorted(ctx.decode_buckets) == sorted(decode)
+    legacy = BucketPlan(128, [b for b in prompt if not b.num_blocks], decode)
+    with caplog.at_level("WARNING", logger="vllm"):
+        ctx = HPUBucketingContext(8, None, 128, 2048, 2048, num_kv_blocks=128,
+                                  use_prompt_context=True, strategy="plan", plan=legacy)
+    assert ctx.num_prompt_buckets > 2
+    assert f"its 2 prompt buckets become {ctx.num_prompt_buckets}" in caplog.text
+    # Through a plan file: the flag survives the round trip.
+    assert BucketPlan(**{**planned.__dict__}).to_json()["use_prompt_context"] is True
+
+
+def test_plan_prompt_phase_with_context_classes():
+    """Context classes share the bucket budget; each bucket's context is its class's
+    highest; more buckets never cost more; no context is plan_phase itself."""
+    from vllm.hpu.bucket_planner import plan_prompt_phase
+    points = {(1, 100, 0): 5, (2, 50, 0): 3, (1, 30, 4): 4, (3, 20, 4): 2, (1, 10, 8): 1}
+    costs = []
+    for k in range(3, 9):
+        buckets, cost, bound = plan_prompt_phase(points, k, 16)
+        assert len(buckets) <= k and bound == 1.0
+        for (b, q, c), n in points.items():  # every point covered
+            assert any(x.batch_size >= b and x.query_len >= q and x.num_blocks >= c
+                       for x in buckets)
+        replay = sum(n * min(x.batch_size * (x.query_len + x.num_blocks * 16)
+                             for x in buckets if x.batch_size >= b and x.query_len >= q
+                             and x.num_blocks >= c) for (b, q, c), n in points.items())
+        assert replay <= cost
+        costs.append(cost)
+    assert costs == sorted(costs, reverse=True)
+    assert costs[-1] == sum(n * b * (q + c * 16) for (b, q, c), n in points.items())
+    plain = {(b, q, 0): n for (b, q, _), n in points.items()}
+    buckets, cost, _ = plan_prompt_phase(plain, 3, 16)
+    ref = plan_phase({(b, q): n for (b, q, _), n in plain.items()}, 3, prompt_group_cost)
+    assert cost == ref.cost and buckets == [Bucket(b, q, 0) for b, q in ref.buckets]

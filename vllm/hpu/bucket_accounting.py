@@ -18,6 +18,7 @@ from vllm import envs
 from vllm.hpu.bucket_trace import EngineLimits, TracePass, TraceRecorder
 from vllm.hpu.bucketing import Bucket, HPUBucketingContext
 from vllm.hpu.padding_cost import DECODE_ROW_WEIGHT, PaddingStats, decode_cost, prompt_cost
+from vllm.hpu.prompt_grouping import resolve_pass_overhead
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +34,21 @@ class BucketAccounting:
         self.fallback_passes = 0
         self.recorder: Optional[TraceRecorder] = None
         if record_trace and envs.VLLM_BUCKET_TRACE:
-            self.recorder = TraceRecorder(envs.VLLM_BUCKET_TRACE, EngineLimits(
-                bucketing.block_size, bucketing.max_num_seqs,
-                bucketing.max_num_batched_tokens, bucketing.max_model_len,
-                bucketing.max_num_prefill_seqs))
+            self.recorder = TraceRecorder(envs.VLLM_BUCKET_TRACE, self.trace_limits)
+
+    def trace_limits(self) -> EngineLimits:
+        """The trace's header: the limits and the grid the server runs (its warmed
+        buckets, without the fallbacks serving added: a replay adds them again at the
+        same passes), so the planner replays against the server's real buckets."""
+        b = self.bucketing
+        fallback = set(b.fallback_buckets)
+        return EngineLimits(
+            b.block_size, b.max_num_seqs, b.max_num_batched_tokens, b.max_model_len,
+            b.max_num_prefill_seqs, use_prompt_context=b.use_prompt_context,
+            num_kv_blocks=b.num_kv_blocks, strategy=b.strategy,
+            prompt_pass_overhead=resolve_pass_overhead(b.plan),
+            prompt_buckets=tuple(x for x in b.prompt_buckets if x not in fallback),
+            decode_buckets=tuple(x for x in b.decode_buckets if x not in fallback))
 
     def prompt_set(self, query_lens: list[int], ctx_blocks: list[int]) -> None:
         """A step's prompts of one dependency level, before they are split into passes

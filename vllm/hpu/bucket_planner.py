@@ -5,9 +5,17 @@
 
 reads a traffic trace (`bucket_trace.py`: recorded by a server with
 `VLLM_BUCKET_TRACE=path`, or a ShareGPT-like JSON), chooses at most N prompt and N
-decode buckets, prints the expected padding waste of today's default (exponential)
-buckets and of the plan at the same bucket count, and writes the plan; a server
-takes it with `VLLM_BUCKET_PLAN=plan.json` (strategy `plan`).
+decode buckets, prints the expected padding waste of the traced server's own buckets
+(the trace's header records them; today's default exponential buckets for a trace
+without them) and of the plan at the same bucket count, and writes the plan; a
+server takes it with `VLLM_BUCKET_PLAN=plan.json` (strategy `plan`) and warms
+exactly the buckets printed.
+
+Prefix caching (on by default) gives a prompt context blocks: its cached prefix,
+read by attention but not computed again. The trace records each prompt's query
+(the tokens computed) and context; a replay pads both as the server does, and where
+the server's prompts have context the plan's prompt buckets have that dimension too
+(`plan_prompt_phase`), within the same bucket budget.
 
 Cost model (`padding_cost.py`): a prompt pass in bucket (B, Q) computes B * Q token
 slots; a decode pass in bucket (B, N) costs B * row_weight + N * block_size.
@@ -147,10 +155,25 @@ class PhasePlan:
     ratio_bound: float
 
 
-def plan_phase(points: dict[tuple[int, int], int], max_buckets: int, group_cost: GroupCost,
-               max_candidates: int = MAX_CANDIDATES) -> PhasePlan:
-    """Exact least-cost (batch size, length) buckets for `points` ((b, v) -> passes;
-    a point with 0 passes must still be covered), at most `max_buckets` of them."""
+@dataclass
+class _PhaseTable:
+    """The outer DP of `plan_phase`: best[j, u] is the least cost of the batch sizes
+    below candidate j with exactly u buckets; `back` its choices."""
+    best: np.ndarray
+    back: dict[tuple[int, int], tuple[int, int]]
+    bs_cand: list[int]
+    vals: np.ndarray
+    counts: np.ndarray
+    present: np.ndarray
+    ratio_bound: float
+
+    def cost_by_count(self) -> np.ndarray:
+        """Least cost with at most k buckets, k = 0..K (inf where none fits)."""
+        return np.minimum.accumulate(self.best[len(self.bs_cand)])
+
+
+def _phase_table(points: dict[tuple[int, int], int], max_buckets: int,
+                 group_cost: GroupCost, max_candidates: int) -> _PhaseTable:
     if max_buckets < 1:
         raise ValueError(f"max_buckets must be >= 1, got {max_buckets}.")
     bs_cand, r_b = geometric_candidates(sorted({b for b, _ in points}), max_candidates)
@@ -189,20 +212,105 @@ def plan_phase(points: dict[tuple[int, int], int], max_buckets: int, group_cost:
             for u in np.flatnonzero(better):
                 best[j, u] = cand[u]
                 back[(j, int(u))] = (i, int(arg[u]) + 1)
-    u = int(np.argmin(best[m]))
-    if not np.isfinite(best[m, u]):
+    return _PhaseTable(best, back, bs_cand, vals, counts, present, r_b * r_v)
+
+
+def plan_phase(points: dict[tuple[int, int], int], max_buckets: int, group_cost: GroupCost,
+               max_candidates: int = MAX_CANDIDATES) -> PhasePlan:
+    """Exact least-cost (batch size, length) buckets for `points` ((b, v) -> passes;
+    a point with 0 passes must still be covered), at most `max_buckets` of them."""
+    t = _phase_table(points, max_buckets, group_cost, max_candidates)
+    m = len(t.bs_cand)
+    u = int(np.argmin(t.best[m]))
+    if not np.isfinite(t.best[m, u]):
         raise ValueError("no plan fits: more batch sizes than buckets; raise --max-buckets.")
-    total_cost, buckets, j = float(best[m, u]), [], m
+    total_cost, buckets, j = float(t.best[m, u]), [], m
+    while j > 0:
+        i, k = t.back[(j, u)]
+        sel_rows = slice(i, j)
+        gp = t.present[sel_rows].any(axis=0)
+        gc = t.counts[sel_rows].sum(axis=0)
+        sel = np.flatnonzero(gp)
+        _, choices = ladder_costs(t.vals[sel], gc[sel], k)
+        buckets += [(t.bs_cand[j - 1], v) for v in ladder_values(t.vals[sel], choices, k)]
+        j, u = i, u - k
+    return PhasePlan(sorted(buckets), total_cost, t.ratio_bound)
+
+
+MAX_CTX_CANDIDATES = 6
+"""Context values a prompt plan considers (geometric over the trace's, like the other
+dimensions' candidates): each range of them is planned as one class."""
+
+
+def plan_prompt_phase(points: dict[tuple[int, int, int], int], max_buckets: int,
+                      block_size: int, max_candidates: int = MAX_CANDIDATES,
+                      max_ctx_candidates: int = MAX_CTX_CANDIDATES) -> tuple[list[Bucket],
+                                                                               float, float]:
+    """Least-cost prompt buckets (b, query, context blocks) for `points`, at most
+    `max_buckets` in all; returns (buckets, cost, optimality bound).
+
+    With prefix caching a prompt pass has context blocks (its cached prefix, read,
+    not computed again); the server's buckets have that dimension, so the plan has
+    it too. The passes are split into classes by context (contiguous ranges of the
+    candidate context values; a class's buckets all have its highest value C), each
+    class is planned in (b, query) by `plan_phase` with cost b * (query + C *
+    block_size) per pass, and the bucket budget is shared out between the classes by
+    a DP over the sorted context values (each class costs its plan's cost for every
+    bucket count). Without context this is `plan_phase` itself.
+    """
+    ctx_values = sorted({c for _, _, c in points})
+    if ctx_values == [0]:
+        p = plan_phase({(b, q): n for (b, q, _), n in points.items()}, max_buckets,
+                       prompt_group_cost, max_candidates)
+        return [Bucket(b, q, 0) for b, q in p.buckets], p.cost, p.ratio_bound
+    cands, r_c = geometric_candidates(ctx_values, max_ctx_candidates)
+    by_cand: list[dict[tuple[int, int], int]] = [{} for _ in cands]
+    for (b, q, c), n in points.items():
+        group = by_cand[cands.index(_round_up(c, cands))]
+        group[(b, q)] = group.get((b, q), 0) + n
+    n, K = len(cands), max_buckets
+
+    def class_points(i: int, j: int) -> dict[tuple[int, int], int]:
+        merged: dict[tuple[int, int], int] = {}
+        for group in by_cand[i:j]:
+            for key, count in group.items():
+                merged[key] = merged.get(key, 0) + count
+        return merged
+
+    def class_cost(j: int) -> GroupCost:
+        ctx_tokens = cands[j - 1] * block_size
+        return lambda b, count, f: b * f + b * count * ctx_tokens
+
+    table: dict[tuple[int, int], np.ndarray] = {}
+    bound = 1.0
+    for i in range(n):
+        for j in range(i + 1, n + 1):
+            t = _phase_table(class_points(i, j), K, class_cost(j), max_candidates)
+            table[(i, j)] = t.cost_by_count()
+            bound = max(bound, t.ratio_bound)
+    best = np.full((n + 1, K + 1), INF)
+    best[0, 0] = 0.0
+    back: dict[tuple[int, int], tuple[int, int]] = {}
+    for j in range(1, n + 1):
+        for i in range(j):
+            costs = table[(i, j)]
+            for u in range(1, K + 1):
+                for k in range(1, u + 1):
+                    total = best[i, u - k] + costs[k]
+                    if total < best[j, u]:
+                        best[j, u], back[(j, u)] = total, (i, k)
+    u = int(np.argmin(best[n]))
+    if not np.isfinite(best[n, u]):
+        raise ValueError("no plan fits: more batch sizes and context classes than buckets; "
+                         "raise --max-buckets.")
+    buckets: list[Bucket] = []
+    j = n
     while j > 0:
         i, k = back[(j, u)]
-        sel_rows = slice(i, j)
-        gp = present[sel_rows].any(axis=0)
-        gc = counts[sel_rows].sum(axis=0)
-        sel = np.flatnonzero(gp)
-        _, choices = ladder_costs(vals[sel], gc[sel], k)
-        buckets += [(bs_cand[j - 1], v) for v in ladder_values(vals[sel], choices, k)]
+        p = plan_phase(class_points(i, j), k, class_cost(j), max_candidates)
+        buckets += [Bucket(b, q, cands[j - 1]) for b, q in p.buckets]
         j, u = i, u - k
-    return PhasePlan(sorted(buckets), total_cost, r_b * r_v)
+    return sorted(buckets), float(best[n].min()), bound * r_c
 
 
 def prompt_group_cost(b: int, count: float, f: np.ndarray) -> np.ndarray:
@@ -232,6 +340,10 @@ class BucketPlan:
     predicted_waste: dict = field(default_factory=dict)
     predicted_rounding_waste: dict = field(default_factory=dict)
     optimality_bound: float = 1.0
+    use_prompt_context: Optional[bool] = None
+    """Planned for prompts with context blocks (prefix caching, chunked prefill): its
+    prompt buckets have them, and a server giving prompts context warms exactly
+    these buckets. None: a plan file from before context was planned."""
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -271,7 +383,9 @@ def load_plan(path: str) -> BucketPlan:
                                   else int(d["prompt_pass_overhead"])),
             predicted_waste=dict(d.get("predicted_waste", {})),
             predicted_rounding_waste=dict(d.get("predicted_rounding_waste", {})),
-            optimality_bound=float(d.get("optimality_bound", 1.0)))
+            optimality_bound=float(d.get("optimality_bound", 1.0)),
+            use_prompt_context=(None if d.get("use_prompt_context") is None
+                                else bool(d["use_prompt_context"])))
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"VLLM_BUCKET_PLAN={path!r}: malformed plan ({e}).") from None
     if not plan.prompt_buckets or not plan.decode_buckets:
@@ -305,14 +419,16 @@ def budget_covering(limits: EngineLimits) -> Covering:
 
 def trace_points(passes: list[TracePass], covering: Optional[Covering] = None,
                  overhead: int = 0, block_size: int = 0) -> tuple[Counter, Counter]:
-    """(b, query) passes of plain prompts and (b, blocks) passes of decodes; prompt
-    sets are split against `covering` first (None: counted as one pass each)."""
+    """(b, query, context blocks) passes of prompts and (b, blocks) passes of decodes;
+    prompt sets are split against `covering` first (None: counted as one pass each).
+    A prompt's context is its cached prefix (or earlier chunks): the tokens the pass
+    reads but does not compute, and the server's third bucket dimension."""
     prompt: Counter = Counter()
     for p in passes:
         if p.phase != "prompt":
             continue
         runs = [p] if covering is None else split_prompts(p, covering, block_size, overhead)
-        prompt.update((r.batch_size, r.query_len) for r in runs if r.num_blocks == 0)
+        prompt.update((r.batch_size, r.query_len, r.num_blocks) for r in runs)
     decode = Counter((p.batch_size, p.num_blocks) for p in passes if p.phase == "decode")
     return prompt, decode
 
@@ -380,13 +496,42 @@ def evaluate(ctx: HPUBucketingContext, passes: list[TracePass],
     return ev
 
 
+def _num_kv_blocks(limits: EngineLimits) -> int:
+    """The traced server's KV blocks, else what the limits' sequences can use."""
+    return limits.num_kv_blocks or limits.max_num_seqs * -(-limits.max_model_len //
+                                                           limits.block_size)
+
+
+def server_context(limits: EngineLimits) -> Optional[HPUBucketingContext]:
+    """Exactly the buckets the traced server ran with (the trace's header), or None
+    for a trace without them (simulated, or recorded before they were)."""
+    if not (limits.prompt_buckets and limits.decode_buckets):
+        return None
+    grid = BucketPlan(limits.block_size, list(limits.prompt_buckets),
+                      list(limits.decode_buckets),
+                      prompt_pass_overhead=limits.prompt_pass_overhead,
+                      use_prompt_context=limits.use_prompt_context)
+    return _context(limits, "plan", grid)
+
+
 def default_context(limits: EngineLimits, strategy: str = "exp") -> HPUBucketingContext:
-    """Today's buckets for these limits (decode blocks up to what the trace can need)."""
-    num_kv_blocks = limits.max_num_seqs * -(-limits.max_model_len // limits.block_size)
+    """The baseline a plan is compared with: the traced server's own buckets when the
+    trace records them (prompt context and KV size included: a replay then pads
+    exactly as the server did); else `strategy`'s buckets for these limits, with
+    context buckets where the limits say prompts have context."""
+    return server_context(limits) or _context(limits, strategy)
+
+
+def _context(limits: EngineLimits, strategy: str,
+             plan: Optional[BucketPlan] = None) -> HPUBucketingContext:
+    num_kv_blocks = _num_kv_blocks(limits)
+    if plan is not None and limits.num_kv_blocks is None:
+        num_kv_blocks = max(num_kv_blocks, max(b.num_blocks for b in plan.decode_buckets))
     return HPUBucketingContext(limits.max_num_seqs, limits.max_num_prefill_seqs,
                                limits.block_size, limits.max_num_batched_tokens,
                                limits.max_model_len, num_kv_blocks=num_kv_blocks,
-                               use_prompt_context=False, strategy=strategy)
+                               use_prompt_context=limits.use_prompt_context,
+                               strategy=strategy, plan=plan)
 
 
 def make_plan(passes: list[TracePass], limits: EngineLimits, max_prompt_buckets: int,
@@ -397,17 +542,26 @@ def make_plan(passes: list[TracePass], limits: EngineLimits, max_prompt_buckets:
 
     `cover_limits` adds passes of weight 0 that the plan must cover, so that traffic
     unlike the trace still finds a warmed bucket (never a compile while serving): a
-    lone prompt of the longest chunk, a full prompt batch within the token budget (a
-    prompt batch no bucket covers is split by the runner), and the largest decode
-    batch the limits allow (a decode batch cannot be split). `overhead`: the cost of
-    a prompt pass (None: VLLM_PROMPT_PASS_OVERHEAD_TOKENS or the default).
+    lone prompt of the longest chunk (with the most context blocks too, where prompts
+    have context), a full prompt batch within the token budget (a prompt batch no
+    bucket covers is split by the runner), and the largest decode batch the limits
+    and the KV cache allow (a decode batch cannot be split). `overhead`: the cost of
+    a prompt pass (None: VLLM_PROMPT_PASS_OVERHEAD_TOKENS, the traced server's, or the
+    default).
+
+    Where the traced server gave prompts context (prefix caching on, the default),
+    the prompt buckets are planned with their context dimension (`plan_prompt_phase`)
+    within the same budget, and the plan says so: a server warms exactly its buckets.
     """
-    overhead = resolve_pass_overhead() if overhead is None else overhead
+    if overhead is None:  # the traced server's grid carries the overhead it split with
+        baseline = server_context(limits)
+        overhead = resolve_pass_overhead(baseline.plan if baseline is not None else None)
     bsz = limits.block_size
     _, decode_pts = trace_points(passes)
     if cover_limits:
-        decode_pts.setdefault((limits.max_num_seqs, limits.max_num_seqs * -(
-            -limits.max_model_len // limits.block_size)), 0)
+        decode_pts.setdefault((limits.max_num_seqs, min(_num_kv_blocks(limits),
+                                                        limits.max_num_seqs * -(
+            -limits.max_model_len // limits.block_size))), 0)
     if not decode_pts:
         raise ValueError("the trace needs plain prompt passes and decode passes to plan both.")
     d = plan_phase(dict(decode_pts), max_decode_buckets, decode_group_cost(bsz, row_weight),
@@ -422,10 +576,12 @@ def make_plan(passes: list[TracePass], limits: EngineLimits, max_prompt_buckets:
         if not prompt_pts:
             raise ValueError("the trace needs plain prompt passes and decode passes to plan "
                              "both.")
-        p = plan_phase(dict(prompt_pts), max_prompt_buckets, prompt_group_cost, max_candidates)
-        plan = BucketPlan(bsz, [Bucket(b, q, 0) for b, q in p.buckets], decode_buckets,
+        prompt_buckets, _, bound = plan_prompt_phase(dict(prompt_pts), max_prompt_buckets,
+                                                     bsz, max_candidates)
+        plan = BucketPlan(bsz, prompt_buckets, decode_buckets,
                           decode_row_weight=row_weight, prompt_pass_overhead=overhead,
-                          optimality_bound=max(p.ratio_bound, d.ratio_bound))
+                          optimality_bound=max(bound, d.ratio_bound),
+                          use_prompt_context=limits.use_prompt_context)
         ev = evaluate(plan_context(plan, limits), passes, row_weight, overhead=overhead)
         if best is not None and ev.prompt_objective >= best[1].prompt_objective:
             break
@@ -442,18 +598,17 @@ def make_plan(passes: list[TracePass], limits: EngineLimits, max_prompt_buckets:
 
 def _add_limit_points(prompt_pts: Counter, limits: EngineLimits) -> None:
     longest = min(limits.max_num_batched_tokens, limits.max_model_len)
-    prompt_pts.setdefault((1, longest), 0)
+    prompt_pts.setdefault((1, longest, 0), 0)
+    if limits.max_ctx_blocks:
+        prompt_pts.setdefault((1, longest, limits.max_ctx_blocks), 0)
     full = limits.prefill_seqs
-    prompt_pts.setdefault((full, max(1, min(longest, limits.max_num_batched_tokens // full))), 0)
+    prompt_pts.setdefault((full, max(1, min(longest, limits.max_num_batched_tokens // full)),
+                           0), 0)
 
 
 def plan_context(plan: BucketPlan, limits: EngineLimits) -> HPUBucketingContext:
-    num_kv_blocks = max(max(b.num_blocks for b in plan.decode_buckets),
-                        limits.max_num_seqs * -(-limits.max_model_len // limits.block_size))
-    return HPUBucketingContext(limits.max_num_seqs, limits.max_num_prefill_seqs,
-                               limits.block_size, limits.max_num_batched_tokens,
-                               limits.max_model_len, num_kv_blocks=num_kv_blocks,
-                               use_prompt_context=False, strategy="plan", plan=plan)
+    """The buckets a server with these limits runs for `plan`."""
+    return _context(limits, "plan", plan)
 
 
 def warmup_seconds_to_buckets(budget_s: float, seconds_per_bucket: float) -> int:
@@ -519,13 +674,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f"trace: {sum(p.phase == 'prompt' for p in passes)} prompt lines (a step's "
           f"prompts, or a pass of a version-1 trace), "
           f"{sum(p.phase == 'decode' for p in passes)} decode passes")
-    print(f"default exp buckets: {base_prompt} prompt, {base_decode} decode;"
+    label = (f"traced server's buckets ({limits.strategy or 'exp'}"
+             f"{', prompt context' if limits.use_prompt_context else ''})"
+             if server_context(limits) is not None else "default exp buckets")
+    print(f"{label}: {base_prompt} prompt, {base_decode} decode;"
           f" padding waste prompt {base_ev.waste['prompt']:.1%}, decode "
           f"{base_ev.waste['decode']:.1%} (bucket rounding alone: prompt "
           f"{base_ev.rounding_waste['prompt']:.1%}; {base_ev.passes['prompt']} prompt passes;"
           f" {base_ev.fallbacks} fallback buckets)")
-    plan_ev = evaluate(plan_context(plan, limits), passes, args.decode_row_weight)
-    print(f"plan: {len(plan.prompt_buckets)} prompt, {len(plan.decode_buckets)} decode; "
+    served = plan_context(plan, limits)  # what a server with these limits warms
+    n_served = (served.num_prompt_buckets, served.num_decode_buckets)
+    plan_ev = evaluate(served, passes, args.decode_row_weight)
+    print(f"plan: {n_served[0]} prompt, {n_served[1]} decode (a server warms exactly these"
+          f"{', context buckets included' if limits.use_prompt_context else ''}); "
           f"padding waste prompt {plan.predicted_waste['prompt']:.1%}, decode "
           f"{plan.predicted_waste['decode']:.1%} (bucket rounding alone: prompt "
           f"{plan.predicted_rounding_waste['prompt']:.1%}; {plan_ev.passes['prompt']} prompt "

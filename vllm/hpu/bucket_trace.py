@@ -1,6 +1,8 @@
 """Traffic traces for the bucket planner: the shapes of the passes a server ran.
 
-A trace is JSON lines: a header with the engine limits, then one line per decode
+A trace is JSON lines: a header with the engine limits (and, from a server, what
+decides its buckets: whether prompts have context, its KV blocks, and the buckets it
+warmed), then one line per decode
 pass and per set of prompts, `{"phase": "prompt"|"decode", "batch_size", "query_len",
 "num_blocks", "real_tokens"}` with the shape the runner asked a bucket for (before
 padding) and, for prompts, the real token slots (query plus context of every
@@ -25,8 +27,10 @@ import logging
 import math
 import os
 import threading
-from dataclasses import asdict, dataclass
-from typing import IO, Any, Optional
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, Callable, Optional, Union
+
+from vllm.hpu.bucketing import Bucket
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +47,34 @@ class EngineLimits:
     max_num_batched_tokens: int
     max_model_len: int
     max_num_prefill_seqs: Optional[int] = None
+    use_prompt_context: bool = False
+    """Prompts can have context blocks (prefix-cache hits, later chunks): the server's
+    prompt buckets then have a context dimension, and so must a plan's."""
+    num_kv_blocks: Optional[int] = None
+    """The traced server's KV blocks (its decode buckets stop there); None: unknown."""
+    strategy: str = ""
+    prompt_pass_overhead: Optional[int] = None
+    """The per-pass cost the traced server split prompts with (None: the default)."""
+    prompt_buckets: tuple[Bucket, ...] = field(default=(), repr=False)
+    decode_buckets: tuple[Bucket, ...] = field(default=(), repr=False)
+    """The buckets the traced server ran with (`strategy`'s, after its warmup): the
+    planner replays the trace against exactly these. Empty: not recorded (a
+    simulated trace, or an older one)."""
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_buckets", "decode_buckets"):
+            object.__setattr__(self, name, tuple(Bucket(*map(int, b))
+                                                 for b in getattr(self, name)))
 
     @property
     def prefill_seqs(self) -> int:
         return self.max_num_prefill_seqs or min(self.max_num_seqs, 64)
+
+    @property
+    def max_ctx_blocks(self) -> int:
+        """Most context blocks a prompt can have (one new token follows them)."""
+        return -(-(self.max_model_len - 1) // self.block_size) if self.use_prompt_context \
+            else 0
 
 
 @dataclass(frozen=True)
@@ -93,27 +121,43 @@ class TracePass:
 
 
 class TraceRecorder:
-    """Appends the runner's passes to a trace file (header first)."""
+    """Appends the runner's passes to a trace file (header first).
 
-    def __init__(self, path: str, limits: EngineLimits) -> None:
+    `limits` may be a function: the header is then written at the first pass, when
+    the server's buckets are all known (the decode buckets wait for the KV cache's
+    size, the warmup may drop cold ones)."""
+
+    def __init__(self, path: str,
+                 limits: Union[EngineLimits, Callable[[], EngineLimits]]) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._limits = limits
         self._file: IO[str] = open(path, "w", encoding="utf-8")
-        self._file.write(json.dumps({"format": TRACE_FORMAT, "version": TRACE_VERSION,
-                                     **asdict(limits)}) + "\n")
-        self._file.flush()
+        self._header_written = False
         logger.info("Recording the bucket trace to %s.", path)
+
+    def _write_header(self) -> None:
+        if self._header_written:
+            return
+        self._header_written = True
+        limits = self._limits() if callable(self._limits) else self._limits
+        header = {k: v for k, v in asdict(limits).items() if v not in ((), None, "")}
+        self._file.write(json.dumps({"format": TRACE_FORMAT, "version": TRACE_VERSION,
+                                     **header}) + "\n")
 
     def record(self, p: TracePass) -> None:
         with self._lock:
             if not self._file.closed:
+                self._write_header()
                 line = {k: v for k, v in asdict(p).items() if v != ()}
                 self._file.write(json.dumps(line) + "\n")
                 self._file.flush()
 
     def close(self) -> None:
         with self._lock:
-            self._file.close()
+            if not self._file.closed:
+                self._write_header()
+                self._file.close()
 
 
 def read_trace(path: str, limits: Optional[EngineLimits] = None

@@ -16,7 +16,7 @@ before). Prompt buckets are the grid of bs x query x ctx values that some real b
 can need (see `_prompt_fits`); decode buckets the grid of bs x blocks with at least
 one block per sequence. `plan` takes the buckets of a plan file
 (`VLLM_BUCKET_PLAN`, from `python -m vllm.hpu.bucket_planner`) instead of the 12
-range knobs (the exponential context values aside, see `_plan_prompt_buckets`).
+range knobs, exactly (see `_plan_prompt_buckets` for a plan without context buckets).
 `VLLM_EXPONENTIAL_BUCKETING` is the strategy's deprecated alias.
 """
 from __future__ import annotations
@@ -401,16 +401,33 @@ class HPUBucketingContext:
         return self.prompt_buckets
 
     def _plan_prompt_buckets(self, ctx_values: list[int], query_cap: int) -> list[Bucket]:
-        """The plan's buckets; with prompt context, each also at the context values of
-        the exponential range that a batch in it can have (the planner plans plain
-        prompts only)."""
+        """Exactly the plan's buckets: the server warms what the planner printed.
+
+        A plan made for prompts with context (from a trace of a server with prefix
+        caching, the default) has its context buckets already. A plan without them
+        (planned for prompts without context, or a plan file from before the planner
+        planned context) on a server whose prompts have context would send every
+        prefix-cache hit to a compile, so each of its buckets is also added at the
+        context values of the exponential range a batch in it can have, with a
+        warning that says how many buckets that makes."""
         assert self.plan is not None
         buckets = set(self.plan.prompt_buckets)
+        if not self.use_prompt_context or self.plan.use_prompt_context:
+            if self.plan.use_prompt_context and not self.use_prompt_context:
+                logger.warning("The bucket plan was made for prompts with context (prefix "
+                               "caching or chunked prefill); this server gives prompts "
+                               "none, so its context buckets are warmed for nothing.")
+            return list(buckets)
         for b in self.plan.prompt_buckets:
             for c_prev, c in _with_previous([v for v in ctx_values if v > 0]):
                 if self._prompt_fits(Bucket(b.batch_size, b.query_len, c), 0, c_prev,
                                      max(query_cap, b.query_len)):
                     buckets.add(Bucket(b.batch_size, b.query_len, c))
+        logger.warning("The bucket plan has no context buckets but this server gives "
+                       "prompts context (prefix caching or chunked prefill): its %d prompt "
+                       "buckets become %d with context values added. Plan from a trace of "
+                       "this server (VLLM_BUCKET_TRACE) to warm only the planned buckets.",
+                       len(self.plan.prompt_buckets), len(buckets))
         return list(buckets)
 
     def _query_cap(self, seq_values: list[int]) -> int:
