@@ -184,10 +184,18 @@ def test_echo_with_max_tokens_zero_returns_the_prompt_scored(http):
     assert lp["token_logprobs"][0] is None and len(lp["token_logprobs"]) >= 5
     assert all(isinstance(x, float) for x in lp["token_logprobs"][1:])
     assert "".join(lp["tokens"]) == "The cat sat on the mat"
-    assert out["usage"]["completion_tokens"] == 0
-    events = _events(http, "/v1/completions", body)
+    # vLLM counts the one token its engine computed (and leaves out of the text).
+    assert out["usage"]["completion_tokens"] == 1
+    # echo + logprobs fill vLLM's prompt_logprobs extension: one entry per prompt
+    # token, the first None.
+    prompt_lp = choice["prompt_logprobs"]
+    assert prompt_lp[0] is None and len(prompt_lp) == len(lp["tokens"])
+    assert all(isinstance(step, dict) and step for step in prompt_lp[1:])
+    events = _events(http, "/v1/completions", {**body, "stream_options": {
+        "include_usage": True}})
     text = "".join(c["text"] for e in events for c in e["choices"])
     assert text == "The cat sat on the mat"
+    assert events[-1]["usage"]["completion_tokens"] == 1
     # Without echo, max_tokens 0 stays an error.
     r = http.post("/v1/completions", json={**body, "echo": False})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"

@@ -5,7 +5,6 @@ Choice indices run prompt-major: prompt i's j-th completion is choice i * n + j,
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import time
 from typing import Any, AsyncIterator, Optional, Union
@@ -40,8 +39,9 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.echo and request.logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = request.logprobs
         # echo with max_tokens 0 (log-likelihood scoring, e.g. lm-eval): the prompt and its
-        # logprobs only. The engine computes one token, which the response leaves out.
-        echo_only = bool(request.echo) and request.max_tokens == 0
+        # logprobs only. The engine computes one token, which the response leaves out
+        # but counts in usage, as vLLM does.
+        echo_only = _echo_only(request)
         params = await self.sampling_params(
             request, max_tokens=1 if echo_only else request.max_tokens,
             logprobs=request.logprobs, prompt_logprobs=prompt_logprobs,
@@ -63,8 +63,6 @@ class OpenAIServingCompletion(OpenAIServing):
                 raise self.engine_error(errors[0], "prompt", "prompt") from errors[0]
             raise errors[0]
         iterators = [self.engine.iterate(s) for s in streams]
-        if echo_only:
-            iterators = [_without_generation(it) for it in iterators]
         if request.stream and (request.stream_interval or 1) > 1:
             iterators = [batch_stream(it, request.stream_interval) for it in iterators]
         created = int(time.time())
@@ -175,6 +173,7 @@ class OpenAIServingCompletion(OpenAIServing):
         choices = []
         prompt_tokens = completion_tokens = cached_tokens = 0
         with_ids = bool(request.return_token_ids)
+        echo_only = _echo_only(request)
         for i, (prompt, final) in enumerate(zip(prompts, finals)):
             self.check_generation_error(final)
             prompt_tokens += len(prompt.token_ids)
@@ -182,6 +181,8 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_text = self._prompt_text(prompt) if request.echo else ""
             for c in sorted(final.outputs, key=lambda c: c.index):
                 completion_tokens += len(c.token_ids)
+                if echo_only:
+                    c = _prompt_only(c)
                 logprobs = None
                 if request.logprobs is not None:
                     logprobs = self._logprobs(request, prompt, final, c, prompt_text)
@@ -189,8 +190,10 @@ class OpenAIServingCompletion(OpenAIServing):
                     index=i * request.n + c.index, text=prompt_text + c.text,
                     logprobs=logprobs, finish_reason=c.finish_reason,
                     stop_reason=c.stop_reason,
+                    # vLLM returns whatever prompt logprobs the engine computed: asked
+                    # for, or implied by echo + logprobs.
                     prompt_logprobs=(self.prompt_logprobs_json(final.prompt_logprobs)
-                                     if request.prompt_logprobs is not None else None),
+                                     if final.prompt_logprobs is not None else None),
                     prompt_token_ids=list(prompt.token_ids) if with_ids else None,
                     token_ids=list(c.token_ids) if with_ids else None))
         return CompletionResponse(
@@ -222,6 +225,7 @@ class OpenAIServingCompletion(OpenAIServing):
         as_ids = bool(request.return_tokens_as_token_ids)
         with_ids = bool(request.return_token_ids)
         ids_sent = [False] * (len(prompts) * n)  # prompt_token_ids go in the first chunk
+        echo_only = _echo_only(request)
         try:
             async for i, output in merge_async_iterators(*iterators):
                 self.check_generation_error(output)
@@ -229,6 +233,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 for c in output.outputs:
                     index = i * n + c.index
                     completion_tokens[index] += len(c.token_ids)
+                    if echo_only:
+                        c = _prompt_only(c)
                     new_ids = list(c.token_ids)
                     text = c.text
                     token_ids, steps = list(c.token_ids), list(c.logprobs or [])
@@ -272,15 +278,14 @@ class OpenAIServingCompletion(OpenAIServing):
         yield SSE_DONE
 
 
-async def _without_generation(outputs: AsyncIterator[RequestOutput]
-                              ) -> AsyncIterator[RequestOutput]:
-    """The outputs with every completion emptied (text, tokens, logprobs): echo with
-    max_tokens 0 returns the prompt alone, finished for length, as vLLM does."""
-    async for output in outputs:
-        output = copy.copy(output)
-        output.outputs = [dataclasses.replace(c, text="", token_ids=[], logprobs=None,
-                                              cumulative_logprob=None,
-                                              finish_reason=("length" if c.finish_reason
-                                                             else None), stop_reason=None)
-                          for c in output.outputs]
-        yield output
+def _echo_only(request: CompletionRequest) -> bool:
+    """echo with max_tokens 0: the response is the prompt (and its logprobs) alone."""
+    return bool(request.echo) and request.max_tokens == 0
+
+
+def _prompt_only(completion: CompletionOutput) -> CompletionOutput:
+    """The completion with its generated part (text, tokens, logprobs) left out: echo
+    with max_tokens 0 shows the prompt alone. Its finish reason stays the engine's, and
+    usage still counts the token the engine computed, as vLLM reports both."""
+    return dataclasses.replace(completion, text="", token_ids=[], logprobs=None,
+                               cumulative_logprob=None)
