@@ -79,7 +79,7 @@ def test_builtin_hpu_platform_applies_the_settings_without_the_plugin(unset_sett
     from vllm import platforms
     unset_settings.setenv("VLLM_TARGET_DEVICE", "hpu")
     unset_settings.setenv("PT_HPU_LAZY_MODE", "1")
-    unset_settings.setattr(vllm.plugins, "load_platform_plugin", lambda: None)
+    unset_settings.setattr(platforms, "load_platform_plugin", lambda: None)
     platforms._reset_current_platform()
     try:
         qualname = platforms.resolve_current_platform_cls_qualname()

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from vllm import envs
 from vllm.platforms.interface import Platform, PlatformEnum
+from vllm.platforms.plugin_loader import load_platform_plugin
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ def _detect_builtin() -> str:
 
 
 def resolve_current_platform_cls_qualname() -> str:
-    from vllm.plugins import load_platform_plugin
     oot = load_platform_plugin()
     if oot is not None:
         return oot

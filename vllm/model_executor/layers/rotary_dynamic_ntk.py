@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.model_executor.layers.rotary_base import RotaryEmbedding
 
 
 class DynamicNTKScalingRotaryEmbedding(RotaryEmbedding):

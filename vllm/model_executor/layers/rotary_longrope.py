@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.model_executor.layers.rotary_base import RotaryEmbedding
 
 
 class Phi3LongRoPEScaledRotaryEmbedding(RotaryEmbedding):

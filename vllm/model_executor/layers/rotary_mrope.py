@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import torch
 
 from vllm.model_executor.custom_op import CustomOp
-from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.model_executor.layers.rotary_base import RotaryEmbedding
 
 
 @CustomOp.register("mrotary_embedding")

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.model_executor.layers.rotary_base import RotaryEmbedding
 
 
 def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:

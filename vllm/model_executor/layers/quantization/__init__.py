@@ -35,8 +35,15 @@ QUANTIZATION_METHODS = tuple(_CONFIGS)
 _CURRENT: list[Optional[QuantizationConfig]] = [None]
 
 
-def _config_cls(method: str) -> type[QuantizationConfig]:
-    module, cls = _CONFIGS[method].split(".")
+def _config_cls(method: str, qcfg: Optional[dict[str, Any]] = None
+                ) -> type[QuantizationConfig]:
+    """The config class of a method; an fp8 checkpoint with `weight_block_size` (e.g.
+    DeepSeek-V3's) is block-fp8, a format of its own (fp8_block.py)."""
+    name = _CONFIGS[method]
+    if method == "fp8" and not (qcfg or {}).get("_online") \
+            and (qcfg or {}).get("weight_block_size") is not None:
+        name = "fp8_block.Fp8BlockConfig"
+    module, cls = name.split(".")
     return getattr(importlib.import_module(f"{__name__}.{module}"), cls)
 
 
@@ -70,7 +77,7 @@ def build_quant_config(quantization: Optional[str],
         if quantization not in (None, method):
             raise ValueError(f"quantization={quantization!r} does not match the checkpoint's "
                              f"quantization_config.quant_method={method!r}.")
-        return _config_cls(method).from_config(qcfg)
+        return _config_cls(method, qcfg).from_config(qcfg)
     if quantization is None:
         return None
     if quantization in ("gptq", "awq", "compressed-tensors"):

@@ -53,11 +53,10 @@ class Fp8Config(QuantizationConfig):
             raise ValueError("quantization_config.activation_scheme='static' needs an fp8 "
                              "checkpoint with input scales.")
         if config.get("weight_block_size") is not None:
-            if online:
-                raise ValueError("quantization_config.weight_block_size needs a block-fp8 "
-                                 "checkpoint (weights with weight_scale_inv).")
-            from vllm.model_executor.layers.quantization.fp8_block import Fp8BlockConfig
-            return Fp8BlockConfig.from_config(config)  # type: ignore[return-value]
+            # Block-fp8 checkpoints are Fp8BlockConfig's (chosen by the registry,
+            # quantization/__init__.py); here only an online request can carry it.
+            raise ValueError("quantization_config.weight_block_size needs a block-fp8 "
+                             "checkpoint (weights with weight_scale_inv).")
         granularity = envs.VLLM_FP8_WEIGHT_SCALE
         if granularity not in ("tensor", "channel"):
             raise ValueError(f"VLLM_FP8_WEIGHT_SCALE={granularity!r}; use tensor or channel.")
