@@ -377,8 +377,9 @@ def check_kv_cache_dtype(cache_dtype: str) -> None:
 class CacheConfig:
     block_size: Optional[int] = None
     """Tokens per KV cache block; defaults to the platform's (16 on CPU, 128 on HPU)."""
-    gpu_memory_utilization: float = 0.9
-    """Share of device memory the engine may use (HPU/CUDA); on CPU see kv_cache_memory_bytes."""
+    gpu_memory_utilization: float = 0.92
+    """Share of device memory the engine may use (HPU/CUDA); on CPU see kv_cache_memory_bytes.
+    0.92 is vLLM's default."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks of identical prompt prefixes across requests."""
     kv_cache_memory_bytes: Optional[int] = None
@@ -389,8 +390,6 @@ class CacheConfig:
     """KV cache dtype: auto (the model dtype), fp8 / fp8_e4m3 / fp8_inc (float8 e4m3),
     fp8_e5m2; fp8 stores K and V divided by per-layer scales (the checkpoint's, else 1.0),
     half the bytes of bf16."""
-    swap_space: float = 0
-    """CPU swap space in GiB (unused: preemption recomputes)."""
     calculate_kv_scales: bool = False
     """fp8 KV cache: compute each layer's k/v scale from the first forward pass (max |k| /
     200 and max |v| / 100, as vLLM) instead of the checkpoint's (or 1.0). Not on HPU,

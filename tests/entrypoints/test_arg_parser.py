@@ -70,3 +70,22 @@ def test_help_of_a_field_several_configs_hold_is_the_flags_own():
     assert "Copied from" not in flat
     assert "--max-model-len MAX_MODEL_LEN Context length (prompt + output)" in flat
     assert "--download-dir DOWNLOAD_DIR Cache directory for Hub models" in flat
+
+
+def test_vllm_defaults_and_removed_flags(capsys):
+    """vLLM's --gpu-memory-utilization default is 0.92 (CLI, EngineArgs, LLM); vLLM no
+    longer has --swap-space (preemption recomputes): the flag and the LLM argument are
+    refused, not silently ignored."""
+    import inspect
+
+    from vllm.config import CacheConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.llm import LLM
+    assert make_arg_parser().parse_args([]).gpu_memory_utilization == 0.92
+    assert EngineArgs().gpu_memory_utilization == CacheConfig().gpu_memory_utilization == 0.92
+    assert inspect.signature(LLM).parameters["gpu_memory_utilization"].default == 0.92
+    with pytest.raises(SystemExit):
+        make_arg_parser().parse_args(["--swap-space", "4"])
+    assert "--swap-space" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="swap_space"):
+        LLM(model="unused", swap_space=4)

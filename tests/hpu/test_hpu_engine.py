@@ -92,7 +92,7 @@ WARMUP_LINES = [
     # Seed 001: decode config with `seq` (KV tokens: blocks x 128), at start-up.
     r"Decode bucket config \(min, step, max_warmup\) bs:\[1, 2, 4\], "
     r"seq:\[128, 16384, 16384\], block:\[1, 128, 128\]$",
-    r"Free device memory: [\d.]+ \w+, [\d.]+ \w+ usable \(gpu_memory_utilization=0\.9\), "
+    r"Free device memory: [\d.]+ \w+, [\d.]+ \w+ usable \(gpu_memory_utilization=0\.92\), "
     r"[\d.]+ \w+ reserved for HPUGraphs \(measured: [\d.]+ of usable\), [\d.]+ \w+ "
     r"reserved for KV cache",
     r"# HPU blocks: 16, # CPU blocks: 0",

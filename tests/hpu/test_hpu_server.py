@@ -24,7 +24,7 @@ EXPECTED_LINES = [
     r"Prompt bucket config \(min, step, max_warmup\) bs:\[1, 2, 2\], seq:\[128, 128, 128\]",
     r"Generated 2 prompt buckets: \[\(1, 128, 0\), \(2, 128, 0\)\]",
     r"Decode bucket config \(min, step, max_warmup\) bs:\[1, 2, \d+\], seq:\[128, \d+, \d+\]",
-    r"Free device memory: [\d.]+ \w+, [\d.]+ \w+ usable \(gpu_memory_utilization=0\.9\), "
+    r"Free device memory: [\d.]+ \w+, [\d.]+ \w+ usable \(gpu_memory_utilization=0\.92\), "
     r"[\d.]+ \w+ reserved for HPUGraphs \(measured: [\d.]+ of usable\), [\d.]+ \w+ "
     r"reserved for KV cache",
     r"Generated \d+ decode buckets: ",

@@ -107,12 +107,11 @@ class EngineArgs:
     allowed_local_media_path: str = ""
     # cache
     block_size: Optional[int] = None
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = 0.92
     enable_prefix_caching: bool = True
     kv_cache_memory_bytes: Optional[int] = None
     num_gpu_blocks_override: Optional[int] = None
     kv_cache_dtype: str = "auto"
-    swap_space: float = 0
     calculate_kv_scales: bool = False
     # scheduler
     max_num_seqs: Optional[int] = None
@@ -267,7 +266,7 @@ class EngineArgs:
             enable_prefix_caching=self.enable_prefix_caching,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
-            cache_dtype=self.kv_cache_dtype, swap_space=self.swap_space,
+            cache_dtype=self.kv_cache_dtype,
             calculate_kv_scales=self.calculate_kv_scales)
         parallel_config = ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,

@@ -37,7 +37,7 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
 
     def __init__(self, model: str = DEFAULT_MODEL, tokenizer: Optional[str] = None,
                  dtype: str = "auto", seed: int = 0, max_model_len: Optional[int] = None,
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.92,
                  enforce_eager: bool = False, **kwargs: Any) -> None:
         known = {f for f in EngineArgs.__dataclass_fields__}
         unknown = sorted(set(kwargs) - known)
