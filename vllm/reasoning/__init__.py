@@ -24,6 +24,11 @@ class ReasoningParserManager:
         return sorted(cls._parsers)
 
     @classmethod
+    def list_registered(cls) -> list[str]:
+        """vLLM's name for `names()`."""
+        return cls.names()
+
+    @classmethod
     def check_name(cls, name: str) -> None:
         if name not in cls._parsers:
             raise ValueError(f"reasoning_parser={name!r} is not known; choose one of "

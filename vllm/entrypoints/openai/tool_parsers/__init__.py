@@ -34,6 +34,11 @@ class ToolParserManager:
         return sorted(_PARSERS)
 
     @classmethod
+    def list_registered(cls) -> list[str]:
+        """vLLM's name for `names()`."""
+        return cls.names()
+
+    @classmethod
     def get_tool_parser(cls, name: str) -> type[ToolParser]:
         if name not in _PARSERS:
             raise ValueError(f"--tool-call-parser {name!r} is not known; choose one of "
