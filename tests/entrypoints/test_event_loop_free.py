@@ -27,13 +27,14 @@ HEALTH_BOUND_S = 0.1
 busy one (before the fix, each request below held the loop for 0.5-1 s)."""
 
 
-def large_tool() -> dict[str, Any]:
+def large_tool(variant: int) -> dict[str, Any]:
     """One tool whose parameters schema is large but within the structured-output limits
     (vllm/structured_output/limits.py): 4,000 properties, 1,000 of them with a pattern.
-    The grammar compiler takes a few hundred ms for it, twice per request with
-    tool_choice "required" (the tool's schema, then the tool-call array's)."""
+    Parsing it takes the grammar compiler a few hundred ms, twice per request with
+    tool_choice "required" (the tool's schema, then the tool-call array's). Each
+    `variant` is another schema, so that no parse is answered from a cache."""
     props: dict[str, Any] = {f"n{i}": {"type": "integer", "minimum": 17,
-                                       "maximum": 98765 + i} for i in range(3000)}
+                                       "maximum": 98765 + i + variant} for i in range(3000)}
     props.update({f"s{i}": {"type": "string", "pattern": f"^[a-z]{{1,{i % 50 + 1}}}$"}
                   for i in range(1000)})
     return {"type": "function", "function": {
@@ -116,17 +117,20 @@ def startup_heap_frozen() -> Iterator[None]:
 
 
 def test_health_answers_while_large_tool_schemas_are_checked(tokenizer):
-    body = {"messages": [{"role": "user", "content": "Fill in the form."}],
-            "tools": [large_tool()], "tool_choice": "required", "max_tokens": 4}
+    def body(variant: int) -> dict[str, Any]:
+        return {"messages": [{"role": "user", "content": "Fill in the form."}],
+                "tools": [large_tool(variant)], "tool_choice": "required", "max_tokens": 4}
+
     with served_in_thread(tokenizer) as app, startup_heap_frozen():
         url = app.state.test_url
         warm_tokenizer_pool(app)
         with httpx.Client(base_url=url, timeout=120) as client:  # warm-up (imports)
-            assert client.post("/v1/chat/completions", json=body).status_code == 200
+            assert client.post("/v1/chat/completions", json=body(0)).status_code == 200
 
         def load() -> list[httpx.Response]:
             with httpx.Client(base_url=url, timeout=120) as client:
-                return [client.post("/v1/chat/completions", json=body) for _ in range(3)]
+                return [client.post("/v1/chat/completions", json=body(variant))
+                        for variant in (1, 2, 3)]
 
         responses, latencies = health_latencies_during(url, load)
     for r in responses:
