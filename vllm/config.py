@@ -94,6 +94,9 @@ class ModelConfig:
     exists only as code in its repository is refused."""
     tokenizer_mode: str = "auto"
     """'auto' uses the fast tokenizer when there is one, 'slow' the Python one."""
+    skip_tokenizer_init: bool = False
+    """Skip initialization of tokenizer and detokenizer. Expects valid prompt_token_ids
+    and None for prompt from the input. The generated output will contain token ids."""
     hf_overrides: Optional[dict] = None
     """Values set on the Hugging Face config after loading it (JSON on the command line)."""
     download_dir: Optional[str] = None

@@ -249,3 +249,39 @@ def test_cache_salt_isolates_prefix_cache_blocks(llm):
     assert cached({"prompt_token_ids": ids, "cache_salt": "tenant-b"}) == 0
     with pytest.raises(ValueError, match="cache_salt"):
         llm.generate({"prompt_token_ids": ids, "cache_salt": ""}, params, use_tqdm=False)
+
+
+def test_skip_tokenizer_init_is_token_ids_in_token_ids_out(llm, tiny_model_factory,
+                                                          monkeypatch):
+    """vLLM's LLM(skip_tokenizer_init=True): no tokenizer is loaded; prompts are token ids,
+    outputs token ids with empty text (and logprobs without decoded tokens), the same
+    tokens as with a tokenizer; text prompts are refused with vLLM's message."""
+    import vllm.transformers_utils.tokenizer as tokenizer_module
+
+    prompt = {"prompt_token_ids": [5, 17, 42, 99, 7]}
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2,
+                            prompt_logprobs=1, detokenize=True)
+    reference = llm.generate(prompt, params, use_tqdm=False)[0]
+
+    def no_tokenizer(*args, **kwargs):
+        raise AssertionError("skip_tokenizer_init=True loaded a tokenizer")
+
+    monkeypatch.setattr(tokenizer_module, "get_tokenizer", no_tokenizer)
+    bare = LLM(model=tiny_model_factory("llama"), dtype="float32", max_model_len=64,
+               skip_tokenizer_init=True)
+    try:
+        with pytest.raises(ValueError, match="cannot pass text prompts when"):
+            bare.generate("abc", params, use_tqdm=False)
+        out = bare.generate(prompt, params, use_tqdm=False)[0]
+        completion = out.outputs[0]
+        assert completion.text == "" and completion.token_ids
+        assert list(completion.token_ids) == list(reference.outputs[0].token_ids)
+        assert all(lp.decoded_token is None for step in completion.logprobs
+                   for lp in step.values())
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == 5
+        with pytest.raises(ValueError, match="stop needs the tokenizer"):
+            bare.generate(prompt, SamplingParams(max_tokens=2, stop=["x"]), use_tqdm=False)
+        with pytest.raises(ValueError, match="skip_tokenizer_init"):
+            bare.get_tokenizer()
+    finally:
+        bare.llm_engine.shutdown()

@@ -89,3 +89,12 @@ def test_vllm_defaults_and_removed_flags(capsys):
     assert "--swap-space" in capsys.readouterr().err
     with pytest.raises(ValueError, match="swap_space"):
         LLM(model="unused", swap_space=4)
+
+
+def test_server_refuses_skip_tokenizer_init_up_front():
+    """The offline LLM takes skip_tokenizer_init; the server needs its tokenizer, so it
+    says so before loading the model instead of failing inside start-up."""
+    from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+    args = make_arg_parser().parse_args(["--skip-tokenizer-init"])
+    with pytest.raises(ValueError, match="--skip-tokenizer-init"):
+        validate_parsed_serve_args(args)

@@ -94,6 +94,7 @@ class EngineArgs:
     trust_remote_code: bool = False
     revision: Optional[str] = None
     tokenizer_mode: str = "auto"
+    skip_tokenizer_init: bool = False
     hf_overrides: Optional[dict] = None
     generation_config: str = "auto"
     override_generation_config: Optional[dict] = None
@@ -254,6 +255,7 @@ class EngineArgs:
             enforce_eager=self.enforce_eager, max_logprobs=self.max_logprobs,
             quantization=self.quantization, revision=self.revision,
             trust_remote_code=self.trust_remote_code, tokenizer_mode=self.tokenizer_mode,
+            skip_tokenizer_init=self.skip_tokenizer_init,
             hf_overrides=self.hf_overrides, download_dir=self.download_dir,
             generation_config=self.generation_config,
             override_generation_config=self.override_generation_config,

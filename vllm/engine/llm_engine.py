@@ -49,7 +49,9 @@ class LLMEngine:
         core = make_engine_core(vllm_config, multiprocess=True, wait_ready=False) \
             if multiprocess else None
         try:
-            self.tokenizer = get_tokenizer(mc.tokenizer_path, tokenizer_mode=mc.tokenizer_mode)
+            # skip_tokenizer_init: token ids in, token ids out, as vLLM (no tokenizer).
+            self.tokenizer = None if mc.skip_tokenizer_init else get_tokenizer(
+                mc.tokenizer_path, tokenizer_mode=mc.tokenizer_mode)
             self.processor = Processor(mc, self.tokenizer,
                                        vllm_config.structured_outputs_config)
             self.output_processor = OutputProcessor(self.tokenizer)
@@ -89,6 +91,8 @@ class LLMEngine:
             wakeup()
 
     def get_tokenizer(self):
+        if self.tokenizer is None:
+            raise ValueError("Unable to get tokenizer because skip_tokenizer_init is True.")
         return self.tokenizer
 
     def get_model_config(self):

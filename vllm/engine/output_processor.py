@@ -79,7 +79,9 @@ class OutputProcessor:
         self.parents: dict[str, ParentRequest] = {}
         self.pooling_requests: dict[str, list[int]] = {}
         """Pooling requests in flight -> their prompt token ids (one output each)."""
-        self._decode = lambda token_id: decode_token_text(tokenizer, token_id)
+        # Without a tokenizer (skip_tokenizer_init) logprobs carry no decoded tokens.
+        self._decode = None if tokenizer is None else (
+            lambda token_id: decode_token_text(tokenizer, token_id))
 
     # ---------------------------------------------------------- bookkeeping
     def add_request(self, parent: ParentRequest, child_ids: list[str],

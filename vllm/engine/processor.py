@@ -25,7 +25,7 @@ class Processor:
         if getattr(model_config, "is_multimodal_model", False):
             from vllm.multimodal.processing import MultiModalProcessor
             self.mm_processor = MultiModalProcessor(model_config)
-        self.eos_token_id: Optional[int] = tokenizer.eos_token_id
+        self.eos_token_id: Optional[int] = getattr(tokenizer, "eos_token_id", None)
         if self.eos_token_id is None:
             eos = model_config.try_get_generation_config().get("eos_token_id")
             self.eos_token_id = eos[0] if isinstance(eos, list) else eos
@@ -50,14 +50,14 @@ class Processor:
             if ids is None:
                 raise ValueError("A prompt with multi_modal_data needs 'prompt' text or "
                                  "'prompt_token_ids'.")
-            text = self.tokenizer.decode(list(ids))
+            text = self._need_tokenizer().decode(list(ids))
         ids, features = self.mm_processor.process(text, mm_data)
         return text, ids, features or None
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[Optional[str], list[int]]:
         """(prompt text or None, token ids) for a str, {"prompt"} or {"prompt_token_ids"}."""
         if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
+            return prompt, self._need_tokenizer().encode(prompt)
         if isinstance(prompt, dict):
             check_prompt_keys(prompt)
             if prompt.get("multi_modal_data") is not None:
@@ -70,7 +70,7 @@ class Processor:
                     raise ValueError("prompt_token_ids must be a list of integers.")
                 return prompt.get("prompt"), list(ids)
             if "prompt" in prompt and isinstance(prompt["prompt"], str):
-                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+                return prompt["prompt"], self._need_tokenizer().encode(prompt["prompt"])
         raise ValueError(f"Invalid prompt {type(prompt).__name__}: expected a string, "
                          "{'prompt': str} or {'prompt_token_ids': list[int]}.")
 
@@ -84,7 +84,7 @@ class Processor:
         if not isinstance(text, str):
             return prompt
         try:
-            ids = self.tokenizer(text, **kwargs)["input_ids"]
+            ids = self._need_tokenizer()(text, **kwargs)["input_ids"]
         except TypeError as e:
             raise ValueError(f"tokenization_kwargs: {e}") from e
         out = dict(prompt) if isinstance(prompt, dict) else {}
@@ -111,9 +111,29 @@ class Processor:
         place a request's parameters are completed and checked (vllm/engine/params.py)."""
         params, max_tokens = self.params_policy.process(prompt_token_ids, params,
                                                         self.eos_token_id)
-        if params.bad_words:
+        if self.tokenizer is None:
+            self._without_tokenizer(params)
+        elif params.bad_words:
             params.update_from_tokenizer(self.tokenizer)
         return params, max_tokens
+
+    def _need_tokenizer(self) -> Any:
+        """The tokenizer, or vLLM's error when skip_tokenizer_init left it unloaded."""
+        if self.tokenizer is None:
+            raise ValueError("You cannot pass text prompts when `skip_tokenizer_init=True`: "
+                             "pass {'prompt_token_ids': [...]} instead.")
+        return self.tokenizer
+
+    @staticmethod
+    def _without_tokenizer(params: SamplingParams) -> None:
+        """skip_tokenizer_init: outputs are token ids with empty text (detokenize off,
+        as vLLM); what needs text (stop strings, bad words, grammars) is refused rather
+        than silently ignored."""
+        for name in ("stop", "bad_words", "structured_outputs"):
+            if getattr(params, name):
+                raise ValueError(f"{name} needs the tokenizer, which skip_tokenizer_init=True "
+                                 "does not load (use stop_token_ids / allowed_token_ids).")
+        params.detokenize = False
 
     def default_sampling_params(self) -> SamplingParams:
         """vLLM's defaults overridden by the model's generation config."""

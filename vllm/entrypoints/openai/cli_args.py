@@ -162,5 +162,9 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}.")
     if args.lora_modules and not args.enable_lora:
         raise ValueError("--lora-modules needs --enable-lora.")
+    if getattr(args, "skip_tokenizer_init", False):
+        raise ValueError("--skip-tokenizer-init: this server needs the tokenizer (text "
+                         "prompts, chat templates, text output); the offline LLM takes "
+                         "skip_tokenizer_init=True (token ids in, token ids out).")
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
