@@ -171,3 +171,23 @@ def test_dotted_json_flags():
     assert args.limit_mm_per_prompt == {"image": 0}
     assert args.max_model_len == 4000
     assert args.override_generation_config == {"temperature": 0.5, "top_k": 5}
+
+
+def test_tokenizer_info_endpoint_only_with_its_flag(tokenizer, monkeypatch):
+    """vLLM's GET /tokenizer_info: off by default (404), and with
+    --enable-tokenizer-info-endpoint the tokenizer's config as JSON: special tokens as
+    text, no file paths, its class and the server's --chat-template."""
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+    async def requests(client):
+        return await client.get("/tokenizer_info")
+
+    assert run_app(tokenizer, [], requests).status_code == 404
+    info = run_app(tokenizer, ["--enable-tokenizer-info-endpoint", "--chat-template",
+                               template], requests)
+    assert info.status_code == 200, info.text
+    body = info.json()
+    assert body["tokenizer_class"] and body["chat_template"] == template
+    assert body["eos_token"] == tokenizer.eos_token
+    assert "vocab_file" not in body and "merges_file" not in body

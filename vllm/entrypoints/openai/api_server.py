@@ -424,6 +424,15 @@ def _install_lora_routes(app: FastAPI) -> None:
         return Response(status_code=200, content=text)
 
 
+def _install_tokenizer_info_route(app: FastAPI) -> None:
+    """GET /tokenizer_info (--enable-tokenizer-info-endpoint): off by default, as in vLLM,
+    because it shows the chat template and the tokenizer's configuration."""
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(raw_request: Request) -> Any:
+        return JSONResponse(_state(raw_request).tokenization.get_tokenizer_info())
+
+
 def _install_profiler_routes(app: FastAPI) -> None:
     """POST /start_profile and /stop_profile (VLLM_TORCH_PROFILER_DIR is set)."""
     logger.warning("Torch profiler is enabled in the API server. This should ONLY be used "
@@ -503,6 +512,8 @@ def build_app(args: argparse.Namespace, engine: EngineClient,
     app.router.route_class = JSONBodyRoute
     _install_error_handlers(app)
     _install_routes(app)
+    if getattr(args, "enable_tokenizer_info_endpoint", False):
+        _install_tokenizer_info_route(app)
     install_pooling_routes(app, state, with_cancellation)
     install_responses_routes(app, state, with_cancellation)
     install_extra_routes(app, _respond)

@@ -121,6 +121,9 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     server.add_argument("--enable-prompt-tokens-details", action="store_true",
                         help="Report usage.prompt_tokens_details.cached_tokens (prompt tokens "
                              "served from the prefix cache).")
+    server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                        help="Enable the /tokenizer_info endpoint. May expose chat "
+                             "templates and other tokenizer configuration.")
     server.add_argument("--lora-modules", type=_lora_module, nargs="+", default=None,
                         help="LoRA adapters to serve, each 'name=path' or a JSON object "
                              '\'{"name": ..., "path": ..., "base_model_name": ...}\'; a request '

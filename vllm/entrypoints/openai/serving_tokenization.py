@@ -1,4 +1,5 @@
-"""POST /tokenize ({prompt} or {messages}) and POST /detokenize ({tokens})."""
+"""POST /tokenize ({prompt} or {messages}), POST /detokenize ({tokens}) and, behind
+--enable-tokenizer-info-endpoint, GET /tokenizer_info (the tokenizer's configuration)."""
 from __future__ import annotations
 
 from typing import Any
@@ -39,3 +40,29 @@ class OpenAIServingTokenization(OpenAIServing):
         self.check_token_ids(request.tokens, "tokens")
         text = await self.run_blocking(self.decode, request.tokens)
         return DetokenizeResponse(prompt=text)
+
+    def get_tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's /tokenizer_info: the tokenizer's init arguments (tokenizer_config.json's
+        content, without file paths) plus its class and the server's --chat-template."""
+        config = dict(getattr(self.tokenizer, "init_kwargs", None) or {})
+        config.pop("vocab_file", None)
+        config.pop("merges_file", None)
+        config = _json_value(config)
+        config["tokenizer_class"] = type(self.tokenizer).__name__
+        if self.chat.chat_template:
+            config["chat_template"] = self.chat.chat_template
+        return config
+
+
+def _json_value(value: Any) -> Any:
+    """A tokenizer config value as JSON: special tokens (AddedToken) as their text,
+    anything else JSON cannot hold as its string form."""
+    if hasattr(value, "content"):
+        return value.content
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
