@@ -325,3 +325,23 @@ def test_vllm_complete_and_chat_commands(tiny_server):
     assert len(chat.stdout.splitlines()) >= 2
     gone = _cli(["chat", "--url", "http://127.0.0.1:9/v1", "-q", "hi"])
     assert gone.returncode == 1 and "APIConnectionError" in gone.stdout + gone.stderr
+
+
+def test_system_fingerprint_as_vllm(http):
+    """vLLM's default (--fingerprint-mode full) fingerprint on full responses and on a
+    stream's last chunk: the usage chunk, else the chunk that finishes the choice."""
+    import re
+
+    from vllm.version import __version__
+    pattern = rf"vllm-{re.escape(__version__)}-[0-9a-f]{{8}}"
+    for path, body in (("/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+                       ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 2})):
+        full = http.post(path, json=body).json()
+        assert re.fullmatch(pattern, full["system_fingerprint"]), full
+        events = _events(http, path, {**body, "stream_options": {"include_usage": True}})
+        assert events[-1]["usage"] and events[-1]["system_fingerprint"] == \
+            full["system_fingerprint"]
+        assert all(e["system_fingerprint"] is None for e in events[:-1])
+        events = _events(http, path, body)
+        stamped = [e for e in events if e["system_fingerprint"]]
+        assert stamped and all(c["finish_reason"] for e in stamped for c in e["choices"])

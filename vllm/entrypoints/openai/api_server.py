@@ -50,6 +50,7 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionR
                                               VersionResponse)
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from vllm.entrypoints.openai.fingerprint import build_system_fingerprint
 from vllm.entrypoints.openai.serving_engine import SSE_HEADERS, copy_tokenizer
 from vllm.entrypoints.openai.serving_extras import ServerLoadMiddleware, install_extra_routes
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
@@ -93,7 +94,10 @@ class ServerState:
                       return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids",
                                                               False)),
                       enable_prompt_tokens_details=bool(
-                          getattr(args, "enable_prompt_tokens_details", False)))
+                          getattr(args, "enable_prompt_tokens_details", False)),
+                      system_fingerprint=build_system_fingerprint(
+                          engine.vllm_config, getattr(args, "fingerprint_mode", "full"),
+                          getattr(args, "fingerprint_value", None)))
         self.chat = OpenAIServingChat(
             engine, self.models, response_role=getattr(args, "response_role", "assistant"),
             chat_template=load_chat_template(getattr(args, "chat_template", None)),

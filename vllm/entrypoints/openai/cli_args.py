@@ -121,6 +121,14 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     server.add_argument("--enable-prompt-tokens-details", action="store_true",
                         help="Report usage.prompt_tokens_details.cached_tokens (prompt tokens "
                              "served from the prefix cache).")
+    server.add_argument("--fingerprint-mode", type=str, default="full",
+                        choices=["full", "hash", "custom", "none"],
+                        help="The system_fingerprint of responses: 'full' "
+                             "vllm-<version>[-<parallelism>]-<hash8> (an 8-digit hash of "
+                             "the settings that change outputs), 'hash' without the "
+                             "parallelism, 'custom' the --fingerprint-value, 'none' null.")
+    server.add_argument("--fingerprint-value", type=str, default=None,
+                        help="The system_fingerprint with --fingerprint-mode custom.")
     server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                         help="Enable the /tokenizer_info endpoint. May expose chat "
                              "templates and other tokenizer configuration.")

@@ -363,6 +363,8 @@ class CompletionStreamResponse(ResponseModel):
     model: str
     choices: list[CompletionResponseStreamChoice]
     usage: Optional[UsageInfo] = None
+    system_fingerprint: Optional[str] = None
+    """On the stream's last chunk (the usage chunk, else each finishing chunk), as vLLM."""
 
 
 # -------------------------------------------------------------------- chat
@@ -581,6 +583,8 @@ class ChatCompletionStreamResponse(ResponseModel):
     model: str
     choices: list[ChatCompletionResponseStreamChoice]
     usage: Optional[UsageInfo] = None
+    system_fingerprint: Optional[str] = None
+    """On the stream's last chunk (the usage chunk, else each finishing chunk), as vLLM."""
     prompt_token_ids: Optional[list[int]] = None
     """With return_token_ids: the prompt's ids, in the first chunk only."""
     prompt_text: Optional[str] = None

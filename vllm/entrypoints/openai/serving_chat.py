@@ -196,6 +196,7 @@ class OpenAIServingChat(OpenAIServing):
             id=request_id, created=created, model=model_name, choices=choices,
             usage=self.usage(len(prompt_ids), completion_tokens,
                              final.num_cached_tokens),
+            system_fingerprint=self.system_fingerprint,
             prompt_logprobs=(self.prompt_logprobs_json(final.prompt_logprobs)
                              if request.prompt_logprobs is not None else None),
             prompt_token_ids=list(prompt_ids) if with_ids else None,
@@ -222,6 +223,7 @@ class OpenAIServingChat(OpenAIServing):
                 usage = self.usage(prompt_tokens, completion_tokens[index], cached_tokens)
             return sse(ChatCompletionStreamResponse(
                 id=request_id, created=created, model=model_name, usage=usage,
+                system_fingerprint=self._last_chunk_fingerprint(request, finish_reason),
                 prompt_token_ids=prompt_token_ids, prompt_text=prompt_text,
                 choices=[ChatCompletionResponseStreamChoice(
                     index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
@@ -267,7 +269,8 @@ class OpenAIServingChat(OpenAIServing):
             if request.include_usage:
                 yield sse(ChatCompletionStreamResponse(
                     id=request_id, created=created, model=model_name, choices=[],
-                    usage=self.usage(prompt_tokens, sum(completion_tokens), cached_tokens)))
+                    usage=self.usage(prompt_tokens, sum(completion_tokens), cached_tokens),
+                    system_fingerprint=self.system_fingerprint))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - reported in-stream (headers are sent)

@@ -199,6 +199,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return CompletionResponse(
             id=request_id, created=created, model=model_name, choices=choices,
             usage=self.usage(prompt_tokens, completion_tokens, cached_tokens),
+            system_fingerprint=self.system_fingerprint,
             kv_transfer_params=getattr(finals[0], "kv_transfer_params", None))
 
     def _logprobs(self, request: CompletionRequest, prompt: PromptInput, final: Any,
@@ -261,6 +262,8 @@ class OpenAIServingCompletion(OpenAIServing):
                         prompt_ids = list(prompts[i].token_ids)
                     yield sse(CompletionStreamResponse(
                         id=request_id, created=created, model=model_name, usage=usage,
+                        system_fingerprint=self._last_chunk_fingerprint(request,
+                                                                        c.finish_reason),
                         choices=[CompletionResponseStreamChoice(
                             index=index, text=text, logprobs=logprobs,
                             finish_reason=c.finish_reason, stop_reason=c.stop_reason,
@@ -270,7 +273,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 yield sse(CompletionStreamResponse(
                     id=request_id, created=created, model=model_name, choices=[],
                     usage=self.usage(sum(prompt_tokens), sum(completion_tokens),
-                                     sum(cached_tokens))))
+                                     sum(cached_tokens)),
+                    system_fingerprint=self.system_fingerprint))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - reported in-stream (headers are sent)

@@ -70,7 +70,8 @@ class OpenAIServing:
     def __init__(self, engine: EngineClient, models: OpenAIServingModels, *,
                  tokenizer: Any, return_tokens_as_token_ids: bool = False,
                  tokenizer_pool: Optional[TokenizerPool] = None,
-                 enable_prompt_tokens_details: bool = False) -> None:
+                 enable_prompt_tokens_details: bool = False,
+                 system_fingerprint: Optional[str] = None) -> None:
         self.engine = engine
         self.models = models
         self.model_config = engine.model_config
@@ -78,6 +79,8 @@ class OpenAIServing:
         self.tokenizer = tokenizer
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
+        self.system_fingerprint = system_fingerprint
+        """Stamped on completions and chat responses (fingerprint.py); None: null."""
         # Tokenizing and template rendering run on a small pool of threads, never on the
         # event loop, and no single prompt can hold them long (see tokenizer_pool.py).
         self.tokenizer_pool = tokenizer_pool or TokenizerPool(tokenizer)
@@ -295,6 +298,14 @@ class OpenAIServing:
         return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                          total_tokens=prompt_tokens + completion_tokens,
                          prompt_tokens_details=details)
+
+    def _last_chunk_fingerprint(self, request: Any, finish_reason: Optional[str]
+                                ) -> Optional[str]:
+        """A stream chunk's system_fingerprint: vLLM stamps only the stream's end, the
+        usage chunk when one follows, else each chunk that finishes a choice."""
+        if finish_reason is None or request.include_usage:
+            return None
+        return self.system_fingerprint
 
     # ------------------------------------------------------------- sampling
     async def sampling_params(self, request: SamplingFields, *, max_tokens: Optional[int],
