@@ -42,7 +42,9 @@ class FakeLLMEngine:
         self.model_config = SimpleNamespace(
             model="fake-model", served_model_name=["fake-model"], max_model_len=max_model_len,
             hf_config=SimpleNamespace(vocab_size=len(tokenizer)), max_logprobs=20,
-            torch_dtype="float32", model_path="", generation_config="vllm")
+            torch_dtype="float32", model_path="", generation_config="vllm",
+            vocab_size=len(tokenizer), get_diff_sampling_param=dict,
+            try_get_generation_config=dict)
         self.vllm_config = None
         self.params_policy = RequestParamsPolicy(
             max_model_len=max_model_len, vocab_size=len(tokenizer), max_logprobs=20)

@@ -147,6 +147,41 @@ def test_refusals_are_openai_errors(http):
     assert http.get("/v1/responses/resp_nope").status_code == 404
 
 
+def test_response_fields_as_vllm(http):
+    """vLLM's Response: the request's own fields echoed as given (null when unset),
+    tool_choice and service_tier "auto" by default, the sampling values in effect
+    (temperature, top_p, max_output_tokens within the context), one-turn usage lists."""
+    import json as jsonlib
+
+    body = {"model": "tiny", "input": "Say hello."}
+    full = http.post("/v1/responses", json=body).json()
+    assert (full["metadata"], full["text"], full["reasoning"]) == (None, None, None)
+    assert (full["tool_choice"], full["service_tier"], full["truncation"]) == \
+        ("auto", "auto", "disabled")
+    assert (full["top_logprobs"], full["max_tool_calls"], full["prompt"]) == (None, None, None)
+    assert isinstance(full["top_p"], float) and isinstance(full["temperature"], float)
+    usage = full["usage"]
+    assert full["max_output_tokens"] == 512 - usage["input_tokens"]
+    assert usage["input_tokens_details"]["input_tokens_per_turn"] == [usage["input_tokens"]]
+    assert usage["input_tokens_details"]["cached_tokens_per_turn"] == \
+        [usage["input_tokens_details"]["cached_tokens"]]
+    assert usage["output_tokens_details"] == {
+        "reasoning_tokens": 0, "tool_output_tokens": 0,
+        "output_tokens_per_turn": [usage["output_tokens"]], "tool_output_tokens_per_turn": [0]}
+    given = {**body, "metadata": {"a": "b"}, "text": {"format": {"type": "text"}},
+             "tool_choice": "none", "top_p": 0.5, "temperature": 0.0, "max_output_tokens": 4}
+    echoed = http.post("/v1/responses", json=given).json()
+    for name in ("metadata", "text", "tool_choice", "top_p", "temperature",
+                 "max_output_tokens"):
+        assert echoed[name] == given[name], name
+    with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+        events = [jsonlib.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: ")]
+    assert events[0]["response"]["max_output_tokens"] == full["max_output_tokens"]
+    assert events[-1]["response"]["usage"]["input_tokens_details"][
+        "input_tokens_per_turn"] == [usage["input_tokens"]]
+
+
 # ------------------------------------------------ the app over a fake engine, no server
 def test_store_is_off_by_default_as_in_vllm(tokenizer, monkeypatch):
     monkeypatch.delenv(STORE_ON, raising=False)

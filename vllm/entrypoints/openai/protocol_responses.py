@@ -29,6 +29,7 @@ class ResponsesRequest(OpenAIBaseModel):
     top_p: Optional[float] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = "auto"
+    max_tool_calls: Optional[int] = None
     parallel_tool_calls: Optional[bool] = True
     stream: Optional[bool] = False
     store: Optional[bool] = True
@@ -151,7 +152,8 @@ def chat_request_body(request: ResponsesRequest, messages: list[dict[str, Any]],
                             "max_tokens": request.max_output_tokens, "stream": stream,
                             "user": request.user}
     if stream:
-        body["stream_options"] = {"include_usage": True}
+        # Usage on every chunk: the first one gives the prompt's length.
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     for name in ("temperature", "top_p", "request_id"):
         if getattr(request, name) is not None:
             body[name] = getattr(request, name)

@@ -23,33 +23,48 @@ def response_object(response_id: str, request: Any, model: str, status: str,
                     output: list[dict[str, Any]], usage: Optional[dict[str, Any]] = None,
                     created_at: Optional[int] = None,
                     incomplete_reason: Optional[str] = None,
-                    error: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                    error: Optional[dict[str, Any]] = None,
+                    sampling: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The Response, with vLLM's fields: the request's own values echoed as given (null
+    when unset: metadata, text, reasoning; tool_choice "auto" and service_tier "auto" by
+    default) and the sampling values in effect (`sampling`: temperature, top_p,
+    max_output_tokens, as the request's defaults resolved them)."""
+    sampling = sampling or {}
     return {
         "id": response_id, "object": "response",
         "created_at": created_at if created_at is not None else int(time.time()),
         "status": status, "background": bool(request.background), "error": error,
         "incomplete_details": ({"reason": incomplete_reason} if incomplete_reason else None),
-        "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
-        "metadata": request.metadata or {}, "model": model, "output": output,
+        "instructions": request.instructions,
+        "max_output_tokens": sampling.get("max_output_tokens", request.max_output_tokens),
+        "max_tool_calls": request.max_tool_calls,
+        "metadata": request.metadata, "model": model, "output": output,
         "parallel_tool_calls": request.parallel_tool_calls,
-        "previous_response_id": request.previous_response_id,
-        "reasoning": {"effort": None, "summary": None}, "store": bool(request.store),
-        "temperature": request.temperature, "text": request.text or {"format": {"type": "text"}},
-        "tool_choice": request.tool_choice, "tools": request.tools or [],
-        "top_p": request.top_p, "truncation": "disabled", "usage": usage,
-        "user": request.user,
+        "previous_response_id": request.previous_response_id, "prompt": request.prompt,
+        "reasoning": request.reasoning, "service_tier": request.service_tier,
+        "store": bool(request.store),
+        "temperature": sampling.get("temperature", request.temperature),
+        "text": request.text, "tool_choice": request.tool_choice, "tools": request.tools or [],
+        "top_logprobs": None, "top_p": sampling.get("top_p", request.top_p),
+        "truncation": request.truncation or "disabled", "usage": usage, "user": request.user,
     }
 
 
 def usage_object(usage: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """A chat `usage` as the Responses API words it."""
+    """A chat `usage` as vLLM's Responses usage words it: one turn (the per-turn lists
+    have one entry; a tool round trip inside the server would add turns)."""
     if not usage:
         return None
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    output = usage.get("completion_tokens") or 0
     return {"input_tokens": usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": usage.get("completion_tokens") or 0,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "input_tokens_details": {"cached_tokens": cached,
+                                     "input_tokens_per_turn": [usage["prompt_tokens"]],
+                                     "cached_tokens_per_turn": [cached]},
+            "output_tokens": output,
+            "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0,
+                                      "output_tokens_per_turn": [output],
+                                      "tool_output_tokens_per_turn": [0]},
             "total_tokens": usage["total_tokens"]}
 
 

@@ -17,6 +17,7 @@ import time
 from typing import Any, AsyncIterator, Optional
 
 from vllm import envs
+from vllm.engine.params import RequestParamsPolicy
 from vllm.entrypoints.openai.errors import BadRequestError, NotFoundError, OpenAIError
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest
 from vllm.entrypoints.openai.protocol_responses import (ResponsesRequest, chat_messages,
@@ -26,6 +27,7 @@ from vllm.entrypoints.openai.responses_output import (ResponseEventStream, assis
                                                       usage_object)
 from vllm.entrypoints.openai.responses_store import ResponsesStore, StoredResponse
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +38,9 @@ class OpenAIServingResponses:
         self.chat = chat
         self.enable_store = envs.VLLM_ENABLE_RESPONSES_API_STORE
         self.store = store or ResponsesStore(envs.VLLM_RESPONSES_API_STORE_MAX_BYTES)
+        self._params_policy: Optional[RequestParamsPolicy] = None
+        """The engine's rules for a request's defaults, to report the values in effect
+        (built on first use)."""
         if self.enable_store:
             logger.info("Responses API store on: up to %d bytes of responses are kept, the "
                         "oldest evicted first.", self.store.max_bytes)
@@ -85,6 +90,26 @@ class OpenAIServingResponses:
                                   param="previous_response_id")
         return list(entry.conversation)
 
+    def _sampling(self, request: ResponsesRequest, prompt_tokens: Optional[int]
+                  ) -> dict[str, Any]:
+        """temperature, top_p and max_output_tokens in effect, as vLLM's Response reports
+        them: the request's, else the model's defaults; max_output_tokens within the room
+        the prompt leaves (the request's own until the prompt's length is known)."""
+        if self._params_policy is None:
+            self._params_policy = RequestParamsPolicy.from_model_config(self.chat.model_config)
+        defaults = self._params_policy.default_sampling_params()
+        max_tokens = request.max_output_tokens
+        if prompt_tokens is not None:
+            try:
+                max_tokens = self._params_policy.resolve_max_tokens(
+                    prompt_tokens, SamplingParams.from_client(max_tokens=max_tokens))
+            except ValueError:
+                pass  # the request failed on it already; report what it asked for
+        return {"temperature": (request.temperature if request.temperature is not None
+                                else defaults.temperature),
+                "top_p": request.top_p if request.top_p is not None else defaults.top_p,
+                "max_output_tokens": max_tokens}
+
     @staticmethod
     def _chat_request(request: ResponsesRequest, messages: list[dict[str, Any]],
                       stream: bool) -> ChatCompletionRequest:
@@ -106,7 +131,9 @@ class OpenAIServingResponses:
         response = response_object(response_id, request, model,
                                    "incomplete" if incomplete else "completed",
                                    output_items(choice["message"]),
-                                   usage_object(chat["usage"]), created, incomplete)
+                                   usage_object(chat["usage"]), created, incomplete,
+                                   sampling=self._sampling(request,
+                                                           chat["usage"]["prompt_tokens"]))
         self._save(request, response, messages + [assistant_message(choice["message"])])
         return response
 
@@ -119,17 +146,28 @@ class OpenAIServingResponses:
     async def _stream(self, request: ResponsesRequest, response_id: str, created: int,
                       model: str, messages: list[dict[str, Any]],
                       chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+        sampling = self._sampling(request, None)
         builder = ResponseEventStream(
             lambda status, output, usage, incomplete: response_object(
-                response_id, request, model, status, output, usage, created, incomplete))
-        for event in builder.start():
-            yield event
+                response_id, request, model, status, output, usage, created, incomplete,
+                sampling=sampling))
+        started = False
         try:
             async for text in chunks:
                 payload = text.removeprefix("data: ").strip()
                 if payload == "[DONE]":
                     break
                 chunk = json.loads(payload)
+                if not started:
+                    # The first chunk's usage gives the prompt's length (the chat stream
+                    # reports usage on every chunk): the created event shows the
+                    # max_output_tokens in effect, as vLLM's does.
+                    if chunk.get("usage"):
+                        sampling.update(self._sampling(request,
+                                                       chunk["usage"]["prompt_tokens"]))
+                    started = True
+                    for event in builder.start():
+                        yield event
                 if "error" in chunk:
                     yield builder.event("error", code=chunk["error"].get("code"),
                                         message=chunk["error"].get("message"), param=None)
@@ -138,6 +176,9 @@ class OpenAIServingResponses:
                     yield event
         finally:
             await chunks.aclose()
+        if not started:
+            for event in builder.start():
+                yield event
         events, response = builder.finish()
         message = {"role": "assistant", "content": builder.message["content"] or None}
         if builder.message["tool_calls"]:
@@ -152,7 +193,9 @@ class OpenAIServingResponses:
     def _start_background(self, request: ResponsesRequest, response_id: str, created: int,
                           model: str, messages: list[dict[str, Any]],
                           chat_request: ChatCompletionRequest) -> dict[str, Any]:
-        queued = response_object(response_id, request, model, "queued", [], None, created)
+        sampling = self._sampling(request, None)
+        queued = response_object(response_id, request, model, "queued", [], None, created,
+                                 sampling=sampling)
         entry = StoredResponse(queued, messages)
         if not self.store.put(response_id, entry):
             raise BadRequestError("The request is too large for the responses store "
@@ -161,24 +204,25 @@ class OpenAIServingResponses:
 
         async def work() -> None:
             entry.response = response_object(response_id, request, model, "in_progress", [],
-                                             None, created)
+                                             None, created, sampling=sampling)
             try:
                 await self._run(request, response_id, created, model, messages, chat_request)
                 if self.store.get(response_id) is entry:  # the result was too large to keep
                     entry.response = response_object(
                         response_id, request, model, "failed", [], None, created,
+                        sampling=sampling,
                         error={"code": "server_error", "message": "The response is larger "
                                "than the responses store (VLLM_RESPONSES_API_STORE_MAX_BYTES)"
                                " and was not kept."})
             except asyncio.CancelledError:
                 entry.response = response_object(response_id, request, model, "cancelled",
-                                                 [], None, created)
+                                                 [], None, created, sampling=sampling)
                 raise
             except Exception as e:  # noqa: BLE001 - recorded on the response
                 error = (e.to_response().error.model_dump() if isinstance(e, OpenAIError)
                          else {"code": "server_error", "message": str(e)})
                 entry.response = response_object(response_id, request, model, "failed", [],
-                                                 None, created, error=error)
+                                                 None, created, error=error, sampling=sampling)
             finally:
                 entry.task = None
 
