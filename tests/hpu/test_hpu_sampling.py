@@ -6,7 +6,9 @@ import torch
 
 from vllm.sample.metadata import SamplingMetadata, SamplingRow, make_generator
 from vllm.sample.ops.topk_topp import apply_top_k_top_p, apply_top_k_top_p_sorted
+from vllm.sample.logits_processors.dense import DENSE
 from vllm.sample.sampler import Sampler
+from vllm.sample.sampling_state import SamplingState, build_metadata
 from vllm.sampling_params import SamplingParams
 from vllm.hpu.sampling import (logprobs_bucket, logprobs_buckets, padded_rows,
                                       sampler_signature, static_metadata)
@@ -46,15 +48,16 @@ def test_static_metadata_samples_like_the_default_sampler():
     for K=5) give the default sampler's tokens, logprobs and ranks."""
     torch.manual_seed(1)
     real = torch.randn(5, V) * 2
-    ref = Sampler()(real.clone(), SamplingMetadata.build(_rows(), V, "cpu"))
+    ref = Sampler()(real.clone(), build_metadata(_rows(), V, "cpu"))
     where = [0, 2, 3, 5, 6]
     bucket = torch.randn(8, V) * 2
     bucket[where] = real
     rows = padded_rows(dict(zip(where, _rows())), 8)
     md = static_metadata(rows, V, "cpu")
-    assert md.max_num_logprobs == 8 and md.penalties.rows.shape[0] == 8
-    assert md.dense_logit_bias.shape == md.allowed_token_mask.shape == (8, V)
-    assert md.logit_bias is None and md.min_tokens_mask is None
+    inputs = md.logits_inputs
+    assert md.max_num_logprobs == 8 and inputs["penalties"].rows.shape[0] == 8
+    assert inputs[DENSE].bias.shape == inputs[DENSE].ban.shape == (8, V)
+    assert list(inputs) == [DENSE, "penalties"]  # bias and the masks folded
     got = Sampler(static_shapes=True)(bucket, md)
     assert got.sampled_token_ids[where].tolist() == ref.sampled_token_ids.tolist()
     lp_ref, lp_got = ref.logprobs_tensors, got.logprobs_tensors
@@ -70,9 +73,9 @@ def test_signature_depends_on_shapes_not_on_the_requests():
     def sig(params: list[SamplingParams], size: int = 4):
         rows = {i: SamplingRow(p, (1,), (2,), make_generator(p.seed) if p.seed else None)
                 for i, p in enumerate(params)}
-        table = torch.zeros(size, V, dtype=torch.int32)  # the batch's count table
+        batch = SamplingState(size)  # the batch's state (its penalty count table)
         return sampler_signature(torch.zeros(size, V), static_metadata(
-            padded_rows(rows, size), V, "cpu", token_stats=table))
+            padded_rows(rows, size), V, "cpu", sampling=batch))
     a = sig([SamplingParams(temperature=0.5, seed=1, logprobs=3), SamplingParams()])
     b = sig([SamplingParams(temperature=0.0, logprobs=4),
              SamplingParams(top_p=0.5, min_p=0.2, top_k=3)])

@@ -12,6 +12,7 @@ import torch
 from vllm.sample import sampler as sampler_module
 from vllm.sample.metadata import SamplingMetadata, SamplingRow, make_generator
 from vllm.sample.sampler import Sampler
+from vllm.sample.sampling_state import build_metadata
 from vllm.sampling_params import SamplingParams
 
 NUM_DRAWS = 20000
@@ -24,7 +25,7 @@ def _seed():
 
 
 def run(rows, logits):
-    md = SamplingMetadata.build(rows, logits.shape[1], "cpu")
+    md = build_metadata(rows, logits.shape[1], "cpu")
     return Sampler()(logits.clone(), md)
 
 
@@ -61,7 +62,7 @@ def test_greedy_is_argmax_and_skips_random_machinery(monkeypatch):
     monkeypatch.setattr(sampler_module, "random_sample", boom)
     logits = torch.randn(64, 100)
     rows = [SamplingRow(SamplingParams(temperature=0.0), [], []) for _ in range(64)]
-    md = SamplingMetadata.build(rows, 100, "cpu")
+    md = build_metadata(rows, 100, "cpu")
     assert md.all_greedy and md.temperature is None
     out = Sampler()(logits.clone(), md)
     assert torch.equal(out.sampled_token_ids, logits.argmax(-1))
@@ -145,7 +146,7 @@ def test_mixed_batch_greedy_rows_stay_greedy():
     logits = torch.randn(6, 300)
     rows = [SamplingRow(SamplingParams(temperature=0.0 if i % 2 == 0 else 1.0), [], [])
             for i in range(6)]
-    md = SamplingMetadata.build(rows, 300, "cpu")
+    md = build_metadata(rows, 300, "cpu")
     assert not md.all_greedy and not md.all_random
     out = Sampler()(logits.clone(), md).sampled_token_ids
     assert torch.equal(out[0::2], logits[0::2].argmax(-1))
@@ -154,7 +155,7 @@ def test_mixed_batch_greedy_rows_stay_greedy():
 def processed(params, logits, prompt=(), output=()):
     """Logits after constraints, bias and penalties (what greedy's argmax sees)."""
     rows = [SamplingRow(p, list(prompt), list(output)) for p in params]
-    md = SamplingMetadata.build(rows, logits.shape[1], "cpu")
+    md = build_metadata(rows, logits.shape[1], "cpu")
     return Sampler.apply_logit_processing(logits.clone().float(), md)
 
 
@@ -253,7 +254,7 @@ def test_penalties_match_dense_reference():
     prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (12, 5, 30, 7, 0)]
     outputs = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (20, 3, 9, 15, 25)]
     rows = [SamplingRow(p, pr, o) for p, pr, o in zip(params, prompts, outputs)]
-    md = SamplingMetadata.build(rows, vocab, "cpu")
+    md = build_metadata(rows, vocab, "cpu")
     got = Sampler.apply_logit_processing(logits.clone(), md)
     for i, (p, pr, o) in enumerate(zip(params, prompts, outputs)):
         ref = logits[i].clone()
@@ -269,9 +270,9 @@ def test_penalties_match_dense_reference():
 
 def test_seeded_row_without_generator_is_a_caller_error():
     with pytest.raises(ValueError, match="make_generator"):
-        SamplingMetadata.build([SamplingRow(SamplingParams(seed=3), [], [])], 10, "cpu")
+        build_metadata([SamplingRow(SamplingParams(seed=3), [], [])], 10, "cpu")
     # Greedy rows need no generator even with a seed.
-    SamplingMetadata.build([SamplingRow(SamplingParams(seed=3, temperature=0.0), [], [])], 10,
+    build_metadata([SamplingRow(SamplingParams(seed=3, temperature=0.0), [], [])], 10,
                            "cpu")
 
 
@@ -279,7 +280,7 @@ def test_extreme_accepted_knobs_do_not_break_the_float32_columns():
     """SamplingParams accepts temperature=1e300 (vLLM samples uniformly); the persistent
     batch's float32 columns clamp it instead of raising inside the engine loop."""
     params = SamplingParams(temperature=1e300, top_k=10**9, seed=1)
-    md = SamplingMetadata.build([SamplingRow(params, (1, 2), (3,), make_generator(1))], 16,
+    md = build_metadata([SamplingRow(params, (1, 2), (3,), make_generator(1))], 16,
                                 "cpu")
     assert torch.isfinite(md.temperature).all()
     token = Sampler()(torch.randn(1, 16), md).sampled_token_ids
@@ -302,11 +303,12 @@ def test_apply_bad_words_bans_only_completing_tokens():
 
 def test_fixed_shapes_fold_bad_words_into_the_mask():
     from vllm.hpu.sampling import fixed_shapes
-    from vllm.sample.metadata import SamplingMetadata, SamplingRow
+    from vllm.sample.logits_processors.dense import DENSE
+    from vllm.sample.metadata import SamplingRow
     from vllm.sampling_params import SamplingParams
     params = SamplingParams(temperature=0.0, bad_words=["x"])
     params._bad_words_token_ids = [[3], [5, 6]]
     row = SamplingRow(params=params, prompt_token_ids=[1], output_token_ids=[5])
-    md = fixed_shapes(SamplingMetadata.build([row], 10, "cpu"), "cpu")
-    assert md.bad_words is None
-    assert md.allowed_token_mask[0].nonzero().flatten().tolist() == [3, 6]
+    md = fixed_shapes(build_metadata([row], 10, "cpu"), "cpu")
+    assert "bad_words" not in md.logits_inputs
+    assert md.logits_inputs[DENSE].ban[0].nonzero().flatten().tolist() == [3, 6]

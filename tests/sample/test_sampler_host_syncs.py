@@ -22,7 +22,7 @@ from vllm.sample.metadata import SamplingMetadata, SamplingRow, make_generator
 from vllm.sample.ops import topk_topp
 from vllm.sample.ops.topk_topp import _threshold, apply_top_k_top_p
 from vllm.sample.sampler import Sampler
-from vllm.sample.sampling_state import SamplingState
+from vllm.sample.sampling_state import SamplingState, build_metadata
 from vllm.sampling_params import SamplingParams
 
 VOCAB = 600  # wider than TOP_P_WINDOW, so a nucleus can reach past the window
@@ -138,7 +138,7 @@ SCENARIOS = {
 
 
 def _metadata(specs: list[dict]) -> SamplingMetadata:
-    return SamplingMetadata.build([_row(**spec) for spec in specs], VOCAB, "cpu")
+    return build_metadata([_row(**spec) for spec in specs], VOCAB, "cpu")
 
 
 def _flat_logits(rows: int) -> torch.Tensor:
@@ -190,7 +190,7 @@ def test_recording_tokens_reads_nothing_back(watch):
     with watch.watching() as syncs:
         state.record_tokens([0, 1, 1], [5, 42, 42])
     assert syncs == []
-    tables = state.penalty_tables
+    tables = state.state_of("penalties").tables
     assert sorted(tables.seen[1].tokens().tolist()) == [1, 2, 3, 42]
     assert sorted(tables.seen[0].tokens().tolist()) == [1, 2, 3, 5, 7]
     assert tables.token_stats[1, 42].item() == 4 and tables.token_stats[0, 5].item() == 6

@@ -7,6 +7,7 @@ from vllm.engine.logprobs_utils import RequestLogprobs, make_logprob_dict
 from vllm.sample.logprobs import LogprobsLists, compute_prompt_logprobs
 from vllm.sample.metadata import SamplingMetadata, SamplingRow
 from vllm.sample.sampler import Sampler
+from vllm.sample.sampling_state import build_metadata
 from vllm.sampling_params import SamplingParams
 
 
@@ -28,7 +29,7 @@ def test_sample_logprobs_are_raw_and_ranked():
     params = [SamplingParams(temperature=0.7, top_k=5, presence_penalty=1.0, logprobs=4),
               SamplingParams(temperature=0.0, logprobs=2), SamplingParams()]
     rows = [SamplingRow(params[i % 3], [1, 2], [3, 3]) for i in range(16)]
-    md = SamplingMetadata.build(rows, 300, "cpu")
+    md = build_metadata(rows, 300, "cpu")
     assert md.max_num_logprobs == 4
     out = Sampler()(logits.clone(), md)
     t = out.logprobs_tensors
@@ -46,7 +47,7 @@ def test_sample_logprobs_are_raw_and_ranked():
 def test_rank_counts_strictly_greater_entries():
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0]])
     params = SamplingParams(temperature=0.0, logprobs=0, allowed_token_ids=[0])
-    md = SamplingMetadata.build([SamplingRow(params, [], [])], 4, "cpu")
+    md = build_metadata([SamplingRow(params, [], [])], 4, "cpu")
     t = Sampler()(logits.clone(), md).logprobs_tensors
     assert t.logprob_token_ids.tolist() == [[0]]  # logprobs=0: only the sampled token
     assert t.selected_token_ranks.tolist() == [3]  # two tied entries above it

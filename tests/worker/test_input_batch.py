@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from vllm.core.sched_output import NewRequestData
-from vllm.sample.metadata import (PADDING_ROW, PenaltyInputs, SamplingMetadata, SamplingRow,
-                                  make_generator)
+from vllm.sample.logits_processors.dense import DenseForms
+from vllm.sample.metadata import PADDING_ROW, SamplingMetadata, SamplingRow, make_generator
+from vllm.sample.ops.penalties import PenaltyInputs
 from vllm.sample.sampler import Sampler
+from vllm.sample.sampling_state import build_metadata
 from vllm.sampling_params import SamplingParams
 from vllm.hpu.sampling import fixed_shapes, static_metadata
 from vllm.worker.input_batch import InputBatch
@@ -51,7 +53,7 @@ def _fresh(states: list[Optional[CachedRequestState]], static: bool) -> Sampling
             for s in states]
     if static:
         return static_metadata(rows, V, "cpu")
-    return SamplingMetadata.build(rows, V, "cpu")
+    return build_metadata(rows, V, "cpu")
 
 
 def _penalty_view(pen: Optional[PenaltyInputs], num_rows: int):
@@ -72,8 +74,10 @@ def _penalty_view(pen: Optional[PenaltyInputs], num_rows: int):
 def assert_same_metadata(got: SamplingMetadata, ref: SamplingMetadata) -> None:
     for f in fields(SamplingMetadata):
         a, b = getattr(got, f.name), getattr(ref, f.name)
-        if f.name == "penalties":
-            assert _penalty_view(a, got.num_rows) == _penalty_view(b, ref.num_rows)
+        if f.name == "logits_inputs":
+            assert list(a) == list(b)
+            for name in a:
+                _assert_same_inputs(a[name], b[name], got.num_rows, name)
         elif f.name == "generators":
             assert a.keys() == b.keys() and all(a[k] is b[k] for k in a)
         elif isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
@@ -84,17 +88,32 @@ def assert_same_metadata(got: SamplingMetadata, ref: SamplingMetadata) -> None:
             assert a == b, f.name
 
 
+def _assert_same_inputs(a, b, num_rows: int, name: str) -> None:
+    """One knob's inputs (`SamplingMetadata.logits_inputs[name]`) compared."""
+    if isinstance(a, PenaltyInputs):
+        assert _penalty_view(a, num_rows) == _penalty_view(b, num_rows)
+    elif isinstance(a, DenseForms):
+        assert torch.equal(a.ban, b.ban) and torch.equal(a.bias, b.bias), name
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), name
+    elif isinstance(a, tuple):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), name
+    else:
+        assert a == b, name
+
+
 def _check(batch: InputBatch, states: dict[str, CachedRequestState], rng: random.Random
            ) -> None:
     """Every row's tensors and penalty counts against the states, and the metadata of a
     random layout (a shuffled subset, padding rows in the fixed-shape mode)."""
     assert batch.req_ids == [r for r in batch.req_ids if r is not None]
     assert sorted(batch.req_id_to_index.values()) == list(range(batch.num_reqs))
-    tables = batch.sampling.penalty_tables
+    penalties = batch.sampling.state_of("penalties")
+    tables = penalties.tables
     for req_id, row in batch.req_id_to_index.items():
         st = states[req_id]
         assert batch.sampling.rows[row].output_token_ids is st.output_token_ids
-        if tables is not None and batch.sampling.penalized[row]:
+        if tables is not None and penalties.penalized[row]:
             counts = torch.bincount(torch.tensor(st.output_token_ids, dtype=torch.long),
                                     minlength=V)
             prompt = torch.zeros(V, dtype=torch.long)
@@ -176,7 +195,7 @@ def test_metadata_is_reused_until_the_batch_changes():
         assert batch.sampling_metadata(layout, V, "cpu") is md
     assert batch.num_metadata_builds == 1
     # ... and the counts it refers to followed the sampled tokens.
-    view = _penalty_view(md.penalties, 2)
+    view = _penalty_view(md.logits_inputs.get("penalties"), 2)
     assert view[0][0][5] == 2 * 3 and view[1][0][6:9] == [2, 2, 2]  # 2 x count
     assert view[0][0][1:4] == [1, 1, 1]  # the prompt bit
     joining = _batch_of([dict()] * 3)[1][2]
@@ -210,7 +229,7 @@ def test_a_request_moved_to_another_row_is_read_from_its_new_row():
 def test_metadata_expires_when_min_tokens_is_reached():
     batch, (st,) = _batch_of([dict(temperature=0.0, min_tokens=2, stop_token_ids=[9])])
     md = batch.sampling_metadata(["r0"], V, "cpu")
-    assert md is not None and md.min_tokens_mask is not None
+    assert md is not None and "min_tokens" in md.logits_inputs
     st.append_token(4)
     assert batch.sampling_metadata(["r0"], V, "cpu") is md
     st.append_token(4)

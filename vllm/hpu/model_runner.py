@@ -656,15 +656,14 @@ class HPUModelRunner(ModelRunnerBase):
         return self._record_samples(req_ids, [tokens_all[i] for i in index], lp_lists)
 
     def _fixed_shapes(self, vocab: int, device: torch.device) -> Callable[..., Any]:
-        """`fixed_shapes` reading the batch's penalty count table, allocated here up
-        front so that every full sampler shape, penalized or not, reads a table of one
-        shape (see vllm/hpu/sampling.py). One object per (vocab, device): the cached
-        metadata is keyed on it."""
+        """`fixed_shapes` reading the batch's sampling state, whose tables the neutral
+        forms read (the penalties' count table, allocated up front), so that every
+        full sampler shape, penalized or not, is one shape (see vllm/hpu/sampling.py).
+        One object per (vocab, device): the cached metadata is keyed on it."""
         key = (vocab, torch.device(device))
         if self._finalizer is None or self._finalizer[0] != key:
-            tables = self.input_batch.sampling.penalty_tables_for(vocab, device)
             self._finalizer = (key, functools.partial(fixed_shapes,
-                                                      token_stats=tables.token_stats))
+                                                      sampling=self.input_batch.sampling))
         return self._finalizer[1]
 
     def _verify_bucket(self, logits: torch.Tensor, rows: dict[int, str]
@@ -685,8 +684,8 @@ class HPUModelRunner(ModelRunnerBase):
         """The full fixed-shape metadata of each logprob bucket (and none) at the
         logits' batch size."""
         vocab = logits.shape[-1]
-        table = self.input_batch.sampling.penalty_tables_for(vocab, logits.device)
-        return [warmup_metadata(logits.shape[0], vocab, k, logits.device, table.token_stats)
+        return [warmup_metadata(logits.shape[0], vocab, k, logits.device,
+                                self.input_batch.sampling)
                 for k in [None] + k_buckets]
 
     def _warm_rejection(self, logits: torch.Tensor, metadatas: list[Any]) -> None:

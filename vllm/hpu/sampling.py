@@ -13,12 +13,12 @@ the requests' parameters: dozens of shapes. Here instead:
   "full";
 - the top-K of logprobs is computed for K rounded up to a power of two
   (`logprobs_bucket`), and each request keeps its own K;
-- the logit processing is always there, dense, in one shape per bucket: penalties on
-  every row (neutral values, repetition 1 and frequency / presence 0, on rows
-  without), reading the persistent batch's [rows, vocab] count table, which the
-  runner allocates up front; allowed_token_ids and min_tokens as one [B, V] mask
-  (both set -inf before the bias, so folding them is exact); logit_bias as a dense
-  [B, V] add.
+- the logit processing is always there, in one shape per bucket: each knob of the
+  table (vllm/sample/logits_processors/) gives its fixed form: the forbidding knobs
+  (allowed_token_ids, min_tokens, bad_words) fold into one [B, V] mask and
+  logit_bias into one dense [B, V] add (`DenseForms`), penalties run on every row
+  (neutral values on rows without) reading the persistent batch's [rows, vocab]
+  count table, which the runner allocates up front.
 
 So a bucket's sampler has one "full" shape per logprob bucket, whatever the requests
 ask for, and warmup runs the argmax and every full shape, the logprob buckets and
@@ -28,13 +28,15 @@ min_tokens and allowed_token_ids compile nothing while serving. The price is a f
 """
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from typing import Any, Hashable, Optional, Sequence
 
 import torch
 
-from vllm.sample.metadata import PADDING_ROW, PenaltyInputs, SamplingMetadata, SamplingRow
-from vllm.sample.ops.logit_masks import apply_bad_words
+from vllm.sample.logits_processors import BUILTIN_PROCESSORS
+from vllm.sample.logits_processors.dense import DENSE, DenseForms
+from vllm.sample.metadata import PADDING_ROW, SamplingMetadata, SamplingRow
+from vllm.sample.sampling_state import SamplingState, build_metadata
 from vllm.sampling_params import SamplingParams
 
 DUMMY_ROW = PADDING_ROW
@@ -62,97 +64,35 @@ def logprobs_buckets(max_logprobs: int, vocab_size: int) -> list[int]:
 
 def static_metadata(rows: Sequence[SamplingRow], vocab_size: int,
                     device: torch.device | str,
-                    token_stats: Optional[torch.Tensor] = None) -> SamplingMetadata:
-    """`SamplingMetadata.build` for a bucket's rows, in the fixed shapes of the module
-    doc (see `fixed_shapes`)."""
-    return fixed_shapes(SamplingMetadata.build(rows, vocab_size, device), device,
-                        token_stats)
+                    sampling: Optional[SamplingState] = None) -> SamplingMetadata:
+    """`build_metadata` for a bucket's rows, in the fixed shapes of the module doc (see
+    `fixed_shapes`)."""
+    return fixed_shapes(build_metadata(rows, vocab_size, device), device, sampling)
 
 
 def fixed_shapes(md: SamplingMetadata, device: torch.device | str,
-                 token_stats: Optional[torch.Tensor] = None) -> SamplingMetadata:
+                 sampling: Optional[SamplingState] = None) -> SamplingMetadata:
     """`md` in the fixed shapes of the module doc (never the all-greedy or all-random
-    shortcuts: one "full" shape). What the runner's persistent batch applies once to
-    the metadata it caches (`InputBatch.sampling_metadata`). `token_stats`: the
-    penalty count table neutral penalties read when no row has penalties (the one the
-    batch's penalized rows use, so both have one shape); without it, a batch without
-    penalties has none."""
-    n = md.num_rows
-    if md.temperature is None:
-        md.temperature = torch.ones(n, dtype=torch.float32, device=device)
-    if md.greedy_mask is None:
-        md.greedy_mask = torch.full((n,), md.all_greedy, dtype=torch.bool, device=device)
-    if md.top_k is None:
-        md.top_k = torch.zeros(n, dtype=torch.int64, device=device)
-    if md.top_p is None:
-        md.top_p = torch.ones(n, dtype=torch.float32, device=device)
-    if md.min_p is None:
-        md.min_p = torch.zeros(n, dtype=torch.float32, device=device)
+    shortcuts: one "full" shape): every knob of the table in its fixed form. What the
+    runner's persistent batch applies once to the metadata it caches
+    (`InputBatch.sampling_metadata`). `sampling`: the batch's state, whose tables the
+    neutral forms read (penalties: the count table penalized rows use, so both have
+    one shape); without it, a batch without penalties has none."""
+    dense = DenseForms.neutral(md.num_rows, md.vocab_size, device)
+    own: dict[str, Any] = {}
+    for processor in BUILTIN_PROCESSORS:
+        if processor.stage == "probs":
+            processor.fixed_form(None, md, dense)
+            continue
+        inputs = md.logits_inputs.get(processor.name)
+        state = sampling.state_of(processor.name) if sampling is not None else None
+        form = processor.fixed_form(inputs, md, dense, state)
+        if form is not None:
+            own[processor.name] = form
     md.all_greedy = md.all_random = False
     md.max_num_logprobs = logprobs_bucket(md.max_num_logprobs, md.vocab_size)
-    if md.penalties is not None:
-        md.penalties = _every_row(md.penalties, n)
-    elif token_stats is not None:
-        md.penalties = _neutral_penalties(n, token_stats)
-    md.allowed_token_mask = _dense_mask(md, device)
-    md.min_tokens_mask = None
-    md.bad_words = None  # folded into the mask: the batch rebuilds it each step they apply
-    md.dense_logit_bias = _dense_bias(md, device)
-    md.logit_bias = None
+    md.logits_inputs = {DENSE: dense, **own}
     return md
-
-
-def _dense_mask(md: SamplingMetadata, device: torch.device | str) -> torch.Tensor:
-    """allowed_token_ids, min_tokens and the bad words' next tokens (as of now) as one
-    [N, V] bool mask (True: -inf)."""
-    mask = md.allowed_token_mask
-    if mask is None:
-        mask = torch.zeros(md.num_rows, md.vocab_size, dtype=torch.bool, device=device)
-    if md.min_tokens_mask is not None:
-        rows, tokens = md.min_tokens_mask
-        mask = mask.clone()
-        mask[rows, tokens] = True
-    if md.bad_words is not None:
-        banned = apply_bad_words(torch.zeros(md.num_rows, md.vocab_size, device=device),
-                                 md.bad_words)
-        mask = mask | torch.isneginf(banned)
-    return mask
-
-
-def _dense_bias(md: SamplingMetadata, device: torch.device | str) -> torch.Tensor:
-    """logit_bias as a [N, V] float32 add (zeros without)."""
-    bias = torch.zeros(md.num_rows, md.vocab_size, dtype=torch.float32, device=device)
-    if md.logit_bias is not None:
-        rows, tokens, values = md.logit_bias
-        bias.index_put_((rows, tokens), values.to(torch.float32), accumulate=True)
-    return bias
-
-
-def _neutral_penalties(num_rows: int, token_stats: torch.Tensor) -> PenaltyInputs:
-    """Penalties that change nothing (repetition 1, frequency and presence 0) on every
-    row, reading row 0 of the batch's count table: the shape of real ones."""
-    device = token_stats.device
-    return PenaltyInputs(rows=torch.arange(num_rows, device=device),
-                         table_rows=torch.zeros(num_rows, dtype=torch.int64, device=device),
-                         token_stats=token_stats, seen_tokens=[],
-                         repetition=torch.ones(num_rows, dtype=torch.float32, device=device),
-                         frequency=torch.zeros(num_rows, dtype=torch.float32, device=device),
-                         presence=torch.zeros(num_rows, dtype=torch.float32, device=device))
-
-
-def _every_row(p: PenaltyInputs, num_rows: int) -> PenaltyInputs:
-    """Penalties on all `num_rows` rows, for the whole-row path: neutral values
-    (repetition 1, frequency and presence 0, which leave every logit as it is) on rows
-    without penalties; no per-row seen-token lists (not a fixed shape, not needed)."""
-    def spread(values: torch.Tensor, neutral: float) -> torch.Tensor:
-        return values.new_full((num_rows,), neutral).index_copy_(0, p.rows, values)
-
-    return PenaltyInputs(rows=torch.arange(num_rows, device=p.rows.device),
-                         table_rows=spread(p.table_rows, 0),
-                         token_stats=p.token_stats, seen_tokens=[],
-                         repetition=spread(p.repetition, 1.0),
-                         frequency=spread(p.frequency, 0.0),
-                         presence=spread(p.presence, 0.0))
 
 
 def _signature(value: Any) -> Hashable:
@@ -160,10 +100,10 @@ def _signature(value: Any) -> Hashable:
         return (tuple(value.shape), value.dtype)
     if isinstance(value, (tuple, list)):
         return tuple(_signature(v) for v in value)
-    if isinstance(value, PenaltyInputs):
+    if is_dataclass(value):
         return _signature(tuple(getattr(value, f.name) for f in fields(value)))
     if isinstance(value, dict):
-        return "generators"  # per-row draws of one fixed shape [V]; not a graph input
+        return tuple((k, _signature(v)) for k, v in value.items())
     return value
 
 
@@ -172,8 +112,10 @@ def sampler_signature(logits: torch.Tensor, md: Optional[SamplingMetadata]) -> H
     shape (or value, for flags and the logprob bucket). None: the argmax path."""
     if md is None:
         return ("argmax", _signature(logits))
+    # Generators: per-row draws of one fixed shape [V], not a graph input.
     return ("sampler", _signature(logits),
-            tuple((f.name, _signature(getattr(md, f.name))) for f in fields(md)))
+            tuple((f.name, _signature(getattr(md, f.name))) for f in fields(md)
+                  if f.name != "generators"))
 
 
 def padded_rows(rows: dict[int, SamplingRow], batch_size: int) -> list[SamplingRow]:
@@ -183,8 +125,9 @@ def padded_rows(rows: dict[int, SamplingRow], batch_size: int) -> list[SamplingR
 
 def warmup_metadata(batch_size: int, vocab_size: int, num_logprobs: Optional[int],
                     device: torch.device | str,
-                    token_stats: Optional[torch.Tensor] = None) -> SamplingMetadata:
-    """The "full" metadata of a dummy batch (one random row, logprobs as given)."""
+                    sampling: Optional[SamplingState] = None) -> SamplingMetadata:
+    """The "full" metadata of a dummy batch (one random row, logprobs as given): every
+    knob in its fixed form, so it is the shape any served batch has."""
     params = SamplingParams(temperature=1.0, logprobs=num_logprobs)
     rows = {0: SamplingRow(params, (), ())}
-    return static_metadata(padded_rows(rows, batch_size), vocab_size, device, token_stats)
+    return static_metadata(padded_rows(rows, batch_size), vocab_size, device, sampling)

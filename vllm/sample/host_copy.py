@@ -10,6 +10,7 @@ synchronisation per step. On CPU both are plain conversions.
 """
 from __future__ import annotations
 
+from itertools import chain
 from typing import Sequence, Union
 
 import torch
@@ -40,3 +41,15 @@ def device_to_host(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             if t.is_cuda else t for t in tensors]
     torch.cuda.current_stream(cuda[0].device).synchronize()
     return host
+
+
+def flat_tokens(seqs: Sequence[Sequence[int]], vocab_size: int,
+                device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row index, token id) of every in-vocabulary token of `seqs`, as two flat tensors
+    on `device` (what the per-row token lists of a knob become)."""
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
+    tokens = torch.tensor(list(chain.from_iterable(seqs)), dtype=torch.int64)
+    row_ids = torch.repeat_interleave(torch.arange(len(seqs)), lengths)
+    keep = (tokens >= 0) & (tokens < vocab_size)
+    return (host_to_device(row_ids[keep], torch.int64, device),
+            host_to_device(tokens[keep], torch.int64, device))

@@ -23,8 +23,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from vllm.sample.host_copy import host_to_device
-from vllm.sample.metadata import flat_tokens
+from vllm.sample.host_copy import flat_tokens, host_to_device
 
 PROMPT_BIT = 1
 OUTPUT_STEP = 2

@@ -1,8 +1,9 @@
 """The sampler: logits of the last position of each request -> next token ids (+ logprobs).
 
-Order (vLLM V1): raw logprobs (if requested) -> float32 -> allowed_token_ids ->
-min_tokens and logit_bias -> repetition / frequency / presence penalties -> argmax for
+Order (vLLM V1): raw logprobs (if requested) -> float32 -> the knobs that edit the
+logits (allowed_token_ids, min_tokens, bad_words, logit_bias, penalties) -> argmax for
 greedy rows; for the others temperature -> min_p -> top_k / top_p -> random sample.
+Which knobs exist and what each does is the table in logits_processors/.
 """
 from __future__ import annotations
 
@@ -15,11 +16,8 @@ from torch import nn
 from vllm.sample.host_copy import device_to_host
 from vllm.sample.logprobs import (LogprobsLists, LogprobsTensors, compute_logprobs,
                                   gather_logprobs)
+from vllm.sample.logits_processors import apply_logits, apply_probs
 from vllm.sample.metadata import SamplingMetadata, greedy_sample
-from vllm.sample.ops.logit_masks import (apply_allowed_token_mask, apply_bad_words,
-                                         apply_logit_bias, apply_min_tokens)
-from vllm.sample.ops.penalties import apply_penalties, apply_penalties_dense
-from vllm.sample.ops.topk_topp import apply_min_p, apply_top_k_top_p, apply_top_k_top_p_sorted
 
 
 @dataclass
@@ -84,20 +82,7 @@ class Sampler(nn.Module):
                                static_shapes: bool = False) -> torch.Tensor:
         """Constraints, biases and penalties: everything the greedy argmax also sees
         (penalties on whole rows with `static_shapes`, same values)."""
-        if md.allowed_token_mask is not None:
-            logits = apply_allowed_token_mask(logits, md.allowed_token_mask)
-        if md.min_tokens_mask is not None:
-            logits = apply_min_tokens(logits, *md.min_tokens_mask)
-        if md.bad_words is not None:
-            logits = apply_bad_words(logits, md.bad_words)
-        if md.logit_bias is not None:
-            logits = apply_logit_bias(logits, *md.logit_bias)
-        if md.dense_logit_bias is not None:
-            logits = logits + md.dense_logit_bias
-        if md.penalties is not None:
-            penalize = apply_penalties_dense if static_shapes else apply_penalties
-            logits = penalize(logits, md.penalties)
-        return logits
+        return apply_logits(logits, md, static_shapes)
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         greedy = None if md.all_random else greedy_sample(logits)
@@ -109,23 +94,15 @@ class Sampler(nn.Module):
             return sampled
         return torch.where(md.greedy_mask, greedy, sampled)
 
-
     def compute_probs(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """The distribution random rows sample from: processed float32 logits (in place)
         -> temperature -> min_p -> top-k / top-p -> softmax. Speculative decoding's
         rejection sampler verifies drafts against exactly this."""
-        logits = logits.div_(md.temperature.unsqueeze(1))
-        if md.min_p is not None:
-            logits = apply_min_p(logits, md.min_p)
-        if self.static_shapes and md.top_k is not None and md.top_p is not None:
-            logits = apply_top_k_top_p_sorted(logits, md.top_k, md.top_p)
-        elif md.top_k is not None or md.top_p is not None:
-            logits = apply_top_k_top_p(logits, md.top_k, md.top_p, md.top_k_max,
-                                       md.top_k_any_off,
-                                       self._avoid_host_syncs(logits))
+        logits = apply_probs(logits, md, self)
         return torch.softmax(logits, dim=-1, dtype=torch.float32)
 
-    def _avoid_host_syncs(self, logits: torch.Tensor) -> bool:
+    def avoids_host_syncs(self, logits: torch.Tensor) -> bool:
+        """Whether to take the sync-free paths for these logits (see `__init__`)."""
         if self.avoid_host_syncs is not None:
             return self.avoid_host_syncs
         return logits.device.type != "cpu"

@@ -13,9 +13,9 @@ Per step, around the platform's layout and forward:
    spec_token_ids`; the scheduler decides how many of them it schedules.
 
 A request gets drafts only when the target's distribution at each verification row
-is known up front: no penalties, no min_tokens still in force and no bad word of
-several tokens (all depend on the output so far, which the drafts would change row by
-row). Such requests decode one
+is known up front: no knob of the sampling table whose effect depends on the output
+so far (`holds_drafts_back`: penalties, min_tokens still in force, a bad word of
+several tokens), which the drafts would change row by row. Such requests decode one
 token per step, exactly as without speculation. Structured outputs are served: the
 scheduler keeps only drafts the grammar accepts and sends one bitmask row per
 verification row (the grammar advanced over the drafts before it, then rolled back).
@@ -28,7 +28,7 @@ from typing import Any, Optional, Protocol
 import torch
 
 from vllm.sample.sampler import Sampler
-from vllm.sample.sampling_state import is_penalized
+from vllm.sample.logits_processors import holds_drafts_back
 from vllm.spec_decode.config import SpeculativeConfig
 from vllm.spec_decode.draft_model_proposer import DraftModelProposer
 from vllm.spec_decode.ngram_proposer import NgramProposer
@@ -115,7 +115,4 @@ class SpecDecodeRunner:
 
     @staticmethod
     def can_speculate(state: Any) -> bool:
-        params = state.sampling_params
-        return (not is_penalized(params)
-                and len(state.output_token_ids) >= params.min_tokens
-                and not any(len(seq) > 1 for seq in params.bad_words_token_ids or ()))
+        return not holds_drafts_back(state.sampling_params, len(state.output_token_ids))

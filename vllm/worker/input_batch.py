@@ -13,8 +13,9 @@ them (`condense`), so rows are always 0..num_reqs-1.
 The sampler's metadata is cached (`sampling_metadata`): a step whose requests and
 logits layout are those of the previous step reuses it. Its only per-step input,
 the output token counts of the penalties, lives in tensors the metadata refers to
-and that `record_output_tokens` updates in place; min_tokens, the one knob that
-changes with the output length, expires the cache when a row reaches it.
+and that `record_output_tokens` updates in place; a knob whose effect ends with the
+output length (min_tokens: `expires` in the table of logits processors) expires the
+cache when a row reaches it.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ from typing import Callable, Hashable, Iterable, Optional, Sequence
 
 import torch
 
-from vllm.sample.metadata import (PADDING_ROW, SamplingMetadata, SamplingRow,
-                                  min_tokens_in_force, needs_only_argmax)
+from vllm.sample.logits_processors import BUILTIN_PROCESSORS, argmax_from
+from vllm.sample.logits_processors.base import BuiltinLogitsProcessor
+from vllm.sample.metadata import PADDING_ROW, SamplingMetadata, SamplingRow
 from vllm.sample.sampling_state import SamplingState
 from vllm.worker.request_state import CachedRequestState
 
@@ -40,21 +42,25 @@ MetadataFinalizer = Callable[[SamplingMetadata, torch.device], SamplingMetadata]
 class _CachedSampling:
     metadata: Optional[SamplingMetadata]
     """None: every row takes the argmax of its raw logits."""
-    min_tokens_rows: list[SamplingRow]
-    """Rows whose min_tokens was in force at build time: the entry expires once one
-    of them reaches it (its stop tokens are allowed again, maybe the argmax path)."""
+    in_force: list[tuple[SamplingRow, BuiltinLogitsProcessor]]
+    """(row, knob) pairs of expiring knobs (min_tokens) in force at build time: the
+    entry expires once one of them no longer is (its stop tokens are allowed again,
+    maybe the argmax path)."""
     per_step: bool = False
-    """A row has a bad word of several tokens, whose ban depends on the latest output:
-    fixed-shape metadata (HPU) folds it into a mask, so the entry serves one step."""
+    """A knob's fixed-shape form depends on the latest output (a bad word of several
+    tokens, folded into the HPU's mask): the entry serves one step."""
 
     def expired(self) -> bool:
-        return self.per_step or any(not min_tokens_in_force(r) for r in self.min_tokens_rows)
+        return self.per_step or any(not p.in_force(r) for r, p in self.in_force)
 
 
 class InputBatch:
 
-    def __init__(self, max_num_reqs: int) -> None:
+    def __init__(self, max_num_reqs: int, custom_breaks_argmax: bool = False) -> None:
         self.max_num_reqs = max_num_reqs
+        self.custom_breaks_argmax = custom_breaks_argmax
+        """A user logits processor that may change the argmax is installed: no row takes
+        the raw argmax without the sampler (as in vLLM)."""
         self.padding_row = max_num_reqs
         """A row past the requests' holding `PADDING_ROW`: what logits rows that sample
         nothing (fixed-shape padding) read."""
@@ -106,9 +112,8 @@ class InputBatch:
         self.sampling.write_row(row, SamplingRow(
             params=params, prompt_token_ids=state.prompt_token_ids,
             output_token_ids=state.output_token_ids, generator=state.generator))
-        self._argmax_min_outputs[row] = (params.min_tokens
-                                         if needs_only_argmax(params, params.min_tokens)
-                                         else None)
+        self._argmax_min_outputs[row] = (None if self.custom_breaks_argmax
+                                         else argmax_from(params))
         self.req_id_to_index[state.req_id] = row
         self.version += 1
         return row
@@ -198,17 +203,17 @@ class InputBatch:
                         finalize: Optional[MetadataFinalizer]) -> _CachedSampling:
         self.num_metadata_builds += 1
         rows = [self.padding_row if r is None else self.req_id_to_index[r] for r in req_ids]
-        min_tokens_rows = [self.sampling.rows[i] for i in rows
-                           if min_tokens_in_force(self.sampling.rows[i])]
+        in_force = [(self.sampling.rows[i], p) for i in rows for p in BUILTIN_PROCESSORS
+                    if p.expires and p.in_force(self.sampling.rows[i])]
         metadata = None
         per_step = False
         if not all(self.takes_argmax(r) for r in req_ids if r is not None):
             metadata = self.sampling.metadata(rows, vocab_size, device)
             per_step = finalize is not None and any(
-                len(seq) > 1 for _, seqs, _ in metadata.bad_words or () for seq in seqs)
+                p.per_step(metadata.logits_inputs.get(p.name)) for p in BUILTIN_PROCESSORS)
             if finalize is not None:
                 metadata = finalize(metadata, torch.device(device))
-        return _CachedSampling(metadata, min_tokens_rows, per_step)
+        return _CachedSampling(metadata, in_force, per_step)
 
     def record_output_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int]) -> None:
         """token_ids[i] was just appended to request req_ids[i]'s output: count it for

@@ -12,10 +12,30 @@ penalized rows whole, in shapes that depend only on the batch (HPU graphs).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from vllm.sample.host_copy import host_to_device
-from vllm.sample.metadata import PenaltyInputs
+
+
+@dataclass
+class PenaltyInputs:
+    """What the penalties need: the penalized logits rows, their rows of the token
+    tables, and each row's three penalties.
+
+    The tables hold, per table row, each token's output count and prompt presence
+    (`token_stats`) and the distinct seen tokens (`seen_tokens`, one entry per
+    penalized row). In the persistent batch they are the batch's own, updated in place
+    each step, so cached metadata stays current.
+    """
+    rows: torch.Tensor  # [R] int64 logits row
+    table_rows: torch.Tensor  # [R] int64 row of token_stats
+    token_stats: torch.Tensor  # [T, V] int32: 2 * output count + (1 if in the prompt)
+    seen_tokens: list  # [R] SeenTokens (empty in fixed shapes: the whole-row path)
+    repetition: torch.Tensor  # [R] float32 (1.0: no repetition penalty)
+    frequency: torch.Tensor  # [R] float32
+    presence: torch.Tensor  # [R] float32
 
 
 def apply_penalties(logits: torch.Tensor, pen: PenaltyInputs) -> torch.Tensor:
