@@ -1,4 +1,6 @@
-"""The Ray executor on a local single-node Ray cluster: the one-process outputs (as mp)."""
+"""The Ray executor on a local single-node Ray cluster: the one-process outputs (as mp),
+on CPU and on the fake HPU (whose devices the local cluster declares: Ray cannot count
+them)."""
 from __future__ import annotations
 
 import gc
@@ -52,4 +54,25 @@ def test_ray_tp2_matches_one_process_then_killed_actor_raises(tiny_qwen2, tiny_r
     del llm, executor
     gc.collect()
     # The cluster this engine started is gone with it (the fixture checks the processes).
+    assert not ray.is_initialized()
+
+
+@pytest.mark.timeout(240)
+def test_fake_hpu_on_a_local_cluster_declares_one_hpu_per_rank(tiny_qwen2, tiny_reference,
+                                                               monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if ray.is_initialized():
+        ray.shutdown()
+    from tests.hpu.conftest import SMALL_BUCKETS, platform_env
+    from vllm import LLM
+    with platform_env("hpu", VLLM_SKIP_WARMUP="1", **SMALL_BUCKETS):
+        llm = LLM(tiny_qwen2, tensor_parallel_size=2, distributed_executor_backend="ray",
+                  **ENGINE_KWARGS)
+        try:
+            assert ray.cluster_resources().get("HPU") == 2
+            assert greedy_token_ids(llm) == tiny_reference
+        finally:
+            llm.llm_engine.shutdown()
+            del llm
+            gc.collect()
     assert not ray.is_initialized()

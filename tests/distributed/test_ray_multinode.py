@@ -1,10 +1,12 @@
 """The Ray executor over a 2-node Ray cluster on one machine (ray.cluster_utils.Cluster):
-TP=2 with one rank per node equals the one-process tokens; a server on the cluster
-whose worker on one node is killed fails the request and reports unhealthy (no hang).
+TP=2 with one rank per node equals the one-process tokens, on CPU and on the fake HPU
+(each node declares one HPU, as the README's two-host example does); more ranks than
+the nodes' HPUs fail with the per-node count and how to declare them; a server on the
+cluster whose worker on one node is killed fails the request and reports unhealthy.
 
-One cluster for the module (Ray starts slowly on few cores): each node has one CPU,
-so the placement group must put the two ranks on different nodes; each node also
-has a custom resource naming it.
+One cluster for the module (Ray starts slowly on few cores): each node has one CPU and
+one HPU, so the placement group must put the two ranks on different nodes; each node
+also has a custom resource naming it.
 """
 from __future__ import annotations
 
@@ -44,9 +46,10 @@ def two_node_cluster():
     mp = pytest.MonkeyPatch()
     mp.setenv("RAY_memory_monitor_refresh_ms", "0")
     cluster = Cluster(initialize_head=True, head_node_args=dict(
-        num_cpus=1, resources={"node_a": 1}, include_dashboard=False,
+        num_cpus=1, resources={"node_a": 1, "HPU": 1}, include_dashboard=False,
         object_store_memory=96 << 20))
-    cluster.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=96 << 20)
+    cluster.add_node(num_cpus=1, resources={"node_b": 1, "HPU": 1},
+                     object_store_memory=96 << 20)
     cluster.wait_for_nodes()
     try:
         yield cluster
@@ -101,6 +104,57 @@ def test_tp2_across_two_nodes_matches_one_process(two_node_cluster, tiny_qwen2,
         llm.llm_engine.shutdown()
         del llm
     assert not ray.is_initialized()  # the engine's connection closed; the cluster stays
+
+
+@pytest.mark.timeout(300)
+def test_fake_hpu_tp2_across_two_nodes_that_declare_their_hpu(two_node_cluster, tiny_qwen2,
+                                                              tiny_reference, monkeypatch):
+    """The README's two-host example on one machine: nodes started with
+    resources={"HPU": 1} hold one fake-HPU rank each (the engine's VLLM_* settings reach
+    the other node's rank), with the one-process tokens."""
+    from tests.hpu.conftest import SMALL_BUCKETS, platform_env
+    from vllm import LLM
+    monkeypatch.setenv("RAY_ADDRESS", two_node_cluster.address)
+    with platform_env("hpu", VLLM_SKIP_WARMUP="1", **SMALL_BUCKETS):
+        llm = LLM(tiny_qwen2, tensor_parallel_size=2, distributed_executor_backend="ray",
+                  **ENGINE_KWARGS)
+        try:
+            assert greedy_token_ids(llm) == tiny_reference
+
+            def where(worker):
+                import ray as worker_ray
+                return (worker_ray.get_runtime_context().get_node_id(),
+                        type(worker).__name__)
+
+            placed = llm.collective_rpc(where)
+            assert len({node for node, _ in placed}) == 2
+            assert {kind for _, kind in placed} == {"HPUWorker"}
+        finally:
+            llm.llm_engine.shutdown()
+            del llm
+
+
+@pytest.mark.timeout(120)
+def test_more_ranks_than_declared_hpus_names_the_nodes_and_the_remedy(two_node_cluster,
+                                                                     tiny_qwen2, monkeypatch,
+                                                                     caplog):
+    """4 ranks on nodes offering 2 HPU: said at once (a warning), then the placement
+    timeout's error names each node's count and `ray start --resources`."""
+    from tests.hpu.conftest import platform_env
+    from vllm import LLM
+    from vllm.executor import ray_utils
+    monkeypatch.setenv("RAY_ADDRESS", two_node_cluster.address)
+    monkeypatch.setattr(ray_utils, "PLACEMENT_GROUP_TIMEOUT_S", 3.0)
+    with platform_env("hpu", VLLM_SKIP_WARMUP="1"), caplog.at_level("WARNING"):
+        with pytest.raises(ValueError) as err:
+            LLM(tiny_qwen2, tensor_parallel_size=2, pipeline_parallel_size=2,
+                distributed_executor_backend="ray", **ENGINE_KWARGS)
+    message = str(err.value)
+    assert "4 ranks need 4 HPU but the cluster's nodes offer 2 (" in message
+    assert message.count(": 1") >= 2  # one HPU on each node
+    assert """--resources='{"HPU": 8}'""" in message
+    assert any("4 ranks need 4 HPU" in r.getMessage() for r in caplog.records)
+    assert not ray.is_initialized()
 
 
 def _actor_pids() -> list[int]:

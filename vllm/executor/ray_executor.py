@@ -39,8 +39,8 @@ class RayDistributedExecutor(DistributedExecutorBase):
         self._failure: Optional[str] = None
         start = time.perf_counter()
         pc = self.vllm_config.parallel_config
-        acquire_ray_cluster(self.world_size * pc.data_parallel_size)
         device_key = ray_device_key(self.vllm_config.device_config.device)
+        acquire_ray_cluster(self.world_size * pc.data_parallel_size, device_key)
         self.placement_group = None
         self.workers: list[Any] = []
         self._watches: list[Any] = []

@@ -2,6 +2,13 @@
 
 Ray is optional (`pip install ray`); it is imported only when the ray backend is
 chosen, and a missing install is a ValueError naming the flag.
+
+Each rank reserves one unit of its device's Ray resource (`GPU`, `HPU`, else `CPU`).
+Ray counts a node's Gaudi cards as `HPU` only where `habana_frameworks` imports in the
+environment that runs `ray start`; a node started elsewhere (or the fake HPU) offers
+none unless it declares them (`ray start --resources='{"HPU": 8}'`). A cluster that
+lacks them is reported at once, node by node, with that remedy, instead of a bare
+timeout; a single-node cluster started here for the fake HPU declares one per rank.
 """
 from __future__ import annotations
 
@@ -43,17 +50,19 @@ class _RayConnection:
     keeper_release: Optional[threading.Event] = None
 
 
-def acquire_ray_cluster(num_ranks: int) -> None:
+def acquire_ray_cluster(num_ranks: int, device_key: str = "CPU") -> None:
     """Connect to the cluster at RAY_ADDRESS, or start a single-node one on loopback.
 
     `num_ranks` (all ranks of all replicas on this machine) sizes a local cluster's
-    CPUs. A connection opened here is closed by the last `release_ray_cluster()`,
-    which also stops a cluster started here; one the application opened is left alone.
+    CPUs (and the fake HPU's devices: `device_key` is the resource a rank reserves).
+    A connection opened here is closed by the last `release_ray_cluster()`, which also
+    stops a cluster started here; one the application opened is left alone.
     """
     ray = import_ray()
     with _RayConnection.lock:
         if not ray.is_initialized():
-            _RayConnection.keeper_release = _connect_from_long_lived_thread(ray, num_ranks)
+            _RayConnection.keeper_release = _connect_from_long_lived_thread(
+                ray, num_ranks, device_key)
             _RayConnection.owned = True
         _RayConnection.users += 1
 
@@ -71,7 +80,8 @@ def release_ray_cluster() -> None:
                 _RayConnection.keeper_release = None
 
 
-def _connect_from_long_lived_thread(ray: Any, num_ranks: int) -> Optional[threading.Event]:
+def _connect_from_long_lived_thread(ray: Any, num_ranks: int,
+                                    device_key: str) -> Optional[threading.Event]:
     """Connect from the main thread, or from a thread that lives until release.
 
     Ray ties the processes of a cluster it starts (GCS, raylet) to the *thread* that
@@ -80,7 +90,7 @@ def _connect_from_long_lived_thread(ray: Any, num_ranks: int) -> Optional[thread
     Returns the event that lets the keeper thread end (None on the main thread).
     """
     if threading.current_thread() is threading.main_thread():
-        _connect(ray, num_ranks)
+        _connect(ray, num_ranks, device_key)
         return None
     connected = threading.Event()
     release = threading.Event()
@@ -88,7 +98,7 @@ def _connect_from_long_lived_thread(ray: Any, num_ranks: int) -> Optional[thread
 
     def keep() -> None:
         try:
-            _connect(ray, num_ranks)
+            _connect(ray, num_ranks, device_key)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             errors.append(exc)
             return
@@ -103,17 +113,28 @@ def _connect_from_long_lived_thread(ray: Any, num_ranks: int) -> Optional[thread
     return release
 
 
-def _connect(ray: Any, num_ranks: int) -> None:
+def _connect(ray: Any, num_ranks: int, device_key: str) -> None:
     address = envs.RAY_ADDRESS
     if address:
         logger.info("Connecting to the Ray cluster at %s.", address)
         ray.init(address=address, configure_logging=False)
         return
     num_cpus = max(num_ranks, os.cpu_count() or 1)
-    logger.info("Starting a local Ray cluster (%d CPUs, loopback only).", num_cpus)
+    resources = local_device_resources(device_key, num_ranks)
+    logger.info("Starting a local Ray cluster (%d CPUs%s, loopback only).", num_cpus,
+                "".join(f", {n:g} {k}" for k, n in resources.items()))
     with _loopback_only(ray):
         ray.init(address="local", include_dashboard=False, num_cpus=num_cpus,
-                 object_store_memory=LOCAL_OBJECT_STORE_BYTES, configure_logging=False)
+                 resources=resources or None, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+                 configure_logging=False)
+
+
+def local_device_resources(device_key: str, num_ranks: int) -> dict[str, float]:
+    """Custom resources of a single-node cluster started here: the fake HPU's devices
+    (one per rank), which Ray cannot count; real devices Ray detects by itself."""
+    if device_key == "HPU" and envs.VLLM_USE_FAKE_HPU:
+        return {"HPU": float(num_ranks)}
+    return {}
 
 
 @contextlib.contextmanager
@@ -147,6 +168,11 @@ def create_placement_group(world_size: int, device_key: str) -> Any:
     ray = import_ray()
     from ray.util.placement_group import placement_group
     bundles = [{device_key: 1.0} for _ in range(world_size)]
+    short = _device_shortage(ray, world_size, device_key)
+    if short:
+        # Not refused yet (vLLM waits too: an autoscaler may still add nodes).
+        logger.warning("%s Waiting up to %.0f s for the cluster to grow.", short,
+                       PLACEMENT_GROUP_TIMEOUT_S)
     pg = placement_group(bundles, strategy="PACK")
     ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_GROUP_TIMEOUT_S)
     if not ready:
@@ -155,9 +181,34 @@ def create_placement_group(world_size: int, device_key: str) -> Any:
         raise ValueError(
             f"The Ray cluster cannot place {world_size} workers (one {device_key} each) "
             f"within {PLACEMENT_GROUP_TIMEOUT_S:.0f} s; available resources: "
-            f"{ray.available_resources()}. Lower tensor_parallel_size x "
-            "pipeline_parallel_size or add nodes.")
+            f"{ray.available_resources()}. "
+            + (_device_shortage(ray, world_size, device_key) or
+               "Lower tensor_parallel_size x pipeline_parallel_size or add nodes."))
     return pg
+
+
+_DECLARE_HINT = {
+    "HPU": "Ray counts a node's Gaudi cards only where habana_frameworks imports in the "
+           "environment that runs `ray start`; declare them on each node: `ray start ... "
+           "--resources='{\"HPU\": 8}'` (the fake HPU, VLLM_USE_FAKE_HPU=1: one per rank "
+           "the node should host).",
+    "GPU": "Start each node with its GPUs visible (`ray start ... --num-gpus N`).",
+    "CPU": "Start each node with enough CPUs (`ray start ... --num-cpus N`).",
+}
+
+
+def _device_shortage(ray: Any, world_size: int, device_key: str) -> str:
+    """Why the cluster's nodes cannot hold `world_size` ranks (their `device_key` count,
+    node by node, and how to declare more), or "" when their total is enough."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    counts = [(n.get("NodeManagerAddress", "?"), (n.get("Resources") or {}).get(device_key, 0))
+              for n in nodes]
+    total = sum(c for _, c in counts)
+    if total >= world_size:
+        return ""
+    per_node = ", ".join(f"{ip}: {c:g}" for ip, c in counts) or "no live node"
+    return (f"{world_size} ranks need {world_size} {device_key} but the cluster's nodes offer "
+            f"{total:g} ({per_node}). {_DECLARE_HINT.get(device_key, '')}")
 
 
 WORKER_ENV_PREFIXES = ("VLLM_", "PT_HPU_", "HABANA_")
@@ -245,6 +296,7 @@ def initialize_ray_cluster(parallel_config: Any, ray_address: Optional[str] = No
     if ray_address:
         os.environ["RAY_ADDRESS"] = ray_address
     world_size = parallel_config.world_size
-    acquire_ray_cluster(world_size)
     from vllm.platforms import current_platform
-    return create_placement_group(world_size, ray_device_key(current_platform.device_type))
+    device_key = ray_device_key(current_platform.device_type)
+    acquire_ray_cluster(world_size, device_key)
+    return create_placement_group(world_size, device_key)
