@@ -127,6 +127,10 @@ class ModelConfig:
     allowed_local_media_path: str = ""
     """A directory whose files requests may name as file:// image URLs (default: none,
     file:// URLs are refused). Only for trusted environments."""
+    logits_processors: Optional[list] = None
+    """Custom logits processors (vLLM's LogitsProcessor API): qualified class names,
+    'package.module:Class' or 'package.module.Class' (LLM also takes the classes);
+    installed entry points of the group vllm.logits_processors are always loaded."""
 
     # Filled by the loader (transformers_utils/config.py) through set_loaded().
     model_path: str = field(init=False, default="")

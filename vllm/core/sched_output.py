@@ -105,3 +105,6 @@ class ModelRunnerOutput:
     kv_connector_output: Optional[Any] = None
     """What the KV connector reports (`vllm.kv_transfer.metadata.KVConnectorOutput`:
     requests whose KV failed to load), or None."""
+    failed_req_ids: dict[str, str] = field(default_factory=dict)
+    """Requests the runner could not continue (a custom logits processor raised on
+    them) -> why: the scheduler ends them with finish reason "error"."""

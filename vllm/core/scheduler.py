@@ -492,6 +492,7 @@ class Scheduler:
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         outputs: list[EngineCoreOutput] = self._fail_kv_loads(runner_output)
+        outputs += self._fail_requests(runner_output)
         for i, req_id in enumerate(runner_output.req_ids):
             request = self.requests.get(req_id)
             if request is None:
@@ -550,6 +551,24 @@ class Scheduler:
             outputs.append(EngineCoreOutput(
                 request_id=req_id, new_token_ids=[], finish_reason=request.get_finished_reason(),
                 num_cached_tokens=local, num_preemptions=request.num_preemptions))
+        return outputs
+
+    def _fail_requests(self, runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """End the requests the runner failed (finish reason "error", no token): one
+        request's failure in the runner (a custom logits processor) ends only it."""
+        outputs = []
+        for req_id, reason in sorted(runner_output.failed_req_ids.items()):
+            request = self.requests.get(req_id)
+            if request is None:
+                continue
+            logger.error("Request %s failed in the model runner: %s", req_id, reason)
+            (self.running if request in self.running else self.waiting).remove(request)
+            request.status = RequestStatus.FINISHED_ERROR
+            self._free_request(request)
+            outputs.append(EngineCoreOutput(
+                request_id=req_id, new_token_ids=[], finish_reason=request.get_finished_reason(),
+                num_cached_tokens=max(request.num_cached_tokens, 0),
+                num_preemptions=request.num_preemptions))
         return outputs
 
     def _finish_pooling(self, request: Request, pooled: Any) -> EngineCoreOutput:

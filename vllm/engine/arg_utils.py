@@ -106,6 +106,7 @@ class EngineArgs:
     pooler_config: Optional[dict] = None
     limit_mm_per_prompt: Optional[dict] = None
     allowed_local_media_path: str = ""
+    logits_processors: Optional[list] = None
     # cache
     block_size: Optional[int] = None
     gpu_memory_utilization: float = 0.92
@@ -191,7 +192,7 @@ class EngineArgs:
             elif f.type in ("bool", bool):
                 group.add_argument(flag, action=argparse.BooleanOptionalAction,
                                    default=default, help=help_text)
-            elif f.name == "served_model_name":
+            elif f.name in ("served_model_name", "logits_processors"):
                 group.add_argument(flag, type=str, nargs="+", default=None, help=help_text)
             elif f.name == "structured_outputs_config":
                 group.add_argument(
@@ -262,7 +263,8 @@ class EngineArgs:
             enable_sleep_mode=self.enable_sleep_mode, runner=self.runner,
             convert=self.convert, pooler_config=self.pooler_config,
             limit_mm_per_prompt=self.limit_mm_per_prompt,
-            allowed_local_media_path=self.allowed_local_media_path)
+            allowed_local_media_path=self.allowed_local_media_path,
+            logits_processors=self.logits_processors)
         cache_config = CacheConfig(
             block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,

@@ -20,6 +20,10 @@ class Processor:
         self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
         self.tokenizer = tokenizer
         self.params_policy = RequestParamsPolicy.from_model_config(model_config)
+        from vllm.sample.logits_processors.load import load_custom_logitsprocs
+        self.custom_logitsprocs = load_custom_logitsprocs(
+            getattr(model_config, "logits_processors", None))
+        """Custom logits-processor classes, whose `validate_params` checks each request."""
         self.mm_processor = None
         """Images -> features (vllm/multimodal/processing.py), for multimodal models."""
         if getattr(model_config, "is_multimodal_model", False):
@@ -115,6 +119,9 @@ class Processor:
             self._without_tokenizer(params)
         elif params.bad_words:
             params.update_from_tokenizer(self.tokenizer)
+        if self.custom_logitsprocs:
+            from vllm.sample.logits_processors.load import validate_params
+            validate_params(self.custom_logitsprocs, params)
         return params, max_tokens
 
     def _need_tokenizer(self) -> Any:

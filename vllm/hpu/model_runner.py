@@ -128,6 +128,7 @@ class HPUModelRunner(ModelRunnerBase):
         self.prompt_pass_overhead = resolve_pass_overhead(self.bucketing.plan)
         """Fixed cost of a prompt pass in token slots (prompt_grouping.py)."""
         self.sampler = Sampler(static_shapes=True)
+        self.custom_static_width = self.input_batch.max_num_reqs
         self.capture_on_first_use = False
         self.graph_refused: set[tuple[bool, Bucket]] = set()
         """Buckets whose graph did not fit (they run without one)."""
@@ -335,6 +336,8 @@ class HPUModelRunner(ModelRunnerBase):
         words = (self.model_config.vocab_size + 31) // 32
         self._apply_bitmask(logits, torch.full((bucket.batch_size, words), -1,
                                                dtype=torch.int32))
+        if self.custom_logitsprocs is not None:
+            self._apply_custom_logitsprocs(logits.clone(), [None] * logits.shape[0])
         self._warm_sampling(batch, hidden, logits)
 
     def _warm_sampling(self, batch: HPUBatch, hidden: torch.Tensor,
@@ -606,6 +609,15 @@ class HPUModelRunner(ModelRunnerBase):
                                so.grammar_bitmask, num_rows=logits.shape[0])
         if bitmask is not None:
             self._apply_bitmask(logits, bitmask)
+
+    def _apply_custom_logitsprocs(self, logits: torch.Tensor,
+                                  req_ids: list[Optional[str]]) -> torch.Tensor:
+        """The custom processors on a bucket's [B, vocab] logits, seen as the batch's
+        [max_num_seqs, vocab] rows: one shape per B (warmed with every bucket)."""
+        signature = ("custom_logitsprocs", self.mode.value, tuple(logits.shape),
+                     str(logits.dtype), self.custom_static_width)
+        with self.tracker.track_pass(f"logits processors {tuple(logits.shape)}", signature):
+            return super()._apply_custom_logitsprocs(logits, req_ids)
 
     def _apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
         """The bitmask on a bucket's [B, vocab] logits: one compiled shape per B

@@ -26,6 +26,7 @@ import torch
 
 from vllm.sample.logits_processors import BUILTIN_PROCESSORS, argmax_from
 from vllm.sample.logits_processors.base import BuiltinLogitsProcessor
+from vllm.sample.logits_processors.custom import CustomLogitsProcessors
 from vllm.sample.metadata import PADDING_ROW, SamplingMetadata, SamplingRow
 from vllm.sample.sampling_state import SamplingState
 from vllm.worker.request_state import CachedRequestState
@@ -56,11 +57,14 @@ class _CachedSampling:
 
 class InputBatch:
 
-    def __init__(self, max_num_reqs: int, custom_breaks_argmax: bool = False) -> None:
+    def __init__(self, max_num_reqs: int,
+                 custom: Optional[CustomLogitsProcessors] = None) -> None:
         self.max_num_reqs = max_num_reqs
-        self.custom_breaks_argmax = custom_breaks_argmax
-        """A user logits processor that may change the argmax is installed: no row takes
-        the raw argmax without the sampler (as in vLLM)."""
+        self.custom = custom
+        """Custom logits processors, told every row change (vLLM's BatchUpdate)."""
+        self.custom_breaks_argmax = custom is not None and not custom.argmax_invariant
+        """A custom processor may change the argmax: no row takes the raw argmax without
+        the sampler (as in vLLM)."""
         self.padding_row = max_num_reqs
         """A row past the requests' holding `PADDING_ROW`: what logits rows that sample
         nothing (fixed-shape padding) read."""
@@ -115,6 +119,8 @@ class InputBatch:
         self._argmax_min_outputs[row] = (None if self.custom_breaks_argmax
                                          else argmax_from(params))
         self.req_id_to_index[state.req_id] = row
+        if self.custom is not None:
+            self.custom.added(row, params, state.prompt_token_ids, state.output_token_ids)
         self.version += 1
         return row
 
@@ -128,6 +134,8 @@ class InputBatch:
         self.sampling.clear_row(row)
         self._argmax_min_outputs[row] = None
         self._holes.append(row)
+        if self.custom is not None:
+            self.custom.removed(row)
         self.version += 1
         return row
 
@@ -156,6 +164,8 @@ class InputBatch:
             column[dst] = column.pop()
         self.sampling.move_row(src, dst)
         self.req_id_to_index[self._req_ids[dst]] = dst
+        if self.custom is not None:
+            self.custom.moved(src, dst)
 
     def _drop_trailing_free_rows(self) -> None:
         while self._req_ids and self._req_ids[-1] is None:

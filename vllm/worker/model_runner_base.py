@@ -44,6 +44,8 @@ from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.forward_context import set_forward_context
 from vllm.lora.models import LoRAModelManager
+from vllm.sample.logits_processors.custom import CustomLogitsProcessors
+from vllm.sample.logits_processors.load import load_custom_logitsprocs
 from vllm.sample.logprobs import compute_prompt_logprobs
 from vllm.sample.metadata import greedy_sample
 from vllm.sample.ops.bitmask import apply_grammar_bitmask
@@ -126,7 +128,15 @@ class ModelRunnerBase:
                                                    self.dtype)
         """The KV caches' dtype: the model's, or fp8 (vllm/attention/fp8_kv.py)."""
         self.requests: dict[str, CachedRequestState] = {}
-        self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs)
+        self.custom_logitsprocs = build_custom_logitsprocs(vllm_config, self.device)
+        """User logits processors (vLLM's API), or None (vllm/sample/logits_processors/)."""
+        self.custom_static_width: Optional[int] = None
+        """Set by platforms with fixed shapes: the batch-row width custom processors
+        always see (custom.py)."""
+        self.failed_requests: dict[str, str] = {}
+        """Requests failed this step (a custom processor raised) -> why."""
+        self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs,
+                                      custom=self.custom_logitsprocs)
         self.sampler = Sampler()
         self.model: Optional[torch.nn.Module] = None
         self.lora_manager: Optional[LoRAModelManager] = None
@@ -421,6 +431,7 @@ class ModelRunnerBase:
     def execute_model(self, scheduler_output: SchedulerOutput
                       ) -> Optional[ModelRunnerOutput]:
         """One step. Only the driver returns an output (see the module docstring)."""
+        self.failed_requests = {}
         self._update_states(scheduler_output)
         self._load_kv(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
@@ -453,12 +464,15 @@ class ModelRunnerBase:
         if not self.is_driver:
             return None
         sampled, logprobs = self._sample_passes(pending)
+        for req_id in self.failed_requests:
+            sampled.pop(req_id, None)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         return ModelRunnerOutput(
             req_ids=req_ids, sampled_token_ids=[sampled.get(r, []) for r in req_ids],
             logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
             prompt_logprobs=prompt_lps,
-            spec_token_ids=self._propose_drafts(sampled), kv_connector_output=kv_output)
+            spec_token_ids=self._propose_drafts(sampled), kv_connector_output=kv_output,
+            failed_req_ids=dict(self.failed_requests))
 
     def pooled_rows(self, fwd: ForwardPass, hidden: torch.Tensor,
                     indices: list[int]) -> torch.Tensor:
@@ -517,6 +531,8 @@ class ModelRunnerBase:
             if cached.req_id not in self.input_batch:
                 self.input_batch.add_request(state)
         self.input_batch.condense()
+        if self.custom_logitsprocs is not None:
+            self._fail_rows(self.custom_logitsprocs.update_state(self.input_batch.num_reqs))
         self.update_draft_tokens(so)
 
     # ------------------------------------------------------------- sampling
@@ -771,7 +787,28 @@ class ModelRunnerBase:
         """
         if so.grammar_bitmask is not None:
             self._apply_grammar_bitmask(logits, req_ids, so)
+        if self.custom_logitsprocs is not None:
+            logits = self._apply_custom_logitsprocs(logits, req_ids)
         return logits
+
+    def _apply_custom_logitsprocs(self, logits: torch.Tensor,
+                                  req_ids: list[Optional[str]]) -> torch.Tensor:
+        """The custom processors on a pass's logits, laid out by batch row (custom.py);
+        requests they fail are recorded in `failed_requests`."""
+        index = self.input_batch.req_id_to_index
+        rows = [None if r is None else index[r] for r in req_ids]
+        logits, failures = self.custom_logitsprocs.apply(
+            logits, rows, self.input_batch.num_reqs, self.custom_static_width)
+        self._fail_rows(failures)
+        return logits
+
+    def _fail_rows(self, failures: list[Any]) -> None:
+        """Record the requests of the failures' batch rows as failed this step."""
+        req_ids = self.input_batch.req_ids
+        for failure in failures:
+            for row in failure.rows:
+                if row < len(req_ids):
+                    self.failed_requests.setdefault(req_ids[row], failure.message)
 
     def _apply_grammar_bitmask(self, logits: torch.Tensor, req_ids: list[Optional[str]],
                                so: SchedulerOutput) -> None:
@@ -802,6 +839,24 @@ def prompt_logprob_rows(state: CachedRequestState, start: int, num_new: int,
     rows = list(range(offset + first - start, offset + max(first, end) - start))
     targets = state.prompt_token_ids[first + 1:end + 1]
     return rows, targets, start + num_new >= num_prompt
+
+
+def build_custom_logitsprocs(vllm_config: VllmConfig, device: torch.device
+                             ) -> Optional[CustomLogitsProcessors]:
+    """The engine's custom logits processors (installed plugins and the configured ones),
+    constructed once per runner; refused where they cannot run (as vLLM: pooling
+    models; here also speculative decoding, whose verification rows they would not
+    see)."""
+    model_config = vllm_config.model_config
+    classes = load_custom_logitsprocs(getattr(model_config, "logits_processors", None))
+    if not classes:
+        return None
+    if getattr(model_config, "runner_type", "generate") == "pooling":
+        raise ValueError("Pooling models do not support custom logits processors.")
+    if getattr(vllm_config, "speculative_config", None) is not None:
+        raise ValueError("Custom logits processors are not supported with speculative "
+                         "decoding.")
+    return CustomLogitsProcessors.build(vllm_config, device, classes)
 
 
 def load_attn_impl(qualname: str) -> Any:

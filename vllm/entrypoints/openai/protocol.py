@@ -136,7 +136,6 @@ NOT_IMPLEMENTED_FIELDS: dict[str, tuple[Any, str]] = {
                                       "serves every request)"),
     "guided_whitespace_pattern": (None, "guided decoding (structured output)"),
     "logits_processors": (None, "custom logits processors"),
-    "vllm_xargs": (None, "vllm_xargs"),
     "logprob_token_ids": (None, "logprobs of chosen token ids"),
     "thinking_token_budget": (None, "a thinking token budget"),
     "reasoning_effort": (None, "reasoning_effort"),
@@ -216,7 +215,9 @@ class SamplingFields(OpenAIBaseModel):
     """Words the completion must not contain (vLLM's field; see SamplingParams)."""
     cache_salt: Optional[str] = None
     """Prefix-cache isolation: only requests with the same salt share cached blocks."""
-    vllm_xargs: Optional[Any] = None
+    vllm_xargs: Optional[dict[str, Any]] = None
+    """Extra request arguments for custom extensions (SamplingParams.extra_args: what
+    custom logits processors read per request), as vLLM."""
     kv_transfer_params: Optional[dict[str, Any]] = None
     """Prefill/decode disaggregation (needs --kv-transfer-config): {"do_remote_decode":
     true} on a prefill instance; on a decode instance, the prefill response's

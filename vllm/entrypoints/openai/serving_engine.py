@@ -338,8 +338,11 @@ class OpenAIServing:
             bad_words=request.bad_words,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
             **{name: getattr(request, name, None) for name in _MODEL_DEFAULTED})
+        extra_args = dict(getattr(request, "vllm_xargs", None) or {})
         if request.kv_transfer_params is not None:
-            kwargs["extra_args"] = {"kv_transfer_params": request.kv_transfer_params}
+            extra_args["kv_transfer_params"] = request.kv_transfer_params
+        if extra_args:
+            kwargs["extra_args"] = extra_args
         if structured_outputs is None:
             structured_outputs = structured_outputs_from_request(request)
         if structured_outputs is not None:

@@ -1,0 +1,1 @@
+"""`vllm.v1.sample`: see logits_processor/."""
