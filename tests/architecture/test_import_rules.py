@@ -32,7 +32,7 @@ RULES = (
         external_forbidden=("torch",)),
     Rule(
         name="the server reaches the engine only through EngineClient",
-        importers=("vllm.entrypoints.openai",),
+        importers=("vllm.entrypoints.openai", "vllm.entrypoints.anthropic"),
         forbidden=("vllm.engine", "vllm.core", "vllm.executor", "vllm.worker",
                    "vllm.model_executor", "vllm.hpu", "vllm.attention", "vllm.sample",
                    "vllm.distributed", "vllm.native"),

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import vllm.envs as envs
 from vllm.engine.protocol import EngineClient, EngineDeadError
+from vllm.entrypoints.anthropic.routes import install_anthropic_routes
 from vllm.entrypoints.launcher import serve_http
 from vllm.entrypoints.openai.chat_utils import load_chat_template
 from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
@@ -123,8 +124,9 @@ def _state(request: Request) -> ServerState:
 
 # ---------------------------------------------------------------- middleware
 class APIKeyMiddleware:
-    """Require `Authorization: Bearer KEY` under /v1, KEY one of the configured keys
-    (plain ASGI: streaming stays intact)."""
+    """Require `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) under /v1,
+    KEY one of the configured keys (plain ASGI: streaming stays intact). The Messages
+    routes answer a refusal in Anthropic's error shape."""
 
     def __init__(self, app: Any, api_keys: list[str], root_path: str = "") -> None:
         self.app = app
@@ -141,10 +143,15 @@ class APIKeyMiddleware:
         if (scope["type"] == "http" and scope.get("method") != "OPTIONS"
                 and self._protected(scope.get("path", ""))):
             headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"")
+            given = [headers.get(b"authorization", b""),
+                     b"Bearer " + headers.get(b"x-api-key", b"")]
             # Compare with every key (no early exit), so timing tells nothing.
-            if not sum(hmac.compare_digest(given, key) for key in self.expected):
-                response = JSONResponse({"error": "Unauthorized"}, status_code=401)
+            if not sum(hmac.compare_digest(g, key) for key in self.expected for g in given):
+                body: Any = {"error": "Unauthorized"}
+                if "/v1/messages" in scope.get("path", ""):
+                    from vllm.entrypoints.anthropic.protocol import error_body
+                    body = error_body(401, "invalid x-api-key")
+                response = JSONResponse(body, status_code=401)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -520,6 +527,7 @@ def build_app(args: argparse.Namespace, engine: EngineClient,
         _install_tokenizer_info_route(app)
     install_pooling_routes(app, state, with_cancellation)
     install_responses_routes(app, state, with_cancellation)
+    install_anthropic_routes(app, state, with_cancellation)
     install_extra_routes(app, _respond)
     app.add_middleware(ServerLoadMiddleware, state=app.state)
     app.add_middleware(CORSMiddleware,
