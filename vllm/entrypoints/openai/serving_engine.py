@@ -358,11 +358,13 @@ class OpenAIServing:
     @staticmethod
     def check_generation_error(output: Any) -> None:
         """A 500 for a request the engine ended with finish reason "error" (its KV could
-        not be loaded from a prefill instance): it has no usable completion."""
+        not be loaded from a prefill instance, or a custom logits processor raised on
+        it): it has no usable completion."""
         if any(c.finish_reason == "error" for c in output.outputs):
             raise InternalServerError(
-                f"Request {output.request_id} failed: its KV cache could not be loaded from "
-                "the prefill instance (see the server log).")
+                f"Request {output.request_id} failed in the engine: its KV cache could not "
+                "be loaded from the prefill instance, or a custom logits processor raised "
+                "(see the server log).")
 
     @property
     def structured_outputs_config(self) -> Any:
