@@ -13,7 +13,7 @@ layer (native/fused_decode.py) off for it: the same weights through the module p
 suffix (e.g. `bf16+kv8`, `fp8+kv8`) runs that format with `--kv-cache-dtype fp8`
 (the checkpoint's KV scales if it has any, else 1.0); a `+kvcalc` suffix runs it with
 `--kv-cache-dtype fp8 --calculate-kv-scales`, the scales set by a first pass over the
-start of benchmarks/data/corpus.txt (not by the scored text). Perplexity is also given
+start of vllm/benchmarks/data/corpus.txt (not by the scored text). Perplexity is also given
 for the held-out text's `--parts` consecutive pieces, each scored on its own.
 
     python benchmarks/quantize_checkpoint.py HuggingFaceTB/SmolLM2-135M-Instruct \\
@@ -32,8 +32,10 @@ import os
 import statistics
 import time
 
+from vllm.benchmarks.datasets import CORPUS_PATH
+
 HELDOUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "heldout.txt")
-CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
+CORPUS = CORPUS_PATH
 CALIBRATION_CHARS = 1500
 """The first pass of a `+kvcalc` format: this much of corpus.txt sets the KV scales."""
 DECODE_TOKENS = 64

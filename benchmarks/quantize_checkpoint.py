@@ -18,7 +18,7 @@ writes the compressed checkpoint the engine loads.
 
 `--method gptq` (or `rtn`, the same grid without error compensation) writes a GPTQ
 checkpoint instead, with the project's own GPTQ (benchmarks/gptq.py), calibrated on
-benchmarks/data/corpus.txt (never on the perplexity text, heldout.txt); GPTQ's format
+vllm/benchmarks/data/corpus.txt (never on the perplexity text, heldout.txt); GPTQ's format
 also takes group sizes that do not divide a layer's input size (a shorter last group),
 which compressed-tensors refuses:
 
@@ -32,6 +32,8 @@ import os
 from typing import Optional
 
 import torch
+
+from vllm.benchmarks.datasets import CORPUS_PATH as CORPUS
 
 CALIBRATION_TEXT = ("The tower is 324 metres tall, about the same height as an 81-storey "
                     "building, and the tallest structure in Paris.")
@@ -193,8 +195,6 @@ def _save_kv_scales(model, out_dir: str) -> None:
     with open(cfg_path, "w") as f:
         json.dump(cfg, f, indent=2)
 
-
-CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "corpus.txt")
 
 
 def calibration_batches(tok, path: str = CORPUS, seq_len: int = 512,

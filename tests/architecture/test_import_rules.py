@@ -49,6 +49,9 @@ RULES = (
             "vllm.entrypoints.openai.api_server -> vllm.engine.dp_engine":
                 "the process entry point builds the engine client it serves "
                 "(build_async_engine), as vLLM's build_async_engine_client",
+            "vllm.entrypoints.openai.run_batch -> vllm.engine.dp_engine":
+                "`vllm run-batch` is a process entry point too: it builds the engine "
+                "client its in-process app serves",
             "vllm.entrypoints.openai.core_prestart -> vllm.engine.dp_engine":
                 "the server process's first lines fork the engine core before the web "
                 "stack loads (prestart_engine_core), the same entry point as api_server's",

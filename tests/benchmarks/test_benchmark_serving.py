@@ -282,3 +282,17 @@ def test_against_real_server(real_server, model, capsys, backend):
     assert _value(out, "Total input tokens:") == 64
     assert _value(out, "Total generated tokens:") == 24  # ignore_eos: exactly 6 each
     assert result["mean_ttft_ms"] > 0 and result["mean_e2el_ms"] >= result["mean_ttft_ms"]
+
+
+def test_vllm_bench_serve_command(stub, model):
+    """`vllm bench serve` is this benchmark with its flags (vLLM's sub-command)."""
+    srv = stub()
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--base-url",
+         f"http://127.0.0.1:{srv.port}", "--model", model, "--dataset-name", "random",
+         "--random-input-len", "8", "--random-output-len", "3", "--num-prompts", "5",
+         "--disable-tqdm"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert len(srv.payloads) == 5 + 1  # the initial test request, then the 5
+    assert re.search(r"^Successful requests:\s+5\s*$", proc.stdout, re.M), proc.stdout
+    assert _value(proc.stdout, "Total generated tokens:") == 15

@@ -29,7 +29,7 @@ def _prompt_logprobs(dtype: str, text: str) -> np.ndarray:
 
 
 def test_native_bf16_is_as_accurate_as_torch_bf16(monkeypatch):
-    with open(os.path.join(ROOT, "benchmarks", "data", "corpus.txt")) as f:
+    with open(os.path.join(ROOT, "vllm", "benchmarks", "data", "corpus.txt")) as f:
         text = f.read()[:1800]
     ref = _prompt_logprobs("float32", text)
     assert 200 < len(ref) < 500

@@ -1,4 +1,5 @@
-"""The `vllm` command: `vllm serve MODEL ...`, `vllm chat`, `vllm complete`, `vllm --version`.
+"""The `vllm` command: `vllm serve MODEL ...`, `vllm chat`, `vllm complete`, `vllm bench`,
+`vllm run-batch`, `vllm collect-env`, `vllm --version`.
 
 Declared as the console script `vllm = vllm.entrypoints.cli.main:main`.
 """
@@ -13,15 +14,22 @@ logger = logging.getLogger("vllm.entrypoints.cli.main")  # not __main__ under -m
 
 
 def make_parser() -> argparse.ArgumentParser:
+    from vllm.entrypoints.cli.benchmark import add_bench_parser
+    from vllm.entrypoints.cli.collect_env import add_collect_env_parser
     from vllm.entrypoints.cli.openai_client import add_client_parsers
+    from vllm.entrypoints.cli.run_batch import add_run_batch_parser
     from vllm.entrypoints.cli.serve import add_serve_parser
     from vllm.version import __version__
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     parser = FlexibleArgumentParser(prog="vllm", description="vLLM CLI")
     parser.add_argument("-v", "--version", action="version", version=__version__)
-    subparsers = parser.add_subparsers(dest="subcommand", metavar="{chat,complete,serve}")
+    subparsers = parser.add_subparsers(
+        dest="subcommand", metavar="{chat,complete,serve,bench,run-batch,collect-env}")
     add_client_parsers(subparsers)
     add_serve_parser(subparsers)
+    add_bench_parser(subparsers)
+    add_run_batch_parser(subparsers)
+    add_collect_env_parser(subparsers)
     return parser
 
 
