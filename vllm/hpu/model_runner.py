@@ -66,6 +66,7 @@ from vllm.hpu.log import (MemorySnapshot, format_bytes, log_graph_models, log_pr
                           log_took, log_weights_loaded)
 from vllm.hpu.warmup import HPUWarmup, WarmupOps
 from vllm.worker.kv_cache_alloc import zeroed_tensors
+from vllm.worker.kv_cache_layout import allocate_layer_caches, unique_tensors
 from vllm.worker.model_runner_base import (ForwardPass, LogprobsRow, ModelRunnerBase, PassOutput,
                                            PromptLogprobs)
 
@@ -216,17 +217,21 @@ class HPUModelRunner(ModelRunnerBase):
     def _restore_kv_cache(self) -> None:
         """The tensors (and the defragmenter over them) of `num_kv_blocks` blocks: what
         start-up and a wake-up from sleep allocate; the buckets stay as they are."""
-        shape = ((self.num_kv_blocks + 1) * self.block_size, self._kv_heads_per_rank(),
-                 self.model_config.get_head_size())
-        owned = self._owned_layer_ids()
-        parts = self._kv_parts()
-        halves = iter(zeroed_tensors(shape, self.kv_cache_dtype, self.device,
-                                     parts * len(owned)))
-        # MLA: the latent is both K and V (vllm/hpu/mla.py); the value tensor is empty.
         empty = torch.empty(0, dtype=self.kv_cache_dtype, device=self.device)
-        caches = {i: HPUKVCache(next(halves), next(halves) if parts == 2 else empty)
-                  for i in owned}
-        self.kv_caches = [caches.get(i) for i in range(self.model_config.get_num_layers())]
+
+        def make(spec: Any, count: int) -> list[HPUKVCache]:
+            # MLA: the latent is both K and V (vllm/hpu/mla.py); the value tensor is empty.
+            shape = ((self.num_kv_blocks + 1) * spec.block_size, spec.num_kv_heads,
+                     spec.head_size)
+            halves = iter(zeroed_tensors(shape, spec.dtype, self.device,
+                                         spec.num_parts * count))
+            return [HPUKVCache(next(halves), next(halves) if spec.num_parts == 2 else empty)
+                    for _ in range(count)]
+
+        self.kv_caches = allocate_layer_caches(
+            self.get_kv_cache_config(), self._owned_layer_ids(),
+            self.model_config.get_num_layers(), make, None)
+        caches = {id(c): c for c in self.kv_caches if c is not None}
         for cache in caches.values():
             habana.track_alloc(cache.key_cache)
             habana.track_alloc(cache.value_cache)
@@ -288,8 +293,8 @@ class HPUModelRunner(ModelRunnerBase):
 
     def _cache_tensors(self) -> list[torch.Tensor]:
         """Every K and V tensor of this rank (what the defragmenter swaps blocks in)."""
-        return [t for cache in self.kv_caches if cache is not None for t in cache
-                if t.numel() > 0]
+        return unique_tensors(t for cache in self.kv_caches if cache is not None
+                              for t in cache)
 
     # ----------------------------------------------------------- dummy passes
     def _dummy_prompt_batch(self, bucket: Bucket) -> HPUBatch:

@@ -99,9 +99,7 @@ class CPUModelRunner(ModelRunnerBase):
         empty placeholder. Zero-filled so masked-out slots never hold NaNs.
         """
         self.num_kv_blocks = num_blocks
-        self.kv_caches = self._allocate_kv_caches(kv_cache_shape(
-            num_blocks, self.block_size, self._kv_heads_per_rank(),
-            self.model_config.get_head_size(), self._kv_parts()))
+        self.kv_caches = self._allocate_kv_caches(num_blocks, kv_cache_shape)
         self._init_draft_kv_cache(num_blocks, kv_cache_shape)
 
     def _weights_restored(self) -> None:

@@ -65,9 +65,7 @@ class GPUModelRunner(ModelRunnerBase):
         """torch_sdpa's head-major cache per owned layer (see flat_layout.kv_cache_shape);
         the Triton kernels read the same layout."""
         self.num_kv_blocks = num_blocks
-        self.kv_caches = self._allocate_kv_caches(kv_cache_shape(
-            num_blocks, self.block_size, self._kv_heads_per_rank(),
-            self.model_config.get_head_size(), self._kv_parts()))
+        self.kv_caches = self._allocate_kv_caches(num_blocks, kv_cache_shape)
         self._init_draft_kv_cache(num_blocks, kv_cache_shape)
 
     @torch.inference_mode()

@@ -53,7 +53,10 @@ from vllm.sample.sampler import Sampler
 from vllm.sequence import IntermediateTensors
 from vllm.spec_decode.spec_runner import SpecDecodeRunner
 from vllm.worker.input_batch import InputBatch
+from vllm.kv_cache_spec import KVCacheConfig, KVCacheSpec, get_kv_cache_config
 from vllm.worker.kv_cache_alloc import wait_committed, zeroed_tensors
+from vllm.worker.kv_cache_layout import (allocate_layer_caches, runner_kv_cache_specs,
+                                         unique_tensors)
 from vllm.worker.pooling_runner import execute_pooling
 from vllm.worker.request_state import CachedRequestState
 from vllm.worker.sleep_mode import (SLEEP_TAGS, SleepingWeights, check_level2_supported,
@@ -144,6 +147,10 @@ class ModelRunnerBase:
         self.kv_caches: list[torch.Tensor] = []
         self.num_kv_blocks = 0
         """Blocks of the KV cache (what a wake-up from sleep allocates again)."""
+        self.kv_cache_config: Optional[KVCacheConfig] = None
+        """How the KV cache is laid out (vllm/kv_cache_spec.py): given by the engine
+        (every stage's layers), else built from this rank's specs when first needed."""
+        self._kv_cache_specs: Optional[dict[int, KVCacheSpec]] = None
         self.encoder_cache: dict[str, torch.Tensor] = {}
         """Image content hash -> its encoder output [tokens, hidden] (see
         gather_mm_embeddings; the scheduler's EncoderCacheManager decides what stays)."""
@@ -235,15 +242,27 @@ class ModelRunnerBase:
             return list(range(self.model_config.get_num_layers()))
         return list(range(start, end))
 
-    def _kv_parts(self) -> int:
-        """Tensors cached per token and head: K and V, or MLA's one latent."""
-        return 1 if getattr(self.model_config, "use_mla", False) else 2
+    def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
+        """The KV cache spec of each layer this rank holds, collected from the loaded
+        model's attention layers once."""
+        if self._kv_cache_specs is None or self.model is None:
+            self._kv_cache_specs = runner_kv_cache_specs(
+                self.model, self.model_config, self.block_size, self.kv_cache_dtype,
+                self._kv_heads_per_rank(), self._owned_layer_ids())
+        return self._kv_cache_specs
+
+    def get_kv_cache_config(self) -> KVCacheConfig:
+        """The engine's layout, else one group over this rank's own layers."""
+        if self.kv_cache_config is not None:
+            return self.kv_cache_config
+        config = get_kv_cache_config(self.get_kv_cache_spec(), hybrid=False)
+        if self.model is not None:  # before loading, the specs are the config's guess
+            self.kv_cache_config = config
+        return config
 
     def get_kv_cache_block_bytes(self) -> int:
-        """Bytes of one KV block across all layers this rank holds."""
-        elem = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
-        target = (self._kv_parts() * len(self._owned_layer_ids()) * self.block_size
-                  * self._kv_heads_per_rank() * self.model_config.get_head_size() * elem)
+        """Bytes of one KV block id across all tensors this rank holds."""
+        target = self.get_kv_cache_config().block_bytes(self._owned_layer_ids())
         draft = self._draft_model()
         return target + (draft.block_bytes(self.kv_cache_dtype) if draft is not None else 0)
 
@@ -270,15 +289,21 @@ class ModelRunnerBase:
             draft.initialize_kv_cache(num_blocks, self.kv_cache_dtype, cache_shape,
                                       zeroed_tensors)
 
-    def _allocate_kv_caches(self, shape: tuple[int, ...]) -> list[torch.Tensor]:
-        """One zeroed cache of `shape` per layer this rank owns, indexed by global layer
-        index; layers of other PP stages get an empty placeholder. Zeroed so that
-        masked-out or padding slots never hold NaNs (see kv_cache_alloc.py)."""
-        owned = set(self._owned_layer_ids())
+    def _allocate_kv_caches(self, num_blocks: int, cache_shape: Any) -> list[torch.Tensor]:
+        """One zeroed cache per tensor of the KV cache config, each layer given its
+        tensor's (indexed by global layer index); layers of other PP stages get an
+        empty placeholder. `cache_shape(num_blocks, block_size, kv_heads, head_size,
+        parts)` is the platform's shape. Zeroed so that masked-out or padding slots never
+        hold NaNs (see kv_cache_alloc.py)."""
         empty = torch.empty(0, dtype=self.kv_cache_dtype, device=self.device)
-        caches = iter(zeroed_tensors(shape, self.kv_cache_dtype, self.device, len(owned)))
-        return [next(caches) if i in owned else empty
-                for i in range(self.model_config.get_num_layers())]
+
+        def make(spec: Any, count: int) -> list[torch.Tensor]:
+            shape = cache_shape(num_blocks, spec.block_size, spec.num_kv_heads,
+                                spec.head_size, spec.num_parts)
+            return zeroed_tensors(shape, spec.dtype, self.device, count)
+
+        return allocate_layer_caches(self.get_kv_cache_config(), self._owned_layer_ids(),
+                                     self.model_config.get_num_layers(), make, empty)
 
     # ---------------------------------------------------------- KV transfer
     def init_kv_connector(self) -> None:
@@ -395,7 +420,7 @@ class ModelRunnerBase:
 
     def _cache_tensors(self) -> list[torch.Tensor]:
         """Every KV cache tensor of this rank."""
-        return [t for t in self.kv_caches if isinstance(t, torch.Tensor)]
+        return unique_tensors(self.kv_caches)
 
     def _release_kv_cache(self) -> None:
         """Platform hook: drop whatever else refers to the KV cache (`kv_caches` is
