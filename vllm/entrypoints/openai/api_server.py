@@ -99,6 +99,9 @@ class ServerState:
                       system_fingerprint=build_system_fingerprint(
                           engine.vllm_config, getattr(args, "fingerprint_mode", "full"),
                           getattr(args, "fingerprint_value", None)))
+        if getattr(args, "tool_parser_plugin", ""):
+            from vllm.entrypoints.openai.tool_parsers import ToolParserManager
+            ToolParserManager.import_tool_parser(args.tool_parser_plugin)
         self.chat = OpenAIServingChat(
             engine, self.models, response_role=getattr(args, "response_role", "assistant"),
             chat_template=load_chat_template(getattr(args, "chat_template", None)),

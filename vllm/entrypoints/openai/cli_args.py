@@ -144,9 +144,14 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
                         help='Let the model call tools on its own (tool_choice "auto"); '
                              "needs --tool-call-parser.")
     server.add_argument("--tool-call-parser", type=str, default=None,
-                        choices=ToolParserManager.names(),
                         help="How the model writes tool calls, to read them from its text "
-                             'with tool_choice "auto".')
+                             'with tool_choice "auto": one of '
+                             f"{', '.join(ToolParserManager.names())}, or a name registered "
+                             "by --tool-parser-plugin.")
+    server.add_argument("--tool-parser-plugin", type=str, default="",
+                        help="A Python file that registers a tool parser with "
+                             '@ToolParserManager.register_module("name") (from '
+                             "vllm.tool_parsers); its name is then a --tool-call-parser.")
     AsyncEngineArgs.add_cli_args(parser)
     _add(parser, server, "--disable-log-requests", action="store_true",
          help="Do not log each received request.")
@@ -167,6 +172,7 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
     if getattr(args, "enable_auto_tool_choice", False) and not getattr(
             args, "tool_call_parser", None):
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser.")
+    _check_tool_parser(args)
     if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
         raise ValueError("--ssl-keyfile and --ssl-certfile must be given together.")
     if args.shutdown_timeout < 0:
@@ -179,3 +185,15 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
                          "skip_tokenizer_init=True (token ids in, token ids out).")
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
+
+
+def _check_tool_parser(args: argparse.Namespace) -> None:
+    """Load --tool-parser-plugin, then check --tool-call-parser names a parser."""
+    from vllm.entrypoints.openai.tool_parsers import ToolParserManager
+    if getattr(args, "tool_parser_plugin", ""):
+        ToolParserManager.import_tool_parser(args.tool_parser_plugin)
+    name = getattr(args, "tool_call_parser", None)
+    if name and name not in ToolParserManager.list_registered():
+        raise ValueError(f"--tool-call-parser {name!r} is not known; choose one of "
+                         f"{', '.join(ToolParserManager.list_registered())} (or register it "
+                         "with --tool-parser-plugin).")

@@ -30,6 +30,8 @@ class PartialCall:
     complete: bool = False
     arguments_text: Optional[str] = None
     """The arguments' JSON text as the model wrote it, when the parser has it verbatim."""
+    call_id: Optional[str] = None
+    """The call's id when the model writes one (Kimi-K2's `functions.NAME:0`)."""
 
     def arguments_json(self) -> str:
         if self.arguments_text is not None:
@@ -54,6 +56,24 @@ class ToolParser:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        # The state vLLM's parsers keep, for plugins written against vLLM's base class.
+        self.model_tokenizer = tokenizer
+        self.prev_tool_call_arr: list[dict[str, Any]] = []
+        self.current_tool_id = -1
+        self.current_tool_name_sent = False
+        self.streamed_args_for_tool: list[str] = []
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab()
+
+    def extract_tool_calls_streaming(self, previous_text: str, current_text: str,
+                                     delta_text: str, previous_token_ids: Any,
+                                     current_token_ids: Any, delta_token_ids: Any,
+                                     request: Any) -> Any:
+        """vLLM's streaming hook (a DeltaMessage or None). Built-in parsers stream through
+        `split`/`parse_calls` instead; a plugin that overrides this is called with it."""
+        raise NotImplementedError
 
     def adjust_request(self, request: Any) -> Any:
         """Markers such as [TOOL_CALLS] are special tokens: keep them in the text."""
@@ -95,7 +115,7 @@ class ToolParser:
             return ExtractedToolCallInformation(False, content=model_output)
         calls = _limit(calls, request)
         return ExtractedToolCallInformation(
-            True, [ToolCall(id=self.make_tool_call_id(),
+            True, [ToolCall(id=c.call_id or self.make_tool_call_id(),
                             function=FunctionCall(name=c.name, arguments=c.arguments_json()))
                    for c in calls], content=content if content.strip() else None)
 
@@ -142,6 +162,8 @@ class ToolCallStreamer:
 
     def feed(self, delta_text: str, final: bool = False
              ) -> tuple[str, list[DeltaToolCall]]:
+        if _overrides_streaming(self.parser):
+            return self._feed_vllm_style(delta_text)
         self.text += delta_text
         content, tool_text = self.parser.split(self.text, final)
         content_delta = content[self.sent_content:]
@@ -156,7 +178,27 @@ class ToolCallStreamer:
             logger.warning("Streamed tool call text did not parse at the end: %r", tool_text)
             calls = []
         calls = _limit([c for c in calls if c.name], self.request)
+        if final and not calls and not self.calls:
+            # No call after all (malformed, or an empty block): the withheld tool text is
+            # content, as in the non-streamed answer.
+            content_delta += self.text[self.sent_content:]
+            self.sent_content = len(self.text)
+            return content_delta, []
         return content_delta, self._tool_deltas(calls, final)
+
+    def _feed_vllm_style(self, delta_text: str) -> tuple[str, list[DeltaToolCall]]:
+        """A plugin parser written against vLLM's streaming hook: it gets the texts
+        (token ids are not tracked here: empty lists)."""
+        previous, self.text = self.text, self.text + delta_text
+        msg = self.parser.extract_tool_calls_streaming(previous, self.text, delta_text,
+                                                       [], [], [], self.request)
+        if msg is None:
+            return "", []
+        deltas = list(getattr(msg, "tool_calls", None) or [])
+        for d in deltas:
+            while len(self.calls) <= d.index:
+                self.calls.append(_CallState(d.id or self.parser.make_tool_call_id()))
+        return getattr(msg, "content", None) or "", deltas
 
     def _tool_deltas(self, calls: list[PartialCall], final: bool) -> list[DeltaToolCall]:
         """At most one entry per call index (clients read a chunk's entry for an index
@@ -165,7 +207,7 @@ class ToolCallStreamer:
         for i, call in enumerate(calls):
             header = None
             if i == len(self.calls):
-                self.calls.append(_CallState(self.parser.make_tool_call_id()))
+                self.calls.append(_CallState(call.call_id or self.parser.make_tool_call_id()))
                 header = DeltaToolCall(index=i, id=self.calls[i].id, type="function",
                                        function=DeltaFunctionCall(name=call.name,
                                                                   arguments=""))
@@ -186,6 +228,11 @@ class ToolCallStreamer:
                 logger.warning("Streamed arguments of tool call %d diverged from the final "
                                "ones (%r vs %r).", i, state.sent_args, text)
         return deltas
+
+
+def _overrides_streaming(parser: ToolParser) -> bool:
+    return (type(parser).extract_tool_calls_streaming
+            is not ToolParser.extract_tool_calls_streaming)
 
 
 def mistral_tool_call_id() -> str:
