@@ -15,9 +15,11 @@ import pydantic
 
 from vllm.entrypoints.anthropic.convert import (chat_body, message_id, message_object,
                                                 shows_thinking, stop_reason)
-from vllm.entrypoints.anthropic.protocol import CountTokensRequest, MessagesRequest
+from vllm.entrypoints.anthropic.protocol import (CountTokensRequest, MessagesRequest,
+                                                 error_body)
 from vllm.entrypoints.openai.errors import validation_error
 from vllm.entrypoints.openai.protocol import ChatCompletionRequest
+from vllm.entrypoints.openai.serving_engine import parsed_chunks
 
 
 def event(kind: str, **data: Any) -> str:
@@ -47,22 +49,14 @@ class AnthropicServingMessages:
                       chunks: AsyncIterator[str]) -> AsyncIterator[str]:
         stream = MessageEventStream(request)
         yield stream.start()
-        try:
-            async for text in chunks:
-                payload = text.removeprefix("data: ").strip()
-                if payload == "[DONE]":
-                    break
-                chunk = json.loads(payload)
-                if "error" in chunk:
-                    error = chunk["error"]
-                    from vllm.entrypoints.anthropic.protocol import error_body
-                    body = error_body(int(error.get("code") or 500), error.get("message", ""))
-                    yield event("error", error=body["error"])
-                    return
-                for out in stream.on_chunk(chunk):
-                    yield out
-        finally:
-            await chunks.aclose()
+        async for chunk in parsed_chunks(chunks):
+            if "error" in chunk:
+                error = chunk["error"]
+                body = error_body(int(error.get("code") or 500), error.get("message", ""))
+                yield event("error", error=body["error"])
+                return
+            for out in stream.on_chunk(chunk):
+                yield out
         for out in stream.finish():
             yield out
 

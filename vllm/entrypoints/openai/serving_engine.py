@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -495,6 +496,20 @@ def sse(data: Any) -> str:
     """One server-sent event carrying a JSON payload."""
     text = data if isinstance(data, str) else data.model_dump_json()
     return f"data: {text}\n\n"
+
+
+async def parsed_chunks(chunks: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """A chat completion stream read back as dicts, up to its [DONE] (for the routes
+    served by the chat code: Responses, Anthropic Messages); the stream is closed when
+    the reader stops, which aborts its request if it had not finished."""
+    try:
+        async for text in chunks:
+            payload = text.removeprefix("data: ").strip()
+            if payload == "[DONE]":
+                return
+            yield json.loads(payload)
+    finally:
+        await chunks.aclose()
 
 
 SSE_DONE = "data: [DONE]\n\n"

@@ -11,7 +11,6 @@ but not kept (the Response says `store: false`) and `background: true` is refuse
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any, AsyncIterator, Optional
@@ -27,6 +26,7 @@ from vllm.entrypoints.openai.responses_output import (ResponseEventStream, assis
                                                       usage_object)
 from vllm.entrypoints.openai.responses_store import ResponsesStore, StoredResponse
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from vllm.entrypoints.openai.serving_engine import parsed_chunks
 from vllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -152,30 +152,23 @@ class OpenAIServingResponses:
                 response_id, request, model, status, output, usage, created, incomplete,
                 sampling=sampling))
         started = False
-        try:
-            async for text in chunks:
-                payload = text.removeprefix("data: ").strip()
-                if payload == "[DONE]":
-                    break
-                chunk = json.loads(payload)
-                if not started:
-                    # The first chunk's usage gives the prompt's length (the chat stream
-                    # reports usage on every chunk): the created event shows the
-                    # max_output_tokens in effect, as vLLM's does.
-                    if chunk.get("usage"):
-                        sampling.update(self._sampling(request,
-                                                       chunk["usage"]["prompt_tokens"]))
-                    started = True
-                    for event in builder.start():
-                        yield event
-                if "error" in chunk:
-                    yield builder.event("error", code=chunk["error"].get("code"),
-                                        message=chunk["error"].get("message"), param=None)
-                    return
-                for event in builder.on_chunk(chunk):
+        async for chunk in parsed_chunks(chunks):
+            if not started:
+                # The first chunk's usage gives the prompt's length (the chat stream
+                # reports usage on every chunk): the created event shows the
+                # max_output_tokens in effect, as vLLM's does.
+                if chunk.get("usage"):
+                    sampling.update(self._sampling(request,
+                                                   chunk["usage"]["prompt_tokens"]))
+                started = True
+                for event in builder.start():
                     yield event
-        finally:
-            await chunks.aclose()
+            if "error" in chunk:
+                yield builder.event("error", code=chunk["error"].get("code"),
+                                    message=chunk["error"].get("message"), param=None)
+                return
+            for event in builder.on_chunk(chunk):
+                yield event
         if not started:
             for event in builder.start():
                 yield event
