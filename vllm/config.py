@@ -101,6 +101,13 @@ class ModelConfig:
     """Values set on the Hugging Face config after loading it (JSON on the command line)."""
     download_dir: Optional[str] = None
     """Cache directory for Hub models (default: the Hugging Face cache)."""
+    tokenizer_revision: Optional[str] = None
+    """Branch, tag or commit of the tokenizer's Hub repository (default: main)."""
+    hf_token: Optional[str | bool] = field(default=None, repr=False)
+    """The token for private Hub repositories; True: the one `huggingface-cli login`
+    stored (also what HF_TOKEN provides when unset)."""
+    ignore_patterns: Optional[list[str]] = None
+    """Files a Hub download skips (a copy of LoadConfig.ignore_patterns)."""
     generation_config: str = "auto"
     """Where default sampling parameters come from: 'auto' (the model's
     generation_config.json), 'vllm' (vLLM's own defaults), or a directory holding a
@@ -351,15 +358,43 @@ class ModelConfig:
             if getattr(cfg, key, None):
                 derived = int(getattr(cfg, key))
                 break
-        derived = derived or 2048
+        derived = _scaled_by_rope(cfg, derived or 2048)
         if self.max_model_len is None:
             self.max_model_len = derived
         elif self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
         elif self.max_model_len > derived:
+            from vllm import envs
+            if envs.VLLM_ALLOW_LONG_MAX_MODEL_LEN:
+                logger.warning(
+                    "max_model_len=%d is larger than the model's maximum context length "
+                    "(%d); allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN. Outputs past %d "
+                    "tokens may be wrong (the positions were never trained), and models "
+                    "with learned position embeddings fail on them.",
+                    self.max_model_len, derived, derived)
+                return
             raise ValueError(
                 f"max_model_len={self.max_model_len} is larger than the model's maximum "
-                f"context length ({derived}).")
+                f"context length ({derived}, from max_position_embeddings and the rope "
+                "scaling). Extend it with rope scaling (e.g. --hf-overrides "
+                "'{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0, "
+                "\"original_max_position_embeddings\": ...}}'), or set "
+                "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 to accept it anyway (outputs may be wrong).")
+
+
+def _scaled_by_rope(cfg: Any, derived: int) -> int:
+    """The context length rope scaling gives the model, as vLLM derives it: the scaled
+    types multiply the positions by `factor` (YaRN from its original_max_position_
+    embeddings); su, longrope and llama3 already state the extended length."""
+    rope = getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None)
+    if not isinstance(rope, dict):
+        return derived
+    rope_type = rope.get("rope_type", rope.get("type"))
+    if rope_type in (None, "default", "su", "longrope", "llama3") or "factor" not in rope:
+        return derived
+    if rope_type == "yarn":
+        derived = int(rope.get("original_max_position_embeddings", derived))
+    return int(derived * float(rope["factor"]))
 
 
 KV_CACHE_DTYPES: dict[str, Optional[torch.dtype]] = {
@@ -520,6 +555,9 @@ class LoadConfig:
     """Weights format: auto, safetensors, pt, gguf or dummy (random weights)."""
     download_dir: Optional[str] = None
     """The Hub cache directory (--download-dir, as ModelConfig.download_dir)."""
+    ignore_patterns: Optional[list[str]] = None
+    """Files to leave out when downloading a model from the Hub (glob patterns, comma-
+    separated on the command line); default: vLLM's 'original/**/*'."""
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "safetensors", "pt", "gguf", "dummy"):
@@ -671,6 +709,100 @@ ATTENTION_BACKEND_NAMES = ("TRITON_ATTN", "TORCH_SDPA", "CPU_ATTN", "HPU_ATTN")
 
 
 @dataclass
+class ObservabilityConfig:
+    """Tracing and the optional metric families (vLLM's ObservabilityConfig)."""
+    show_hidden_metrics_for_version: Optional[str] = None
+    """Show the metrics hidden (deprecated) since the release after this one, e.g. 0.31
+    (vLLM's versions: this server exports vLLM 0.32's names). Only the previous minor
+    version is accepted, as vLLM: a hidden metric is removed one release later."""
+    otlp_traces_endpoint: Optional[str] = None
+    """OpenTelemetry collector to send one span per request to (OTLP), e.g.
+    http://localhost:4318/v1/traces; the OTEL_* variables configure the exporter."""
+    collect_detailed_traces: Optional[list[str]] = None
+    """Add per-module timings to the request spans: model, worker or all (comma-separated).
+    Needs --otlp-traces-endpoint."""
+    kv_cache_metrics: bool = False
+    """Export KV block residency histograms: vllm:kv_block_lifetime_seconds,
+    vllm:kv_block_idle_before_evict_seconds and vllm:kv_block_reuse_gap_seconds."""
+    kv_cache_metrics_sample: float = 0.01
+    """Share of KV blocks whose lifetime --kv-cache-metrics follows (0 < x <= 1)."""
+    enable_mfu_metrics: bool = False
+    """Export the estimated model FLOPs and bytes moved per device
+    (vllm:estimated_flops_per_gpu_total, ...) and the device's peak FLOPs, for model
+    FLOPs utilization."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.collect_detailed_traces, str):
+            self.collect_detailed_traces = [self.collect_detailed_traces]
+        if self.collect_detailed_traces:
+            parts = [p.strip() for item in self.collect_detailed_traces
+                     for p in item.split(",") if p.strip()]
+            unknown = sorted(set(parts) - set(DETAILED_TRACE_MODULES))
+            if unknown:
+                raise ValueError(f"collect_detailed_traces: unknown module(s) {unknown}; "
+                                 f"choose from {list(DETAILED_TRACE_MODULES)}.")
+            self.collect_detailed_traces = parts
+            if not self.otlp_traces_endpoint:
+                raise ValueError("collect_detailed_traces needs otlp_traces_endpoint "
+                                 "(--otlp-traces-endpoint): the timings go into the "
+                                 "request spans.")
+        if not 0 < self.kv_cache_metrics_sample <= 1:
+            raise ValueError("kv_cache_metrics_sample must be in (0, 1], got "
+                             f"{self.kv_cache_metrics_sample}.")
+
+    @property
+    def collect_model_forward_time(self) -> bool:
+        return bool(set(self.collect_detailed_traces or ()) & {"model", "all"})
+
+    @property
+    def collect_model_execute_time(self) -> bool:
+        return bool(set(self.collect_detailed_traces or ()) & {"worker", "all"})
+
+
+DETAILED_TRACE_MODULES = ("model", "worker", "all")
+
+
+@dataclass
+class ProfilerConfig:
+    """--profiler-config (vLLM's; replaces VLLM_TORCH_PROFILER_DIR), e.g.
+    '{"profiler": "torch", "torch_profiler_dir": "./traces"}'."""
+    profiler: Optional[str] = None
+    """'torch' turns profiling on (POST /start_profile, /stop_profile); None: off."""
+    torch_profiler_dir: str = ""
+    """Directory each worker writes its trace to."""
+    torch_profiler_with_stack: bool = True
+    """Record Python stacks."""
+    torch_profiler_record_shapes: bool = False
+    """Record the input shapes of each op."""
+    torch_profiler_with_memory: bool = False
+    """Record tensor memory allocations."""
+    torch_profiler_with_flops: bool = False
+    """Estimate the FLOPs of matrix multiplications and convolutions."""
+    torch_profiler_use_gzip: bool = True
+    """Write the traces gzip-compressed (.pt.trace.json.gz)."""
+
+    def __post_init__(self) -> None:
+        if self.profiler not in (None, "torch"):
+            raise ValueError(f"profiler_config.profiler={self.profiler!r}: only 'torch' is "
+                             "served (the torch profiler, on every platform); 'cuda' (nsys "
+                             "ranges) is not.")
+        if self.profiler == "torch" and not self.torch_profiler_dir:
+            raise ValueError("profiler_config: profiler 'torch' needs torch_profiler_dir, "
+                             "the directory the traces are written to.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.profiler is not None
+
+    @classmethod
+    def from_cli(cls, value: Any) -> Optional["ProfilerConfig"]:
+        if value is None:
+            return None
+        return config_from_cli(cls, value, "profiler_config",
+                               '{"profiler": "torch", "torch_profiler_dir": "./traces"}')
+
+
+@dataclass
 class AttentionConfig:
     backend: Optional[str] = None
     """Attention backend (vLLM's names): TRITON_ATTN (CUDA default, this engine's Triton
@@ -740,6 +872,10 @@ class VllmConfig:
     """CUDA graph sizes and mode (vLLM's --compilation-config)."""
     attention_config: AttentionConfig = field(default_factory=AttentionConfig)
     """Which attention backend runs (--attention-backend)."""
+    observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    """Tracing and the optional metric families (--otlp-traces-endpoint, ...)."""
+    profiler_config: Optional[ProfilerConfig] = None
+    """The torch profiler (--profiler-config); None: VLLM_TORCH_PROFILER_DIR decides."""
 
     def __post_init__(self) -> None:
         from vllm.platforms import current_platform

@@ -12,6 +12,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from vllm.core.kv_cache_metrics import KVCacheMetricsCollector
+
 
 @dataclass(eq=False)
 class KVCacheBlock:
@@ -25,7 +27,9 @@ class KVCacheBlock:
 
 class BlockPool:
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool,
+                 metrics_collector: Optional[KVCacheMetricsCollector] = None) -> None:
+        """`metrics_collector`: block residency for --kv-cache-metrics (None: off)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -34,6 +38,7 @@ class BlockPool:
         self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict(
             (b.block_id, b) for b in self.blocks)
         self.cached_block_hash_to_block: dict[int, KVCacheBlock] = {}
+        self.metrics_collector = metrics_collector
 
     # ------------------------------------------------------------- queries
     def get_num_free_blocks(self) -> int:
@@ -56,6 +61,10 @@ class BlockPool:
             _, block = self.free_queue.popitem(last=False)
             self._evict(block)
             block.ref_cnt = 1
+            if self.metrics_collector is not None:
+                # The block's previous content is overwritten: that life ends here.
+                self.metrics_collector.on_block_evicted(block.block_id)
+                self.metrics_collector.on_block_allocated(block.block_id)
             out.append(block)
         return out
 
@@ -72,6 +81,8 @@ class BlockPool:
             if block.ref_cnt == 0:
                 del self.free_queue[block.block_id]
             block.ref_cnt += 1
+            if self.metrics_collector is not None:
+                self.metrics_collector.on_block_accessed(block.block_id)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference each; blocks given first are evicted first."""

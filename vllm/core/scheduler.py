@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from vllm.config import VllmConfig
+from vllm.core.kv_cache_metrics import KVCacheMetricsCollector
 from vllm.core.kv_cache_manager import KVCacheManager
 from vllm.kv_transfer.factory import KVConnectorFactory, KVConnectorRole
 from vllm.multimodal.encoder_cache import EncoderCacheManager, schedule_encoder_inputs
@@ -47,6 +48,8 @@ class SchedulerStats:
     """LoRA adapter name -> waiting requests using it."""
     spec_decoding_stats: Optional[SpecDecodingStats] = None
     """Draft acceptance counts (cumulative) when speculative decoding is on."""
+    kv_cache_eviction_events: list = field(default_factory=list)
+    """`KVCacheEvictionEvent`s of sampled blocks since the last stats (--kv-cache-metrics)."""
 
 
 @dataclass
@@ -95,6 +98,10 @@ class Scheduler:
         self.block_size = vllm_config.cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
             num_blocks, self.block_size, vllm_config.cache_config.enable_prefix_caching)
+        obs = getattr(vllm_config, "observability_config", None)
+        if obs is not None and obs.kv_cache_metrics:
+            self.kv_cache_manager.block_pool.metrics_collector = KVCacheMetricsCollector(
+                obs.kv_cache_metrics_sample)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -646,7 +653,12 @@ class Scheduler:
             running_lora_adapters=_count_loras(self.running),
             waiting_lora_adapters=_count_loras(self.waiting),
             spec_decoding_stats=(self.spec_decoding_stats.copy()
-                                 if self.spec_decoding_stats is not None else None))
+                                 if self.spec_decoding_stats is not None else None),
+            kv_cache_eviction_events=self._drain_kv_cache_events())
+
+    def _drain_kv_cache_events(self) -> list:
+        collector = self.kv_cache_manager.block_pool.metrics_collector
+        return collector.drain_events() if collector is not None else []
 
 
 def _num_pending(request: Request) -> int:

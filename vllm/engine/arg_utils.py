@@ -19,7 +19,8 @@ from vllm import envs
 from vllm.config import (ATTENTION_BACKEND_NAMES, CONVERT_CHOICES, DEFAULT_MODEL,
                          KV_CACHE_DTYPES, RUNNER_CHOICES, AttentionConfig, CacheConfig,
                          CompilationConfig, DeviceConfig,
-                         LoadConfig, LoRAConfig, ModelConfig, ParallelConfig,
+                         LoadConfig, LoRAConfig, ModelConfig, ObservabilityConfig,
+                         ParallelConfig, ProfilerConfig,
                          SchedulerConfig, StructuredOutputsConfig, VllmConfig,
                          WeightTransferConfig)
 from vllm.kv_transfer.config import KVTransferConfig
@@ -69,7 +70,8 @@ _DOCS: dict[str, str] = {}
 # A field several configs hold (max_model_len, download_dir) is documented by the first,
 # the one the flag fills; the others hold copies.
 for _cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, DeviceConfig,
-             LoadConfig, LoRAConfig, StructuredOutputsConfig, CompilationConfig):
+             LoadConfig, LoRAConfig, StructuredOutputsConfig, CompilationConfig,
+             ObservabilityConfig):
     for _name, _doc in _field_docs(_cls).items():
         _DOCS.setdefault(_name, _doc)
 _DOCS["kv_cache_dtype"] = _DOCS.get("cache_dtype", "")
@@ -151,6 +153,19 @@ class EngineArgs:
     cudagraph_capture_sizes: Optional[list[int]] = None
     max_cudagraph_capture_size: Optional[int] = None
     attention_backend: Optional[str] = None
+    # Hub access
+    tokenizer_revision: Optional[str] = None
+    hf_token: Optional[str | bool] = None
+    ignore_patterns: Optional[list[str]] = None
+    max_parallel_loading_workers: Optional[int] = None
+    # observability (tracing, optional metric families)
+    show_hidden_metrics_for_version: Optional[str] = None
+    otlp_traces_endpoint: Optional[str] = None
+    collect_detailed_traces: Optional[list[str]] = None
+    kv_cache_metrics: bool = False
+    kv_cache_metrics_sample: float = 0.01
+    enable_mfu_metrics: bool = False
+    profiler_config: Optional[dict] = None
 
     def __post_init__(self) -> None:
         if self.model is None:
@@ -213,6 +228,23 @@ class EngineArgs:
                     help="CUDA graph settings as JSON, e.g. '{\"cudagraph_capture_sizes\": "
                          "[1, 2, 4, 8]}'. Keys: " + "; ".join(
                              f"{k}: {v}" for k, v in _field_docs(CompilationConfig).items()))
+            elif f.name == "profiler_config":
+                group.add_argument(
+                    flag, type=parse_json_dict, default=None,
+                    help="The torch profiler as JSON, e.g. '{\"profiler\": \"torch\", "
+                         "\"torch_profiler_dir\": \"./traces\"}' (replaces "
+                         "VLLM_TORCH_PROFILER_DIR). Keys: " + "; ".join(
+                             f"{k}: {v}" for k, v in _field_docs(ProfilerConfig).items()))
+            elif f.name == "hf_token":
+                group.add_argument(flag, type=str, nargs="?", const=True, default=None,
+                                   help=help_text)
+            elif f.name in ("ignore_patterns", "collect_detailed_traces"):
+                group.add_argument(flag, type=_comma_list, default=None, help=help_text)
+            elif f.name == "max_parallel_loading_workers":
+                group.add_argument(flag, type=int, default=None,
+                                   help="Refused: each worker loads its own shard at once "
+                                        "(memory-mapped safetensors), there are no loading "
+                                        "batches to bound.")
             elif f.name == "cudagraph_capture_sizes":
                 group.add_argument(flag, type=int, nargs="+", default=None, help=help_text)
             elif f.name == "attention_backend":
@@ -250,6 +282,18 @@ class EngineArgs:
     # ------------------------------------------------------------- config
     def create_engine_config(self) -> VllmConfig:
         envs.warn_unknown_variables()  # once per process, at start-up (as vLLM)
+        if self.max_parallel_loading_workers is not None:
+            raise ValueError(
+                "--max-parallel-loading-workers is not supported: every worker loads its "
+                "own shard at once, from memory-mapped safetensors, so there are no "
+                "loading batches to bound. Leave it out.")
+        observability_config = ObservabilityConfig(
+            show_hidden_metrics_for_version=self.show_hidden_metrics_for_version,
+            otlp_traces_endpoint=self.otlp_traces_endpoint,
+            collect_detailed_traces=self.collect_detailed_traces,
+            kv_cache_metrics=self.kv_cache_metrics,
+            kv_cache_metrics_sample=self.kv_cache_metrics_sample,
+            enable_mfu_metrics=self.enable_mfu_metrics)
         model_config = create_model_config(
             model=self.model, tokenizer=self.tokenizer, dtype=self.dtype, seed=self.seed,
             max_model_len=self.max_model_len, served_model_name=self.served_model_name,
@@ -264,7 +308,9 @@ class EngineArgs:
             convert=self.convert, pooler_config=self.pooler_config,
             limit_mm_per_prompt=self.limit_mm_per_prompt,
             allowed_local_media_path=self.allowed_local_media_path,
-            logits_processors=self.logits_processors)
+            logits_processors=self.logits_processors,
+            tokenizer_revision=self.tokenizer_revision, hf_token=self.hf_token,
+            ignore_patterns=self.ignore_patterns)
         cache_config = CacheConfig(
             block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,
@@ -293,7 +339,8 @@ class EngineArgs:
                           scheduler_config=scheduler_config, parallel_config=parallel_config,
                           device_config=device_config,
                           load_config=LoadConfig(load_format=self.load_format,
-                                                 download_dir=self.download_dir),
+                                                 download_dir=self.download_dir,
+                                                 ignore_patterns=self.ignore_patterns),
                           lora_config=self._lora_config(),
                           structured_outputs_config=so_config,
                           speculative_config=self._speculative_config(model_config),
@@ -301,7 +348,9 @@ class EngineArgs:
                               self.weight_transfer_config),
                           kv_transfer_config=KVTransferConfig.from_cli(self.kv_transfer_config),
                           compilation_config=self._compilation_config(),
-                          attention_config=AttentionConfig(backend=self.attention_backend))
+                          attention_config=AttentionConfig(backend=self.attention_backend),
+                          observability_config=observability_config,
+                          profiler_config=ProfilerConfig.from_cli(self.profiler_config))
 
     # (max_num_seqs, max_num_batched_tokens) per device when the user sets neither: vLLM's
     # CPU defaults differ for the offline LLM and the server (UsageContext); elsewhere the
@@ -381,6 +430,11 @@ class AsyncEngineArgs(EngineArgs):
     CPU_BATCH_DEFAULTS = (128, 2048)
     """The server on CPU, per rank, as vLLM: smaller prompt chunks keep the running
     streams' decode steps short (time per output token) while prompts arrive."""
+
+
+def _comma_list(value: str) -> list[str]:
+    """'a,b' -> ['a', 'b'] (vLLM's spelling of list flags such as --ignore-patterns)."""
+    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 def _parse_type(annotation: Any):

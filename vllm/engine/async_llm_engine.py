@@ -156,7 +156,8 @@ class AsyncLLMEngine(EngineClient):
                                   max_loras=lora_config.max_loras if lora_config else None,
                                   cache_config=getattr(self.vllm_config, "cache_config", None),
                                   num_spec_tokens=(spec_config.num_speculative_tokens
-                                                   if spec_config is not None else 0))
+                                                   if spec_config is not None else 0),
+                                  **_observability_args(self.vllm_config))
         self._inbox: "queue.SimpleQueue[Union[_Add, _Abort]]" = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # orders "post to inbox" against "engine died"
@@ -257,6 +258,15 @@ class AsyncLLMEngine(EngineClient):
     @property
     def metrics_registry(self) -> Any:
         return self.stats.registry
+
+    async def sleep(self, level: int = 1) -> None:
+        await super().sleep(level)
+        self.stats.on_sleep_state(level)
+
+    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        await super().wake_up(tags)
+        if not await self.is_sleeping():  # a partial wake-up leaves it asleep
+            self.stats.on_sleep_state(0)
 
     def start_background_loop(self) -> None:
         """Start the engine loop thread, bound to the running event loop."""
@@ -720,3 +730,23 @@ def _prompt_parts(prompt: Any) -> tuple[Optional[str], Optional[list[int]]]:
     if isinstance(prompt, dict):
         return prompt.get("prompt"), prompt.get("prompt_token_ids")
     return None, None
+
+
+def _observability_args(vllm_config: Any) -> dict[str, Any]:
+    """StatsTracker's arguments for the opt-in metric families (ObservabilityConfig)."""
+    obs = getattr(vllm_config, "observability_config", None)
+    if obs is None:
+        return {}
+    args: dict[str, Any] = {"observability_config": obs}
+    if obs.enable_mfu_metrics:
+        from vllm.engine.perf_metrics import ModelShape, PerfModel, device_model
+        from vllm.platforms import current_platform
+        mc, pc = vllm_config.model_config, vllm_config.parallel_config
+        dtype_bytes = getattr(mc.torch_dtype, "itemsize", 2)
+        kv_bytes = 1 if str(vllm_config.cache_config.cache_dtype).startswith("fp8") \
+            else dtype_bytes
+        shape = ModelShape.from_hf_config(
+            mc.hf_config, dtype_bytes=dtype_bytes, kv_bytes=kv_bytes,
+            num_devices=pc.tensor_parallel_size * pc.pipeline_parallel_size)
+        args.update(perf_model=PerfModel(shape), device_model=device_model(current_platform))
+    return args

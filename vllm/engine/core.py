@@ -188,14 +188,15 @@ class EngineCore:
 
     # ------------------------------------------------------------- profiling
     def start_profile(self) -> None:
-        check_profiler_enabled()  # refused here, before any rank is asked
+        # Refused here, before any rank is asked.
+        check_profiler_enabled(getattr(self.vllm_config, "profiler_config", None))
         if self._profiling:
             raise ValueError("The profiler is already running; call stop_profile() first.")
         self.collective_rpc("start_profile")
         self._profiling = True
 
     def stop_profile(self) -> None:
-        check_profiler_enabled()
+        check_profiler_enabled(getattr(self.vllm_config, "profiler_config", None))
         if not self._profiling:
             raise ValueError("The profiler is not running; call start_profile() first.")
         self._profiling = False

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 from vllm.engine.bucket_metrics import BucketMetrics
+from vllm.engine.observability_metrics import (HiddenMetrics, KVBlockMetrics, MfuMetrics,
+                                               SleepStateMetric, show_hidden_metrics)
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
                                PlatformCollector, ProcessCollector, generate_latest)
 
@@ -227,8 +229,23 @@ class StatsTracker:
 
     def __init__(self, model_name: str, max_model_len: int, log_stats: bool = True,
                  max_loras: Optional[int] = None, engine_index: int = 0,
-                 cache_config: Any = None, num_spec_tokens: int = 0) -> None:
+                 cache_config: Any = None, num_spec_tokens: int = 0,
+                 observability_config: Any = None, perf_model: Any = None,
+                 device_model: Optional[str] = None) -> None:
+        """`perf_model`: a `PerfModel` for --enable-mfu-metrics (with `device_model`,
+        the PEAK_FLOPS key of the device)."""
         self.metrics = PrometheusMetrics(model_name, max_model_len, engine_index=engine_index)
+        m = self.metrics
+        obs = observability_config
+        self.sleep_state = SleepStateMetric(m.registry, m.labels, m.label_values)
+        self.kv_blocks = (KVBlockMetrics(m.registry, m.labels, m.label_values)
+                          if obs is not None and obs.kv_cache_metrics else None)
+        self.perf_model = perf_model if obs is not None and obs.enable_mfu_metrics else None
+        self.mfu = (MfuMetrics(m.registry, m.labels, m.label_values, device_model)
+                    if self.perf_model is not None else None)
+        self.hidden = (HiddenMetrics(m.registry, m.labels, m.label_values, TPOT_BUCKETS)
+                       if obs is not None
+                       and show_hidden_metrics(obs.show_hidden_metrics_for_version) else None)
         if cache_config is not None:
             self.metrics.set_cache_config_info(cache_config)
         m = self.metrics
@@ -285,6 +302,8 @@ class StatsTracker:
             self.on_output(output, now)
         if self._step_tokens:
             self.metrics.iteration_tokens.observe(self._step_tokens)
+            if self.mfu is not None:
+                self.mfu.add(self.perf_model.step())
 
     def on_output(self, output: Any, now: Optional[float] = None) -> None:
         """Record one DELTA RequestOutput (new tokens of this step only)."""
@@ -310,8 +329,14 @@ class StatsTracker:
             m.prompt_tokens_by_source["external_kv_transfer"].inc(n * times.external)
             self._window.prompt_tokens += n * times.prompt_len
             self._step_tokens += n * times.prompt_len
+            if self.mfu is not None:
+                self.mfu.add(self.perf_model.tokens(times.prompt_len - times.cached,
+                                                    times.cached))
         for c in _completions(output):
             choice = times.choice(c.index)
+            if self.mfu is not None and c.token_ids:
+                self.mfu.add(self.perf_model.tokens(len(c.token_ids),
+                                                    times.prompt_len + choice.generated))
             self._on_choice_tokens(times.arrival, choice, len(c.token_ids), now)
             if c.finish_reason and choice.finished is None:
                 choice.finished, choice.finish_reason = now, c.finish_reason
@@ -332,6 +357,8 @@ class StatsTracker:
             m.time_to_first_token.observe(now - arrival)
         else:
             m.inter_token_latency.observe(now - choice.last_token)
+            if self.hidden is not None:
+                self.hidden.time_per_output_token.observe(now - choice.last_token)
         choice.last_token = now
         choice.generated += new_tokens
 
@@ -385,6 +412,7 @@ class StatsTracker:
         self._last_preemptions = _inc_by_growth(m.num_preemptions, stats.num_preemptions,
                                                 self._last_preemptions)
         self._last_scheduler_stats = stats
+        self._on_optional_stats(stats)
         spec_stats = getattr(stats, "spec_decoding_stats", None)
         if self.spec_decoding is not None and spec_stats is not None:
             self.spec_decoding.observe(spec_stats)
@@ -395,6 +423,23 @@ class StatsTracker:
                 running_lora_adapters=",".join(getattr(stats, "running_lora_adapters", {})),
             ).set_to_current_time()
         self.maybe_log()
+
+    def _on_optional_stats(self, stats: Any) -> None:
+        if self.kv_blocks is not None:
+            self.kv_blocks.observe(getattr(stats, "kv_cache_eviction_events", None))
+        if self.hidden is not None:
+            h = self.hidden
+            h.gpu_cache_usage.set(stats.kv_cache_usage)
+            self._last_hidden_queries = _inc_by_growth(
+                h.gpu_prefix_cache_queries, stats.prefix_cache_queries,
+                getattr(self, "_last_hidden_queries", 0))
+            self._last_hidden_hits = _inc_by_growth(
+                h.gpu_prefix_cache_hits, stats.prefix_cache_hits,
+                getattr(self, "_last_hidden_hits", 0))
+
+    def on_sleep_state(self, level: int) -> None:
+        """vllm:engine_sleep_state: 0 awake, else the sleep level."""
+        self.sleep_state.set(level)
 
     def on_compile_stats(self, stats: Optional[dict]) -> None:
         """Advance vllm:hpu_graph_compilations_total from the worker's compile accounting."""
@@ -473,9 +518,12 @@ def process_registry() -> CollectorRegistry:
     return _process_registry
 
 
-def render_metrics(engine_registry: CollectorRegistry) -> bytes:
-    """The /metrics body: the engine's metrics, then the process collectors."""
-    return generate_latest(engine_registry) + generate_latest(process_registry())
+def render_metrics(engine_registry: CollectorRegistry,
+                   http_registry: Optional[CollectorRegistry] = None) -> bytes:
+    """The /metrics body: the engine's metrics, the server's HTTP metrics, then the
+    process collectors."""
+    http = generate_latest(http_registry) if http_registry is not None else b""
+    return generate_latest(engine_registry) + http + generate_latest(process_registry())
 
 
 def _completions(output: Any) -> list:

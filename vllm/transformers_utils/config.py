@@ -34,7 +34,8 @@ def embedded_default_model_path() -> str:
 
 
 def resolve_model_path(model: str, revision: Optional[str] = None,
-                       download_dir: Optional[str] = None) -> str:
+                       download_dir: Optional[str] = None, token: Optional[str | bool] = None,
+                       ignore_patterns: Optional[list[str]] = None) -> str:
     """Map a user's `model` to a local HF-style directory: a directory, a .gguf file
     (converted once), or a Hugging Face Hub id (a snapshot in the HF cache, see
     vllm/transformers_utils/hub.py)."""
@@ -46,7 +47,8 @@ def resolve_model_path(model: str, revision: Optional[str] = None,
         if not hub.looks_like_repo_id(model):
             raise ValueError(f"model={model!r} is not a local directory, a .gguf file or a "
                              "Hugging Face model id.")
-        path = hub.resolve_hub_model(model, revision, download_dir)
+        path = hub.resolve_hub_model(model, revision, download_dir, token=token,
+                                     ignore_patterns=ignore_patterns)
     if path.endswith(".gguf"):
         from vllm.transformers_utils.gguf_utils import ensure_converted
         return ensure_converted(path)
@@ -87,10 +89,14 @@ def load_model_config(model_config: ModelConfig) -> ModelConfig:
     from vllm.transformers_utils.configs import register_configs
     from vllm.transformers_utils.hub import apply_hf_overrides, check_remote_code
     mc = model_config
-    model_path = resolve_model_path(mc.model, mc.revision, mc.download_dir)
+    hub_args = dict(token=mc.hf_token, ignore_patterns=mc.ignore_patterns)
+    model_path = resolve_model_path(mc.model, mc.revision, mc.download_dir, **hub_args)
     tok = mc.tokenizer or mc.model
-    tokenizer_path = (model_path if tok == mc.model else
-                      resolve_model_path(tok, None, mc.download_dir))
+    # The tokenizer's own revision (--tokenizer-revision), else the model's when it is
+    # the model's repository.
+    tok_revision = mc.tokenizer_revision or (mc.revision if tok == mc.model else None)
+    tokenizer_path = (model_path if tok == mc.model and tok_revision == mc.revision else
+                      resolve_model_path(tok, tok_revision, mc.download_dir, **hub_args))
     register_configs()  # model types written here (vllm/transformers_utils/configs)
     check_remote_code(model_path, mc.trust_remote_code)
     hf_config = AutoConfig.from_pretrained(model_path)

@@ -25,15 +25,25 @@ def looks_like_repo_id(model: str) -> bool:
             and not model.endswith(".gguf"))
 
 
+DEFAULT_IGNORE_PATTERNS = ["original/**/*"]
+"""vLLM's default --ignore-patterns: the consolidated copies some repos ship beside the
+HF checkpoint."""
+
+
 def resolve_hub_model(repo_id: str, revision: Optional[str] = None,
-                      download_dir: Optional[str] = None) -> str:
+                      download_dir: Optional[str] = None, token: Optional[str | bool] = None,
+                      ignore_patterns: Optional[list[str]] = None) -> str:
     """Local snapshot directory of `repo_id` at `revision` (a branch, tag or commit),
-    in `download_dir` or the default HF cache. ValueError when it cannot be had."""
+    in `download_dir` or the default HF cache. ValueError when it cannot be had.
+    `token`: --hf-token; `ignore_patterns`: --ignore-patterns (files not downloaded)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError
+    if ignore_patterns is None:
+        ignore_patterns = DEFAULT_IGNORE_PATTERNS
     try:
         path = snapshot_download(repo_id=repo_id, revision=revision, cache_dir=download_dir,
-                                 allow_patterns=_ALLOW_PATTERNS)
+                                 allow_patterns=_ALLOW_PATTERNS, token=token,
+                                 ignore_patterns=ignore_patterns or None)
     except HFValidationError as e:
         raise ValueError(f"model={repo_id!r} is neither a local path nor a valid Hugging "
                          f"Face model id: {e}") from e

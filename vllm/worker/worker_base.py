@@ -115,7 +115,9 @@ class WorkerBase:
             pc = self.vllm_config.parallel_config
             name = f"rank{self.rank}" if pc.data_parallel_size == 1 else \
                 f"dp{pc.data_parallel_rank}-rank{self.rank}"
-            self._profiler = WorkerProfiler(name, self.vllm_config.device_config.device)
+            self._profiler = WorkerProfiler(
+                name, self.vllm_config.device_config.device,
+                getattr(self.vllm_config, "profiler_config", None))
         return self._profiler
 
     def start_profile(self) -> None:

@@ -52,6 +52,8 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionRequest, CompletionR
 from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from vllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from vllm.entrypoints.openai.fingerprint import build_system_fingerprint
+from vllm.entrypoints.openai.http_observability import (RequestIdHeaderMiddleware,
+                                                        force_include_usage, instrument_http)
 from vllm.entrypoints.openai.serving_engine import SSE_HEADERS, copy_tokenizer
 from vllm.entrypoints.openai.serving_extras import ServerLoadMiddleware, install_extra_routes
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
@@ -374,7 +376,8 @@ def _install_routes(app: FastAPI) -> None:
 
         from vllm.engine.metrics import render_metrics
         registry = _state(raw_request).engine.metrics_registry
-        return Response(render_metrics(registry), media_type=CONTENT_TYPE_LATEST)
+        body = render_metrics(registry, raw_request.app.state.http_metrics_registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def show_available_models(raw_request: Request) -> Any:
@@ -400,7 +403,9 @@ def _install_routes(app: FastAPI) -> None:
 
     if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
         _install_lora_routes(app)
-    if envs.VLLM_TORCH_PROFILER_DIR:
+    profiler_config = getattr(_app_engine(app).vllm_config, "profiler_config", None)
+    if envs.VLLM_TORCH_PROFILER_DIR or (profiler_config is not None
+                                        and profiler_config.enabled):
         _install_profiler_routes(app)
     if envs.VLLM_SERVER_DEV_MODE:
         _install_dev_routes(app)
@@ -415,10 +420,17 @@ def _install_routes(app: FastAPI) -> None:
 
 def _header_request_id(request: Any, raw_request: Request) -> None:
     """An X-Request-Id header names the request (over the body's request_id), as in
-    vLLM: gateways set it to find a request in the logs and in the response id."""
+    vLLM: gateways set it to find a request in the logs and in the response id.
+    Here too the server's --enable-force-include-usage reaches the request."""
     header = raw_request.headers.get("x-request-id")
     if header:
         request.request_id = header
+    if raw_request.app.state.force_include_usage:
+        force_include_usage(request)
+
+
+def _app_engine(app: FastAPI) -> EngineClient:
+    return app.state.vllm.engine
 
 
 def _install_lora_routes(app: FastAPI) -> None:
@@ -520,9 +532,13 @@ def build_app(args: argparse.Namespace, engine: EngineClient,
             state.close()
 
     state = ServerState(engine, args, tokenizer)
+    docs = {} if not getattr(args, "disable_fastapi_docs", False) else dict(
+        openapi_url=None, docs_url=None, redoc_url=None)
     app = FastAPI(title="vLLM OpenAI-compatible API", version=__version__,
-                  root_path=getattr(args, "root_path", None) or "", lifespan=lifespan)
+                  root_path=getattr(args, "root_path", None) or "", lifespan=lifespan,
+                  **docs)
     app.state.vllm = state
+    app.state.force_include_usage = bool(getattr(args, "enable_force_include_usage", False))
     app.router.route_class = JSONBodyRoute
     _install_error_handlers(app)
     _install_routes(app)
@@ -532,7 +548,12 @@ def build_app(args: argparse.Namespace, engine: EngineClient,
     install_responses_routes(app, state, with_cancellation)
     install_anthropic_routes(app, state, with_cancellation)
     install_extra_routes(app, _respond)
-    app.add_middleware(ServerLoadMiddleware, state=app.state)
+    app.state.server_load_metrics = 0
+    if getattr(args, "enable_server_load_tracking", False):
+        app.add_middleware(ServerLoadMiddleware, state=app.state)
+    if getattr(args, "enable_request_id_headers", False):
+        app.add_middleware(RequestIdHeaderMiddleware)
+    app.state.http_metrics_registry = instrument_http(app)
     app.add_middleware(CORSMiddleware,
                        allow_origins=getattr(args, "allowed_origins", []),
                        allow_credentials=getattr(args, "allow_credentials", False),
@@ -592,6 +613,7 @@ def run_server(args: argparse.Namespace) -> None:
     from vllm.engine.dp_engine import (build_async_engine, prestart_engine_core,
                                        release_engine_core)
     args._process_start = _process_start_time()
+    _apply_log_level(args)
     validate_parsed_serve_args(args)
     logger.info("vLLM API server version %s", __version__)
     engine_args = AsyncEngineArgs.from_cli_args(args)
@@ -632,6 +654,12 @@ def run_server(args: argparse.Namespace) -> None:
         gc.freeze()
     if engine_died:
         sys.exit(1)  # a supervisor restarts the server (see vllm/entrypoints/launcher.py)
+
+
+def _apply_log_level(args: argparse.Namespace) -> None:
+    """--log-level: the vllm loggers' level (over VLLM_LOGGING_LEVEL)."""
+    if getattr(args, "log_level", None):
+        logging.getLogger("vllm").setLevel(args.log_level.upper())
 
 
 def _process_start_time() -> float:

@@ -129,6 +129,21 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
                              "parallelism, 'custom' the --fingerprint-value, 'none' null.")
     server.add_argument("--fingerprint-value", type=str, default=None,
                         help="The system_fingerprint with --fingerprint-mode custom.")
+    server.add_argument("--log-level", type=str, default=None,
+                        choices=["debug", "info", "warning", "error", "critical"],
+                        help="Level of the vllm loggers (default: VLLM_LOGGING_LEVEL).")
+    server.add_argument("--disable-fastapi-docs", action="store_true",
+                        help="Do not serve FastAPI's OpenAPI schema and its /docs and /redoc "
+                             "pages.")
+    server.add_argument("--enable-request-id-headers", action="store_true",
+                        help="Answer each request with an X-Request-Id header: the one the "
+                             "client sent, or a new one.")
+    server.add_argument("--enable-force-include-usage", action="store_true",
+                        help="Report usage in the last chunk of every streamed completion, "
+                             "as if stream_options.include_usage were set.")
+    server.add_argument("--enable-server-load-tracking", action="store_true",
+                        help="Count the requests in flight on the model routes, which GET "
+                             "/load reports (0 without this flag).")
     server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                         help="Enable the /tokenizer_info endpoint. May expose chat "
                              "templates and other tokenizer configuration.")
