@@ -6,17 +6,41 @@ structured outputs constrain only the answer after it.
 """
 from __future__ import annotations
 
+from typing import Any, Optional, Union
+
 from vllm.reasoning.abs_reasoning_parser import ReasoningParser, ReasoningStreamer
 from vllm.reasoning.deepseek_r1_reasoning_parser import DeepSeekR1ReasoningParser
+from vllm.reasoning.deepseek_v3_reasoning_parser import DeepSeekV3ReasoningParser
+from vllm.reasoning.ernie45_reasoning_parser import Ernie45ReasoningParser
+from vllm.reasoning.glm4_moe_reasoning_parser import Glm4MoeModelReasoningParser
+from vllm.reasoning.granite_reasoning_parser import GraniteReasoningParser
+from vllm.reasoning.hunyuan_a13b_reasoning_parser import HunyuanA13BReasoningParser
+from vllm.reasoning.kimi_k2_reasoning_parser import KimiK2ReasoningParser
+from vllm.reasoning.minimax_m2_reasoning_parser import MiniMaxM2ReasoningParser
+from vllm.reasoning.mistral_reasoning_parser import MistralReasoningParser
+from vllm.reasoning.olmo3_reasoning_parser import Olmo3ReasoningParser
 from vllm.reasoning.qwen3_reasoning_parser import Qwen3ReasoningParser
+from vllm.reasoning.seed_oss_reasoning_parser import SeedOSSReasoningParser
+from vllm.reasoning.step3_reasoning_parser import Step3ReasoningParser
 
 
 class ReasoningParserManager:
-    """Parsers by their `--reasoning-parser` name."""
+    """Parsers by their `--reasoning-parser` name (vLLM's names)."""
 
     _parsers: dict[str, type[ReasoningParser]] = {
         "deepseek_r1": DeepSeekR1ReasoningParser,
+        "deepseek_v3": DeepSeekV3ReasoningParser,
+        "ernie45": Ernie45ReasoningParser,
+        "glm45": Glm4MoeModelReasoningParser,
+        "granite": GraniteReasoningParser,
+        "hunyuan_a13b": HunyuanA13BReasoningParser,
+        "kimi_k2": KimiK2ReasoningParser,
+        "minimax_m2": MiniMaxM2ReasoningParser,
+        "mistral": MistralReasoningParser,
+        "olmo3": Olmo3ReasoningParser,
         "qwen3": Qwen3ReasoningParser,
+        "seed_oss": SeedOSSReasoningParser,
+        "step3": Step3ReasoningParser,
     }
 
     @classmethod
@@ -39,6 +63,19 @@ class ReasoningParserManager:
         cls.check_name(name)
         return cls._parsers[name]
 
+    @classmethod
+    def register_module(cls, name: Union[str, list[str], None] = None, force: bool = True,
+                        module: Optional[type] = None) -> Any:
+        """Register a parser class under `name`; a decorator as in vLLM."""
+        def register(parser_cls: type) -> type:
+            names = [name] if isinstance(name, str) else (name or [parser_cls.__name__])
+            for n in names:
+                if not force and n in cls._parsers:
+                    raise KeyError(f"reasoning parser {n!r} is already registered")
+                cls._parsers[n] = parser_cls
+            return parser_cls
+        return register(module) if module is not None else register
+
 
 __all__ = ["ReasoningParser", "ReasoningParserManager", "ReasoningStreamer",
-           "DeepSeekR1ReasoningParser", "Qwen3ReasoningParser"]
+           *(c.__name__ for c in ReasoningParserManager._parsers.values())]

@@ -66,25 +66,63 @@ class ReasoningParser:
         reasoning, content = self.split(model_output, final=True)
         return reasoning or None, content or None
 
+    implicit_ends: tuple[str, ...] = ()
+    """Text that ends the reasoning without an end marker and starts the answer (Kimi-K2's
+    tool-call section); it stays in the answer."""
+    answer_tags: Optional[tuple[str, str]] = None
+    """Tags some models wrap the answer in (`<answer>` ... `</answer>`), taken off."""
+
+    def for_request(self, request: Any) -> Optional["ReasoningParser"]:
+        """The parser for one request: None where the request turns reasoning off (a
+        hybrid model's template switch); most parsers serve every request as they are."""
+        return self
+
     def split(self, text: str, final: bool) -> tuple[str, str]:
         """(reasoning, content) of `text`; unless `final`, a tail that may still grow into
         a marker is withheld so both parts only ever grow as text is appended."""
+        reasoning, content = self._split_with(text, final, self.start_token, self.end_token)
+        return reasoning, self._unwrap(content, final)
+
+    def _split_with(self, text: str, final: bool, start: str, end_token: str
+                    ) -> tuple[str, str]:
         head = text.lstrip()
-        opened = head.startswith(self.start_token)
+        opened = bool(start) and head.startswith(start)
         if opened:
-            body = head[len(self.start_token):]
-        elif not final and self.start_token.startswith(head):
+            body = head[len(start):]
+        elif not final and start and start.startswith(head):
             return "", ""  # nothing yet, or the start marker is still arriving
         else:
             body = text
-        end = body.find(self.end_token)
+        end = body.find(end_token)
+        implicit = [i for i in (body.find(m) for m in self.implicit_ends) if i >= 0]
+        if implicit and (end < 0 or min(implicit) < end):
+            return body[:min(implicit)], body[min(implicit):]
         if end >= 0:
-            return body[:end], body[end + len(self.end_token):]
+            return body[:end], body[end + len(end_token):]
         if not final:
-            body = body[:len(body) - partial_suffix_len(body, self.end_token)]
+            held = max(partial_suffix_len(body, m) for m in (end_token, *self.implicit_ends))
+            body = body[:len(body) - held]
         if opened or self.unterminated_is_reasoning:
             return body, ""
         return "", body
+
+    def _unwrap(self, content: str, final: bool) -> str:
+        """The answer without `answer_tags` (a prefix of the final one while streaming)."""
+        if self.answer_tags is None or not content:
+            return content
+        open_tag, close_tag = self.answer_tags
+        head = content.lstrip()
+        if head.startswith(open_tag):
+            content = head[len(open_tag):].lstrip("\n")
+        elif not final and open_tag.startswith(head):
+            return ""
+        at = content.find(close_tag)
+        if at >= 0:
+            return content[:at].rstrip("\n")
+        if not final:
+            content = content[:len(content) - partial_suffix_len(content, close_tag)]
+            return content.rstrip("\n")  # a newline before the close tag is layout
+        return content
 
 
 @dataclass

@@ -112,7 +112,9 @@ class ServerState:
                                                      False)),
             enable_auto_tools=bool(getattr(args, "enable_auto_tool_choice", False)),
             tool_parser=getattr(args, "tool_call_parser", None),
-            reasoning_parser=getattr(args, "reasoning_parser", None) or None, **common)
+            reasoning_parser=getattr(args, "reasoning_parser", None) or None,
+            default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),
+            **common)
         self.completion = OpenAIServingCompletion(engine, self.models, **common)
         self.tokenization = OpenAIServingTokenization(engine, self.models, chat=self.chat,
                                                       **common)

@@ -138,9 +138,13 @@ class ChoiceParser:
 
     def __init__(self, reasoning_parser: Optional[ReasoningParser], plan: ToolPlan,
                  request: Any) -> None:
+        if reasoning_parser is not None:
+            reasoning_parser = reasoning_parser.for_request(request)
         self.reasoning_parser = reasoning_parser
         self.plan = plan
         self.request = request
+        self.include_reasoning = getattr(request, "include_reasoning", True) is not False
+        """include_reasoning false: the reasoning is parsed out of the answer and dropped."""
         self._reasoning = ReasoningStreamer(reasoning_parser) if reasoning_parser else None
         self._tools = (ToolCallStreamer(plan.parser, request) if plan.parser is not None
                        else None)
@@ -161,6 +165,8 @@ class ChoiceParser:
         if self.reasoning_parser is not None:
             reasoning, content = self.reasoning_parser.extract_reasoning(text)
             content = content or ""
+            if not self.include_reasoning:
+                reasoning = None
         if self.plan.parser is None:
             return ParsedChoice(reasoning, content, [])
         info = self.plan.parser.extract_tool_calls(content, self.request)
@@ -175,7 +181,7 @@ class ChoiceParser:
         reasoning, content = "", delta_text
         if self._reasoning is not None:
             d = self._reasoning.feed(delta_text, final)
-            reasoning, content = d.reasoning, d.content
+            reasoning, content = d.reasoning if self.include_reasoning else "", d.content
         if self._tools is None:
             return reasoning, content, []
         content, tool_deltas = self._tools.feed(content, final)

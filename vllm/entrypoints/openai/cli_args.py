@@ -163,6 +163,10 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
                              'with tool_choice "auto": one of '
                              f"{', '.join(ToolParserManager.names())}, or a name registered "
                              "by --tool-parser-plugin.")
+    server.add_argument("--default-chat-template-kwargs", type=_json_object, default=None,
+                        help="Chat template kwargs as a JSON object (e.g. "
+                             "'{\"enable_thinking\": false}'), used for every request; a "
+                             "request's own chat_template_kwargs override them key by key.")
     server.add_argument("--tool-parser-plugin", type=str, default="",
                         help="A Python file that registers a tool parser with "
                              '@ToolParserManager.register_module("name") (from '
@@ -212,3 +216,12 @@ def _check_tool_parser(args: argparse.Namespace) -> None:
         raise ValueError(f"--tool-call-parser {name!r} is not known; choose one of "
                          f"{', '.join(ToolParserManager.list_registered())} (or register it "
                          "with --tool-parser-plugin).")
+
+
+def _json_object(value: str) -> dict:
+    """A flag's JSON object value (argparse reports the ValueError as a usage error)."""
+    import json
+    parsed = json.loads(value)
+    if not isinstance(parsed, dict):
+        raise ValueError(f"expected a JSON object, got {value!r}")
+    return parsed

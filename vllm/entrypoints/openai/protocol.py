@@ -138,8 +138,6 @@ NOT_IMPLEMENTED_FIELDS: dict[str, tuple[Any, str]] = {
     "logits_processors": (None, "custom logits processors"),
     "logprob_token_ids": (None, "logprobs of chosen token ids"),
     "thinking_token_budget": (None, "a thinking token budget"),
-    "reasoning_effort": (None, "reasoning_effort"),
-    "include_reasoning": (True, "include_reasoning (reasoning output)"),
     "media_io_kwargs": (None, "multimodal inputs"),
     "mm_processor_kwargs": (None, "multimodal inputs"),
     "prompt_embeds": (None, "prompt_embeds"),
@@ -444,6 +442,11 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: Optional[str] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
     mm_processor_kwargs: Optional[Any] = None
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
+    """Passed to the chat template as `reasoning_effort` (templates that read it, such as
+    GPT-OSS's, set the model's effort); an explicit chat_template_kwargs entry wins."""
+    include_reasoning: bool = True
+    """False: the reasoning (with --reasoning-parser) is kept out of the answer and dropped."""
 
     def unsupported_fields(self) -> Optional[tuple[str, str]]:
         bad_metadata = metadata_problem(self.metadata)

@@ -37,8 +37,12 @@ class OpenAIServingChat(OpenAIServing):
                  content_format: str = "auto",
                  trust_request_chat_template: bool = False,
                  enable_auto_tools: bool = False, tool_parser: Optional[str] = None,
-                 reasoning_parser: Optional[str] = None, **kwargs: Any) -> None:
+                 reasoning_parser: Optional[str] = None,
+                 default_chat_template_kwargs: Optional[dict[str, Any]] = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.default_chat_template_kwargs = dict(default_chat_template_kwargs or {})
+        """--default-chat-template-kwargs: under each request's own chat_template_kwargs."""
         from vllm.entrypoints.openai.tool_parsers import ToolParserManager
         from vllm.reasoning import ReasoningParserManager
         self.enable_auto_tools = enable_auto_tools
@@ -63,6 +67,7 @@ class OpenAIServingChat(OpenAIServing):
     async def render_prompt(self, request: Any) -> PromptInput:
         """Messages -> template text -> token ids (shared with /tokenize)."""
         check_request_chat_template(request, self.trust_request_chat_template)
+        request.chat_template_kwargs = self.template_kwargs(request)
         template = request.chat_template or self.chat_template
         placeholder = self.chat_images.placeholder
         content_format = resolve_content_format(
@@ -88,6 +93,16 @@ class OpenAIServingChat(OpenAIServing):
             images = await self.chat_images.load(image_refs)
             return PromptInput(ids, text, multi_modal_data={"image": images})
         return PromptInput(ids, text)
+
+    def template_kwargs(self, request: Any) -> Optional[dict[str, Any]]:
+        """The server's default template kwargs, then the request's `reasoning_effort`,
+        then its own chat_template_kwargs (each later one wins, as vLLM)."""
+        merged = dict(self.default_chat_template_kwargs)
+        effort = getattr(request, "reasoning_effort", None)
+        if effort is not None:
+            merged["reasoning_effort"] = effort
+        merged.update(request.chat_template_kwargs or {})
+        return merged or None
 
     async def tool_plan(self, request: ChatCompletionRequest) -> ToolPlan:
         """The request's ToolPlan, built on a pool thread when it has tools: building it
