@@ -287,6 +287,11 @@ class EngineArgs:
                 "--max-parallel-loading-workers is not supported: every worker loads its "
                 "own shard at once, from memory-mapped safetensors, so there are no "
                 "loading batches to bound. Leave it out.")
+        if self.otlp_traces_endpoint or self.collect_detailed_traces:
+            raise ValueError(
+                "--otlp-traces-endpoint / --collect-detailed-traces: OpenTelemetry request "
+                "tracing is not implemented in this server yet; leave them out (metrics "
+                "are on /metrics).")
         observability_config = ObservabilityConfig(
             show_hidden_metrics_for_version=self.show_hidden_metrics_for_version,
             otlp_traces_endpoint=self.otlp_traces_endpoint,
