@@ -477,6 +477,9 @@ class SchedulerConfig:
     processing) overlaps the model's forward. Steps of structured-output or
     prompt-logprobs requests, and of multi-rank (TP/PP) engines, still wait for the
     previous step's tokens."""
+    disable_hybrid_kv_cache_manager: bool = False
+    """Give sliding-window layers a full-length KV cache like every other layer,
+    instead of only the blocks their window needs (vllm/kv_cache_spec.py)."""
 
     def finalize(self, max_model_len: int) -> None:
         self.max_model_len = max_model_len

@@ -23,12 +23,25 @@ class ForwardContext:
     attn_impl: Any
     """The backend the runner built `attn_metadata` for: the platform's, which the
     Attention layers chose when they were built (attention/selector.py)."""
+    group_metadata: list[Any] = field(default_factory=list)
+    """Metadata of KV cache groups 1.. (vllm/kv_cache_spec.py: each group has its own
+    block tables); empty with one group."""
+    layer_group: dict[int, int] = field(default_factory=dict)
+    """Layer index -> its KV cache group (layers not listed: group 0)."""
     rope_tables: dict[int, tuple] = field(default_factory=dict)
     """Rotary cos/sin tables gathered for this pass's positions, by rotary module
     (every layer shares one module and one positions tensor). They live for this one
     pass only: a CUDA or HPU graph is captured in a pass of its own, so the gather is
     recorded in the graph; a table kept from an earlier call on the same static
     positions buffer would be baked into the graph with that call's positions."""
+
+
+    def metadata_for(self, layer_idx: int) -> Any:
+        """The attention metadata of the layer's KV cache group."""
+        if not self.group_metadata:
+            return self.attn_metadata
+        group = self.layer_group.get(layer_idx, 0)
+        return self.attn_metadata if group == 0 else self.group_metadata[group - 1]
 
 
 _forward_context: Optional[ForwardContext] = None
@@ -40,10 +53,12 @@ def get_forward_context() -> Optional[ForwardContext]:
 
 @contextmanager
 def set_forward_context(attn_metadata: Any, kv_caches: list[torch.Tensor],
-                        attn_impl: Any) -> Iterator[None]:
+                        attn_impl: Any, group_metadata: Optional[list[Any]] = None,
+                        layer_group: Optional[dict[int, int]] = None) -> Iterator[None]:
     global _forward_context
     prev = _forward_context
-    _forward_context = ForwardContext(attn_metadata, kv_caches, attn_impl)
+    _forward_context = ForwardContext(attn_metadata, kv_caches, attn_impl,
+                                      group_metadata or [], layer_group or {})
     try:
         yield
     finally:

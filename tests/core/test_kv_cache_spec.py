@@ -1,8 +1,10 @@
 """The per-layer KV cache spec (vllm/kv_cache_spec.py): page sizes, grouping, sizing."""
 import torch
+from _core_helpers import make_request
 from torch import nn
 
 from vllm.attention.layer import Attention
+from vllm.core.kv_cache_manager import KVCacheManager
 from vllm.kv_cache_spec import (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec,
                                 collect_kv_cache_specs, get_kv_cache_config)
 
@@ -64,3 +66,24 @@ def test_collected_from_attention_layers():
 
     specs = collect_kv_cache_specs(Tiny(), 16, torch.float32)
     assert specs == {0: SLIDE, 1: FULL}
+
+
+def test_sliding_group_frees_blocks_outside_its_window():
+    """A hybrid manager: the full group keeps every block, the sliding group (window 8,
+    blocks of 4) swaps the blocks wholly behind the window for the null block."""
+    full = FullAttentionSpec(4, 2, 8, torch.float32)
+    slide = SlidingWindowSpec(4, 2, 8, torch.float32, sliding_window=8)
+    cfg = get_kv_cache_config({0: slide, 1: full})
+    manager = KVCacheManager(num_blocks=20, block_size=4, kv_cache_config=cfg)
+    assert not manager.enable_caching and manager.null_block.block_id == 0
+    request = make_request("a", prompt_len=16)
+    new = manager.allocate_slots(request, 16)
+    assert len(new) == 4 and manager.get_group_block_ids("a") == [[5, 6, 7, 8]]
+    assert manager.block_pool.get_num_free_blocks() == 20 - 1 - 8
+    request.num_computed_tokens = 16  # a decode at position 16 sees 9..16
+    manager.allocate_slots(request, 1)
+    assert manager.get_group_block_ids("a") == [[0, 0, 7, 8, 10]]
+    assert manager.new_group_block_ids["a"] == [[10]]
+    assert manager.block_pool.get_num_free_blocks() == 20 - 1 - 10 + 2
+    manager.free(request)
+    assert manager.block_pool.get_num_free_blocks() == 19 and manager.usage == 0.0

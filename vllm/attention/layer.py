@@ -100,7 +100,8 @@ class Attention(nn.Module):
         kv_cache = ctx.kv_caches[self.layer_idx] if ctx.kv_caches else None
         if self.calculate_kv_scales and kv_cache is not None and key.shape[0]:
             self._calc_kv_scales(key, value)
-        return self.impl.forward(self, query, key, value, kv_cache, ctx.attn_metadata)
+        return self.impl.forward(self, query, key, value, kv_cache,
+                                 ctx.metadata_for(self.layer_idx))
 
     def _calc_kv_scales(self, key: torch.Tensor, value: torch.Tensor) -> None:
         """vLLM's rule: the scale maps the largest |k| to K_SCALE_CONSTANT and |v| to

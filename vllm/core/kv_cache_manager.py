@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from vllm.core.block_pool import BlockPool, KVCacheBlock
+from vllm.kv_cache_spec import KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 from vllm.request import Request
 
 logger = logging.getLogger(__name__)
@@ -46,12 +47,42 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
+    """Block tables per request over one BlockPool.
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    With a hybrid KV cache config (vllm/kv_cache_spec.py: several groups, or a
+    sliding-window group) each request has one table per group, all drawn from the one
+    pool; `req_to_blocks` is group 0's (full attention when the model has any) and
+    `group_tables` holds every group's. A sliding-window group frees the blocks that fell
+    out of its window before each allocation: their entries become the null block
+    (block 0, reserved, never written; the runner's tables keep the old ids, which
+    its attention masks by position). Prefix caching is off for a hybrid config: a
+    hit would need each sliding group's window blocks to be cached too.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 kv_cache_config: Optional[KVCacheConfig] = None) -> None:
         self.block_size = block_size
+        hybrid = kv_cache_config is not None and kv_cache_config.is_hybrid
+        if hybrid and enable_caching:
+            logger.info("Prefix caching is disabled: the KV cache has sliding-window "
+                        "groups (%s), whose reuse is not implemented; "
+                        "--disable-hybrid-kv-cache-manager keeps it on instead.",
+                        kv_cache_config.describe())
+            enable_caching = False
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.group_specs: list[KVCacheSpec] = (
+            [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups] if hybrid else [])
+        """Each group's spec (hybrid configs only; empty: one plain group)."""
+        self.null_block: Optional[KVCacheBlock] = (
+            self.block_pool.get_new_blocks(1)[0] if hybrid else None)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        self.group_tables: list[dict[str, list[KVCacheBlock]]] = (
+            [self.req_to_blocks] + [{} for _ in self.group_specs[1:]])
+        """Per group: request -> its block table (index 0 is `req_to_blocks`)."""
+        self.new_group_block_ids: dict[str, list[list[int]]] = {}
+        """Groups 1..: the block ids the last allocation appended, per request (what the
+        scheduler sends the workers beside group 0's new blocks)."""
         self.num_cached_blocks: dict[str, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
         self.root_hash = _ROOT_HASH
@@ -60,7 +91,10 @@ class KVCacheManager:
 
     @property
     def usage(self) -> float:
-        return self.block_pool.get_usage()
+        if self.null_block is None:
+            return self.block_pool.get_usage()
+        pool = self.block_pool  # the null block is not the requests'
+        return 1.0 - pool.get_num_free_blocks() / max(1, pool.num_blocks - 1)
 
     def _update_block_hashes(self, request: Request) -> list[int]:
         """Extend request.block_hashes to cover every full block of its known tokens."""
@@ -113,6 +147,8 @@ class KVCacheManager:
         `num_lookahead_tokens` more slots are reserved past them (a draft model writes
         its drafts' KV there); they are never hashed for the prefix cache.
         """
+        if self.group_specs:
+            return self._allocate_groups(request, num_new_tokens + num_lookahead_tokens)
         new_computed_blocks = new_computed_blocks or []
         req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
@@ -135,6 +171,44 @@ class KVCacheManager:
             self._cache_full_blocks(request, num_computed + num_new_tokens)
         return new_blocks
 
+    def _allocate_groups(self, request: Request, num_new_tokens: int
+                         ) -> Optional[list[KVCacheBlock]]:
+        """allocate_slots for a hybrid config (no prefix-cache hits): every group's
+        table grows to cover the new tokens, after sliding groups free what fell out of
+        their window. Returns group 0's new blocks; the other groups' are in
+        `new_group_block_ids`."""
+        req_id = request.request_id
+        num_computed = request.num_computed_tokens
+        tables = [t.setdefault(req_id, []) for t in self.group_tables]
+        for spec, table in zip(self.group_specs, tables):
+            if isinstance(spec, SlidingWindowSpec):
+                self._free_outside_window(table, num_computed - spec.sliding_window + 1)
+        num_required = -(-(num_computed + num_new_tokens) // self.block_size)
+        wanted = [max(0, num_required - len(t)) for t in tables]
+        if sum(wanted) > self.block_pool.get_num_free_blocks():
+            if not tables[0]:
+                for t in self.group_tables:
+                    t.pop(req_id, None)
+            return None
+        new = [self.block_pool.get_new_blocks(n) for n in wanted]
+        for table, blocks in zip(tables, new):
+            table.extend(blocks)
+        self.new_group_block_ids[req_id] = [[b.block_id for b in blocks] for blocks in new[1:]]
+        return new[0]
+
+    def _free_outside_window(self, table: list[KVCacheBlock], first_needed: int) -> None:
+        """Free the table's blocks wholly before token `first_needed` (the first one
+        the step's first query still sees): they become the null block."""
+        null = self.null_block
+        dead = [b for b in table[:max(0, first_needed) // self.block_size] if b is not null]
+        for i in range(max(0, first_needed) // self.block_size):
+            table[i] = null
+        self.block_pool.free_blocks(dead)
+
+    def get_group_block_ids(self, request_id: str) -> list[list[int]]:
+        """The block tables of groups 1.. of the request (null block ids included)."""
+        return [[b.block_id for b in t.get(request_id, [])] for t in self.group_tables[1:]]
+
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
         """Hash blocks that become full once this step's tokens are written."""
         num_full = min(num_tokens, request.num_tokens) // self.block_size
@@ -149,9 +223,11 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release the request's blocks; its tail blocks are evicted first."""
-        blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
-        self.block_pool.free_blocks(reversed(blocks))
+        self.new_group_block_ids.pop(request.request_id, None)
+        for table in self.group_tables:
+            blocks = table.pop(request.request_id, [])
+            self.block_pool.free_blocks(b for b in reversed(blocks) if b is not self.null_block)
 
     def forget_blocks(self, request: Request, start_token: int, end_token: int) -> None:
         """Take the blocks holding the request's tokens [start_token, end_token) out of
@@ -166,6 +242,8 @@ class KVCacheManager:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
 
     def reset_prefix_cache(self) -> bool:
+        if self.null_block is not None:  # no prefix cache: only whether all is free
+            return self.block_pool.get_num_free_blocks() == self.block_pool.num_blocks - 1
         return self.block_pool.reset_prefix_cache()
 
     def invalidate_prefix_cache(self, waiting: Iterable[Request]) -> bool:

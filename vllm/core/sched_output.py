@@ -19,6 +19,7 @@ class NewRequestData:
     output_token_ids: list[int]
     sampling_params: SamplingParams
     block_ids: list[int]
+    """The block table of KV cache group 0 (every layer's, with one group)."""
     num_computed_tokens: int
     wants_prompt_logprobs: bool
     lora_request: Optional[LoRARequest] = None
@@ -29,6 +30,9 @@ class NewRequestData:
     mm_inputs: Optional[list[Any]] = None
     """The prompt's `MultiModalFeature`s (vllm/multimodal/inputs.py), None: text only.
     The runner merges their encoder outputs in (ModelRunnerBase.gather_mm_embeddings)."""
+    group_block_ids: list[list[int]] = field(default_factory=list)
+    """The block tables of KV cache groups 1.. (vllm/kv_cache_spec.py; empty with one
+    group)."""
 
 
 @dataclass
@@ -49,6 +53,8 @@ class CachedRequestData:
     num_tokens: int = 0
     """Total tokens (prompt + output) the request has before this step."""
     resumed_from_preemption: bool = False
+    new_group_block_ids: list[list[int]] = field(default_factory=list)
+    """`new_block_ids` of KV cache groups 1.. (empty with one group)."""
 
 
 @dataclass

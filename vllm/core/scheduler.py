@@ -20,6 +20,7 @@ from typing import Any, Iterable, Optional
 from vllm.config import VllmConfig
 from vllm.core.kv_cache_metrics import KVCacheMetricsCollector
 from vllm.core.kv_cache_manager import KVCacheManager
+from vllm.kv_cache_spec import KVCacheConfig
 from vllm.kv_transfer.factory import KVConnectorFactory, KVConnectorRole
 from vllm.multimodal.encoder_cache import EncoderCacheManager, schedule_encoder_inputs
 from vllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
@@ -82,7 +83,8 @@ class EngineCoreOutput:
 
 class Scheduler:
 
-    def __init__(self, vllm_config: VllmConfig, num_blocks: int) -> None:
+    def __init__(self, vllm_config: VllmConfig, num_blocks: int,
+                 kv_cache_config: Optional[KVCacheConfig] = None) -> None:
         sc = vllm_config.scheduler_config
         self.max_num_seqs = sc.max_num_seqs
         self.max_num_batched_tokens = sc.max_num_batched_tokens
@@ -97,7 +99,8 @@ class Scheduler:
         self.max_model_len = vllm_config.model_config.max_model_len
         self.block_size = vllm_config.cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, self.block_size, vllm_config.cache_config.enable_prefix_caching)
+            num_blocks, self.block_size, vllm_config.cache_config.enable_prefix_caching,
+            kv_cache_config)
         obs = getattr(vllm_config, "observability_config", None)
         if obs is not None and obs.kv_cache_metrics:
             self.kv_cache_manager.block_pool.metrics_collector = KVCacheMetricsCollector(
@@ -339,6 +342,8 @@ class Scheduler:
         # last 1 + k output tokens are all a rank that did not sample can be missing.
         cached_reqs.append(CachedRequestData(
             req_id=request.request_id, new_block_ids=[b.block_id for b in new_blocks],
+            new_group_block_ids=self.kv_cache_manager.new_group_block_ids.get(
+                request.request_id, []),
             num_computed_tokens=request.num_computed_tokens,
             new_token_ids=request.output_token_ids[-(1 + self.num_spec_tokens):],
             num_tokens=request.num_tokens))
@@ -419,6 +424,8 @@ class Scheduler:
                 cached_reqs.append(CachedRequestData(
                     req_id=request.request_id,
                     new_block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
+                    new_group_block_ids=self.kv_cache_manager.get_group_block_ids(
+                        request.request_id),
                     num_computed_tokens=num_computed,
                     new_token_ids=list(request.output_token_ids),
                     num_tokens=request.num_tokens, resumed_from_preemption=True))
@@ -429,6 +436,7 @@ class Scheduler:
                 output_token_ids=list(request.output_token_ids),
                 sampling_params=request.sampling_params,
                 block_ids=self.kv_cache_manager.get_block_ids(request.request_id),
+                group_block_ids=self.kv_cache_manager.get_group_block_ids(request.request_id),
                 num_computed_tokens=num_computed,
                 wants_prompt_logprobs=request.wants_prompt_logprobs,
                 lora_request=request.lora_request, pooling_params=request.pooling_params,

@@ -122,6 +122,7 @@ class EngineArgs:
     max_num_batched_tokens: Optional[int] = None
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False
+    disable_hybrid_kv_cache_manager: bool = False
     # parallel
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -335,7 +336,8 @@ class EngineArgs:
         scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_chunked_prefill=self.enable_chunked_prefill,
-            async_scheduling=self.async_scheduling)
+            async_scheduling=self.async_scheduling,
+            disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager)
         so_config = StructuredOutputsConfig.from_cli(self.structured_outputs_config)
         if self.reasoning_parser:
             so_config.reasoning_parser = self.reasoning_parser

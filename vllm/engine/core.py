@@ -16,6 +16,7 @@ from vllm.core.sched_output import SchedulerOutput
 from vllm.core.scheduler import EngineCoreOutput, Scheduler, SchedulerStats
 from vllm.engine.utility import get_utility
 from vllm.executor.executor_base import ExecutorBase, WorkerMethod
+from vllm.kv_cache_spec import KVCacheConfig, get_kv_cache_config, is_sliding
 from vllm.request import Request, RequestStatus
 from vllm.worker.sleep_mode import (SLEEP_TAGS, check_level2_supported, check_sleep_level,
                                     check_wake_tags)
@@ -36,8 +37,9 @@ class EngineCore:
         start = time.perf_counter()
         self.vllm_config = vllm_config
         self.executor = (executor_class or ExecutorBase.get_class(vllm_config))(vllm_config)
+        self.kv_cache_config = self._kv_cache_config()
         num_blocks = self._init_kv_cache()
-        self.scheduler = Scheduler(vllm_config, num_blocks)
+        self.scheduler = Scheduler(vllm_config, num_blocks, self.kv_cache_config)
         self.loaded_loras: dict[int, Any] = {}
         """LoRARequests the workers loaded and checked, by id (see utility.py)."""
         self._sleeping_tags: set[str] = set()
@@ -49,12 +51,42 @@ class EngineCore:
         """Async scheduling: the step submitted and not yet collected."""
         logger.info("Engine core initialized in %.2f s", time.perf_counter() - start)
 
+    def _kv_cache_config(self) -> Optional[KVCacheConfig]:
+        """The KV cache layout of the whole model (every pipeline stage's layer specs),
+        given to every worker before they size and allocate their caches. None for an
+        executor without layer specs (a test double): one plain group."""
+        if not hasattr(self.executor, "get_kv_cache_specs"):
+            return None
+        specs = self.executor.get_kv_cache_specs()
+        reason = self._hybrid_disabled_reason()
+        if reason is not None and any(is_sliding(s) for s in specs.values()):
+            logger.info("Sliding-window layers keep a full-length KV cache: %s.", reason)
+        config = get_kv_cache_config(specs, hybrid=reason is None)
+        logger.info("KV cache layout: %s.", config.describe())
+        self.executor.set_kv_cache_config(config)
+        return config
+
+    def _hybrid_disabled_reason(self) -> Optional[str]:
+        """Why sliding-window layers may not keep only their window, or None."""
+        cfg = self.vllm_config
+        if cfg.scheduler_config.disable_hybrid_kv_cache_manager:
+            return "--disable-hybrid-kv-cache-manager"
+        if getattr(cfg, "kv_transfer_config", None) is not None:
+            return "KV connectors move one block table per request"
+        if getattr(cfg, "speculative_config", None) is not None:
+            return "speculative decoding reads one block table per request"
+        if not self.executor.supports_hybrid_kv_cache():
+            return "this platform's runner builds one block table per request"
+        return None
+
     def _init_kv_cache(self) -> int:
         cfg = self.vllm_config
         num_blocks = self.executor.determine_num_available_blocks()
         bs = cfg.cache_config.block_size
         max_len = cfg.model_config.max_model_len
-        if num_blocks * bs < max_len:
+        if self.kv_cache_config is not None and self.kv_cache_config.is_hybrid:
+            self._check_hybrid_fits(num_blocks)
+        elif num_blocks * bs < max_len:
             raise ValueError(
                 f"The model's max seq len ({max_len}) is larger than the maximum number of "
                 f"tokens that can be stored in KV cache ({num_blocks * bs}). Increase the KV "
@@ -75,6 +107,20 @@ class EngineCore:
                     num_blocks * bs / max_len)
         self.executor.initialize_cache(num_blocks)
         return num_blocks
+
+    def _check_hybrid_fits(self, num_blocks: int) -> None:
+        """One request of max_model_len tokens must fit: full-attention groups hold all
+        its blocks, sliding-window groups their window plus a step's tokens."""
+        cfg = self.vllm_config
+        max_len = cfg.model_config.max_model_len
+        needed = 1 + self.kv_cache_config.max_blocks_per_request(  # 1: the null block
+            max_len, cfg.scheduler_config.max_num_batched_tokens)
+        if num_blocks < needed:
+            raise ValueError(
+                f"The model's max seq len ({max_len}) needs {needed} KV cache blocks "
+                f"({self.kv_cache_config.describe()}), more than the {num_blocks} the KV "
+                "cache holds. Increase the KV cache size (VLLM_CPU_KVCACHE_SPACE / "
+                "kv_cache_memory_bytes / gpu_memory_utilization) or decrease max_model_len.")
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

@@ -58,6 +58,20 @@ class ExecutorBase:
         pc = self.vllm_config.parallel_config
         return (pc.pipeline_parallel_size - 1) * pc.tensor_parallel_size
 
+    def get_kv_cache_specs(self) -> dict:
+        """Every layer's KV cache spec, merged over the pipeline stages' ranks."""
+        specs: dict = {}
+        for rank_specs in self.collective_rpc("get_kv_cache_spec"):
+            specs.update(rank_specs)
+        return specs
+
+    def supports_hybrid_kv_cache(self) -> bool:
+        """Whether every rank's runner builds one block table per KV cache group."""
+        return all(self.collective_rpc("supports_hybrid_kv_cache"))
+
+    def set_kv_cache_config(self, config: Any) -> None:
+        self.collective_rpc("set_kv_cache_config", args=(config,))
+
     def determine_num_available_blocks(self) -> int:
         """KV blocks every rank can hold: all ranks must agree on one block table."""
         blocks = self.collective_rpc("determine_num_available_blocks")

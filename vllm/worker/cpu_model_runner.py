@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 class CPUModelRunner(ModelRunnerBase):
     """Input layout, attention metadata and execution on CPU (the rest: the base)."""
 
+    supports_hybrid_kv_cache = True
+
     def __init__(self, vllm_config: VllmConfig, device: torch.device | str = "cpu") -> None:
         super().__init__(vllm_config, device)
         # Decode attention by the native kernel (vllm/native) where it can run.
@@ -139,7 +141,26 @@ class CPUModelRunner(ModelRunnerBase):
                                  num_row_wise, self.block_size, self.num_draft_tokens)
         for seq in flat.prefills:
             seq.flash = self._prefill_kind(seq.context_len + seq.query_len) == FLASH
-        return [self._flat_pass(flat, req_ids)]
+        fwd = self._flat_pass(flat, req_ids)
+        fwd.group_attn_metadata = self._group_metadata(so, req_ids, num_row_wise, flat)
+        return [fwd]
+
+    def _group_metadata(self, so: SchedulerOutput, req_ids: list[str], num_row_wise: int,
+                        flat: FlatLayout) -> Optional[list]:
+        """The metadata of KV cache groups 1.. (vllm/kv_cache_spec.py): the same rows,
+        each group's own slots and block tables."""
+        config = self.kv_cache_config
+        if config is None or len(config.kv_cache_groups) < 2:
+            return None
+        metadata = []
+        for group in range(1, len(config.kv_cache_groups)):
+            layout = build_flat_layout(self.requests, req_ids, so.num_scheduled_tokens,
+                                       num_row_wise, self.block_size, self.num_draft_tokens,
+                                       group=group)
+            for seq, ref in zip(layout.prefills, flat.prefills):
+                seq.flash = ref.flash
+            metadata.append(self._flat_pass(layout, req_ids).attn_metadata)
+        return metadata
 
     def _draft_pass(self, seqs: dict, num_new: dict[str, int]) -> ForwardPass:
         """A draft model's pass (speculative decoding): decodes row-wise first."""

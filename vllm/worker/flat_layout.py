@@ -55,10 +55,12 @@ def order_batch(requests: Mapping[str, CachedRequestState], num_scheduled: Mappi
 
 def build_flat_layout(requests: Mapping[str, CachedRequestState], req_ids: list[str],
                       num_scheduled: Mapping[str, int], num_row_wise: int,
-                      block_size: int, num_drafts: Mapping[str, int] = {}) -> FlatLayout:
+                      block_size: int, num_drafts: Mapping[str, int] = {},
+                      group: int = 0) -> FlatLayout:
     """Rows for `req_ids` (in that order), the first `num_row_wise` of them row-wise;
     a request with num_drafts[r] = k draft tokens (already after its known tokens in
-    `token_ids`) gets logits at its last k + 1 rows."""
+    `token_ids`) gets logits at its last k + 1 rows. Slots and block tables are those
+    of KV cache group `group` (vllm/kv_cache_spec.py)."""
     bs = block_size
     out = FlatLayout()
     row_lens: list[int] = []
@@ -68,24 +70,25 @@ def build_flat_layout(requests: Mapping[str, CachedRequestState], req_ids: list[
         st = requests[req_id]
         n = num_scheduled[req_id]
         start = st.num_computed_tokens
+        table = st.block_ids if group == 0 else st.group_table(group)
         if n == 1:
             # One token: plain ints are cheaper than numpy for a single element.
             out.token_ids.append(st.token_ids[start])
             out.positions.append(start)
-            out.slots.append(st.block_ids[start // bs] * bs + start % bs)
+            out.slots.append(table[start // bs] * bs + start % bs)
         else:
             out.token_ids.extend(st.token_ids[start:start + n])
             out.positions.extend(range(start, start + n))
-            block_ids = np.asarray(st.block_ids, dtype=np.int64)
+            block_ids = np.asarray(table, dtype=np.int64)
             p = np.arange(start, start + n)
             out.slots.extend((block_ids[p // bs] * bs + p % bs).tolist())
         if i < num_row_wise:
             # Row r of this request attends to positions [0, start + r].
             row_lens.extend(range(start + 1, start + n + 1))
-            row_tables.append((st.block_ids, n))
+            row_tables.append((table, n))
         else:
             out.prefills.append(PrefillSeq(query_start=offset, query_len=n, context_len=start))
-            out.prefill_block_ids.append(st.block_ids)
+            out.prefill_block_ids.append(table)
         if start + n == st.num_tokens:
             k = num_drafts.get(req_id, 0)
             out.logits_indices.extend(range(offset + n - 1 - k, offset + n))

@@ -94,6 +94,9 @@ class ForwardPass:
     """Set by `prepare_lora_mapping` before the forward (None: no adapter in the pass)."""
     inputs_embeds: Optional[torch.Tensor] = None
     """Set by `gather_mm_embeddings` before the forward (None: embed `input_ids`)."""
+    group_attn_metadata: Optional[list[Any]] = None
+    """Attention metadata of KV cache groups 1.. (their own block tables; None with
+    one group): layers find theirs through the forward context."""
 
     def row_request_index(self) -> np.ndarray:
         """[num_rows] int64: index into `req_ids` of the request owning each row, -1
@@ -120,6 +123,10 @@ class PassOutput:
 
 class ModelRunnerBase:
     """Platform-neutral half of a model runner (see the module docstring)."""
+
+    supports_hybrid_kv_cache = False
+    """Whether `_prepare_inputs` builds each KV cache group's metadata (its own block
+    tables: vllm/kv_cache_spec.py); otherwise the engine keeps one group."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device | str) -> None:
         self.vllm_config = vllm_config
@@ -259,6 +266,13 @@ class ModelRunnerBase:
         if self.model is not None:  # before loading, the specs are the config's guess
             self.kv_cache_config = config
         return config
+
+    def _layer_groups(self) -> Optional[dict[int, int]]:
+        """Layer -> KV cache group, for a config with more than one group."""
+        config = self.kv_cache_config
+        if config is None or len(config.kv_cache_groups) < 2:
+            return None
+        return config.group_of_layer()
 
     def get_kv_cache_block_bytes(self) -> int:
         """Bytes of one KV block id across all tensors this rank holds."""
@@ -515,7 +529,8 @@ class ModelRunnerBase:
         intermediate = None
         if not pp.is_first_rank:
             intermediate = IntermediateTensors(pp.recv_tensor_dict(device=self.device))
-        with set_forward_context(fwd.attn_metadata, self.kv_caches, self.attn_impl):
+        with set_forward_context(fwd.attn_metadata, self.kv_caches, self.attn_impl,
+                                 fwd.group_attn_metadata, self._layer_groups()):
             if fwd.inputs_embeds is None:
                 hidden = self.model(fwd.input_ids, fwd.positions, intermediate)
             else:
@@ -542,8 +557,11 @@ class ModelRunnerBase:
             state = self.requests[cached.req_id]
             if cached.resumed_from_preemption:
                 state.block_ids = list(cached.new_block_ids)
+                state.group_block_ids = [list(t) for t in cached.new_group_block_ids]
             else:
                 state.block_ids.extend(cached.new_block_ids)
+                for table, new_ids in zip(state.group_block_ids, cached.new_group_block_ids):
+                    table.extend(new_ids)
             state.num_computed_tokens = cached.num_computed_tokens
             missing = cached.num_tokens - state.num_tokens
             if missing > 0:  # this rank did not sample them itself

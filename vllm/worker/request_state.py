@@ -49,8 +49,13 @@ class CachedRequestState(NewRequestData):
         values = {f.name: getattr(new, f.name) for f in fields(NewRequestData)}
         for name in _MUTABLE_LISTS:
             values[name] = list(values[name])
+        values["group_block_ids"] = [list(t) for t in new.group_block_ids]
         seed = new.sampling_params.seed
         return cls(**values, generator=None if seed is None else make_generator(seed, device))
+
+    def group_table(self, group: int) -> list[int]:
+        """The block table of KV cache group `group` (0: `block_ids`)."""
+        return self.block_ids if group == 0 else self.group_block_ids[group - 1]
 
     @property
     def num_tokens(self) -> int:

@@ -59,6 +59,18 @@ class WorkerBase:
     def load_model(self) -> None:
         self.model_runner.load_model()
 
+    def get_kv_cache_spec(self) -> dict:
+        """This rank's layers' KV cache specs (vllm/kv_cache_spec.py)."""
+        return self.model_runner.get_kv_cache_spec()
+
+    def supports_hybrid_kv_cache(self) -> bool:
+        """Whether this rank's runner gives each KV cache group its own block tables."""
+        return self.model_runner.supports_hybrid_kv_cache
+
+    def set_kv_cache_config(self, config: Any) -> None:
+        """The engine's layout of the whole model's KV cache, before sizing it."""
+        self.model_runner.kv_cache_config = config
+
     def determine_num_available_blocks(self) -> int:
         raise NotImplementedError
 
