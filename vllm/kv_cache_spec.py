@@ -4,7 +4,8 @@ A layer's `KVCacheSpec` says what one block of its cache holds: K and V for
 `block_size` tokens (`FullAttentionSpec`), the same for a layer that only ever looks
 at the last `sliding_window` tokens (`SlidingWindowSpec`), or MLA's one latent row per
 token (`MLAAttentionSpec`). The runner collects the specs from the model's attention
-layers once, after loading (`collect_kv_cache_specs`); block sizing, allocation, the
+layers once, after loading (`collect_kv_cache_specs`, vllm/worker/kv_cache_layout.py:
+the scheduler reads this module and must not reach model code); block sizing, allocation, the
 scheduler's block tables, KV I/O and the HPU cache all read them instead of asking the
 model config whether it is MLA. A layer kind with other per-request state (a Mamba
 layer's fixed-size state) is one more subclass: its page size and how many blocks a
@@ -26,7 +27,7 @@ attention: the layout of a cache without groups.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import torch
 
@@ -176,28 +177,6 @@ class KVCacheConfig:
                f"{len(self.kv_cache_tensors)} tensors"
 
 
-def collect_kv_cache_specs(model: torch.nn.Module, block_size: int,
-                           dtype: torch.dtype) -> dict[int, KVCacheSpec]:
-    """The spec of each attention layer of `model` that keeps a KV cache, by global
-    layer index (`dtype`: the cache's, which may differ from the model's)."""
-    from vllm.attention.layer import ENCODER_ONLY, Attention
-    from vllm.attention.mla import MLAAttention
-    specs: dict[int, KVCacheSpec] = {}
-    for module in model.modules():
-        if isinstance(module, MLAAttention):
-            specs[module.layer_idx] = MLAAttentionSpec(block_size, 1, module.head_size, dtype)
-        elif isinstance(module, Attention) and module.attn_type != ENCODER_ONLY:
-            specs[module.layer_idx] = _attention_spec(module, block_size, dtype)
-    return specs
-
-
-def _attention_spec(layer: Any, block_size: int, dtype: torch.dtype) -> AttentionSpec:
-    if layer.sliding_window is not None:
-        return SlidingWindowSpec(block_size, layer.num_kv_heads, layer.head_size, dtype,
-                                 sliding_window=int(layer.sliding_window))
-    return FullAttentionSpec(block_size, layer.num_kv_heads, layer.head_size, dtype)
-
-
 def get_kv_cache_config(specs: dict[int, KVCacheSpec], hybrid: bool = True,
                         num_blocks: int = 0) -> KVCacheConfig:
     """Groups and tensors for `specs` (every layer of the model: all pipeline stages).
@@ -243,4 +222,4 @@ def is_sliding(spec: KVCacheSpec) -> bool:
 
 __all__ = ["KVCacheSpec", "AttentionSpec", "FullAttentionSpec", "SlidingWindowSpec",
            "MLAAttentionSpec", "KVCacheGroupSpec", "KVCacheTensor", "KVCacheConfig",
-           "collect_kv_cache_specs", "get_kv_cache_config", "is_sliding"]
+           "get_kv_cache_config", "is_sliding"]

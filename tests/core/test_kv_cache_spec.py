@@ -6,7 +6,8 @@ from torch import nn
 from vllm.attention.layer import Attention
 from vllm.core.kv_cache_manager import KVCacheManager
 from vllm.kv_cache_spec import (FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec,
-                                collect_kv_cache_specs, get_kv_cache_config)
+                                get_kv_cache_config)
+from vllm.worker.kv_cache_layout import collect_kv_cache_specs
 
 FULL = FullAttentionSpec(16, 2, 8, torch.float32)
 SLIDE = SlidingWindowSpec(16, 2, 8, torch.float32, sliding_window=32)

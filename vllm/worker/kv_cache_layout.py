@@ -11,9 +11,30 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from vllm.kv_cache_spec import (FullAttentionSpec, KVCacheConfig, KVCacheSpec,
-                                MLAAttentionSpec, SlidingWindowSpec,
-                                collect_kv_cache_specs)
+from vllm.kv_cache_spec import (AttentionSpec, FullAttentionSpec, KVCacheConfig,
+                                KVCacheSpec, MLAAttentionSpec, SlidingWindowSpec)
+
+
+def collect_kv_cache_specs(model: torch.nn.Module, block_size: int,
+                           dtype: torch.dtype) -> dict[int, KVCacheSpec]:
+    """The spec of each attention layer of `model` that keeps a KV cache, by global
+    layer index (`dtype`: the cache's, which may differ from the model's)."""
+    from vllm.attention.layer import ENCODER_ONLY, Attention
+    from vllm.attention.mla import MLAAttention
+    specs: dict[int, KVCacheSpec] = {}
+    for module in model.modules():
+        if isinstance(module, MLAAttention):
+            specs[module.layer_idx] = MLAAttentionSpec(block_size, 1, module.head_size, dtype)
+        elif isinstance(module, Attention) and module.attn_type != ENCODER_ONLY:
+            specs[module.layer_idx] = _attention_spec(module, block_size, dtype)
+    return specs
+
+
+def _attention_spec(layer: Any, block_size: int, dtype: torch.dtype) -> AttentionSpec:
+    if layer.sliding_window is not None:
+        return SlidingWindowSpec(block_size, layer.num_kv_heads, layer.head_size, dtype,
+                                 sliding_window=int(layer.sliding_window))
+    return FullAttentionSpec(block_size, layer.num_kv_heads, layer.head_size, dtype)
 
 
 def runner_kv_cache_specs(model: Any, model_config: Any, block_size: int, dtype: torch.dtype,
