@@ -29,7 +29,7 @@ class StructuredOutputsParams:
     """Constrain a request's output to a JSON schema, a regex, a choice or a grammar.
 
     Exactly one of `json`, `regex`, `choice`, `grammar`, `json_object` (and
-    `structural_tag`, which this engine refuses) must be set. The grammar is compiled
+    `structural_tag`) must be set. The grammar is compiled
     off the engine loop by the backend of `--structured-outputs-config` (xgrammar by
     default, llguidance second) and applied as a token bitmask on the logits.
     """
@@ -44,7 +44,10 @@ class StructuredOutputsParams:
     json_object: Optional[bool] = None
     """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
     structural_tag: Optional[str] = None
-    """Refused: structural tags are not supported by this engine."""
+    """Free text in which each trigger starts one of the structures (JSON text:
+    `{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`, vLLM's form; the
+    xgrammar backend). Strict tools with tool_choice "auto" are held to their schemas
+    this way."""
     disable_any_whitespace: bool = False
     """Compact JSON: no optional whitespace between tokens of the JSON output."""
     disable_additional_properties: bool = False
@@ -61,8 +64,7 @@ class StructuredOutputsParams:
                 f"{', '.join(_STRUCTURED_KINDS)} must be set, got "
                 f"{', '.join(given) if given else 'none'}.")
         if self.structural_tag is not None:
-            raise ValueError("structured_outputs.structural_tag is not supported; use json, "
-                             "regex, choice or grammar.")
+            _check_structural_tag(self.structural_tag)
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise ValueError("structured_outputs.json must be a JSON schema (an object or its "
                              f"JSON text), got {type(self.json).__name__}.")
@@ -93,6 +95,21 @@ class StructuredOutputsParams:
 
 
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+def _check_structural_tag(value: Any) -> None:
+    import json
+    try:
+        tag = json.loads(value) if isinstance(value, str) else None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"structured_outputs.structural_tag is not valid JSON: {e}") from None
+    if not (isinstance(tag, dict) and isinstance(tag.get("structures"), list)
+            and isinstance(tag.get("triggers"), list) and all(
+                isinstance(s, dict) and {"begin", "schema", "end"} <= set(s)
+                for s in tag["structures"])):
+        raise ValueError('structured_outputs.structural_tag must be JSON text of '
+                         '{"structures": [{"begin", "schema", "end"}, ...], '
+                         '"triggers": [...]}.')
 
 
 def _is_set(value: Any) -> bool:

@@ -337,3 +337,38 @@ def test_reasoning_is_split_from_the_answer(client, model, stream):
                 content += delta.content or ""
     assert re.fullmatch(r"[a-z ]{3,20}", reasoning), reasoning
     assert content in ("yes", "no")
+
+
+STRICT_PARAMS = {"type": "object", "properties": {
+    "city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}
+STRICT_TOOL = {"type": "function", "function": {"name": "get_weather", "strict": True,
+                                                "parameters": STRICT_PARAMS}}
+FEW_SHOT = [  # shows the small model the hermes format; the last question breaks the schema
+    {"role": "system", "content": 'You call tools by writing <tool_call>\n{"name": ..., '
+                                  '"arguments": {...}}\n</tool_call>.'},
+    {"role": "user", "content": "Weather in Lima for 2 days?"},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather", "arguments": '
+                                     '{"city": "Lima", "days": 2}}\n</tool_call>'},
+    {"role": "user", "content": "Weather in Tokyo for 5 days?"},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather", "arguments": '
+                                     '{"city": "Tokyo", "days": 5}}\n</tool_call>'},
+    {"role": "user", "content": "Weather in Paris, France for the next 10 days?"}]
+
+
+def test_strict_tool_arguments_follow_the_schema_with_auto(client, model):
+    """tool_choice auto with a strict tool: the text stays free, and every call the model
+    opens is held to the schema (unconstrained, this prompt gets days=10 and invented
+    names; measured 0/20 valid before strict was enforced)."""
+    def one(seed):
+        return client.chat.completions.create(
+            model=model, messages=FEW_SHOT, tools=[STRICT_TOOL], tool_choice="auto",
+            temperature=1.0, max_tokens=80, seed=seed).choices[0].message
+    with ThreadPoolExecutor(8) as pool:
+        messages = list(pool.map(one, range(20)))
+    calls = [m.tool_calls[0] for m in messages if m.tool_calls]
+    assert len(calls) >= 10, [m.content for m in messages]
+    for call in calls:
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), STRICT_PARAMS)

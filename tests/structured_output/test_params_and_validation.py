@@ -21,7 +21,7 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
     ({"grammar": 5}, "grammar must be a non-empty string"),
     ({"json": 3}, "json must be a JSON schema"),
     ({"json_object": "yes"}, "json_object must be true"),
-    ({"structural_tag": "{}"}, "structural_tag is not supported"),
+    ({"structural_tag": "{}"}, "structural_tag must be JSON text of"),
 ])
 def test_params_refuse_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -32,6 +32,9 @@ def _grammar_text(spec: GrammarSpec) -> str:
         return llguidance.LLMatcher.grammar_from_json_schema(schema)
     if spec.kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec.spec)
+    if spec.kind == "structural_tag":
+        raise ValueError("structural tags need the xgrammar backend (--structured-outputs-"
+                         "config backend auto or xgrammar).")
     if spec.kind == "grammar_ebnf":
         from llguidance.gbnf_to_lark import gbnf_to_lark
         try:

@@ -30,7 +30,8 @@ come back cut inside a string. `disable_any_whitespace` allows none; `whitespace
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """kind: json | regex | grammar_ebnf | grammar_lark; spec: normalized text.
+    """kind: json | regex | grammar_ebnf | grammar_lark | structural_tag; spec: normalized
+    text.
 
     JSON only: `any_whitespace` (optional whitespace allowed at all), `whitespace_pattern`
     (a regex for it, llguidance only); otherwise runs are bounded by `MAX_WHITESPACE`."""
@@ -69,6 +70,8 @@ def grammar_spec(params: StructuredOutputsParams, disable_any_whitespace: bool =
                            params.whitespace_pattern)
     if kind == "regex":
         return GrammarSpec("regex", params.regex)
+    if kind == "structural_tag":
+        return GrammarSpec("structural_tag", params.structural_tag)
     if kind == "choice":
         alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in params.choice)
         return GrammarSpec("grammar_ebnf", f"root ::= {alternatives}")

@@ -32,6 +32,8 @@ def validate_xgrammar(spec: GrammarSpec) -> None:
             xgr.Grammar.from_regex(spec.spec)
         elif spec.kind == "grammar_ebnf":
             xgr.Grammar.from_ebnf(spec.spec)
+        elif spec.kind == "structural_tag":
+            xgr.Grammar.from_structural_tag(*_structural_tag(spec))
         else:
             raise ValueError("xgrammar reads GBNF/EBNF grammars (`root ::= ...`), not Lark; "
                              "use the guidance backend for Lark grammars.")
@@ -39,8 +41,21 @@ def validate_xgrammar(spec: GrammarSpec) -> None:
         raise ValueError(_describe(spec.kind, e)) from None
 
 
+def _structural_tag(spec: GrammarSpec) -> tuple[list[Any], list[str]]:
+    """(tags, triggers) of a structural_tag spec, for xgrammar."""
+    import json
+
+    import xgrammar as xgr
+    tag = json.loads(spec.spec)
+    items = [xgr.StructuralTagItem(begin=s["begin"], end=s["end"],
+                                   schema=json.dumps(s["schema"]))
+             for s in tag["structures"]]
+    return items, list(tag["triggers"])
+
+
 def _describe(kind: str, exc: BaseException) -> str:
     what = {"json": "invalid JSON schema", "regex": "invalid regex",
+            "structural_tag": "invalid structural tag",
             "grammar_ebnf": "invalid grammar"}.get(kind, "invalid constraint")
     return f"{what}: {clean_error(exc)}"
 
@@ -106,6 +121,8 @@ class XgrammarBackend:
                 return self.compiler.compile_regex(spec.spec)
             if spec.kind == "grammar_ebnf":
                 return self.compiler.compile_grammar(spec.spec)
+            if spec.kind == "structural_tag":
+                return self.compiler.compile_structural_tag(*_structural_tag(spec))
         except RuntimeError as e:
             raise ValueError(_describe(spec.kind, e)) from None
         raise ValueError(f"xgrammar cannot compile a {spec.kind} constraint.")

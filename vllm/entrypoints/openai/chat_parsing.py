@@ -9,6 +9,8 @@ reasoning parser first; only the answer after the reasoning is read for tool cal
 """
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -19,6 +21,8 @@ from vllm.entrypoints.openai.tool_parsers import PartialCall, ToolCallStreamer, 
 from vllm.entrypoints.openai.tool_parsers.json_calls import call_from_object, load_json
 from vllm.reasoning import ReasoningParser, ReasoningStreamer
 from vllm.sampling_params import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
 
 AUTO_NEEDS_FLAGS = ('"auto" tool choice requires --enable-auto-tool-choice and '
                     '--tool-call-parser to be set')
@@ -93,7 +97,8 @@ class ToolPlan:
         if choice == "auto":
             if not enable_auto or tool_parser_cls is None:
                 raise BadRequestError(AUTO_NEEDS_FLAGS, param="tool_choice")
-            return cls("auto", parser=tool_parser_cls(tokenizer))
+            parser = tool_parser_cls(tokenizer)
+            return cls("auto", parser=parser, structured=_strict_tag(parser, tools, request))
         if _has_own_constraint(request):
             raise BadRequestError(f"tool_choice {_choice_name(choice)} constrains the output "
                                   "itself; it cannot be combined with response_format or "
@@ -113,6 +118,28 @@ class ToolPlan:
         params = tool.function.parameters or {"type": "object", "properties": {}}
         return cls("named", parser=NamedToolParser(tokenizer, name),
                    structured=(StructuredOutputsParams(json=params), "tool_choice"))
+
+
+def _strict_tag(parser: ToolParser, tools: list[Any], request: Any
+                ) -> Optional[tuple[StructuredOutputsParams, str]]:
+    """tool_choice "auto" with `strict` tools: a structural tag that leaves the text free
+    and, once the model opens a call, holds it to one of the tools (a strict tool's
+    arguments to its parameters schema, another's to any object)."""
+    if not any(getattr(t.function, "strict", None) for t in tools):
+        return None
+    if _has_own_constraint(request):
+        return None  # the request's own constraint governs the output
+    frames = [parser.strict_structure(t.function.name) for t in tools]
+    if any(f is None for f in frames):
+        logger.warning("strict tools are not enforced with tool_choice auto for the %s "
+                       "format.", type(parser).__name__)
+        return None
+    structures = [{"begin": begin, "end": end,
+                   "schema": (t.function.parameters or {"type": "object", "properties": {}})
+                   if t.function.strict else {"type": "object"}}
+                  for t, (_, begin, end) in zip(tools, frames)]
+    tag = {"structures": structures, "triggers": sorted({f[0] for f in frames})}
+    return StructuredOutputsParams(structural_tag=json.dumps(tag)), "tools"
 
 
 def _choice_name(choice: Any) -> str:

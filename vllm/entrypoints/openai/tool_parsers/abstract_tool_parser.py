@@ -80,6 +80,13 @@ class ToolParser:
         request.skip_special_tokens = False
         return request
 
+    def strict_structure(self, name: str) -> Optional[tuple[str, str, str]]:
+        """(trigger, begin, end) around one call's arguments JSON, for holding `strict`
+        tools to their schemas under tool_choice "auto" (a structural tag: free text,
+        and after the trigger one of the calls); None where the format has no such
+        fixed frame (strict is then not enforced with "auto")."""
+        return None
+
     def make_tool_call_id(self) -> str:
         return f"chatcmpl-tool-{random_uuid()}"
 

@@ -11,6 +11,7 @@ A parser file names its tags and layout; the reading, whole or partial, is here.
 """
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 from vllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (PartialCall, ToolParser,
@@ -30,6 +31,15 @@ class TaggedJsonToolParser(ToolParser):
     args_keys: tuple[str, ...] = ("arguments", "parameters")
     body_prefixes: tuple[str, ...] = ()
     """Text a model may write between the start tag and the JSON (skipped)."""
+
+    def strict_structure(self, name: str) -> Optional[tuple[str, str, str]]:
+        """One block, `START\n{"name": NAME, "arguments": ` ... `}\nEND`, the layout
+        the chat templates show the model."""
+        if self.layout != "blocks" or not self.end_marker:
+            return None
+        start = self.start_markers[0]
+        return (start, f'{start}\n{{"name": {json.dumps(name, ensure_ascii=False)}, '
+                f'"{self.args_keys[0]}": ', f"}}\n{self.end_marker}")
 
     def split(self, text: str, final: bool) -> tuple[str, Optional[str]]:
         found = [(text.find(m), m) for m in self.start_markers if m in text]
