@@ -42,7 +42,34 @@ _ARCH_DEFAULTS = {
     "phi3": dict(pad_token_id=0),
     "granite": dict(embedding_multiplier=2.0, attention_multiplier=0.1,
                     residual_multiplier=0.5, logits_scaling=0.5),
+    # Transformers-backend architectures (fields their configs name differently).
+    "cohere": dict(logit_scale=0.5, layer_norm_eps=1e-5),
+    "cohere2": dict(logit_scale=0.5, layer_norm_eps=1e-5, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"]),
+    "starcoder2": dict(sliding_window=8, norm_epsilon=1e-5),
+    "phi": dict(partial_rotary_factor=0.5, num_key_value_heads=4),
+    "gptj": dict(n_embd=64, n_layer=2, n_head=4, n_positions=1024, rotary_dim=8,
+                 num_key_value_heads=4),
+    "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=1024, num_key_value_heads=4),
+    "opt": dict(ffn_dim=128, num_key_value_heads=4, word_embed_proj_dim=64),
+    "exaone4": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+    "smollm3": dict(no_rope_layers=[1, 0], pad_token_id=0),
+    "glm": dict(pad_token_id=0, head_dim=16),
+    "glm4": dict(pad_token_id=0, head_dim=16),
+    "helium": dict(head_dim=16),
+    "hunyuan_v1_dense": dict(head_dim=16),
 }
+_BACKEND_CONFIGS = {
+    "olmo": "OlmoConfig", "olmo2": "Olmo2Config", "glm": "GlmConfig", "glm4": "Glm4Config",
+    "cohere": "CohereConfig", "cohere2": "Cohere2Config", "starcoder2": "Starcoder2Config",
+    "phi": "PhiConfig", "gptj": "GPTJConfig", "smollm3": "SmolLM3Config",
+    "exaone4": "Exaone4Config", "helium": "HeliumConfig", "ernie4_5": "Ernie4_5Config",
+    "seed_oss": "SeedOssConfig", "apertus": "ApertusConfig", "arcee": "ArceeConfig",
+    "gpt2": "GPT2Config", "opt": "OPTConfig",
+    "hunyuan_v1_dense": "HunYuanDenseV1Config",
+}
+"""Tiny-config architectures with no native class here (they run on the Transformers
+modeling backend: tests/models/test_transformers_backend.py)."""
 
 
 def make_tiny_model(directory: str, arch: str, **overrides) -> str:
@@ -68,6 +95,8 @@ def make_tiny_model(directory: str, arch: str, **overrides) -> str:
         "phi3": transformers.Phi3Config,
         "granite": transformers.GraniteConfig,
         "bloom": transformers.BloomConfig,
+        # No native class: these run on the Transformers modeling backend.
+        **{arch: getattr(transformers, name) for arch, name in _BACKEND_CONFIGS.items()},
     }
     base = dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,

@@ -36,6 +36,7 @@ _DTYPES = {
 
 RUNNER_CHOICES = ("auto", "generate", "pooling")
 CONVERT_CHOICES = ("auto", "none", "embed")
+MODEL_IMPL_CHOICES = ("auto", "vllm", "transformers")
 POOLING_TYPES = ("CLS", "LAST", "MEAN")
 
 
@@ -125,6 +126,10 @@ class ModelConfig:
     convert: str = "auto"
     """Adapt a decoder to the pooling runner: embed (last-token embeddings, as
     Qwen3-Embedding), none, or auto (embed under --runner pooling)."""
+    model_impl: str = "auto"
+    """Which implementation runs the model: vllm (our native class), transformers (the
+    Transformers modeling backend: the model's `transformers` code with our linear
+    layers and paged attention), or auto (native when there is one, else the backend)."""
     pooler_config: Optional[PoolerConfig] = None
     """Pooler settings as JSON, e.g. '{"pooling_type": "MEAN", "use_activation": true,
     "dimensions": 256}'; default: the model's (its sentence-transformers files)."""
@@ -164,6 +169,9 @@ class ModelConfig:
         if self.convert not in CONVERT_CHOICES:
             raise ValueError(f"convert={self.convert!r}; choose one of "
                              f"{', '.join(CONVERT_CHOICES)}.")
+        if self.model_impl not in MODEL_IMPL_CHOICES:
+            raise ValueError(f"model_impl={self.model_impl!r}; choose one of "
+                             f"{', '.join(MODEL_IMPL_CHOICES)}.")
         if isinstance(self.pooler_config, dict):
             self.pooler_config = PoolerConfig.from_dict(self.pooler_config)
         if self.dtype not in ("auto", *_DTYPES):

@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 from vllm import envs
 from vllm.config import (ATTENTION_BACKEND_NAMES, CONVERT_CHOICES, DEFAULT_MODEL,
-                         KV_CACHE_DTYPES, RUNNER_CHOICES, AttentionConfig, CacheConfig,
+                         KV_CACHE_DTYPES, MODEL_IMPL_CHOICES, RUNNER_CHOICES,
+                         AttentionConfig, CacheConfig,
                          CompilationConfig, DeviceConfig,
                          LoadConfig, LoRAConfig, ModelConfig, ObservabilityConfig,
                          ParallelConfig, ProfilerConfig,
@@ -105,6 +106,7 @@ class EngineArgs:
     enable_sleep_mode: bool = False
     runner: str = "auto"
     convert: str = "auto"
+    model_impl: str = "auto"
     pooler_config: Optional[dict] = None
     limit_mm_per_prompt: Optional[dict] = None
     allowed_local_media_path: str = ""
@@ -198,10 +200,11 @@ class EngineArgs:
             elif f.name == "tokenizer_mode":
                 group.add_argument(flag, type=str, default=default, choices=["auto", "slow"],
                                    help=help_text)
-            elif f.name in ("runner", "convert"):
+            elif f.name in ("runner", "convert", "model_impl"):
+                choices = {"runner": RUNNER_CHOICES, "convert": CONVERT_CHOICES,
+                           "model_impl": MODEL_IMPL_CHOICES}[f.name]
                 group.add_argument(flag, type=str, default=default, help=help_text,
-                                   choices=list(RUNNER_CHOICES if f.name == "runner"
-                                                else CONVERT_CHOICES))
+                                   choices=list(choices))
             elif f.name in ("hf_overrides", "override_generation_config", "pooler_config",
                             "limit_mm_per_prompt"):
                 group.add_argument(flag, type=parse_json_dict, default=None, help=help_text)
@@ -311,7 +314,7 @@ class EngineArgs:
             generation_config=self.generation_config,
             override_generation_config=self.override_generation_config,
             enable_sleep_mode=self.enable_sleep_mode, runner=self.runner,
-            convert=self.convert, pooler_config=self.pooler_config,
+            convert=self.convert, model_impl=self.model_impl, pooler_config=self.pooler_config,
             limit_mm_per_prompt=self.limit_mm_per_prompt,
             allowed_local_media_path=self.allowed_local_media_path,
             logits_processors=self.logits_processors,

@@ -46,7 +46,7 @@ def get_model(vllm_config: Any, device: Union[str, torch.device] = "cpu") -> nn.
     """The model of `vllm_config`, weights loaded, in eval mode, ready for inference."""
     model_config = vllm_config.model_config
     load_format = vllm_config.load_config.load_format
-    model_cls, arch = ModelRegistry.resolve_model_cls(model_config.architectures)
+    model_cls, arch = ModelRegistry.resolve_model_cls(model_config.architectures, model_config)
     if getattr(model_config, "runner_type", "generate") == "pooling" and not getattr(
             model_cls, "is_pooling_model", False):
         from vllm.model_executor.models.adapters import as_embedding_model

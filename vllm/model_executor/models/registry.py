@@ -7,9 +7,12 @@ vLLM (a class or a "module:Class" string).
 from __future__ import annotations
 
 import importlib
-from typing import Iterable, Union
+import logging
+from typing import Any, Iterable, Union
 
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
@@ -69,15 +72,31 @@ class _ModelRegistry:
             entry = getattr(importlib.import_module(module), name)
         return entry
 
-    def resolve_model_cls(self, architectures: Union[str, Iterable[str]]
-                          ) -> tuple[type[nn.Module], str]:
-        """(class, architecture) for the first supported name in `architectures`."""
+    def resolve_model_cls(self, architectures: Union[str, Iterable[str]],
+                          model_config: Any = None) -> tuple[type[nn.Module], str]:
+        """(class, architecture) for `architectures` under `model_config.model_impl`:
+        'vllm' the first natively supported name; 'transformers' the Transformers
+        modeling backend; 'auto' (also without a model config) native when registered,
+        else the backend (logged), which refuses a model it cannot run naming why."""
         archs = [architectures] if isinstance(architectures, str) else list(architectures or [])
-        for arch in archs:
-            if arch in self._models:
-                return self._load(arch), arch
-        raise ValueError(f"Model architectures {archs} are not supported for now. Supported "
-                         f"architectures: {', '.join(self.get_supported_archs())}.")
-
+        impl = getattr(model_config, "model_impl", "auto")
+        if impl != "transformers":
+            for arch in archs:
+                if arch in self._models:
+                    return self._load(arch), arch
+        hf_config = getattr(model_config, "hf_config", None)
+        if impl == "vllm" or hf_config is None:
+            hint = (" Try --model-impl auto or transformers (the Transformers modeling "
+                    "backend)." if impl == "vllm" else "")
+            raise ValueError(f"Model architectures {archs} are not supported for now. "
+                             f"Supported architectures: {', '.join(self.get_supported_archs())}."
+                             f"{hint}")
+        from vllm.model_executor.models.transformers import (TransformersForCausalLM,
+                                                             resolve_transformers_class)
+        hf_cls = resolve_transformers_class(hf_config)
+        if impl == "auto":
+            logger.info("%s has no native implementation; using the Transformers modeling "
+                        "backend (--model-impl transformers) with %s.", archs, hf_cls.__name__)
+        return TransformersForCausalLM, hf_cls.__name__
 
 ModelRegistry = _ModelRegistry()

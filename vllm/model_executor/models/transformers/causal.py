@@ -1,0 +1,136 @@
+"""`TransformersForCausalLM`: any decoder-only `transformers` causal LM on our engine.
+
+The library's own modules run the model (embedding scale, rotary, norms, MLPs, the
+block structure); ours replace what the engine must own: the linear layers (kernels,
+sharding), the vocab-parallel embedding and LM head, the logits processor (the sampler
+path reads it), and attention, which reaches our paged `Attention` layers through the
+interface (attention.py). Parameter names are the checkpoint's: the base model sits at
+the attribute its class names (`base_model_prefix`), the head at `lm_head`.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Optional, Union
+
+import torch
+from torch import nn
+
+from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.models.transformers.attention import (ATTN_IMPLEMENTATION,
+                                                               build_attention_instances,
+                                                               register_attention)
+from vllm.model_executor.models.transformers.modules import (materialize_meta,
+                                                             params_on_meta, replace_layers)
+from vllm.model_executor.models.transformers.support import (TransformersBackendUnsupported,
+                                                             resolve_transformers_class)
+from vllm.model_executor.models.utils import check_loaded, default_weight_loader
+from vllm.sequence import IntermediateTensors
+
+logger = logging.getLogger(__name__)
+
+
+def _head_layout(config: Any, plan: dict[str, str], tp_size: int) -> tuple[int, int, int]:
+    """(query heads, KV heads, head size) of this rank: heads are split only where the
+    plan shards the q projection column-wise; models whose q/k norms need every head
+    replicate attention instead."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if tp_size > 1 and plan.get("layers.*.self_attn.q_proj") == "colwise":
+        if heads % tp_size or kv_heads % tp_size:
+            raise TransformersBackendUnsupported(
+                f"{heads} attention heads and {kv_heads} KV heads do not split over "
+                f"tensor_parallel_size={tp_size} on the Transformers backend.")
+        heads, kv_heads = heads // tp_size, kv_heads // tp_size
+    return heads, kv_heads, head_dim
+
+
+class TransformersForCausalLM(nn.Module):
+    """A `transformers` causal LM with our linear layers, attention and LM head."""
+
+    def __init__(self, vllm_config: Any, prefix: str = "") -> None:
+        super().__init__()
+        model_config = vllm_config.model_config
+        config = model_config.hf_config
+        hf_cls = resolve_transformers_class(config)
+        if get_pp_group().world_size > 1:
+            raise TransformersBackendUnsupported(
+                "pipeline parallelism is not supported on the Transformers backend yet; "
+                "use --pipeline-parallel-size 1")
+        register_attention()
+        with params_on_meta():
+            hf_model = hf_cls._from_config(config, dtype=model_config.torch_dtype,
+                                           attn_implementation=ATTN_IMPLEMENTATION)
+        self.config = hf_model.config
+        tp_size = get_tensor_model_parallel_world_size()
+        plan = dict(getattr(self.config, "base_model_tp_plan", None) or {})
+        base = hf_model.base_model
+        self.base_model_prefix = hf_model.base_model_prefix
+        replace_layers(base, plan, tp_size, self.base_model_prefix)
+        setattr(self, self.base_model_prefix, base)
+        heads, kv_heads, head_dim = _head_layout(self.config, plan, tp_size)
+        self.attn_layers = build_attention_instances(base, self.config, heads, kv_heads,
+                                                     head_dim, "attn_layers")
+        self._attention_by_index = {int(i): layer for i, layer in self.attn_layers.items()}
+        self.tie_word_embeddings = bool(getattr(self.config, "tie_word_embeddings", False))
+        self._build_lm_head(hf_model)
+        materialize_meta(self, torch.get_default_device())
+        self.start_layer, self.end_layer = 0, self.config.num_hidden_layers
+        logger.info("Transformers modeling backend: %s (attention through our paged "
+                    "attention, tp_size=%d).", hf_cls.__name__, tp_size)
+
+    def _build_lm_head(self, hf_model: nn.Module) -> None:
+        head = hf_model.get_output_embeddings()
+        config = self.config
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
+                                      bias=getattr(head, "bias", None) is not None,
+                                      prefix="lm_head")
+        embed = self.get_base().get_input_embeddings()
+        if self.tie_word_embeddings:
+            self.lm_head.tie_weights(embed)
+        scale = float(getattr(config, "logit_scale", None) or 1.0)  # Cohere
+        self.logits_processor = LogitsProcessor(
+            config.vocab_size, scale=scale,
+            soft_cap=getattr(config, "final_logit_softcapping", None))
+
+    def get_base(self) -> nn.Module:
+        return getattr(self, self.base_model_prefix)
+
+    def forward(self, input_ids: Optional[torch.Tensor], positions: torch.Tensor,
+                intermediate_tensors: Optional[IntermediateTensors] = None,
+                inputs_embeds: Optional[torch.Tensor] = None
+                ) -> Union[torch.Tensor, IntermediateTensors]:
+        """[T] token ids (or [T, hidden] embeddings) -> [T, hidden]: the step's tokens as
+        one batch row; attention keeps the sequences apart."""
+        out = self.get_base()(
+            input_ids=input_ids[None] if inputs_embeds is None else None,
+            inputs_embeds=inputs_embeds[None] if inputs_embeds is not None else None,
+            position_ids=positions[None], use_cache=False, return_dict=True,
+            attention_instances=self._attention_by_index)
+        return out.last_hidden_state[0]
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab_size], the full vocabulary on every TP rank."""
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors (the library's names) into our parameters, each
+        through its layer's weight loader (which takes this rank's shard)."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        ignored: list[str] = []
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name or (self.tie_word_embeddings
+                                                 and name.startswith("lm_head.")):
+                continue
+            param = params.get(name)
+            if param is None:
+                ignored.append(name)
+                continue
+            getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            loaded.add(name)
+        if self.tie_word_embeddings and "lm_head.weight" in params:
+            loaded.add("lm_head.weight")
+        return check_loaded(params, loaded, ignored)
