@@ -37,8 +37,11 @@ def _hf_greedy(path: str) -> list[list[int]]:
 def _vllm_greedy(path: str, **kwargs) -> list[list[int]]:
     from vllm import LLM, SamplingParams
     llm = LLM(model=path, dtype="float32", max_model_len=256, **kwargs)
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
-                                                ignore_eos=True), use_tqdm=False)
+    try:
+        outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
+                                                    ignore_eos=True), use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
@@ -53,6 +56,18 @@ def test_llama_forced_through_backend_matches_native(tiny_model_factory):
     native = _vllm_greedy(path, model_impl="vllm")
     assert _vllm_greedy(path, model_impl="transformers") == native
     assert native == _hf_greedy(path)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("arch", ["llama", "olmo2", "glm4"])
+def test_tp2_from_base_model_tp_plan_matches_transformers(tiny_model_factory, arch):
+    """TP=2 over worker processes from the model's base_model_tp_plan: llama splits heads
+    and MLP; glm4 splits heads and keeps its fused gate_up MLP whole; olmo2 (q/k norms
+    over all heads) keeps attention whole and splits its MLP."""
+    path = tiny_model_factory(arch)
+    got = _vllm_greedy(path, tensor_parallel_size=2, distributed_executor_backend="mp",
+                       model_impl="transformers", kv_cache_memory_bytes=32 << 20)
+    assert got == _hf_greedy(path)
 
 
 def test_auto_logs_fallback_once(tiny_model_factory, caplog):

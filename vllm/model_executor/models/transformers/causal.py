@@ -31,20 +31,20 @@ from vllm.sequence import IntermediateTensors
 logger = logging.getLogger(__name__)
 
 
-def _head_layout(config: Any, plan: dict[str, str], tp_size: int) -> tuple[int, int, int]:
-    """(query heads, KV heads, head size) of this rank: heads are split only where the
-    plan shards the q projection column-wise; models whose q/k norms need every head
-    replicate attention instead."""
+def _head_layout(config: Any, plan: dict[str, str],
+                 tp_size: int) -> tuple[int, int, int, bool]:
+    """(query heads, KV heads, head size) of this rank and whether attention is sharded:
+    heads split only where the plan shards the q projection column-wise and both head
+    counts divide by the TP size; otherwise (models whose q/k norms need every head, MQA
+    over more ranks than KV heads) every rank runs all of attention."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    if tp_size > 1 and plan.get("layers.*.self_attn.q_proj") == "colwise":
-        if heads % tp_size or kv_heads % tp_size:
-            raise TransformersBackendUnsupported(
-                f"{heads} attention heads and {kv_heads} KV heads do not split over "
-                f"tensor_parallel_size={tp_size} on the Transformers backend.")
+    shard = (tp_size > 1 and plan.get("layers.*.self_attn.q_proj") == "colwise"
+             and heads % tp_size == 0 and kv_heads % tp_size == 0)
+    if shard:
         heads, kv_heads = heads // tp_size, kv_heads // tp_size
-    return heads, kv_heads, head_dim
+    return heads, kv_heads, head_dim, shard
 
 
 class TransformersForCausalLM(nn.Module):
@@ -68,9 +68,9 @@ class TransformersForCausalLM(nn.Module):
         plan = dict(getattr(self.config, "base_model_tp_plan", None) or {})
         base = hf_model.base_model
         self.base_model_prefix = hf_model.base_model_prefix
-        replace_layers(base, plan, tp_size, self.base_model_prefix)
+        heads, kv_heads, head_dim, shard = _head_layout(self.config, plan, tp_size)
+        replace_layers(base, plan, tp_size, self.base_model_prefix, shard)
         setattr(self, self.base_model_prefix, base)
-        heads, kv_heads, head_dim = _head_layout(self.config, plan, tp_size)
         self.attn_layers = build_attention_instances(base, self.config, heads, kv_heads,
                                                      head_dim, "attn_layers")
         self._attention_by_index = {int(i): layer for i, layer in self.attn_layers.items()}

@@ -74,15 +74,22 @@ def _make_linear(linear: nn.Linear, style: Optional[str], tp_size: int,
     return ReplicatedLinear(n_in, n_out, bias=bias, prefix=prefix)
 
 
-def replace_layers(base: nn.Module, plan: dict[str, str], tp_size: int,
-                   prefix: str) -> None:
+def replace_layers(base: nn.Module, plan: dict[str, str], tp_size: int, prefix: str,
+                   shard_attention: bool) -> None:
     """Swap the base model's `nn.Linear` and plain `nn.Embedding` modules for ours
-    (subclasses, e.g. an embedding that scales its output, keep their own forward)."""
+    (subclasses, e.g. an embedding that scales its output, keep their own forward).
+
+    Attention projections shard only with `shard_attention` (the heads split evenly);
+    fused projections (`qkv`, `gate_up`) never do: a contiguous split would cut across
+    their parts."""
     for name, module in list(base.named_modules()):
         full = f"{prefix}.{name}" if prefix else name
         if type(module) is nn.Linear:
-            _set_submodule(base, name, _make_linear(module, tp_style(plan, name), tp_size,
-                                                    full))
+            style = tp_style(plan, name)
+            fused = any(part in name.rsplit(".", 1)[-1] for part in ("qkv", "gate_up"))
+            if fused or (".self_attn." in f".{name}" and not shard_attention):
+                style = None
+            _set_submodule(base, name, _make_linear(module, style, tp_size, full))
         elif type(module) is nn.Embedding:
             embed = VocabParallelEmbedding(module.num_embeddings, module.embedding_dim,
                                            prefix=full)
