@@ -466,6 +466,9 @@ class CacheConfig:
             raise ValueError("num_gpu_blocks_override must be at least 2.")
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = 256
@@ -479,7 +482,10 @@ class SchedulerConfig:
     max_model_len: int = 0
     """Copied from ModelConfig by VllmConfig."""
     policy: str = "fcfs"
-    """Scheduling policy (fcfs)."""
+    """How waiting requests are ordered: fcfs (first come, first served) or priority
+    (by each request's `priority`, lower first, then arrival; when the KV cache or
+    max_num_seqs is full, a waiting request with a better priority preempts the
+    running request with the worst (priority, arrival), which recomputes later)."""
     async_scheduling: bool = False
     """Schedule step N+1 while step N runs: the engine's host work (scheduling, output
     processing) overlaps the model's forward. Steps of structured-output or
@@ -493,8 +499,9 @@ class SchedulerConfig:
         self.max_model_len = max_model_len
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}.")
-        if self.policy != "fcfs":
-            raise ValueError(f"scheduling policy {self.policy!r} is not supported; use fcfs.")
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling policy {self.policy!r} is not supported; choose "
+                             f"one of {', '.join(SCHEDULING_POLICIES)}.")
         if self.max_num_batched_tokens is None:
             self.max_num_batched_tokens = (max(8192, self.max_num_seqs) if
                                            self.enable_chunked_prefill else

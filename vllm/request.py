@@ -87,6 +87,9 @@ class Request:
     """The prompt's images (vllm/multimodal), in prompt order; None: text only."""
     num_external_computed_tokens: int = 0
     """Prompt tokens whose KV a KV connector loaded from another engine (vllm/kv_transfer)."""
+    priority: int = 0
+    """The request's priority under --scheduling-policy priority: lower runs first
+    (vLLM's convention); 0 under fcfs."""
     cache_salt: Optional[str] = None
     """The prompt's cache_salt: part of its first block's hash, so only requests with the
     same salt share its prefix-cache blocks (vLLM's cache isolation between tenants)."""

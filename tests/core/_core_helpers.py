@@ -12,13 +12,13 @@ from vllm.sampling_params import SamplingParams
 
 def make_config(block_size: int = 4, max_num_seqs: int = 8, max_num_batched_tokens: int = 64,
                 max_model_len: int = 256, enable_chunked_prefill: bool = True,
-                enable_prefix_caching: bool = True) -> SimpleNamespace:
+                enable_prefix_caching: bool = True, policy: str = "fcfs") -> SimpleNamespace:
     """The fields of VllmConfig the scheduler and engine core read."""
     return SimpleNamespace(
         scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs,
                                          max_num_batched_tokens=max_num_batched_tokens,
                                          enable_chunked_prefill=enable_chunked_prefill,
-                                         async_scheduling=False),
+                                         async_scheduling=False, policy=policy),
         model_config=SimpleNamespace(max_model_len=max_model_len, vocab_size=1000),
         cache_config=SimpleNamespace(block_size=block_size,
                                      enable_prefix_caching=enable_prefix_caching,

@@ -13,7 +13,8 @@ from vllm.sampling_params import SamplingParams
 def _scheduler(max_loras: int, caching: bool = True) -> Scheduler:
     config = SimpleNamespace(
         scheduler_config=SimpleNamespace(max_num_seqs=16, max_num_batched_tokens=512,
-                                         enable_chunked_prefill=True, async_scheduling=False),
+                                         enable_chunked_prefill=True, async_scheduling=False,
+                                         policy="fcfs"),
         model_config=SimpleNamespace(max_model_len=256, vocab_size=64),
         structured_outputs_config=None,
         cache_config=SimpleNamespace(block_size=4, enable_prefix_caching=caching),

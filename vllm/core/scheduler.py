@@ -8,7 +8,9 @@ started running request is preempted by recompute: its blocks are freed, its
 progress reset, and it goes back to the front of the waiting queue. The workers
 keep their state for it (token ids, seeded generator): it is not reported
 finished, and when it is scheduled again it is sent as a resumed cached request
-with its new block table.
+with its new block table. Under --scheduling-policy priority both queues are kept in
+priority order and a better-ranked waiting request may preempt the worst running one
+(vllm/core/sched_policy.py).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from vllm.kv_transfer.factory import KVConnectorFactory, KVConnectorRole
 from vllm.multimodal.encoder_cache import EncoderCacheManager, schedule_encoder_inputs
 from vllm.core.sched_output import (CachedRequestData, ModelRunnerOutput, NewRequestData,
                                     SchedulerOutput)
+from vllm.core.sched_policy import PRIORITY, insert_by_priority, priority_key
 from vllm.request import Request, RequestStatus
 from vllm.spec_decode.metrics import SpecDecodingStats
 from vllm.structured_output import StructuredOutputManager
@@ -89,6 +92,7 @@ class Scheduler:
         self.max_num_seqs = sc.max_num_seqs
         self.max_num_batched_tokens = sc.max_num_batched_tokens
         self.enable_chunked_prefill = sc.enable_chunked_prefill
+        self.policy = sc.policy
         self.async_scheduling = (sc.async_scheduling and
                                  getattr(vllm_config, "speculative_config", None) is None)
         """Progress is booked when a step is scheduled, not when its tokens come back:
@@ -139,7 +143,10 @@ class Scheduler:
             # Compiled in a worker thread; the request waits until its grammar is ready.
             request.status = RequestStatus.WAITING_FOR_FSM
             self.structured_output_manager.grammar_init(request)
-        self.waiting.append(request)
+        if self.policy == PRIORITY:
+            insert_by_priority(self.waiting, request)
+        else:
+            self.waiting.append(request)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
         """Abort / stop requests from outside (client gone, stop string matched)."""
@@ -225,7 +232,7 @@ class Scheduler:
         # After a preemption the pool is tight: admit nobody new this step.
         if self.num_preemptions == preemptions_before:
             budget = self._schedule_waiting(budget, num_scheduled, new_reqs, cached_reqs,
-                                            loras)
+                                            loras, spec_tokens)
 
         so_ids, bitmask = self._grammar_bitmask(num_scheduled, spec_tokens)
         out = SchedulerOutput(
@@ -334,7 +341,10 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        if self.policy == PRIORITY:
+            insert_by_priority(self.waiting, request)
+        else:
+            self.waiting.appendleft(request)
         logger.debug("Preempted request %s (recompute)", request.request_id)
 
     def _record_running(self, request, new_blocks, new_reqs, cached_reqs) -> None:
@@ -348,24 +358,56 @@ class Scheduler:
             new_token_ids=request.output_token_ids[-(1 + self.num_spec_tokens):],
             num_tokens=request.num_tokens))
 
+    def _preempt_for(self, request: Request, num_scheduled: dict[str, int],
+                     cached_reqs: list[CachedRequestData],
+                     spec_tokens: dict[str, list[int]]) -> Optional[int]:
+        """Priority policy: make room for the waiting `request` by preempting the worst
+        running request (the back of the sorted `running`) if it ranks strictly below
+        it; its part of this step is withdrawn. Returns the step tokens given back
+        (None: nothing to preempt, `request` waits)."""
+        if self.policy != PRIORITY or not self.running:
+            return None
+        victim = self.running[-1]
+        if priority_key(victim) <= priority_key(request):
+            return None
+        self.running.pop()
+        freed = num_scheduled.pop(victim.request_id, 0)
+        if freed:
+            cached_reqs[:] = [c for c in cached_reqs if c.req_id != victim.request_id]
+            spec_tokens.pop(victim.request_id, None)
+        self._preempt(victim)
+        logger.debug("Request %s (priority %d) preempted %s (priority %d)",
+                     request.request_id, request.priority, victim.request_id,
+                     victim.priority)
+        return freed
+
+    def _add_running(self, request: Request) -> None:
+        if self.policy == PRIORITY:
+            insert_by_priority(self.running, request)
+        else:
+            self.running.append(request)
+
     def _schedule_waiting(self, budget: int, num_scheduled: dict[str, int],
                           new_reqs: list[NewRequestData],
-                          cached_reqs: list[CachedRequestData], loras: set[int]) -> int:
+                          cached_reqs: list[CachedRequestData], loras: set[int],
+                          spec_tokens: dict[str, list[int]]) -> int:
         """Admit waiting requests in order; one whose adapter would need a slot beyond
         max_loras, or whose grammar is still compiling, waits (in place) while later
         ones may go ahead."""
         skipped: list[Request] = []
         try:
             return self._admit_waiting(budget, num_scheduled, new_reqs, cached_reqs, loras,
-                                       skipped)
+                                       skipped, spec_tokens)
         finally:
             self.waiting.extendleft(reversed(skipped))
             self.num_deferred_reqs = len(skipped)
 
     def _admit_waiting(self, budget: int, num_scheduled: dict[str, int],
                        new_reqs: list[NewRequestData], cached_reqs: list[CachedRequestData],
-                       loras: set[int], skipped: list[Request]) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                       loras: set[int], skipped: list[Request],
+                       spec_tokens: dict[str, list[int]]) -> int:
+        while self.waiting and budget > 0 and (len(self.running) < self.max_num_seqs
+                                               or self.policy == PRIORITY):
             request = self.waiting[0]
             if request.num_output_placeholders:
                 # Preempted with a step in flight: resumes once its token is back.
@@ -380,6 +422,12 @@ class Scheduler:
             if not self._lora_fits(request, loras):
                 skipped.append(self.waiting.popleft())
                 continue
+            if len(self.running) >= self.max_num_seqs:
+                freed = self._preempt_for(request, num_scheduled, cached_reqs, spec_tokens)
+                if freed is None:
+                    break
+                budget += freed
+                continue
             computed_blocks, num_computed = [], 0
             if request.num_computed_tokens == 0:
                 computed_blocks, num_computed = self.kv_cache_manager.get_computed_blocks(
@@ -391,6 +439,7 @@ class Scheduler:
                 break
             num_new = min(num_new, budget)
             wanted = num_new
+            encoder_left = self._encoder_left
             num_new, to_encode = self._fit_encoder_inputs(request, num_computed, num_new)
             if num_new <= 0 or (num_new < wanted and not self.enable_chunked_prefill):
                 break
@@ -398,7 +447,12 @@ class Scheduler:
                 request, num_external + num_new, computed_blocks,
                 self._lookahead(request, num_computed + num_new))
             if new_blocks is None:
-                break
+                freed = self._preempt_for(request, num_scheduled, cached_reqs, spec_tokens)
+                if freed is None:
+                    break
+                budget += freed
+                self._encoder_left = encoder_left
+                continue  # try again with the victim's blocks free
             if num_external:
                 request.num_external_computed_tokens = num_external
                 self.connector.update_state_after_alloc(
@@ -406,7 +460,7 @@ class Scheduler:
                     num_external)
             self._book_encoder_inputs(request, to_encode)
             self.waiting.popleft()
-            self.running.append(request)
+            self._add_running(request)
             resumed = request.status == RequestStatus.PREEMPTED
             request.status = RequestStatus.RUNNING
             if request.num_computed_tokens == 0:

@@ -78,6 +78,7 @@ for _cls in (ModelConfig, CacheConfig, SchedulerConfig, ParallelConfig, DeviceCo
 _DOCS["kv_cache_dtype"] = _DOCS.get("cache_dtype", "")
 _DOCS["enable_lora"] = "Serve LoRA adapters (per request, several in one batch)."
 _DOCS["attention_backend"] = _field_docs(AttentionConfig).get("backend", "")
+_DOCS["scheduling_policy"] = _field_docs(SchedulerConfig).get("policy", "")
 
 
 _SHORT_FLAGS = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",
@@ -125,6 +126,7 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False
     disable_hybrid_kv_cache_manager: bool = False
+    scheduling_policy: str = "fcfs"
     # parallel
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -249,6 +251,9 @@ class EngineArgs:
                                    help="Refused: each worker loads its own shard at once "
                                         "(memory-mapped safetensors), there are no loading "
                                         "batches to bound.")
+            elif f.name == "scheduling_policy":
+                group.add_argument(flag, type=str, default=default, help=help_text,
+                                   choices=["fcfs", "priority"])
             elif f.name == "cudagraph_capture_sizes":
                 group.add_argument(flag, type=int, nargs="+", default=None, help=help_text)
             elif f.name == "attention_backend":
@@ -339,7 +344,7 @@ class EngineArgs:
         scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_chunked_prefill=self.enable_chunked_prefill,
-            async_scheduling=self.async_scheduling,
+            async_scheduling=self.async_scheduling, policy=self.scheduling_policy,
             disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager)
         so_config = StructuredOutputsConfig.from_cli(self.structured_outputs_config)
         if self.reasoning_parser:

@@ -40,6 +40,7 @@ class _Add:
     stream: "RequestStream"
     accepted: "asyncio.Future[None]"
     lora_request: Any = None
+    priority: int = 0
 
 
 @dataclass
@@ -280,7 +281,7 @@ class AsyncLLMEngine(EngineClient):
     # ------------------------------------------------------------ requests
     async def add_request(self, request_id: str, prompt: Any, params: Any,
                           arrival_time: Optional[float] = None,
-                          lora_request: Any = None) -> RequestStream:
+                          lora_request: Any = None, priority: int = 0) -> RequestStream:
         """Queue a request and wait until the engine accepted it.
 
         Raises ValueError (invalid request, from the engine's validation) or EngineDeadError
@@ -300,7 +301,7 @@ class AsyncLLMEngine(EngineClient):
         accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         command = _Add(request_id, prompt, inner,
                        time.time() if arrival_time is None else arrival_time, stream, accepted,
-                       lora_request)
+                       lora_request, priority)
         self._post(command)
         self._pending_ids.add(request_id)
         try:
@@ -536,6 +537,8 @@ class AsyncLLMEngine(EngineClient):
         else:
             try:
                 kwargs = {} if cmd.lora_request is None else {"lora_request": cmd.lora_request}
+                if cmd.priority:
+                    kwargs["priority"] = cmd.priority
                 queued = self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
                                                  arrival_time=cmd.arrival_time, **kwargs)
                 error = None

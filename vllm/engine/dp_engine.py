@@ -190,7 +190,7 @@ class DPAsyncLLMEngine(EngineClient):
 
     async def add_request(self, request_id: str, prompt: Any, params: Any,
                           arrival_time: Optional[float] = None,
-                          lora_request: Any = None) -> RequestStream:
+                          lora_request: Any = None, priority: int = 0) -> RequestStream:
         if request_id in self._owner:
             raise ValueError(f"request_id {request_id!r} is already in use by a running "
                              "request.")
@@ -198,8 +198,9 @@ class DPAsyncLLMEngine(EngineClient):
         self._owner[request_id] = index
         self._outstanding[index] += 1
         try:
+            extra = {"priority": priority} if priority else {}
             stream = await self.replicas[index].add_request(request_id, prompt, params,
-                                                            arrival_time, lora_request)
+                                                            arrival_time, lora_request, **extra)
         except BaseException:
             self._release(request_id)
             raise

@@ -16,6 +16,7 @@ from vllm.core.scheduler import SchedulerStats
 from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.core_client import make_engine_core, use_multiprocessing
 from vllm.engine.output_processor import OutputProcessor, ParentRequest
+from vllm.engine.params import PriorityNotEnabledError
 from vllm.engine.processor import Processor, PromptType
 from vllm.kv_transfer.params import check_kv_transfer_params
 from vllm.lora.request import LoRARequest
@@ -107,11 +108,11 @@ class LLMEngine:
         """Validate and queue one request; ValueError for bad input (nothing is queued).
 
         vLLM's signature: `tokenization_kwargs` go to the tokenizer call on a text prompt;
-        `priority` must be 0 (first come, first served). Returns the core requests
-        queued (n of them), whose `max_tokens` is the resolved one (what the metrics
-        report)."""
-        if priority != 0:
-            raise ValueError("priority: only 0 is supported (FCFS scheduling).")
+        `priority` (lower runs first) needs --scheduling-policy priority unless it is 0,
+        as in vLLM. Returns the core requests queued (n of them), whose `max_tokens` is
+        the resolved one (what the metrics report)."""
+        if priority != 0 and self.vllm_config.scheduler_config.policy != "priority":
+            raise PriorityNotEnabledError(priority)
         self.engine_core.check_awake()
         if tokenization_kwargs:
             prompt = self.processor.tokenize_with(prompt, tokenization_kwargs)
@@ -119,7 +120,7 @@ class LLMEngine:
             raise ValueError(f"Request id {request_id} is already in use.")
         if isinstance(params, PoolingParams):
             return [self._add_pooling_request(request_id, prompt, params, arrival_time,
-                                              lora_request)]
+                                              lora_request, priority)]
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams or PoolingParams instance.")
         if self.model_config.runner_type == "pooling":
@@ -143,6 +144,7 @@ class LLMEngine:
             request_id=cid, prompt_token_ids=prompt_ids, sampling_params=cparams,
             eos_token_id=self.processor.eos_token_id, arrival_time=arrival,
             max_tokens=max_tokens, lora_request=lora_request, mm_features=mm_features,
+            priority=priority,
             cache_salt=prompt.get("cache_salt") if isinstance(prompt, dict) else None,
             structured_output_request=(dataclasses.replace(so_request)
                                        if so_request is not None else None))
@@ -153,7 +155,8 @@ class LLMEngine:
 
     def _add_pooling_request(self, request_id: str, prompt: PromptType,
                              params: PoolingParams, arrival_time: Optional[float],
-                             lora_request: Optional[LoRARequest]) -> Request:
+                             lora_request: Optional[LoRARequest],
+                             priority: int = 0) -> Request:
         """Queue one pooling request: one step over the whole prompt, one vector out."""
         mc = self.model_config
         if mc.runner_type != "pooling":
@@ -173,7 +176,8 @@ class LLMEngine:
                           sampling_params=SamplingParams(max_tokens=1),
                           eos_token_id=self.processor.eos_token_id,
                           arrival_time=arrival_time if arrival_time is not None else time.time(),
-                          max_tokens=1, lora_request=lora_request, pooling_params=params)
+                          max_tokens=1, lora_request=lora_request, pooling_params=params,
+                          priority=priority)
         self.output_processor.add_pooling_request(request_id, prompt_ids)
         self.engine_core.add_request(request)
         return request

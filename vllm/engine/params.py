@@ -37,6 +37,14 @@ class PromptTooLongError(ValueError):
             "the number of text tokens plus one.")
 
 
+class PriorityNotEnabledError(ValueError):
+    """A request priority other than 0 without --scheduling-policy priority."""
+
+    def __init__(self, priority: int) -> None:
+        self.priority = priority
+        super().__init__(f"Got priority {priority} but Priority scheduling is not enabled.")
+
+
 class MaxTokensTooLargeError(ValueError):
     """A client's prompt + max_tokens exceeds max_model_len."""
 

@@ -88,10 +88,9 @@ class EngineClient(ABC):
         """Stream the RequestOutputs of one request (`add_request`, then `iterate`);
         closing the generator early (client gone, task cancelled) aborts the request,
         which frees its KV blocks."""
-        if priority != 0:
-            raise ValueError("priority: only 0 is supported (FCFS scheduling).")
+        extra = {"priority": priority} if priority else {}
         stream = await self.add_request(request_id, prompt, sampling_params, arrival_time,
-                                        lora_request)
+                                        lora_request, **extra)
         async for output in self.iterate(stream):
             yield output
 
@@ -108,9 +107,10 @@ class EngineClient(ABC):
     @abstractmethod
     async def add_request(self, request_id: str, prompt: Any, params: Any,
                           arrival_time: Optional[float] = None,
-                          lora_request: Any = None) -> Any:
+                          lora_request: Any = None, priority: int = 0) -> Any:
         """Queue a request; returns its stream once accepted (ValueError when invalid),
-        to be consumed with `iterate`."""
+        to be consumed with `iterate`. `priority` orders it under --scheduling-policy
+        priority (lower first; refused otherwise unless 0)."""
 
     @abstractmethod
     def iterate(self, stream: Any) -> AsyncGenerator[Any, None]:

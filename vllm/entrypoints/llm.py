@@ -146,8 +146,8 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
         """vLLM's generate: one finished RequestOutput per prompt, in order.
 
         `lora_request`: one adapter for all prompts, or one (or None) per prompt.
-        `priority`: one per prompt; only 0, as this engine schedules first come, first
-        served. `tokenization_kwargs` go to the tokenizer call on text prompts (e.g.
+        `priority`: one per prompt, lower first (needs --scheduling-policy priority
+        unless all 0). `tokenization_kwargs` go to the tokenizer call on text prompts (e.g.
         {"truncation": True, "max_length": 512}). `use_tqdm` may be a tqdm-like class
         that builds the progress bar. Each request's final output is complete
         whatever `output_kind` its params name (DELTA is for streaming consumers).
@@ -155,13 +155,13 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
         prompt_list = self._normalize_prompts(prompts, prompt_token_ids)
         if tokenization_kwargs:
             prompt_list = [self._tokenize(p, tokenization_kwargs) for p in prompt_list]
-        check_priority(priority, len(prompt_list))
+        priorities = check_priority(priority, len(prompt_list))
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params_list = [cumulative(p) for p in
                        self._normalize_params(sampling_params, len(prompt_list))]
         lora_list = self._normalize_loras(lora_request, len(prompt_list))
-        request_ids = self._add_requests(prompt_list, params_list, lora_list)
+        request_ids = self._add_requests(prompt_list, params_list, lora_list, priorities)
         return self._run_engine(request_ids, use_tqdm)
 
     def beam_search(self, prompts: Union[PromptType, Sequence[PromptType]],
@@ -232,14 +232,17 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
         return params
 
     def _add_requests(self, prompts: list[PromptType], params: list[SamplingParams],
-                      loras: Optional[list[Optional[LoRARequest]]] = None) -> list[str]:
+                      loras: Optional[list[Optional[LoRARequest]]] = None,
+                      priorities: Optional[list[int]] = None) -> list[str]:
         """Add all or nothing: a bad prompt aborts the ones already added, then raises."""
         added: list[str] = []
         loras = loras or [None] * len(prompts)
+        priorities = priorities or [0] * len(prompts)
         try:
-            for prompt, p, lora in zip(prompts, params, loras):
+            for prompt, p, lora, prio in zip(prompts, params, loras, priorities):
                 request_id = str(next(self.request_counter))
-                queued = self.llm_engine.add_request(request_id, prompt, p, lora_request=lora)
+                queued = self.llm_engine.add_request(request_id, prompt, p, lora_request=lora,
+                                                     priority=prio)
                 added.append(request_id)
                 if self._stats is not None:
                     self._stats.on_request_added(request_id, p, queued)

@@ -21,18 +21,19 @@ class ChatOptions:
 
 
 def check_priority(priority: Optional[Union[int, Sequence[int]]],
-                   num_prompts: Optional[int] = None) -> None:
-    """vLLM's `priority` (one per prompt): only 0 here, as this engine schedules first
-    come, first served (vLLM too refuses other values without --scheduling-policy
-    priority)."""
+                   num_prompts: int) -> Optional[list[int]]:
+    """vLLM's `priority`: one per prompt (an int: the same for all); None when not
+    given. Values other than 0 need --scheduling-policy priority (the engine refuses
+    them otherwise, as vLLM)."""
     if priority is None:
-        return
-    values = [priority] if isinstance(priority, int) else list(priority)
-    if num_prompts is not None and not isinstance(priority, int) and len(values) != num_prompts:
+        return None
+    if isinstance(priority, int):
+        return [priority] * num_prompts
+    values = list(priority)
+    if len(values) != num_prompts:
         raise ValueError(f"The lengths of prompts ({num_prompts}) and priority "
                          f"({len(values)}) must be the same.")
-    if any(p != 0 for p in values):
-        raise ValueError("priority: only 0 is supported (FCFS scheduling).")
+    return values
 
 
 def cumulative(params: Any) -> Any:

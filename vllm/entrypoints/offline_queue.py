@@ -28,13 +28,13 @@ class OfflineQueueMixin:
         prompt_list = self._normalize_prompts(prompts, None)
         if tokenization_kwargs:
             prompt_list = [self._tokenize(p, tokenization_kwargs) for p in prompt_list]
-        check_priority(priority, len(prompt_list))
+        priorities = check_priority(priority, len(prompt_list))
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params = [cumulative(p) for p in
                   self._normalize_params(sampling_params, len(prompt_list))]
         loras = self._normalize_loras(lora_request, len(prompt_list))
-        ids = self._add_requests(prompt_list, params, loras)
+        ids = self._add_requests(prompt_list, params, loras, priorities)
         self._queued.extend(ids)
         return ids
 

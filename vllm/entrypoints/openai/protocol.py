@@ -248,8 +248,6 @@ class SamplingFields(OpenAIBaseModel):
         if self.best_of is not None and self.best_of != self.n:
             return ("best_of", f"best_of={self.best_of} different from n={self.n} is not "
                     "supported.")
-        if self.priority != 0:
-            return ("priority", "Only priority 0 is supported (FCFS scheduling).")
         if self.stream_options is not None and not self.stream:
             return ("stream_options", "Stream options can only be defined when `stream=True`.")
         return self._not_implemented_field()

@@ -148,8 +148,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id, engine_id = self.request_ids("chatcmpl", request.request_id)
         try:
             stream = await self.add_request(engine_id, prompt.engine_prompt(request.cache_salt),
-                                            params,
-                                            request.model)
+                                            params, request.model, request.priority)
         except ValueError as e:
             raise self.engine_error(e, "messages", "messages", max_tokens_param,
                                     "top_logprobs") from e

@@ -53,7 +53,8 @@ class OpenAIServingCompletion(OpenAIServing):
         # Submit every prompt at once: acceptance happens between engine steps, so
         # awaiting them one by one would cost one step per prompt. The engine checks
         # each; if one is refused, the accepted ones are aborted.
-        results = await asyncio.gather(*(self.add_request(*job, request.model) for job in jobs),
+        results = await asyncio.gather(*(self.add_request(*job, request.model, request.priority)
+                                         for job in jobs),
                                        return_exceptions=True)
         streams = [r for r in results if not isinstance(r, BaseException)]
         errors = [r for r in results if isinstance(r, BaseException)]

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional, Sequence
 
 import vllm.envs as envs
-from vllm.engine.params import (MaxTokensTooLargeError, PromptTooLongError,
-                                RequestParamsPolicy, truncation_size)
+from vllm.engine.params import (MaxTokensTooLargeError, PriorityNotEnabledError,
+                                PromptTooLongError, RequestParamsPolicy, truncation_size)
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.openai.errors import (BadRequestError, InternalServerError,
                                             NotFoundError, OpenAIError,
@@ -97,12 +97,16 @@ class OpenAIServing:
         return model
 
     async def add_request(self, request_id: str, prompt: Any, params: Any,
-                          model: Optional[str]) -> Any:
-        """Queue one engine request, with the LoRA adapter `model` names (if any)."""
+                          model: Optional[str], priority: int = 0) -> Any:
+        """Queue one engine request, with the LoRA adapter `model` names (if any) and the
+        request's `priority` (vLLM's extra field)."""
+        extra: dict[str, Any] = {}
         lora = self.models.lora_request_for(model)
-        if lora is None:
-            return await self.engine.add_request(request_id, prompt, params)
-        return await self.engine.add_request(request_id, prompt, params, lora_request=lora)
+        if lora is not None:
+            extra["lora_request"] = lora
+        if priority:
+            extra["priority"] = priority
+        return await self.engine.add_request(request_id, prompt, params, **extra)
 
     @staticmethod
     def request_ids(prefix: str, client_id: Optional[str]) -> tuple[str, str]:
@@ -265,6 +269,8 @@ class OpenAIServing:
                 f"This model's maximum context length is {error.max_model_len} tokens. "
                 f"However, your request has {error.prompt_len} input tokens. Please reduce "
                 f"the length of the input {what}.", param=param)
+        if isinstance(error, PriorityNotEnabledError):
+            return BadRequestError(str(error), param="priority")
         if isinstance(error, MaxTokensTooLargeError):
             n, requested = error.prompt_len, error.max_tokens
             return BadRequestError(
