@@ -11,8 +11,9 @@ Timed per step (medians over `--steps`):
 - `update`: `_update_states` (the scheduler's per-step message applied);
 - `inputs`: `_prepare_inputs` (the CPU's token-major layout; skipped on the HPU,
   whose bucketed layout needs a loaded model);
-- `sample`: sampling metadata + sampler + recording the tokens, i.e. `_sample` on
-  CPU and `_sample_bucket` (one padded bucket) on the (fake) HPU; split into
+- `sample`: sampling metadata + sampler + recording the tokens, i.e. the sampling
+  stage's `_sample` on CPU and `_sample_bucket` (one padded bucket) on the (fake)
+  HPU (the runner's own methods before the stage existed); split into
   `sampler` (the `Sampler` call: the logits math, penalties included) and
   `metadata` (the rest: the sampler's inputs and the bookkeeping around it).
 The logits are fresh random tensors made outside the timed region.
@@ -99,10 +100,25 @@ def _hpu_runner(max_num_seqs: int) -> Any:
             continue
     runner = object.__new__(module.HPUModelRunner)
     base = importlib.import_module("vllm.worker.model_runner_base")
-    base.ModelRunnerBase.__init__(runner, _config(max_num_seqs), "cpu")
-    runner.sampler = module.Sampler(static_shapes=True)
-    runner.tracker = module.CompileTracker()
+    config = _config(max_num_seqs)
+    base.ModelRunnerBase.__init__(runner, config, "cpu")
+    if hasattr(runner, "sampling_stage"):
+        from vllm.hpu.compile_tracker import CompileTracker
+        from vllm.hpu.profiler import HPUProfiler
+        from vllm.hpu.sampling_stage import HPUSamplingStage
+        # vocab_size / max_logprobs size prompt logprobs and warmup, not timed here.
+        runner.sampling_stage = HPUSamplingStage(runner.sampling_stage, CompileTracker(),
+                                                 "lazy", HPUProfiler(), 0, 20)
+    else:  # before the sampling stage: the runner sampled itself
+        runner.sampler = module.Sampler(static_shapes=True)
+        runner.tracker = module.CompileTracker()
     return runner
+
+
+def _sampling_half(runner: Any) -> Any:
+    """What holds `sampler`, `_sample` and `_sample_bucket`: the runner's sampling
+    stage, or the runner itself before the stage existed."""
+    return getattr(runner, "sampling_stage", runner)
 
 
 def _make_runner(max_num_seqs: int) -> tuple[Any, bool]:
@@ -175,7 +191,8 @@ def run(args: argparse.Namespace) -> dict[str, float]:
     rng = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     runner, on_hpu = _make_runner(args.batch_size)
-    runner.sampler = sampler = _TimedSampler(runner.sampler)
+    half = _sampling_half(runner)
+    half.sampler = sampler = _TimedSampler(half.sampler)
     times: dict[str, list[float]] = {"update": [], "inputs": [], "metadata": [],
                                      "sampler": []}
     so = _first_step(args, rng)
@@ -187,10 +204,10 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         sampler.seconds = 0.0
         if on_hpu:
             rows = dict(enumerate(req_ids))
-            _, t_sample = _timed(lambda: runner._sample_bucket(logits, rows))
+            _, t_sample = _timed(lambda: half._sample_bucket(logits, rows))
         else:
             _, t_inputs = _timed(lambda: runner._prepare_inputs(so))
-            _, t_sample = _timed(lambda: runner._sample(logits, req_ids))
+            _, t_sample = _timed(lambda: half._sample(logits, req_ids))
         if step >= args.warmup_steps:
             for name, t in (("update", t_update), ("inputs", t_inputs),
                             ("metadata", t_sample - sampler.seconds),

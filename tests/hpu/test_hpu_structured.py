@@ -23,13 +23,14 @@ def test_constrained_and_free_requests_compile_nothing_after_warmup(monkeypatch)
         runner = runner_of(llm)
         assert runner.num_compiles_after_warmup == 0
         shapes = []
-        apply = runner._apply_bitmask
+        stage = runner.sampling_stage
+        apply = stage.apply_bitmask
 
         def spy(logits, bitmask):
             shapes.append((tuple(logits.shape), tuple(bitmask.shape)))
             return apply(logits, bitmask)
 
-        monkeypatch.setattr(runner, "_apply_bitmask", spy)
+        monkeypatch.setattr(stage, "apply_bitmask", spy)
         so = [StructuredOutputsParams(json=SCHEMA), None,
               StructuredOutputsParams(choice=["alpha", "beta"]), None]
         params = [SamplingParams(temperature=1.0, seed=i, max_tokens=40, structured_outputs=s)

@@ -13,7 +13,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.worker.cpu_model_runner import CPUModelRunner
 from vllm.worker.gpu_model_runner import GPUModelRunner
 from vllm.worker.input_batch import InputBatch
-from vllm.worker.model_runner_base import prompt_logprob_rows
+from vllm.worker.sampling_stage import prompt_logprob_rows
 from vllm.worker.request_state import CachedRequestState
 
 BS = 4
@@ -167,7 +167,7 @@ def test_feature_hooks_are_no_ops_when_unused_and_refuse_what_they_cannot_serve(
     assert runner.prepare_lora_mapping(fwd) is None
     assert runner.gather_mm_embeddings(fwd) is None
     logits = torch.randn(1, 8)
-    assert runner.apply_logits_processors(logits, ["a"], _so()) is logits
+    assert runner.sampling_stage.apply_logits_processors(logits, ["a"], _so()) is logits
     runner.requests["a"].lora_request = object()
     with pytest.raises(NotImplementedError, match="lora_request"):
         runner.prepare_lora_mapping(fwd)
@@ -179,7 +179,7 @@ def test_feature_hooks_are_no_ops_when_unused_and_refuse_what_they_cannot_serve(
     so.structured_output_request_ids = {"a": 0}
     so.grammar_bitmask = np.array([[1 << 3]], dtype=np.int32)  # only token 3 allowed
     two = torch.randn(2, 8)
-    masked = runner.apply_logits_processors(two.clone(), ["b", "a"], so)
+    masked = runner.sampling_stage.apply_logits_processors(two.clone(), ["b", "a"], so)
     assert torch.equal(masked[0], two[0])
     assert masked[1, 3] == two[1, 3] and torch.isinf(masked[1, :3]).all()
     assert torch.isinf(masked[1, 4:]).all()

@@ -75,7 +75,7 @@ class SchedulerOutput:
     grammar_bitmask: Optional[np.ndarray] = None
     """[rows, ceil(vocab / 32)] int32: bit t % 32 of word t // 32 set = token t allowed.
     None when no request of the step is constrained (see
-    ModelRunnerBase.apply_logits_processors)."""
+    vllm/worker/sampling_stage.py: SamplingStage.apply_logits_processors)."""
 
     free_encoder_mm_hashes: list[str] = field(default_factory=list)
     """Images whose encoder outputs the runner drops now (the scheduler's

@@ -9,9 +9,10 @@ this step runs after it. Every pass is padded to its bucket (see
 hpu_input_prep.py) and executed in the runner's execution mode (see
 hpu_execution.py). Logits are computed at one row per batch
 entry (a fixed [B] shape per bucket); only the real sequences that reached the
-end of their known tokens are sampled. Request states, prompt logprobs, sampling
-and the output are the base's (`model_runner_base.py`): each bucketed batch is
-one `ForwardPass`.
+end of their known tokens are sampled. Request states and the output are the
+base's (`model_runner_base.py`): each bucketed batch is one `ForwardPass`; logits
+processors, prompt logprobs, sampling and their warmup are the HPU sampling stage's
+(`sampling_stage.py`: every shape fixed per bucket, tracked and warmed).
 
 Pipeline parallel: every stage builds the same passes from the same SchedulerOutput;
 a later stage runs each pass on the previous stage's activations (received in the
@@ -28,7 +29,7 @@ import functools
 import gc
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -41,11 +42,6 @@ from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 from vllm.hpu.graph_keys import baked_constants, input_signature
-from vllm.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
-from vllm.sample.metadata import greedy_sample
-from vllm.sample.ops.bitmask import apply_token_bitmask_, rows_bitmask
-from vllm.sample.sampler import Sampler, SamplerOutput
-from vllm.spec_decode.rejection_sampler import NO_DRAFT, rejection_sample
 from vllm.sequence import IntermediateTensors
 from vllm.hpu.bucket_accounting import BucketAccounting
 from vllm.hpu.bucketing import Bucket, HPUBucketingContext
@@ -60,15 +56,13 @@ from vllm.hpu.input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_decode_ba
                                         dependency_levels, pad_slots)
 from vllm.hpu.prompt_grouping import group_prompts, resolve_pass_overhead
 from vllm.hpu.profiler import HPUProfiler
-from vllm.hpu.sampling import (fixed_shapes, logprobs_bucket, logprobs_buckets,
-                               sampler_signature, warmup_metadata)
+from vllm.hpu.sampling_stage import HPUSamplingStage
 from vllm.hpu.log import (MemorySnapshot, format_bytes, log_graph_models, log_profile_run,
                           log_took, log_weights_loaded)
 from vllm.hpu.warmup import HPUWarmup, WarmupOps
 from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.kv_cache_layout import allocate_layer_caches, unique_tensors
-from vllm.worker.model_runner_base import (ForwardPass, LogprobsRow, ModelRunnerBase, PassOutput,
-                                           PromptLogprobs)
+from vllm.worker.model_runner_base import ForwardPass, ModelRunnerBase, PassOutput
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +122,6 @@ class HPUModelRunner(ModelRunnerBase):
         self.accounting = BucketAccounting(self.bucketing, record_trace=self._is_driver())
         self.prompt_pass_overhead = resolve_pass_overhead(self.bucketing.plan)
         """Fixed cost of a prompt pass in token slots (prompt_grouping.py)."""
-        self.sampler = Sampler(static_shapes=True)
-        self.custom_static_width = self.input_batch.max_num_reqs
         self.capture_on_first_use = False
         self.graph_refused: set[tuple[bool, Bucket]] = set()
         """Buckets whose graph did not fit (they run without one)."""
@@ -139,8 +131,10 @@ class HPUModelRunner(ModelRunnerBase):
         self.num_graph_captures = 0
         self.num_graph_replays = 0
         self._graph_keys: set = set()
-        self._warmed_samplers: set = set()
         self.profiler = HPUProfiler()
+        self.sampling_stage = HPUSamplingStage(
+            self.sampling_stage, self.tracker, self.mode.value, self.profiler,
+            mc.vocab_size, mc.max_logprobs)
         self.graphed_buckets: set[tuple[bool, Bucket]] = set()
         self.forward_module: Optional[torch.nn.Module] = None
         self.num_kv_blocks = 0
@@ -152,7 +146,6 @@ class HPUModelRunner(ModelRunnerBase):
         self.cold_buckets: list[Bucket] = []
         """Buckets the warmup left uncompiled (VLLM_WARMUP_BUDGET_S ran out, or their
         graph would not fit in memory)."""
-        self._finalizer: Optional[tuple[Any, Callable[..., Any]]] = None
         logger.info("HPU execution mode: %s (PT_HPU_LAZY_MODE=%d, enforce_eager=%s); "
                     "contiguous PA: %s.", self.mode.value, int(self.mode.is_lazy),
                     mc.enforce_eager, self.contiguous_pa)
@@ -329,8 +322,8 @@ class HPUModelRunner(ModelRunnerBase):
 
     @torch.inference_mode()
     def run_dummy_batch(self, is_prompt: bool, bucket: Bucket, use_graph: bool) -> None:
-        """One warmup pass (forward, logits and the structured-output bitmask) in the
-        exact shapes serving uses."""
+        """One warmup pass (forward, logits, then the sampling stage's bitmask, custom
+        processors, samplers and prompt logprobs) in the exact shapes serving uses."""
         batch = self.dummy_batch(is_prompt, bucket)
         hidden, logits = self._run_batch(batch, use_graph=use_graph)
         if self.is_pooling:
@@ -338,47 +331,7 @@ class HPUModelRunner(ModelRunnerBase):
             return
         if logits is None:
             return  # a pipeline stage before the last: no logits
-        words = (self.model_config.vocab_size + 31) // 32
-        self._apply_bitmask(logits, torch.full((bucket.batch_size, words), -1,
-                                               dtype=torch.int32))
-        if self.custom_logitsprocs is not None:
-            self._apply_custom_logitsprocs(logits.clone(), [None] * logits.shape[0])
-        self._warm_sampling(batch, hidden, logits)
-
-    def _warm_sampling(self, batch: HPUBatch, hidden: torch.Tensor,
-                       logits: torch.Tensor) -> None:
-        """The sampler (argmax and full, every logprob bucket) at the bucket's batch
-        size, and with a prompt bucket its prompt-logprob gather and computation for
-        every logprob bucket; each shape once (buckets share batch sizes)."""
-        vocab = logits.shape[-1]
-        k_buckets = logprobs_buckets(self.model_config.max_logprobs, vocab)
-        key = ("sampler", tuple(logits.shape))
-        if key not in self._warmed_samplers:
-            self._warmed_samplers.add(key)
-            self._run_argmax(logits.clone())
-            for md in self._warmup_metadatas(logits, k_buckets):
-                self._run_sampler(logits.clone(), md)
-        key = ("rejection", tuple(logits.shape))
-        if (self.spec_decode is not None and not batch.is_prompt
-                and key not in self._warmed_samplers):
-            self._warmed_samplers.add(key)
-            self._warm_rejection(logits, [None] + self._warmup_metadatas(logits, k_buckets))
-        if not batch.is_prompt:
-            return
-        width = batch.row_stride
-        gather = ("prompt_logprobs_gather", tuple(hidden.shape), width)
-        if gather in self._warmed_samplers:
-            return
-        self._warmed_samplers.add(gather)
-        rows = self._prompt_gather(hidden, torch.arange(width, device=hidden.device))
-        if ("prompt_logprobs_head", width) in self._warmed_samplers:
-            return  # the head and the logprobs of this width are warm already
-        self._warmed_samplers.add(("prompt_logprobs_head", width))
-        logits = self._prompt_head(rows)
-        target = torch.zeros(width, dtype=torch.long, device=hidden.device)
-        logprobs = self._prompt_log_softmax(logits)
-        for k in k_buckets:
-            self._prompt_logprobs_of(logits, target, k, logprobs)
+        self.sampling_stage.warm_bucket(self.model, batch, hidden, logits)
 
     def pooled_rows(self, fwd: ForwardPass, hidden: torch.Tensor,
                     indices: list[int]) -> torch.Tensor:
@@ -606,181 +559,6 @@ class HPUModelRunner(ModelRunnerBase):
                            "it runs without a graph.", tuple(batch.bucket), error)
             self._forget_graph(batch.is_prompt, batch.bucket)
             return run(use_graph=False)
-
-    def _apply_grammar_bitmask(self, logits: torch.Tensor, req_ids: list[Optional[str]],
-                               so: SchedulerOutput) -> None:
-        """On the whole bucket: unconstrained and padding rows allow every token."""
-        bitmask = rows_bitmask([r or "" for r in req_ids], so.structured_output_request_ids,
-                               so.grammar_bitmask, num_rows=logits.shape[0])
-        if bitmask is not None:
-            self._apply_bitmask(logits, bitmask)
-
-    def _apply_custom_logitsprocs(self, logits: torch.Tensor,
-                                  req_ids: list[Optional[str]]) -> torch.Tensor:
-        """The custom processors on a bucket's [B, vocab] logits, seen as the batch's
-        [max_num_seqs, vocab] rows: one shape per B (warmed with every bucket)."""
-        signature = ("custom_logitsprocs", self.mode.value, tuple(logits.shape),
-                     str(logits.dtype), self.custom_static_width)
-        with self.tracker.track_pass(f"logits processors {tuple(logits.shape)}", signature):
-            return super()._apply_custom_logitsprocs(logits, req_ids)
-
-    def _apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-        """The bitmask on a bucket's [B, vocab] logits: one compiled shape per B
-        (warmed up with every bucket), so constrained requests compile nothing new."""
-        signature = ("bitmask", self.mode.value, tuple(logits.shape), str(logits.dtype),
-                     tuple(bitmask.shape))
-        with self.tracker.track_pass(f"bitmask {tuple(bitmask.shape)}", signature):
-            apply_token_bitmask_(logits, bitmask.to(logits.device))
-
-    def _sample_passes(self, pending: list[tuple[ForwardPass, PassOutput, torch.Tensor]]
-                       ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
-        """Each pass sampled on its bucket's [B, vocab] logits (see hpu_sampling.py):
-        no gather of the sampling rows, one warmed sampler shape per batch size."""
-        sampled: dict[str, list[int]] = {}
-        logprobs: dict[str, list[LogprobsRow]] = {}
-        with self.profiler.record("sample", rows=sum(len(p[0].sample_req_ids)
-                                                     for p in pending)):
-            for fwd, _, logits in pending:
-                batch: HPUBatch = fwd.platform_data
-                rows = {i: s.req_id for i, s in enumerate(batch.seqs) if s.sample}
-                if any(r in self.num_draft_tokens for r in rows.values()):
-                    tokens, lps = self._verify_bucket(logits, rows)
-                else:
-                    tokens, lps = self._sample_bucket(logits, rows)
-                sampled.update(tokens)
-                logprobs.update(lps)
-        return sampled, logprobs
-
-    def _sample_bucket(self, logits: torch.Tensor, rows: dict[int, str]
-                       ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
-        """Sample all B rows of `logits` (dummy greedy rows where nobody samples), keep
-        the rows of `rows` (bucket row -> request)."""
-        req_ids = list(rows.values())
-        lp_all = None
-        md = self.input_batch.sampling_metadata(
-            [rows.get(i) for i in range(logits.shape[0])], logits.shape[-1], logits.device,
-            finalize=self._fixed_shapes(logits.shape[-1], logits.device))
-        if md is None:  # every sampling row takes the raw argmax
-            tokens_all = self._run_argmax(logits).tolist()
-        else:
-            out = self._run_sampler(logits, md)
-            tokens_all = out.sampled_token_ids.tolist()
-            lp = out.logprobs_tensors
-            if lp is not None:
-                lp_all = lp.tolists()
-        index = list(rows)
-        lp_lists = None if lp_all is None else tuple([col[i] for i in index] for col in lp_all)
-        return self._record_samples(req_ids, [tokens_all[i] for i in index], lp_lists)
-
-    def _fixed_shapes(self, vocab: int, device: torch.device) -> Callable[..., Any]:
-        """`fixed_shapes` reading the batch's sampling state, whose tables the neutral
-        forms read (the penalties' count table, allocated up front), so that every
-        full sampler shape, penalized or not, is one shape (see vllm/hpu/sampling.py).
-        One object per (vocab, device): the cached metadata is keyed on it."""
-        key = (vocab, torch.device(device))
-        if self._finalizer is None or self._finalizer[0] != key:
-            self._finalizer = (key, functools.partial(fixed_shapes,
-                                                      sampling=self.input_batch.sampling))
-        return self._finalizer[1]
-
-    def _verify_bucket(self, logits: torch.Tensor, rows: dict[int, str]
-                       ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
-        """Speculative decoding: the rejection sampler on all B rows of the decode
-        bucket (a request's verification rows are consecutive, from row 0; padding
-        rows are neutral greedy rows without a draft), one warmed shape per B."""
-        req_ids = [rows[i] for i in range(len(rows))]
-        md = self.input_batch.sampling_metadata(
-            [rows.get(i) for i in range(logits.shape[0])], logits.shape[-1], logits.device,
-            finalize=self._fixed_shapes(logits.shape[-1], logits.device))
-        with self.tracker.track_pass(f"rejection sampler {tuple(logits.shape)}",
-                                     ("rejection", sampler_signature(logits, md))):
-            order, result = self.spec_decode.verify(self.sampler, logits, req_ids, md)
-        return self._record_verified(order, result)
-
-    def _warmup_metadatas(self, logits: torch.Tensor, k_buckets: list[int]) -> list[Any]:
-        """The full fixed-shape metadata of each logprob bucket (and none) at the
-        logits' batch size."""
-        vocab = logits.shape[-1]
-        return [warmup_metadata(logits.shape[0], vocab, k, logits.device,
-                                self.input_batch.sampling)
-                for k in [None] + k_buckets]
-
-    def _warm_rejection(self, logits: torch.Tensor, metadatas: list[Any]) -> None:
-        """The rejection sampler at a decode bucket's batch size, for the argmax and
-        every full metadata shape (what `_verify_bucket` runs)."""
-        rows = logits.shape[0]
-        for md in metadatas:
-            with self.tracker.track_pass(f"rejection sampler {tuple(logits.shape)}",
-                                         ("rejection", sampler_signature(logits, md))):
-                rejection_sample(self.sampler, logits.clone(), md,
-                                 torch.full((rows,), NO_DRAFT, device=logits.device),
-                                 [0] * rows)
-
-    def _run_argmax(self, logits: torch.Tensor) -> torch.Tensor:
-        signature = sampler_signature(logits, None)
-        with self.tracker.track_pass(f"argmax {tuple(logits.shape)}", signature):
-            return greedy_sample(logits)
-
-    def _run_sampler(self, logits: torch.Tensor, md) -> SamplerOutput:
-        signature = sampler_signature(logits, md)
-        with self.tracker.track_pass(f"sampler {tuple(logits.shape)}", signature):
-            return self.sampler(logits, md)
-
-    def _prompt_logprobs_rows(self, fwd: ForwardPass, hidden: torch.Tensor, rows: list[int],
-                              targets: list[int], num_logprobs: int) -> PromptLogprobs:
-        """Rows padded to the bucket's query length, K to its logprob bucket; the
-        result cut back to the real rows and the K asked for."""
-        batch: HPUBatch = fwd.platform_data
-        width = max(len(rows), batch.row_stride if batch.is_prompt else 1)
-        ids, lps, ranks = self._prompt_logprobs_padded(hidden, rows, targets, num_logprobs,
-                                                       width)
-        n, k = len(rows), num_logprobs + 1
-        return [r[:k] for r in ids[:n]], [r[:k] for r in lps[:n]], ranks[:n]
-
-    def _prompt_logprobs_padded(self, hidden: torch.Tensor, rows: list[int],
-                                targets: list[int], num_logprobs: int,
-                                width: int) -> PromptLogprobs:
-        """Prompt logprobs on `width` rows: `rows`, then repeats of the last one."""
-        pad = width - len(rows)
-        index = torch.tensor(rows + rows[-1:] * pad, device=hidden.device)
-        logits = self._prompt_logits(hidden, index)
-        target = torch.tensor(targets + [0] * pad, device=hidden.device)
-        t = self._prompt_logprobs_of(logits, target, num_logprobs)
-        return t.tolists()
-
-    def _prompt_logits(self, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """Logits at the `index` [width] rows of a pass."""
-        return self._prompt_head(self._prompt_gather(hidden, index))
-
-    def _prompt_gather(self, hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """hidden[index], tracked per hidden shape and width."""
-        with self.tracker.track_pass(f"prompt logprobs gather {tuple(index.shape)}",
-                                     ("prompt_logprobs_gather", tuple(hidden.shape),
-                                      hidden.dtype, tuple(index.shape))):
-            return hidden.index_select(0, index)
-
-    def _prompt_head(self, rows: torch.Tensor) -> torch.Tensor:
-        """The LM head on [width, hidden] rows, tracked per width."""
-        with self.tracker.track_pass(f"prompt logprobs head {tuple(rows.shape)}",
-                                     ("prompt_logprobs_head", tuple(rows.shape), rows.dtype)):
-            return self.model.compute_logits(rows)
-
-    def _prompt_log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
-        with self.tracker.track_pass(f"prompt logprobs {tuple(logits.shape)}",
-                                     ("prompt_logprobs", tuple(logits.shape), logits.dtype)):
-            return compute_logprobs(logits)
-
-    def _prompt_logprobs_of(self, logits: torch.Tensor, target: torch.Tensor,
-                            num_logprobs: int, logprobs: Optional[torch.Tensor] = None
-                            ) -> LogprobsTensors:
-        """Prompt logprobs with K rounded up to its bucket: the log-softmax tracked per
-        width (or given, in warmup), the selection and top-K per width and bucket."""
-        k = logprobs_bucket(num_logprobs, self.model_config.vocab_size)
-        if logprobs is None:
-            logprobs = self._prompt_log_softmax(logits)
-        with self.tracker.track_pass(f"prompt logprobs top-k {tuple(logits.shape)} k={k}",
-                                     ("prompt_logprobs_topk", tuple(logprobs.shape), k)):
-            return gather_logprobs(logprobs, k, target)
 
     def _defragment(self) -> None:
         if self.defragmenter is None:

@@ -1,4 +1,4 @@
-"""What every model runner does whatever the device: states, sampling, logprobs, output.
+"""What every model runner does whatever the device: states, the step, the output.
 
 One step (`execute_model`):
 
@@ -11,21 +11,24 @@ One step (`execute_model`):
 3. per pass, the feature hooks fill in what the pass needs beyond tokens (LoRA
    mapping, multimodal embeddings), then `_execute_pass` (per platform) runs the
    model and returns the hidden states and the sampling logits;
-4. `apply_logits_processors` (hook) on each pass's sampling logits, prompt
-   logprobs from its hidden states (`_prompt_logprobs`);
-5. `_sample`: the argmax fast path or the sampler, logprobs of the sampled tokens;
+4. the sampling stage (`sampling_stage.py`, `self.sampling_stage`):
+   `apply_logits_processors` (hook) on each pass's sampling logits, prompt logprobs
+   from its hidden states;
+5. its `sample_passes`: the argmax fast path or the sampler (or the verification of
+   draft tokens), logprobs of the sampled tokens;
 6. the `ModelRunnerOutput` (only the driver rank returns one).
 
 A platform runner (`CPUModelRunner`, `HPUModelRunner`, `GPUModelRunner`) implements
-only `_prepare_inputs`, `_execute_pass` and its setup (model loading, KV cache).
+only `_prepare_inputs`, `_execute_pass` and its setup (model loading, KV cache); a
+platform with fixed shapes also puts its own form of the sampling stage in place.
 
 Feature hooks (one call site each, here): `update_draft_tokens` (speculative
 decoding), `prepare_lora_mapping` (LoRA), `gather_mm_embeddings` (multimodal),
-`prepare_mrope_positions` (multimodal rotary positions), `apply_logits_processors`
-(structured outputs, per-row logits processors). They cost nothing while a
-feature is unused; the one whose feature is not implemented yet (draft tokens) is
-an extension point that refuses its inputs with NotImplementedError instead of
-ignoring them. docs/INTERNALS.md shows where each sits in the step.
+`prepare_mrope_positions` (multimodal rotary positions), and the stage's
+`apply_logits_processors` (structured outputs, custom logits processors). They
+cost nothing while a feature is unused; the one whose feature is not implemented
+yet (draft tokens) is an extension point that refuses its inputs with
+NotImplementedError instead of ignoring them. docs/INTERNALS.md shows where each sits in the step.
 """
 from __future__ import annotations
 
@@ -46,10 +49,6 @@ from vllm.forward_context import set_forward_context
 from vllm.lora.models import LoRAModelManager
 from vllm.sample.logits_processors.custom import CustomLogitsProcessors
 from vllm.sample.logits_processors.load import load_custom_logitsprocs
-from vllm.sample.logprobs import compute_prompt_logprobs
-from vllm.sample.metadata import greedy_sample
-from vllm.sample.ops.bitmask import apply_grammar_bitmask
-from vllm.sample.sampler import Sampler
 from vllm.sequence import IntermediateTensors
 from vllm.spec_decode.spec_runner import SpecDecodeRunner
 from vllm.worker.input_batch import InputBatch
@@ -59,14 +58,12 @@ from vllm.worker.kv_cache_layout import (allocate_layer_caches, runner_kv_cache_
                                          unique_tensors)
 from vllm.worker.pooling_runner import execute_pooling
 from vllm.worker.request_state import CachedRequestState
+from vllm.worker.sampling_stage import PendingPass, PromptLogprobs, SamplingStage
 from vllm.worker.sleep_mode import (SLEEP_TAGS, SleepingWeights, check_level2_supported,
                                     check_sleep_level, check_wake_tags, release_weights,
                                     restore_weights, return_freed_host_memory)
 
 logger = logging.getLogger(__name__)
-
-LogprobsRow = tuple[list[int], list[float], int]
-PromptLogprobs = tuple[list[list[int]], list[list[float]], list[int]]
 
 
 @dataclass
@@ -140,14 +137,8 @@ class ModelRunnerBase:
         self.requests: dict[str, CachedRequestState] = {}
         self.custom_logitsprocs = build_custom_logitsprocs(vllm_config, self.device)
         """User logits processors (vLLM's API), or None (vllm/sample/logits_processors/)."""
-        self.custom_static_width: Optional[int] = None
-        """Set by platforms with fixed shapes: the batch-row width custom processors
-        always see (custom.py)."""
-        self.failed_requests: dict[str, str] = {}
-        """Requests failed this step (a custom processor raised) -> why."""
         self.input_batch = InputBatch(vllm_config.scheduler_config.max_num_seqs,
                                       custom=self.custom_logitsprocs)
-        self.sampler = Sampler()
         self.model: Optional[torch.nn.Module] = None
         self.lora_manager: Optional[LoRAModelManager] = None
         """Set by a platform's load_model when LoRA is enabled (vllm/lora/models.py)."""
@@ -169,6 +160,10 @@ class ModelRunnerBase:
         spec_config = getattr(vllm_config, "speculative_config", None)
         if spec_config is not None:
             self.spec_decode = SpecDecodeRunner(vllm_config, self.device)
+        self.sampling_stage = SamplingStage(self.requests, self.input_batch,
+                                            self.custom_logitsprocs, self.spec_decode)
+        """Logits processors, prompt logprobs, sampling (sampling_stage.py; platforms
+        with fixed shapes put their own form here)."""
         from vllm.attention.selector import backend_cls_of
         self.attn_impl = load_attn_impl(backend_cls_of(vllm_config))
         self.kv_connector: Optional[Any] = None
@@ -470,7 +465,7 @@ class ModelRunnerBase:
     def execute_model(self, scheduler_output: SchedulerOutput
                       ) -> Optional[ModelRunnerOutput]:
         """One step. Only the driver returns an output (see the module docstring)."""
-        self.failed_requests = {}
+        self.sampling_stage.start_step()
         self._update_states(scheduler_output)
         self._load_kv(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
@@ -478,7 +473,7 @@ class ModelRunnerBase:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         if getattr(self.model_config, "runner_type", "generate") == "pooling":
             return execute_pooling(self, scheduler_output)
-        pending: list[tuple[ForwardPass, PassOutput, torch.Tensor]] = []
+        pending: list[PendingPass] = []
         prompt_lps: dict[str, PromptLogprobs] = {}
         for fwd in self._prepare_inputs(scheduler_output):
             fwd.lora_mapping = self.prepare_lora_mapping(fwd)
@@ -492,18 +487,20 @@ class ModelRunnerBase:
             if out is None:
                 continue  # an earlier pipeline stage: the hidden states went on
             if fwd.sample_req_ids:
-                logits = self.apply_logits_processors(
+                logits = self.sampling_stage.apply_logits_processors(
                     out.sample_logits, out.logits_req_ids or fwd.sample_req_ids,
                     scheduler_output)
                 pending.append((fwd, out, logits))
-            self._prompt_logprobs(fwd, out.hidden_states, scheduler_output, prompt_lps)
+            self.sampling_stage.prompt_logprobs(self.model, fwd, out.hidden_states,
+                                                scheduler_output, prompt_lps)
         if self.spec_decode is not None:
             self.spec_decode.remove_drafts(self.requests)
         kv_output = self._save_kv(scheduler_output)
         if not self.is_driver:
             return None
-        sampled, logprobs = self._sample_passes(pending)
-        for req_id in self.failed_requests:
+        sampled, logprobs = self.sampling_stage.sample_passes(pending)
+        failed = self.sampling_stage.failed_requests
+        for req_id in failed:
             sampled.pop(req_id, None)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         return ModelRunnerOutput(
@@ -511,7 +508,7 @@ class ModelRunnerBase:
             logprobs=[logprobs.get(r) for r in req_ids] if logprobs else None,
             prompt_logprobs=prompt_lps,
             spec_token_ids=self._propose_drafts(sampled), kv_connector_output=kv_output,
-            failed_req_ids=dict(self.failed_requests))
+            failed_req_ids=dict(failed))
 
     def pooled_rows(self, fwd: ForwardPass, hidden: torch.Tensor,
                     indices: list[int]) -> torch.Tensor:
@@ -574,122 +571,15 @@ class ModelRunnerBase:
             if cached.req_id not in self.input_batch:
                 self.input_batch.add_request(state)
         self.input_batch.condense()
-        if self.custom_logitsprocs is not None:
-            self._fail_rows(self.custom_logitsprocs.update_state(self.input_batch.num_reqs))
+        self.sampling_stage.batch_updated()
         self.update_draft_tokens(so)
 
-    # ------------------------------------------------------------- sampling
-    def _sample_passes(self, pending: list[tuple[ForwardPass, PassOutput, torch.Tensor]]
-                       ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
-        """Sample the step's passes (each: its logits after the processors): the
-        sampling rows of every pass gathered and joined, one sampler call. HPU
-        overrides this to sample each pass on its bucket's fixed shape."""
-        if not pending:
-            return {}, {}
-        parts, req_ids = [], []
-        for fwd, out, logits in pending:
-            parts.append(logits if out.sample_rows is None
-                         else logits.index_select(0, out.sample_rows))
-            req_ids.extend(fwd.sample_req_ids)
-        return self._sample(parts[0] if len(parts) == 1 else torch.cat(parts), req_ids)
-
-    def _sample(self, logits: torch.Tensor, req_ids: list[str]
-                ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
-        """Sample one token per row of `logits` (row i: request req_ids[i]), append it
-        to the request's state; return the tokens and the asked-for logprobs. With
-        draft tokens in the step, verify them instead (`_sample_with_drafts`)."""
-        lp_lists = None
-        md = self.input_batch.sampling_metadata(req_ids, logits.shape[-1], logits.device)
-        if self.spec_decode is not None and self.spec_decode.num_drafts:
-            return self._sample_with_drafts(logits, req_ids, md)
-        if md is None:  # every row takes the argmax of its raw logits
-            token_ids = greedy_sample(logits).tolist()
-        else:
-            # One read-back of the tokens and logprobs: the step's only device wait.
-            token_ids, lp_lists = self.sampler(logits, md).tolists()
-        return self._record_samples(req_ids, token_ids, lp_lists)
-
-    def _record_samples(self, req_ids: list[str], token_ids: list[int],
-                        lp_lists: Optional[tuple[list, list, list]]
-                        ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
-        """Append token_ids[i] to request req_ids[i] (its state and the batch's penalty
-        counts); its logprobs (row i of `lp_lists`, cut to the K it asked for) when it
-        asked."""
-        self.input_batch.record_output_tokens(req_ids, token_ids)
-        sampled: dict[str, list[int]] = {}
-        logprobs: dict[str, list[LogprobsRow]] = {}
-        for i, req_id in enumerate(req_ids):
-            state = self.requests[req_id]
-            state.append_token(token_ids[i])
-            sampled[req_id] = [token_ids[i]]
-            k = state.sampling_params.logprobs
-            if lp_lists is not None and k is not None:
-                logprobs[req_id] = [(lp_lists[0][i][:k + 1], lp_lists[1][i][:k + 1],
-                                     lp_lists[2][i])]
-        return sampled, logprobs
-
     # ------------------------------------------------ speculative decoding
-    def _sample_with_drafts(self, logits: torch.Tensor, req_ids: list[str], md: Any
-                            ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
-        """Verify the step's drafts (vllm/spec_decode/rejection_sampler.py): each
-        request's accepted drafts and one more token are appended to its state."""
-        order, result = self.spec_decode.verify(self.sampler, logits, req_ids, md)
-        return self._record_verified(order, result)
-
-    def _record_verified(self, order: list[str], result: Any
-                         ) -> tuple[dict[str, list[int]], dict[str, list[LogprobsRow]]]:
-        """Append each request's verified tokens (`RejectionOutput`, requests in
-        `order`) to its state and the penalty counts; its logprobs if it asked."""
-        sampled: dict[str, list[int]] = {}
-        logprobs: dict[str, list[LogprobsRow]] = {}
-        for i, req_id in enumerate(order):
-            tokens = result.output_token_ids[i]
-            for token_id in tokens:
-                self.requests[req_id].append_token(token_id)
-            self.input_batch.record_output_tokens([req_id] * len(tokens), tokens)
-            sampled[req_id] = tokens
-            k = self.requests[req_id].sampling_params.logprobs
-            if result.logprobs is not None and k is not None:
-                logprobs[req_id] = [(ids[:k + 1], lps[:k + 1], rank)
-                                    for ids, lps, rank in result.logprobs[i]]
-        return sampled, logprobs
-
     def _propose_drafts(self, sampled: dict[str, list[int]]) -> dict[str, list[int]]:
         """The next step's drafts (driver rank; none without speculative decoding)."""
         if self.spec_decode is None or not sampled:
             return {}
         return self.spec_decode.propose(self.requests, sampled)
-
-    def _prompt_logprobs(self, fwd: ForwardPass, hidden: torch.Tensor, so: SchedulerOutput,
-                         result: dict[str, PromptLogprobs]) -> None:
-        """Logprobs of the prompt tokens this pass predicts, for requests asking for them.
-
-        Every rank runs this (the logits computation may be a TP collective).
-        """
-        for req_id, offset in zip(fwd.req_ids, fwd.row_offsets):
-            state = self.requests[req_id]
-            if not state.wants_prompt_logprobs:
-                continue
-            rows, targets, done = prompt_logprob_rows(
-                state, state.num_computed_tokens, so.num_scheduled_tokens[req_id], offset)
-            if rows:
-                result[req_id] = self._prompt_logprobs_rows(
-                    fwd, hidden, rows, targets, state.sampling_params.prompt_logprobs)
-                state.num_prompt_logprobs_sent = (state.num_computed_tokens + rows[-1]
-                                                  - offset + 1)
-            else:
-                result[req_id] = ([], [], [])
-            if done:
-                state.wants_prompt_logprobs = False
-
-    def _prompt_logprobs_rows(self, fwd: ForwardPass, hidden: torch.Tensor, rows: list[int],
-                              targets: list[int], num_logprobs: int) -> PromptLogprobs:
-        """Logprobs of `targets` (and the top `num_logprobs`) at hidden rows `rows`."""
-        logits = self.model.compute_logits(
-            hidden.index_select(0, torch.tensor(rows, device=hidden.device)))
-        t = compute_prompt_logprobs(logits, torch.tensor(targets, device=logits.device),
-                                    num_logprobs)
-        return t.tolists()
 
     # ---------------------------------------------------------- feature hooks
     def update_draft_tokens(self, so: SchedulerOutput) -> None:
@@ -697,8 +587,8 @@ class ModelRunnerBase:
 
         Places each request's scheduled draft tokens (`so.scheduled_spec_decode_tokens`)
         after its known tokens, so that `_prepare_inputs` lays them out like any other
-        new token and gives their rows logits (`num_draft_tokens`); `_sample` then
-        verifies them and may return several tokens per request. They leave the
+        new token and gives their rows logits (`num_draft_tokens`); the sampling
+        stage then verifies them and may return several tokens per request. They leave the
         states again right after the forward. Refuses drafts when speculative
         decoding is not configured.
         """
@@ -818,47 +708,6 @@ class ModelRunnerBase:
         for key in so.free_encoder_mm_hashes:
             self.encoder_cache.pop(key, None)
 
-    def apply_logits_processors(self, logits: torch.Tensor, req_ids: list[Optional[str]],
-                                so: SchedulerOutput) -> torch.Tensor:
-        """Logits-processor hook, called once per pass on its sampling logits (row i:
-        request req_ids[i], None for a row that does not sample), before the sampler
-        or the argmax; on every rank.
-
-        Applies the structured-output bitmask (`so.grammar_bitmask`): forbidden tokens
-        of constrained rows become -inf. Per-row logits processors go here too. Free
-        when no request of the step is constrained.
-        """
-        if so.grammar_bitmask is not None:
-            self._apply_grammar_bitmask(logits, req_ids, so)
-        if self.custom_logitsprocs is not None:
-            logits = self._apply_custom_logitsprocs(logits, req_ids)
-        return logits
-
-    def _apply_custom_logitsprocs(self, logits: torch.Tensor,
-                                  req_ids: list[Optional[str]]) -> torch.Tensor:
-        """The custom processors on a pass's logits, laid out by batch row (custom.py);
-        requests they fail are recorded in `failed_requests`."""
-        index = self.input_batch.req_id_to_index
-        rows = [None if r is None else index[r] for r in req_ids]
-        logits, failures = self.custom_logitsprocs.apply(
-            logits, rows, self.input_batch.num_reqs, self.custom_static_width)
-        self._fail_rows(failures)
-        return logits
-
-    def _fail_rows(self, failures: list[Any]) -> None:
-        """Record the requests of the failures' batch rows as failed this step."""
-        req_ids = self.input_batch.req_ids
-        for failure in failures:
-            for row in failure.rows:
-                if row < len(req_ids):
-                    self.failed_requests.setdefault(req_ids[row], failure.message)
-
-    def _apply_grammar_bitmask(self, logits: torch.Tensor, req_ids: list[Optional[str]],
-                               so: SchedulerOutput) -> None:
-        """Mask the constrained rows in place (platforms with fixed shapes override)."""
-        apply_grammar_bitmask(logits, [r or "" for r in req_ids],
-                              so.structured_output_request_ids, so.grammar_bitmask)
-
     def _refuse_requests_with(self, req_ids: list[str], field_name: str, feature: str) -> None:
         """NotImplementedError naming the first request whose state sets `field_name`."""
         for req_id in req_ids:
@@ -866,22 +715,6 @@ class ModelRunnerBase:
                 raise NotImplementedError(
                     f"request {req_id!r} sets {field_name}, but this model runner does not "
                     f"serve {feature} (not enabled, or not supported on this platform yet).")
-
-
-def prompt_logprob_rows(state: CachedRequestState, start: int, num_new: int,
-                        offset: int) -> tuple[list[int], list[int], bool]:
-    """(hidden rows, next-token targets, prompt finished) for the prompt logprobs of
-    the new tokens start .. start + num_new - 1 placed at rows offset...
-
-    Position p predicts the prompt token at p + 1; positions whose logprobs were
-    already sent (before a preemption) are skipped.
-    """
-    num_prompt = len(state.prompt_token_ids)
-    first = max(start, state.num_prompt_logprobs_sent)
-    end = min(start + num_new, num_prompt - 1)
-    rows = list(range(offset + first - start, offset + max(first, end) - start))
-    targets = state.prompt_token_ids[first + 1:end + 1]
-    return rows, targets, start + num_new >= num_prompt
 
 
 def build_custom_logitsprocs(vllm_config: VllmConfig, device: torch.device
