@@ -163,6 +163,9 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "RAY_ADDRESS": (str, "", "Address of a running Ray cluster for the ray executor; empty "
                     "starts a local one."),
     "CXX": (str, "g++", "C++ compiler that builds the native CPU kernels."),
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": (str, "", "OpenTelemetry's: the protocol of the "
+                                           "--otlp-traces-endpoint exporter; only "
+                                           "http/protobuf (the default here) is supported."),
     # ---- HPU (see HPU.md) ----
     "PT_HPU_LAZY_MODE": (int, 0, "1: lazy mode (HPU graphs); 0: eager / torch.compile."),
     "PT_HPU_ENABLE_LAZY_COLLECTIVES": (_bool, False, "Required for TP with HPU graphs."),

@@ -296,11 +296,6 @@ class EngineArgs:
                 "--max-parallel-loading-workers is not supported: every worker loads its "
                 "own shard at once, from memory-mapped safetensors, so there are no "
                 "loading batches to bound. Leave it out.")
-        if self.otlp_traces_endpoint or self.collect_detailed_traces:
-            raise ValueError(
-                "--otlp-traces-endpoint / --collect-detailed-traces: OpenTelemetry request "
-                "tracing is not implemented in this server yet; leave them out (metrics "
-                "are on /metrics).")
         observability_config = ObservabilityConfig(
             show_hidden_metrics_for_version=self.show_hidden_metrics_for_version,
             otlp_traces_endpoint=self.otlp_traces_endpoint,
@@ -308,6 +303,13 @@ class EngineArgs:
             kv_cache_metrics=self.kv_cache_metrics,
             kv_cache_metrics_sample=self.kv_cache_metrics_sample,
             enable_mfu_metrics=self.enable_mfu_metrics)
+        if observability_config.collect_detailed_traces:
+            modules = ",".join(observability_config.collect_detailed_traces)
+            raise ValueError(
+                f"--collect-detailed-traces {modules}: the per-module timings (model "
+                "forward, worker execute) are not measured by this engine. Leave it out: "
+                "the request spans of --otlp-traces-endpoint still carry the queue, TTFT, "
+                "prefill, decode and end-to-end latencies.")
         model_config = create_model_config(
             model=self.model, tokenizer=self.tokenizer, dtype=self.dtype, seed=self.seed,
             max_model_len=self.max_model_len, served_model_name=self.served_model_name,

@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, Callable, Iterable, Optional, Union
+from typing import Any, AsyncGenerator, Callable, Iterable, Mapping, Optional, Union
 
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.engine.metrics import StatsTracker
@@ -41,6 +41,7 @@ class _Add:
     accepted: "asyncio.Future[None]"
     lora_request: Any = None
     priority: int = 0
+    trace_headers: Optional[dict[str, str]] = None
 
 
 @dataclass
@@ -281,7 +282,8 @@ class AsyncLLMEngine(EngineClient):
     # ------------------------------------------------------------ requests
     async def add_request(self, request_id: str, prompt: Any, params: Any,
                           arrival_time: Optional[float] = None,
-                          lora_request: Any = None, priority: int = 0) -> RequestStream:
+                          lora_request: Any = None, priority: int = 0,
+                          trace_headers: Optional[Mapping[str, str]] = None) -> RequestStream:
         """Queue a request and wait until the engine accepted it.
 
         Raises ValueError (invalid request, from the engine's validation) or EngineDeadError
@@ -301,7 +303,8 @@ class AsyncLLMEngine(EngineClient):
         accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         command = _Add(request_id, prompt, inner,
                        time.time() if arrival_time is None else arrival_time, stream, accepted,
-                       lora_request, priority)
+                       lora_request, priority,
+                       dict(trace_headers) if trace_headers else None)
         self._post(command)
         self._pending_ids.add(request_id)
         try:
@@ -539,6 +542,8 @@ class AsyncLLMEngine(EngineClient):
                 kwargs = {} if cmd.lora_request is None else {"lora_request": cmd.lora_request}
                 if cmd.priority:
                     kwargs["priority"] = cmd.priority
+                if cmd.trace_headers:
+                    kwargs["trace_headers"] = cmd.trace_headers
                 queued = self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params,
                                                  arrival_time=cmd.arrival_time, **kwargs)
                 error = None

@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncGenerator, Callable, Iterable, Optional, Union
+from typing import Any, AsyncGenerator, Callable, Iterable, Mapping, Optional, Union
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -190,7 +190,8 @@ class DPAsyncLLMEngine(EngineClient):
 
     async def add_request(self, request_id: str, prompt: Any, params: Any,
                           arrival_time: Optional[float] = None,
-                          lora_request: Any = None, priority: int = 0) -> RequestStream:
+                          lora_request: Any = None, priority: int = 0,
+                          trace_headers: Optional[Mapping[str, str]] = None) -> RequestStream:
         if request_id in self._owner:
             raise ValueError(f"request_id {request_id!r} is already in use by a running "
                              "request.")
@@ -198,7 +199,9 @@ class DPAsyncLLMEngine(EngineClient):
         self._owner[request_id] = index
         self._outstanding[index] += 1
         try:
-            extra = {"priority": priority} if priority else {}
+            extra: dict[str, Any] = {"priority": priority} if priority else {}
+            if trace_headers:
+                extra["trace_headers"] = trace_headers
             stream = await self.replicas[index].add_request(request_id, prompt, params,
                                                             arrival_time, lora_request, **extra)
         except BaseException:

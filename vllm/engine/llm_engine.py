@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 from vllm.config import VllmConfig
 from vllm.core.scheduler import SchedulerStats
@@ -17,6 +17,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.core_client import make_engine_core, use_multiprocessing
 from vllm.engine.output_processor import OutputProcessor, ParentRequest
 from vllm.engine.params import PriorityNotEnabledError
+from vllm.tracing import init_tracer
 from vllm.engine.processor import Processor, PromptType
 from vllm.kv_transfer.params import check_kv_transfer_params
 from vllm.lora.request import LoRARequest
@@ -55,7 +56,8 @@ class LLMEngine:
                 mc.tokenizer_path, tokenizer_mode=mc.tokenizer_mode)
             self.processor = Processor(mc, self.tokenizer,
                                        vllm_config.structured_outputs_config)
-            self.output_processor = OutputProcessor(self.tokenizer)
+            self.output_processor = OutputProcessor(self.tokenizer, init_tracer(
+                vllm_config.observability_config, mc.served_model_name[0]))
             if core is None:
                 core = make_engine_core(vllm_config, multiprocess=False)
             elif wait_for_core:
@@ -104,12 +106,14 @@ class LLMEngine:
                     arrival_time: Optional[float] = None,
                     lora_request: Optional[LoRARequest] = None,
                     tokenization_kwargs: Optional[dict[str, Any]] = None,
+                    trace_headers: Optional[Mapping[str, str]] = None,
                     priority: int = 0) -> list[Request]:
         """Validate and queue one request; ValueError for bad input (nothing is queued).
 
         vLLM's signature: `tokenization_kwargs` go to the tokenizer call on a text prompt;
         `priority` (lower runs first) needs --scheduling-policy priority unless it is 0,
-        as in vLLM. Returns the core requests queued (n of them), whose `max_tokens` is
+        as in vLLM; `trace_headers` (the client's traceparent / tracestate) make the
+        request's span a child of the client's trace. Returns the core requests queued (n of them), whose `max_tokens` is
         the resolved one (what the metrics report)."""
         if priority != 0 and self.vllm_config.scheduler_config.policy != "priority":
             raise PriorityNotEnabledError(priority)
@@ -137,7 +141,8 @@ class LLMEngine:
         arrival = arrival_time if arrival_time is not None else time.time()
         parent = ParentRequest(request_id=request_id, prompt=prompt_text,
                                prompt_token_ids=prompt_ids, params=params,
-                               metrics=RequestMetrics(arrival_time=arrival))
+                               metrics=RequestMetrics(arrival_time=arrival),
+                               trace_headers=dict(trace_headers) if trace_headers else None)
         child_ids, child_params = self._fan_out(request_id, params)
         self.output_processor.add_request(parent, child_ids, child_params)
         requests = [Request(
@@ -345,3 +350,5 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()
+        if self.output_processor.tracer is not None:
+            self.output_processor.tracer.shutdown()  # export the spans still batched

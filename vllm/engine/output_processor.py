@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import torch
 
@@ -21,6 +21,9 @@ from vllm.outputs import (CompletionOutput, PoolingOutput, PoolingRequestOutput,
                           RequestMetrics, RequestOutput)
 from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.sequence import Logprob, PromptLogprobs, SampleLogprobs
+
+if TYPE_CHECKING:
+    from vllm.tracing import RequestTracer
 
 
 @dataclass
@@ -46,6 +49,9 @@ class ParentRequest:
     num_cached_tokens: int = 0
     num_external_computed_tokens: int = 0
     kv_transfer_params: Optional[dict] = None
+    trace_headers: Optional[dict[str, str]] = None
+    """The client's W3C trace context (traceparent, tracestate): the parent of the
+    request's span when tracing is on."""
 
     @property
     def finished(self) -> bool:
@@ -73,8 +79,10 @@ class RequestState:
 
 class OutputProcessor:
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, tracer: Optional["RequestTracer"] = None) -> None:
         self.tokenizer = tokenizer
+        self.tracer = tracer
+        """Emits each finished request's span (--otlp-traces-endpoint); None: off."""
         self.request_states: dict[str, RequestState] = {}
         self.parents: dict[str, ParentRequest] = {}
         self.pooling_requests: dict[str, list[int]] = {}
@@ -162,6 +170,8 @@ class OutputProcessor:
             if result is not None:
                 results.append(result)
             if parent.finished:
+                if self.tracer is not None:
+                    self.tracer.trace_request(parent)
                 self.abort_requests([parent.request_id])
         return results, stopped
 

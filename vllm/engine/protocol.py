@@ -9,7 +9,7 @@ lies behind (the LLMEngine, its scheduler, its workers) stays private.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, AsyncGenerator, Iterable, Optional, Union
+from typing import Any, AsyncGenerator, Iterable, Mapping, Optional, Union
 
 
 class EngineDeadError(RuntimeError):
@@ -84,11 +84,15 @@ class EngineClient(ABC):
     # ------------------------------------------------------------ requests
     async def generate(self, prompt: Any, sampling_params: Any, request_id: str, *,
                        lora_request: Any = None, priority: int = 0,
-                       arrival_time: Optional[float] = None) -> AsyncGenerator[Any, None]:
+                       arrival_time: Optional[float] = None,
+                       trace_headers: Optional[Mapping[str, str]] = None
+                       ) -> AsyncGenerator[Any, None]:
         """Stream the RequestOutputs of one request (`add_request`, then `iterate`);
         closing the generator early (client gone, task cancelled) aborts the request,
         which frees its KV blocks."""
-        extra = {"priority": priority} if priority else {}
+        extra: dict[str, Any] = {"priority": priority} if priority else {}
+        if trace_headers:
+            extra["trace_headers"] = trace_headers
         stream = await self.add_request(request_id, prompt, sampling_params, arrival_time,
                                         lora_request, **extra)
         async for output in self.iterate(stream):
@@ -107,10 +111,12 @@ class EngineClient(ABC):
     @abstractmethod
     async def add_request(self, request_id: str, prompt: Any, params: Any,
                           arrival_time: Optional[float] = None,
-                          lora_request: Any = None, priority: int = 0) -> Any:
+                          lora_request: Any = None, priority: int = 0,
+                          trace_headers: Optional[Mapping[str, str]] = None) -> Any:
         """Queue a request; returns its stream once accepted (ValueError when invalid),
         to be consumed with `iterate`. `priority` orders it under --scheduling-policy
-        priority (lower first; refused otherwise unless 0)."""
+        priority (lower first; refused otherwise unless 0); `trace_headers` (W3C trace
+        context) parent its span when tracing is on."""
 
     @abstractmethod
     def iterate(self, stream: Any) -> AsyncGenerator[Any, None]:

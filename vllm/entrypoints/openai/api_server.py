@@ -59,6 +59,7 @@ from vllm.entrypoints.openai.serving_extras import ServerLoadMiddleware, install
 from vllm.entrypoints.openai.serving_models import OpenAIServingModels
 from vllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from vllm.entrypoints.openai.tokenizer_pool import TokenizerPool
+from vllm.tracing import extract_trace_headers
 from vllm.version import __version__
 
 logger = logging.getLogger("vllm.entrypoints.openai.api_server")  # not __main__ under -m
@@ -401,7 +402,8 @@ def _install_routes(app: FastAPI) -> None:
     @with_cancellation
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Any:
         _header_request_id(request, raw_request)
-        return _respond(await _state(raw_request).completion.create_completion(request))
+        return _respond(await _state(raw_request).completion.create_completion(
+            request, extract_trace_headers(raw_request.headers)))
 
     if envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING:
         _install_lora_routes(app)
@@ -417,7 +419,8 @@ def _install_routes(app: FastAPI) -> None:
     async def create_chat_completion(request: ChatCompletionRequest,
                                      raw_request: Request) -> Any:
         _header_request_id(request, raw_request)
-        return _respond(await _state(raw_request).chat.create_chat_completion(request))
+        return _respond(await _state(raw_request).chat.create_chat_completion(
+            request, extract_trace_headers(raw_request.headers)))
 
 
 def _header_request_id(request: Any, raw_request: Request) -> None:

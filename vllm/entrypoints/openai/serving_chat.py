@@ -120,6 +120,7 @@ class OpenAIServingChat(OpenAIServing):
         return request.messages[-1].role
 
     async def create_chat_completion(self, request: ChatCompletionRequest,
+                                     trace_headers: Optional[dict[str, str]] = None,
                                      ) -> Union[ChatCompletionResponse, AsyncIterator[str]]:
         model_name = self.check_model(request.model)
         self.check_supported(request)
@@ -148,7 +149,8 @@ class OpenAIServingChat(OpenAIServing):
         request_id, engine_id = self.request_ids("chatcmpl", request.request_id)
         try:
             stream = await self.add_request(engine_id, prompt.engine_prompt(request.cache_salt),
-                                            params, request.model, request.priority)
+                                            params, request.model, request.priority,
+                                            trace_headers)
         except ValueError as e:
             raise self.engine_error(e, "messages", "messages", max_tokens_param,
                                     "top_logprobs") from e

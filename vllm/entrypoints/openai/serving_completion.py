@@ -25,6 +25,7 @@ from vllm.sampling_params import BeamSearchParams
 class OpenAIServingCompletion(OpenAIServing):
 
     async def create_completion(self, request: CompletionRequest,
+                                trace_headers: Optional[dict[str, str]] = None,
                                 ) -> Union[CompletionResponse, AsyncIterator[str]]:
         model_name = self.check_model(request.model)
         self.check_supported(request)
@@ -53,8 +54,8 @@ class OpenAIServingCompletion(OpenAIServing):
         # Submit every prompt at once: acceptance happens between engine steps, so
         # awaiting them one by one would cost one step per prompt. The engine checks
         # each; if one is refused, the accepted ones are aborted.
-        results = await asyncio.gather(*(self.add_request(*job, request.model, request.priority)
-                                         for job in jobs),
+        results = await asyncio.gather(*(self.add_request(*job, request.model, request.priority,
+                                                          trace_headers) for job in jobs),
                                        return_exceptions=True)
         streams = [r for r in results if not isinstance(r, BaseException)]
         errors = [r for r in results if isinstance(r, BaseException)]

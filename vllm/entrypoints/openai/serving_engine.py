@@ -97,15 +97,18 @@ class OpenAIServing:
         return model
 
     async def add_request(self, request_id: str, prompt: Any, params: Any,
-                          model: Optional[str], priority: int = 0) -> Any:
-        """Queue one engine request, with the LoRA adapter `model` names (if any) and the
-        request's `priority` (vLLM's extra field)."""
+                          model: Optional[str], priority: int = 0,
+                          trace_headers: Optional[dict[str, str]] = None) -> Any:
+        """Queue one engine request, with the LoRA adapter `model` names (if any), the
+        request's `priority` (vLLM's extra field) and the client's trace context."""
         extra: dict[str, Any] = {}
         lora = self.models.lora_request_for(model)
         if lora is not None:
             extra["lora_request"] = lora
         if priority:
             extra["priority"] = priority
+        if trace_headers:
+            extra["trace_headers"] = trace_headers
         return await self.engine.add_request(request_id, prompt, params, **extra)
 
     @staticmethod
