@@ -101,12 +101,9 @@ def gaudi_info() -> list[tuple[str, str]]:
 
 
 def environment() -> list[tuple[str, str]]:
-    rows = []
-    for name in sorted(os.environ):
-        if name.startswith(ENV_PREFIXES):
-            value = "***" if SECRET.search(name) else os.environ[name]
-            rows.append((name, value))
-    return rows
+    """The variables as given (listed, not parsed: vllm/envs.py parses what it reads)."""
+    return [(name, "***" if SECRET.search(name) else value)
+            for name, value in sorted(os.environ.items()) if name.startswith(ENV_PREFIXES)]
 
 
 def report() -> str:

@@ -84,6 +84,8 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": (_bool, False, "Serve POST /v1/load_lora_adapter and "
                                          "/v1/unload_lora_adapter (local development only)."),
     "VLLM_API_KEY": (str, "", "API key the OpenAI server requires under /v1 when set."),
+    "OPENAI_API_KEY": (str, "", "API key `vllm bench serve` sends (as vLLM's benchmark; the "
+                       "openai client reads it itself in `vllm chat` / `vllm complete`)."),
     "VLLM_ALLOW_LONG_MAX_MODEL_LEN": (_bool, False, "Accept a --max-model-len beyond the "
                                       "model's context length (max_position_embeddings "
                                       "and rope scaling), with a warning."),

@@ -92,7 +92,8 @@ async def iter_sse_data(content: aiohttp.StreamReader) -> AsyncIterator[str]:
 
 
 def _auth_headers() -> dict[str, str]:
-    key = os.environ.get("OPENAI_API_KEY")
+    from vllm import envs
+    key = envs.OPENAI_API_KEY
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
