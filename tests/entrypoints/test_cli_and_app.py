@@ -71,14 +71,17 @@ def tokenizer():
     return get_tokenizer(resolve_model_path(DEFAULT_MODEL))
 
 
-def run_app(tokenizer, argv: list[str], requests):
-    """Build the app from CLI flags over a fake engine and run `requests(client)`."""
+def run_app(tokenizer, argv: list[str], requests, start_loop: bool = False):
+    """Build the app from CLI flags over a fake engine and run `requests(client)`
+    (`start_loop`: start the engine loop first, as the app's lifespan would)."""
     from vllm.entrypoints.openai.api_server import build_app
     from vllm.entrypoints.openai.cli_args import make_arg_parser
     engine = AsyncLLMEngine(FakeLLMEngine(tokenizer), log_requests=False, log_stats=False)
     app = build_app(make_arg_parser().parse_args(argv), engine)
 
     async def main():
+        if start_loop:
+            engine.start_background_loop()
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             return await requests(client)

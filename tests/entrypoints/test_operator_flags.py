@@ -7,38 +7,14 @@ import asyncio
 import json
 import logging
 
-import httpx
 import pytest
-from fake_engine import FakeLLMEngine
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm.engine.async_llm_engine import AsyncLLMEngine
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from vllm.config import DEFAULT_MODEL
-    from vllm.transformers_utils.config import resolve_model_path
-    from vllm.transformers_utils.tokenizer import get_tokenizer
-    return get_tokenizer(resolve_model_path(DEFAULT_MODEL))
+from tests.entrypoints.test_cli_and_app import run_app as run_app_with
 
 
 def run_app(tokenizer, argv: list[str], requests):
-    from vllm.entrypoints.openai.api_server import build_app
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-    engine = AsyncLLMEngine(FakeLLMEngine(tokenizer), log_requests=False, log_stats=False)
-    app = build_app(make_arg_parser().parse_args(argv), engine)
-
-    async def main():
-        engine.start_background_loop()
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            return await requests(client)
-
-    try:
-        return asyncio.run(main())
-    finally:
-        engine.shutdown()
+    return run_app_with(tokenizer, argv, requests, start_loop=True)
 
 
 def samples(text: str) -> dict[str, list]:
