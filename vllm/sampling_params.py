@@ -178,6 +178,12 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     structured_outputs: Optional[StructuredOutputsParams] = None
     extra_args: Optional[dict[str, Any]] = None
+    thinking_token_budget: Optional[int] = None
+    """Output tokens of reasoning after which the end-of-reasoning sequence
+    (`thinking_end_token_ids`) is forced, then the answer follows (vLLM's field)."""
+    thinking_end_token_ids: Optional[list[int]] = None
+    """The end-of-reasoning token sequence the budget forces; the OpenAI server fills it
+    from its `--reasoning-parser` (offline: give it with the budget)."""
 
     # Set by update_from_generation_config (the model's end-of-sequence token).
     _eos_token_id: Optional[int] = field(default=None, init=False, repr=False)
@@ -335,6 +341,14 @@ class SamplingParams:
             raise ValueError(
                 f"truncate_prompt_tokens must be -1 or at least 1, got "
                 f"{self.truncate_prompt_tokens}.")
+        if self.thinking_token_budget is not None:
+            if self.thinking_token_budget < 0:
+                raise ValueError(f"thinking_token_budget must be non-negative, got "
+                                 f"{self.thinking_token_budget}.")
+            if not self.thinking_end_token_ids:
+                raise ValueError("thinking_token_budget needs thinking_end_token_ids (the "
+                                 "end-of-reasoning token sequence) to force.")
+            _check_token_ids("thinking_end_token_ids", self.thinking_end_token_ids)
         self._verify_stop()
         if any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
             raise ValueError(f"bad_words must be a list of non-empty strings, got "

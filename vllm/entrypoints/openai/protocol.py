@@ -137,7 +137,7 @@ NOT_IMPLEMENTED_FIELDS: dict[str, tuple[Any, str]] = {
     "guided_whitespace_pattern": (None, "guided decoding (structured output)"),
     "logits_processors": (None, "custom logits processors"),
     "logprob_token_ids": (None, "logprobs of chosen token ids"),
-    "thinking_token_budget": (None, "a thinking token budget"),
+    "thinking_token_budget": (None, "a thinking token budget (chat completions only)"),
     "media_io_kwargs": (None, "multimodal inputs"),
     "mm_processor_kwargs": (None, "multimodal inputs"),
     "prompt_embeds": (None, "prompt_embeds"),
@@ -222,6 +222,8 @@ class SamplingFields(OpenAIBaseModel):
     kv_transfer_params."""
 
     _beam_search_route: ClassVar[bool] = False
+    _implemented_fields: ClassVar[frozenset[str]] = frozenset()
+    """NOT_IMPLEMENTED_FIELDS entries this request type does implement."""
     """Whether this route serves `use_beam_search` (completions do)."""
 
     def _beam_search_conflict(self) -> Optional[tuple[str, str]]:
@@ -256,6 +258,8 @@ class SamplingFields(OpenAIBaseModel):
         """The first NOT_IMPLEMENTED_FIELDS entry set to something but vLLM's default."""
         extra = self.model_extra or {}
         for name, (default, what) in NOT_IMPLEMENTED_FIELDS.items():
+            if name in self._implemented_fields:
+                continue
             value = extra.get(name, getattr(self, name, _UNSET))
             if value is _UNSET or value is None or value in ([], {}, ""):
                 continue  # not given, or empty: asks for nothing
@@ -445,6 +449,10 @@ class ChatCompletionRequest(SamplingFields):
     GPT-OSS's, set the model's effort); an explicit chat_template_kwargs entry wins."""
     include_reasoning: bool = True
     """False: the reasoning (with --reasoning-parser) is kept out of the answer and dropped."""
+    thinking_token_budget: Optional[int] = Field(default=None, ge=0)
+    """Reasoning tokens after which the end of the reasoning is forced (needs a
+    --reasoning-parser whose reasoning ends with a known token sequence)."""
+    _implemented_fields: ClassVar[frozenset[str]] = frozenset({"thinking_token_budget"})
 
     def unsupported_fields(self) -> Optional[tuple[str, str]]:
         bad_metadata = metadata_problem(self.metadata)

@@ -94,6 +94,28 @@ class OpenAIServingChat(OpenAIServing):
             return PromptInput(ids, text, multi_modal_data={"image": images})
         return PromptInput(ids, text)
 
+    def apply_thinking_budget(self, request: Any, params: Any) -> None:
+        """`thinking_token_budget`: the budget and the reasoning parser's end sequence
+        on the params (the sampler forces that sequence once the budget is spent); a 400
+        naming the field where the server cannot tell where reasoning ends."""
+        budget = getattr(request, "thinking_token_budget", None)
+        if budget is None:
+            return
+        parser = self.reasoning_parser
+        if parser is None:
+            raise BadRequestError("thinking_token_budget needs a server started with "
+                                  "--reasoning-parser.", param="thinking_token_budget")
+        end_ids = list(getattr(parser, "end_token_ids", None) or ())
+        if not end_ids:
+            raise BadRequestError(
+                f"thinking_token_budget: the reasoning parser "
+                f"{type(parser).__name__} has no end-of-reasoning token sequence.",
+                param="thinking_token_budget")
+        if parser.for_request(request) is None:
+            return  # the request turned reasoning off: nothing to budget
+        params.thinking_end_token_ids = end_ids
+        params.thinking_token_budget = budget
+
     def template_kwargs(self, request: Any) -> Optional[dict[str, Any]]:
         """The server's default template kwargs, then the request's `reasoning_effort`,
         then its own chat_template_kwargs (each later one wins, as vLLM)."""
@@ -146,6 +168,7 @@ class OpenAIServingChat(OpenAIServing):
                                             stream=bool(request.stream),
                                             structured_outputs=plan.structured,
                                             max_tokens_param=max_tokens_param)
+        self.apply_thinking_budget(request, params)
         request_id, engine_id = self.request_ids("chatcmpl", request.request_id)
         try:
             stream = await self.add_request(engine_id, prompt.engine_prompt(request.cache_salt),

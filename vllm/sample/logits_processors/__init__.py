@@ -26,6 +26,7 @@ from vllm.sample.logits_processors.min_p import MinPProcessor
 from vllm.sample.logits_processors.min_tokens import MinTokensProcessor
 from vllm.sample.logits_processors.penalties import PenaltiesProcessor
 from vllm.sample.logits_processors.temperature import TemperatureProcessor
+from vllm.sample.logits_processors.thinking_budget import ThinkingBudgetProcessor
 from vllm.sample.logits_processors.top_k_top_p import TopKTopPProcessor
 from vllm.sample.metadata import SamplingMetadata, is_greedy
 from vllm.sampling_params import SamplingParams
@@ -36,6 +37,7 @@ BUILTIN_PROCESSORS: tuple[BuiltinLogitsProcessor, ...] = (
     AllowedTokenIdsProcessor(),
     MinTokensProcessor(),
     BadWordsProcessor(),
+    ThinkingBudgetProcessor(),
     LogitBiasProcessor(),
     PenaltiesProcessor(),
     # "probs": random rows, after the argmax.
