@@ -635,6 +635,10 @@ class StructuredOutputsConfig:
     """JSON schemas allow no properties beyond those they list."""
     reasoning_parser: str = ""
     """Reasoning parser of the served model: constraints apply after its reasoning ends."""
+    reasoning_parser_plugin: str = ""
+    """A Python file that registers a reasoning parser with
+    @ReasoningParserManager.register_module("name") (from vllm.reasoning); its name is then
+    a reasoning_parser."""
 
     def __post_init__(self) -> None:
         if self.backend not in STRUCTURED_OUTPUT_BACKENDS:
@@ -642,6 +646,9 @@ class StructuredOutputsConfig:
                              f"of {', '.join(STRUCTURED_OUTPUT_BACKENDS)}.")
         if self.backend == "llguidance":
             self.backend = "guidance"
+        if self.reasoning_parser_plugin:
+            from vllm.reasoning import ReasoningParserManager
+            ReasoningParserManager.import_reasoning_parser(self.reasoning_parser_plugin)
         if self.reasoning_parser:
             from vllm.reasoning import ReasoningParserManager
             ReasoningParserManager.check_name(self.reasoning_parser)

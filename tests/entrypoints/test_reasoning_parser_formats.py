@@ -119,3 +119,46 @@ def test_default_chat_template_kwargs_flag():
     args = make_arg_parser().parse_args(
         ["--default-chat-template-kwargs", '{"enable_thinking": false}'])
     assert args.default_chat_template_kwargs == {"enable_thinking": False}
+
+
+REASONING_PLUGIN = '''
+from vllm.reasoning import ReasoningParser, ReasoningParserManager
+
+
+@ReasoningParserManager.register_module("bracket_think")
+class BracketThink(ReasoningParser):
+    start_token = "[[thinking]]"
+    end_token = "[[done]]"
+    unterminated_is_reasoning = False
+'''
+
+
+def test_reasoning_parser_plugin_file_registers_a_parser(tmp_path):
+    """--reasoning-parser-plugin: the user's file registers a name the flag then accepts;
+    the parser splits whole and streamed like the built-in ones."""
+    import argparse
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.openai.cli_args import _check_reasoning_parser, make_arg_parser
+    path = tmp_path / "my_reasoning.py"
+    path.write_text(REASONING_PLUGIN)
+    with pytest.raises(ValueError, match="reasoning-parser-plugin"):
+        _check_reasoning_parser(argparse.Namespace(reasoning_parser="bracket_think",
+                                                   reasoning_parser_plugin=""))
+    with pytest.raises(ValueError, match="--reasoning-parser-plugin"):
+        _check_reasoning_parser(argparse.Namespace(reasoning_parser="",
+                                                   reasoning_parser_plugin=str(tmp_path)))
+    args = make_arg_parser().parse_args(["--reasoning-parser", "bracket_think",
+                                         "--reasoning-parser-plugin", str(path)])
+    _check_reasoning_parser(args)
+    assert EngineArgs.from_cli_args(args).reasoning_parser_plugin == str(path)
+    text = f"[[thinking]]{R}[[done]]{A}"
+    assert make("bracket_think").extract_reasoning(text) == (R, A)
+    assert make("bracket_think").extract_reasoning(A) == (None, A)
+    for pieces in chunkings(text):
+        streamer = ReasoningStreamer(make("bracket_think"))
+        r = c = ""
+        for i, piece in enumerate(pieces):
+            d = streamer.feed(piece, final=i == len(pieces) - 1)
+            r, c = r + d.reasoning, c + d.content
+        assert (r, c) == (R, A), pieces[:2]

@@ -196,6 +196,38 @@ def test_constraint_starts_after_reasoning(model_dir, default_tokenizer):
     assert not allowed(so, "c", tok.encode("hmm", add_special_tokens=False)[0])
 
 
+def test_constraint_starts_after_a_plugin_parsers_reasoning(model_dir, default_tokenizer,
+                                                          tmp_path):
+    """--reasoning-parser-plugin reaches the engine: its manager runs the user's file (as
+    an engine in its own process must) before resolving the parser name."""
+    import sys
+
+    from vllm.reasoning import ReasoningParserManager
+    path = tmp_path / "sched_reasoning.py"
+    path.write_text("from vllm.reasoning import ReasoningParser, ReasoningParserManager\n"
+                    "@ReasoningParserManager.register_module('plugin_think')\n"
+                    "class P(ReasoningParser):\n"
+                    "    unterminated_is_reasoning = True\n")
+    args = EngineArgs(model=model_dir, max_model_len=256, max_num_batched_tokens=64,
+                      reasoning_parser="plugin_think", reasoning_parser_plugin=str(path))
+    config = args.create_engine_config()
+    # What a fresh engine process sees: the name unknown until the file runs again.
+    del ReasoningParserManager._parsers["plugin_think"]
+    for name in [m for m in sys.modules if m.endswith("sched_reasoning_py")]:
+        del sys.modules[name]
+    sched = Scheduler(config, num_blocks=64)
+    tok = default_tokenizer
+    sched.add_request(make_request(sched, "c", [5, 6, 7],
+                                   StructuredOutputsParams(choice=["yes"])))
+    sched.wait_for_grammars(10)
+    for t in tok.encode("hmm</think>", add_special_tokens=False):
+        so, _ = step(sched, {"c": t})
+        assert so.grammar_bitmask is None
+    assert "plugin_think" in ReasoningParserManager.names()
+    so, _ = step(sched, {"c": tok.encode("yes", add_special_tokens=False)[0]})
+    assert "c" in so.structured_output_request_ids
+
+
 def test_preempted_request_keeps_its_grammar_state(model_dir, default_tokenizer):
     sched = make_scheduler(model_dir)
     digit = default_tokenizer.encode("7", add_special_tokens=False)[0]

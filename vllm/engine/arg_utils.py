@@ -140,6 +140,7 @@ class EngineArgs:
     # structured outputs
     structured_outputs_config: Optional[dict] = None
     reasoning_parser: str = ""
+    reasoning_parser_plugin: str = ""
     # LoRA
     enable_lora: bool = False
     max_loras: int = 1
@@ -260,10 +261,13 @@ class EngineArgs:
                 group.add_argument(flag, type=str.upper, default=None,
                                    choices=list(ATTENTION_BACKEND_NAMES), help=help_text)
             elif f.name == "reasoning_parser":
+                # Not argparse choices: a --reasoning-parser-plugin file may add names
+                # (checked when the config is built, after the plugin ran).
                 from vllm.reasoning import ReasoningParserManager
                 group.add_argument(flag, type=str, default="",
-                                   choices=["", *ReasoningParserManager.names()],
-                                   help=_DOCS.get("reasoning_parser", ""))
+                                   help=_DOCS.get("reasoning_parser", "") + " One of " +
+                                   ", ".join(ReasoningParserManager.names()) + ", or a name "
+                                   "registered by --reasoning-parser-plugin.")
             elif f.name == "speculative_config":
                 group.add_argument(
                     flag, type=json.loads, default=None,
@@ -349,8 +353,11 @@ class EngineArgs:
             async_scheduling=self.async_scheduling, policy=self.scheduling_policy,
             disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager)
         so_config = StructuredOutputsConfig.from_cli(self.structured_outputs_config)
+        if self.reasoning_parser_plugin:
+            so_config.reasoning_parser_plugin = self.reasoning_parser_plugin
         if self.reasoning_parser:
             so_config.reasoning_parser = self.reasoning_parser
+        if self.reasoning_parser or self.reasoning_parser_plugin:
             so_config.__post_init__()
         return VllmConfig(model_config=model_config, cache_config=cache_config,
                           scheduler_config=scheduler_config, parallel_config=parallel_config,

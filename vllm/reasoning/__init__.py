@@ -56,7 +56,8 @@ class ReasoningParserManager:
     def check_name(cls, name: str) -> None:
         if name not in cls._parsers:
             raise ValueError(f"reasoning_parser={name!r} is not known; choose one of "
-                             f"{', '.join(cls.names())}.")
+                             f"{', '.join(cls.names())} (or register it with "
+                             "--reasoning-parser-plugin).")
 
     @classmethod
     def get_reasoning_parser(cls, name: str) -> type[ReasoningParser]:
@@ -75,6 +76,12 @@ class ReasoningParserManager:
                 cls._parsers[n] = parser_cls
             return parser_cls
         return register(module) if module is not None else register
+
+    @classmethod
+    def import_reasoning_parser(cls, plugin_path: str) -> None:
+        """Run a user's parser file (`--reasoning-parser-plugin`); its decorators register."""
+        from vllm.utils.plugin_files import import_file
+        import_file(plugin_path, "--reasoning-parser-plugin")
 
 
 __all__ = ["ReasoningParser", "ReasoningParserManager", "ReasoningStreamer",

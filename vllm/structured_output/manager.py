@@ -168,6 +168,10 @@ class StructuredOutputManager:
                 stops.append(t)
         if self.config.reasoning_parser:
             from vllm.reasoning import ReasoningParserManager
+            if self.config.reasoning_parser_plugin:
+                # The engine may run in its own process: the user's file registers there too.
+                ReasoningParserManager.import_reasoning_parser(
+                    self.config.reasoning_parser_plugin)
             self.reasoner = ReasoningParserManager.get_reasoning_parser(
                 self.config.reasoning_parser)(tokenizer)
         self._stop_token_ids = stops

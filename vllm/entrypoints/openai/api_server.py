@@ -105,6 +105,9 @@ class ServerState:
         if getattr(args, "tool_parser_plugin", ""):
             from vllm.entrypoints.openai.tool_parsers import ToolParserManager
             ToolParserManager.import_tool_parser(args.tool_parser_plugin)
+        if getattr(args, "reasoning_parser_plugin", ""):
+            from vllm.reasoning import ReasoningParserManager
+            ReasoningParserManager.import_reasoning_parser(args.reasoning_parser_plugin)
         self.chat = OpenAIServingChat(
             engine, self.models, response_role=getattr(args, "response_role", "assistant"),
             chat_template=load_chat_template(getattr(args, "chat_template", None)),

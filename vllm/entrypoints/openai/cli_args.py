@@ -192,6 +192,7 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
             args, "tool_call_parser", None):
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser.")
     _check_tool_parser(args)
+    _check_reasoning_parser(args)
     if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
         raise ValueError("--ssl-keyfile and --ssl-certfile must be given together.")
     if args.shutdown_timeout < 0:
@@ -216,6 +217,16 @@ def _check_tool_parser(args: argparse.Namespace) -> None:
         raise ValueError(f"--tool-call-parser {name!r} is not known; choose one of "
                          f"{', '.join(ToolParserManager.list_registered())} (or register it "
                          "with --tool-parser-plugin).")
+
+
+def _check_reasoning_parser(args: argparse.Namespace) -> None:
+    """Load --reasoning-parser-plugin, then check --reasoning-parser names a parser."""
+    from vllm.reasoning import ReasoningParserManager
+    if getattr(args, "reasoning_parser_plugin", ""):
+        ReasoningParserManager.import_reasoning_parser(args.reasoning_parser_plugin)
+    name = getattr(args, "reasoning_parser", None)
+    if name:
+        ReasoningParserManager.check_name(name)
 
 
 def _json_object(value: str) -> dict:
