@@ -22,7 +22,8 @@ METRIC = re.compile(r"\b((?:vllm:|http_)[a-zA-Z0-9_:]+)")
 HPU_COMPILE_STATS = {"num_compiles_after_warmup": 2, "buckets": {
     "padded_tokens": {"prompt": 128, "decode": 64}, "real_tokens": {"prompt": 100, "decode": 60},
     "padding_waste": {"prompt": 0.2, "decode": 0.06}, "bucket_hits": {"prompt:1,128,0": 3},
-    "fallback_passes": 1, "warmup_seconds": 12.5, "cold_buckets": [[1, 256, 0]]}}
+    "fallback_passes": 1, "warmup_seconds": 12.5, "cold_buckets": [[1, 256, 0]],
+    "graph_memory_bytes": {"prompt": 3 << 20, "decode": 1 << 20}}}
 
 
 def queried_metrics() -> set[str]:

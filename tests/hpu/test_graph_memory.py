@@ -155,7 +155,8 @@ def measured():
         info = dict(weights=habana.mem_get_info()[1] - worker.memory_budget.free,
                     block=runner.get_kv_cache_block_bytes(),
                     graphs=habana.graph_stats(runner.forward_module).captured_bytes(),
-                    num_graphs=len(runner.graphed_buckets))
+                    num_graphs=len(runner.graphed_buckets),
+                    held=runner.get_bucket_stats()["graph_memory_bytes"])
         assert _serve(llm, prompts) == expected
         del runner, worker
         release(llm)
@@ -190,6 +191,24 @@ def test_measured_reserve_predicts_the_graphs_and_captures_all(measured, caplog)
         release(llm)
 
 
+def test_graph_memory_gauge_is_what_the_captures_took(measured):
+    """vllm:hpu_graph_memory_bytes: the runner's measurement at each capture (the fake
+    device's ledger before minus after) adds up to what the shim's graphs hold."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from vllm.engine.bucket_metrics import BucketMetrics
+    held = measured[2]["held"]
+    assert held["prompt"] > 0 and held["decode"] > 0
+    assert held["prompt"] + held["decode"] == measured[2]["graphs"]
+    registry = CollectorRegistry()
+    BucketMetrics(registry, ["model_name"], ("m",)).update(
+        {"padded_tokens": {}, "real_tokens": {}, "padding_waste": {},
+         "graph_memory_bytes": held})
+    text = generate_latest(registry).decode()
+    assert (f'vllm:hpu_graph_memory_bytes{{model_name="m",phase="decode"}} '
+            f'{float(held["decode"])}') in text
+
+
 def test_hand_set_reserve_too_small_skips_graphs_never_ooms(measured, caplog):
     """vllm-gaudi's failure: a hand-set reserve smaller than the graphs. Here the
     captures the device refuses are logged and skipped; serving still gives the CPU's
@@ -204,6 +223,8 @@ def test_hand_set_reserve_too_small_skips_graphs_never_ooms(measured, caplog):
         refused = {b for p, b in runner.graph_refused if p}
         assert refused == {Bucket(1, 128, 0), Bucket(2, 128, 0)}
         assert "capture ran out of device memory" in caplog.text
+        held = runner.get_bucket_stats()["graph_memory_bytes"]  # refused: nothing held
+        assert held == {"prompt": 0, "decode": measured[2]["held"]["decode"]}
         assert all((False, b) in runner.graphed_buckets for b in runner.bucketing.decode_buckets)
         assert _serve(llm, prompts) == expected
         assert runner.num_compiles_after_warmup == 0

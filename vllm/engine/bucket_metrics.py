@@ -10,7 +10,10 @@ counters advance by their growth, like `vllm:hpu_graph_compilations_total`:
 - `vllm:hpu_bucket_hits_total{phase,bucket}`: passes per bucket ("bs,query,blocks");
 - `vllm:hpu_fallback_bucket_passes_total`: passes in buckets made at serving time;
 - `vllm:hpu_warmup_seconds`, `vllm:hpu_cold_buckets`: the warmup's time and the
-  buckets it left uncompiled (budget or memory).
+  buckets it left uncompiled (budget or memory);
+- `vllm:hpu_graph_memory_bytes{phase}`: device bytes held by the captured HPU graphs,
+  each measured by the runner when it captured it (free device memory before minus
+  after; on the fake HPU, its memory ledger).
 """
 from __future__ import annotations
 
@@ -47,6 +50,9 @@ class BucketMetrics:
         self.cold = Gauge("vllm:hpu_cold_buckets", "Buckets the HPU warmup left uncompiled "
                           "(VLLM_WARMUP_BUDGET_S, or graph memory).", labels,
                           registry=registry).labels(*values)
+        self.graph_memory = Gauge("vllm:hpu_graph_memory_bytes", "Device memory held by "
+                                  "the captured HPU graphs, measured at each capture.",
+                                  [*labels, "phase"], registry=registry)
         self._last: dict[Any, int] = {}
 
     def _grow(self, key: Any, counter: Any, total: int) -> None:
@@ -72,3 +78,5 @@ class BucketMetrics:
         if stats.get("warmup_seconds") is not None:
             self.warmup_seconds.set(stats["warmup_seconds"])
         self.cold.set(len(stats.get("cold_buckets", [])))
+        for phase, nbytes in stats.get("graph_memory_bytes", {}).items():
+            self.graph_memory.labels(*v, phase).set(nbytes)

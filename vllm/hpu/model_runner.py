@@ -131,6 +131,9 @@ class HPUModelRunner(ModelRunnerBase):
         self.num_graph_captures = 0
         self.num_graph_replays = 0
         self._graph_keys: set = set()
+        self.graph_bytes: dict[tuple, int] = {}
+        """Device bytes each captured graph took, measured at its capture (free memory
+        before minus after: its static buffers and workspace), by graph key."""
         self.profiler = HPUProfiler()
         self.sampling_stage = HPUSamplingStage(
             self.sampling_stage, self.tracker, self.mode.value, self.profiler,
@@ -272,6 +275,8 @@ class HPUModelRunner(ModelRunnerBase):
                 self.model, self.attn_impl, self.mode,
                 lora_batch=self.lora_manager.batch if self.lora_manager else None)
             self.graphed_buckets.clear()
+            self._graph_keys.clear()
+            self.graph_bytes.clear()
             self.capture_on_first_use = True
 
     def flush_weight_copies(self) -> None:
@@ -424,6 +429,7 @@ class HPUModelRunner(ModelRunnerBase):
             lora_batch=self.lora_manager.batch if self.lora_manager else None)
         self.graphed_buckets.clear()
         self._graph_keys.clear()
+        self.graph_bytes.clear()
         self.num_graph_captures = self.num_graph_replays = 0
 
     def release_graphs(self) -> None:
@@ -736,14 +742,21 @@ class HPUModelRunner(ModelRunnerBase):
             input_signature((batch.input_ids, positions, batch.attn_metadata, lora,
                              intermediate, inputs_embeds)),
             baked_constants(self.model))
+        free_before = None
         if use_graph:
-            self._count_graph_run((batch.is_prompt, batch.bucket, lora is not None, bool(kv)))
+            key = (batch.is_prompt, batch.bucket, lora is not None, bool(kv))
+            if key not in self._graph_keys:  # this pass captures: measure what it keeps
+                free_before = habana.mem_get_info()[0]
+            self._count_graph_run(key)
         with self.profiler.record(phase, bucket=tuple(batch.bucket), real=batch.num_real,
                                   graph=use_graph), \
                 self.tracker.track_pass(label, signature):
             hidden = run_forward(self.forward_module, self.mode, use_graph, batch.input_ids,
                                  positions, batch.attn_metadata, kv, lora, intermediate,
                                  inputs_embeds)
+        if free_before is not None:
+            habana.synchronize()  # once per capture: the graph's memory is now allocated
+            self.graph_bytes[key] = max(0, free_before - habana.mem_get_info()[0])
         if not get_pp_group().is_last_rank:
             if serving:
                 get_pp_group().send_tensor_dict(hidden.tensors)
@@ -803,5 +816,14 @@ class HPUModelRunner(ModelRunnerBase):
         stats = self.accounting.stats()
         stats.update(warmup_seconds=self.warmup_seconds,
                      num_compiles_after_warmup=self.tracker.num_compiles_after_warmup,
-                     cold_buckets=[list(b) for b in self.cold_buckets])
+                     cold_buckets=[list(b) for b in self.cold_buckets],
+                     graph_memory_bytes=self.graph_memory_bytes())
         return stats
+
+    def graph_memory_bytes(self) -> dict[str, int]:
+        """Device bytes held by the captured HPU graphs, per phase, as measured when
+        each was captured (`graph_bytes`); dropped graphs are no longer counted."""
+        held = {"prompt": 0, "decode": 0}
+        for (is_prompt, *_), nbytes in self.graph_bytes.items():
+            held["prompt" if is_prompt else "decode"] += nbytes
+        return held
