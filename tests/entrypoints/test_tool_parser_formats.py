@@ -86,6 +86,13 @@ CASES = {
                 f'<tool_call>\n{{"name": "get_time", "arguments": {T}}}\n</tool_call>', ""),
     "gigachat3": (f'function call<|role_sep|>\n[{{"name": "get_weather", "arguments": {W}}}, '
                   f'{{"name": "get_time", "arguments": {T}}}]', ""),
+    # GLM-4.5: name line, then key/value elements; GLM-4.6 drops the newline after the name.
+    "glm45": ('Let me look.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>'
+              f'{WEATHER["city"]}</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3'
+              '</arg_value>\n<arg_key>detail</arg_key>\n<arg_value>'
+              + json.dumps(WEATHER["detail"]) + '</arg_value>\n</tool_call>\n'
+              f'<tool_call>get_time<arg_key>tz</arg_key><arg_value>{TIME["tz"]}</arg_value>'
+              '</tool_call>', "Let me look."),
     "llama4_pythonic": ('<|python_start|>[get_weather(city="Zürich 北京", days=3, detail='
                         '{"wind": True, "levels": [1, {"x": None}]}), '
                         'get_time(tz="Asia/Tōkyō \\"JST\\"")]<|python_end|>', ""),
@@ -111,6 +118,7 @@ MALFORMED = {
     "ernie45": "<tool_call>\n{\"name\": 1}\n</tool_call>",
     "gigachat3": "function call<|role_sep|>\nnot json",
     "llama4_pythonic": "<|python_start|>[get_weather(city=)]<|python_end|>",
+    "glm45": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris",
 }
 
 
@@ -224,3 +232,8 @@ def test_vllm_032_import_paths():
     from vllm.reasoning import ReasoningParser, ReasoningParserManager  # noqa: F401
     from vllm.tool_parsers import ToolParser, ToolParserManager  # noqa: F401
     assert "qwen3_coder" in ToolParserManager.list_registered()
+
+
+def test_glm45_call_without_arguments_and_text_around():
+    info = assert_stream_matches(make("glm45"), "<tool_call>get_time</tool_call>", REQUEST)
+    assert _parsed(info) == [("get_time", {})] and info.content is None

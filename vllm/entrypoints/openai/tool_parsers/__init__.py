@@ -20,6 +20,7 @@ _PARSERS: dict[str, tuple[str, str]] = {
     "deepseek_v31": ("deepseek_v31_tool_parser", "DeepSeekV31ToolParser"),
     "ernie45": ("ernie45_tool_parser", "Ernie45ToolParser"),
     "gigachat3": ("gigachat3_tool_parser", "GigaChat3ToolParser"),
+    "glm45": ("glm4_moe_tool_parser", "Glm4MoeModelToolParser"),
     "granite": ("granite_tool_parser", "GraniteToolParser"),
     "granite-20b-fc": ("granite_20b_fc_tool_parser", "Granite20bFCToolParser"),
     "hermes": ("hermes_tool_parser", "Hermes2ProToolParser"),
