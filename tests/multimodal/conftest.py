@@ -55,14 +55,17 @@ QWEN_VL_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 """What a Qwen2.5-VL prompt holds for one image."""
 
 
-def make_tiny_qwen2_5_vl(directory: str, tie_word_embeddings: bool = False) -> str:
+def make_tiny_qwen2_5_vl(directory: str, tie_word_embeddings: bool = False,
+                         qwen2_vl: bool = False) -> str:
     """Qwen2.5-VL layout: a 4-block vision encoder (4x4 patches, 2x2 merge, windows of
     2x2 merge blocks, full attention in blocks 1 and 3) and a 2-layer M-RoPE Qwen2,
     with the default model's tokenizer plus Qwen's vision tokens, and the checkpoint's
     image processor (small pixel limits: 4 to 36 image tokens). transformers' processor
     class needs torchvision (its video half), so the parts are saved on their own, as
     a checkpoint's files are. Tied embeddings (as Qwen2.5-VL-3B) save no lm_head; untied
-    ones make the stronger greedy test (a tied random model repeats its input token)."""
+    ones make the stronger greedy test (a tied random model repeats its input token).
+    `qwen2_vl`: Qwen2-VL's encoder instead (width 32 as `embed_dim`, LayerNorm blocks,
+    quick_gelu fc1/fc2 MLP, no windows) in front of the same language model."""
     import torch
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
@@ -82,12 +85,18 @@ def make_tiny_qwen2_5_vl(directory: str, tie_word_embeddings: bool = False) -> s
                 max_position_embeddings=1024, rms_norm_eps=1e-6, bos_token_id=1,
                 eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": [2, 3, 3]})
-    config = transformers.Qwen2_5_VLConfig(
+    family = "Qwen2_5_VL"
+    if qwen2_vl:
+        family = "Qwen2VL"
+        vision = dict(depth=3, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=4,
+                      patch_size=4, spatial_merge_size=2, temporal_patch_size=2,
+                      hidden_act="quick_gelu")
+    config = getattr(transformers, f"{family}Config")(
         vision_config=vision, text_config=text, image_token_id=image, video_token_id=video,
         vision_start_token_id=start, vision_end_token_id=end,
         tie_word_embeddings=tie_word_embeddings)
     torch.manual_seed(0)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config)
+    model = getattr(transformers, f"{family}ForConditionalGeneration")(config)
     with torch.no_grad():  # widen near-uniform random logits so greedy is decisive
         for p in model.parameters():
             if p.dim() >= 2:
@@ -125,13 +134,14 @@ def qwen_vl_hf_inputs(model_dir: str, prompt: str, images: list) -> dict:
     return inputs
 
 
-def qwen_vl_hf_greedy(model_dir: str, prompt: str, images: list,
-                      max_new_tokens: int) -> list[int]:
-    """transformers' greedy continuation of a Qwen2.5-VL prompt with `images` (fp32)."""
+def qwen_vl_hf_greedy(model_dir: str, prompt: str, images: list, max_new_tokens: int,
+                      hf_cls: str = "Qwen2_5_VLForConditionalGeneration") -> list[int]:
+    """transformers' greedy continuation of a Qwen2.5-VL (or `hf_cls`: Qwen2-VL)
+    prompt with `images` (fp32)."""
     import torch
     import transformers
-    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
-        model_dir, dtype=torch.float32).eval()
+    model = getattr(transformers, hf_cls).from_pretrained(model_dir,
+                                                          dtype=torch.float32).eval()
     inputs = qwen_vl_hf_inputs(model_dir, prompt, images)
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)

@@ -1,11 +1,13 @@
-"""Qwen2.5-VL on the fake HPU: the CPU platform's greedy tokens for prompts with 1, 2
+"""Qwen2.5-VL and Qwen2-VL on the fake HPU: the CPU platform's greedy tokens for prompts with 1, 2
 and 3 images of different sizes (batched and one by one), M-RoPE positions in the
 bucketed passes, the vision encoder on warmed patch-count buckets, and no graph
 compile after warmup."""
 from __future__ import annotations
 
+import pytest
+
 from tests.hpu.conftest import SMALL_BUCKETS, make_llm, platform_env, release, runner_of
-from tests.multimodal.conftest import QWEN_VL_IMAGE, random_image
+from tests.multimodal.conftest import QWEN_VL_IMAGE, make_tiny_qwen2_5_vl, random_image
 from vllm import SamplingParams
 from vllm.hpu.mm_encoder import patch_buckets
 
@@ -36,7 +38,11 @@ def test_patch_buckets():
     assert patch_buckets(1) == [64] and patch_buckets(300) == [64, 128, 256, 512]
 
 
-def test_fake_hpu_matches_cpu_and_compiles_nothing_after_warmup(tiny_qwen2_5_vl):
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_vl"])
+def test_fake_hpu_matches_cpu_and_compiles_nothing_after_warmup(family, tiny_qwen2_5_vl,
+                                                                tmp_path):
+    if family == "qwen2_vl":
+        tiny_qwen2_5_vl = make_tiny_qwen2_5_vl(str(tmp_path), qwen2_vl=True)
     with platform_env("cpu"):
         llm = make_llm(model=tiny_qwen2_5_vl, **ARGS)
         try:

@@ -79,6 +79,8 @@ class Qwen2_5_VLForConditionalGeneration(LanguageModelDelegate, nn.Module):
 
     supports_multimodal = True
     uses_mrope = True
+    vision_cls: type[nn.Module] = Qwen2_5_VisionTransformer
+    """The vision encoder (Qwen2-VL's subclass swaps in its own)."""
 
     def __init__(self, vllm_config: Any, prefix: str = "") -> None:
         super().__init__()
@@ -87,7 +89,7 @@ class Qwen2_5_VLForConditionalGeneration(LanguageModelDelegate, nn.Module):
         text = config.text_config
         if not hasattr(text, "tie_word_embeddings"):  # transformers 5 keeps it on the top
             text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.visual = Qwen2_5_VisionTransformer(config.vision_config)
+        self.visual = self.vision_cls(config.vision_config)
         self.language_model = Qwen2_5_VLTextForCausalLM(
             vllm_config=text_vllm_config(vllm_config), prefix="language_model")
         self.start_layer = self.language_model.start_layer

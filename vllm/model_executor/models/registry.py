@@ -38,6 +38,7 @@ _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     # multimodal (image + text; vllm/multimodal)
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
     "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+    "Qwen2VLForConditionalGeneration": ("qwen2_vl", "Qwen2VLForConditionalGeneration"),
     # pooling models (encoder-only; vllm/transformers_utils/runner.py picks the runner)
     "BertModel": ("bert", "BertModel"),
     "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
