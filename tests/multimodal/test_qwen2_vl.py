@@ -58,3 +58,23 @@ def test_greedy_matches_transformers(llm, tiny):
     for (text, images), out in zip(prompts, outs):
         assert list(out.outputs[0].token_ids) == qwen_vl_hf_greedy(
             tiny, text, images or None, 8, hf_cls=HF_CLS)
+
+
+@pytest.mark.timeout(300)
+def test_tp2_matches_tp1(llm, tiny):
+    """TP=2 over worker processes (the language model sharded, the encoder replicated)
+    gives the one-process tokens, images of two sizes included."""
+    prompts = [{"prompt": t, "multi_modal_data": {"image": _images(s)}} if s else t
+               for t, s in PROMPTS]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    expected = [list(o.outputs[0].token_ids)
+                for o in llm.generate(prompts, params, use_tqdm=False)]
+    tp2 = LLM(tiny, dtype="float32", max_model_len=512, limit_mm_per_prompt={"image": 2},
+              tensor_parallel_size=2, distributed_executor_backend="mp",
+              kv_cache_memory_bytes=16 << 20)
+    try:
+        got = [list(o.outputs[0].token_ids) for o in tp2.generate(prompts, params,
+                                                                  use_tqdm=False)]
+    finally:
+        tp2.llm_engine.shutdown()
+    assert got == expected

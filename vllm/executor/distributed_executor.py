@@ -57,6 +57,8 @@ def verify_parallel_sizes(vllm_config: VllmConfig) -> None:
     """
     pc = vllm_config.parallel_config
     hf = vllm_config.model_config.hf_config
+    # Multimodal configs nest the language model's sizes (what TP/PP split) in text_config.
+    hf = hf.get_text_config() if hasattr(hf, "get_text_config") else hf
     tp, pp = pc.tensor_parallel_size, pc.pipeline_parallel_size
     if tp > 1:
         valid = valid_tensor_parallel_sizes(hf)
