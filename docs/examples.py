@@ -11,6 +11,8 @@ Other markers:
         the page's blocks talk to a server: the test starts one (the default model plus
         these flags and variables) and points `localhost:8000` at it
     <!-- expect-failure -->   the next block shows an error: it runs and must fail
+    <!-- docs-own-process -->  the page's Python blocks change the process for good
+                               (a custom-op plugin, ...): they run in a process of their own
 
 The mkdocs hook (docs/hooks.py) renders each `needs` marker as a visible note.
 """
@@ -39,6 +41,7 @@ _FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)")
 _NEEDS = re.compile(r"^\s*<!--\s*needs:(.*?)-->\s*$")
 _SERVER = re.compile(r"^\s*<!--\s*docs-server:(.*?)-->\s*$")
 _EXPECT_FAIL = re.compile(r"^\s*<!--\s*expect-failure\s*-->\s*$")
+_OWN_PROCESS = re.compile(r"^\s*<!--\s*docs-own-process\s*-->\s*$")
 
 
 @dataclass
@@ -65,6 +68,7 @@ class Page:
     blocks: list[Block]
     server: Optional[tuple[tuple[str, ...], tuple[tuple[str, str], ...]]]  # (flags, env)
     errors: list[str]
+    own_process: bool = False
 
 
 def parse(text: str, path: str = "<page>") -> Page:
@@ -73,6 +77,7 @@ def parse(text: str, path: str = "<page>") -> Page:
     blocks: list[Block] = []
     errors: list[str] = []
     server = None
+    own_process = False
     pending: Optional[tuple[int, list[str]]] = None
     expect_failure = False
     i = 0
@@ -118,6 +123,8 @@ def parse(text: str, path: str = "<page>") -> Page:
             server = (flags, env)
         elif _EXPECT_FAIL.match(line):
             expect_failure = True
+        elif _OWN_PROCESS.match(line):
+            own_process = True
         elif "--8<--" in line and pending is None:
             errors.append(f"{path}:{i + 1}: an included file (--8<--) needs a needs marker "
                           "before it: its blocks are not run")
@@ -129,7 +136,7 @@ def parse(text: str, path: str = "<page>") -> Page:
         i += 1
     if pending is not None:
         errors.append(f"{path}:{pending[0]}: a needs marker not followed by a block")
-    return Page(path, blocks, server, errors)
+    return Page(path, blocks, server, errors, own_process)
 
 
 def render_markers(markdown: str) -> str:

@@ -133,8 +133,6 @@ def env_page() -> str:
 
 def models_page() -> str:
     from vllm.model_executor.models.registry import _BUILTIN_MODELS
-    kinds = {"LlavaForConditionalGeneration": "generate (image + text)",
-             "Qwen2_5_VLForConditionalGeneration": "generate (image + text)"}
     out = [HEADER.format(source="the model registry (`vllm/model_executor/models/registry.py`)")
            + "# Supported architectures", "",
            "The architectures with a native implementation (the `architectures` field of a "
@@ -145,8 +143,8 @@ def models_page() -> str:
            "[Models](index.md).", "",
            "| architecture | implementation | runner |", "|---|---|---|"]
     for arch, (module, cls) in sorted(_BUILTIN_MODELS.items()):
-        if arch in kinds:
-            kind = kinds[arch]
+        if arch.endswith("ForConditionalGeneration"):
+            kind = "generate (image + text)"
         elif arch.endswith("ForSequenceClassification"):
             kind = "pooling (classify, score)"
         elif arch.endswith("Model"):
