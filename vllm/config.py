@@ -94,7 +94,9 @@ class ModelConfig:
     """Accepted as in vLLM, but remote code is never run: a model whose architecture
     exists only as code in its repository is refused."""
     tokenizer_mode: str = "auto"
-    """'auto' uses the fast tokenizer when there is one, 'slow' the Python one."""
+    """'auto' uses the fast tokenizer when there is one, 'slow' the Python one, 'mistral'
+    Mistral's tekken.json or tokenizer.model.v* through mistral-common (chat rendered by
+    mistral-common, not a template)."""
     skip_tokenizer_init: bool = False
     """Skip initialization of tokenizer and detokenizer. Expects valid prompt_token_ids
     and None for prompt from the input. The generated output will contain token ids."""
@@ -177,9 +179,9 @@ class ModelConfig:
         if self.dtype not in ("auto", *_DTYPES):
             raise ValueError(f"dtype={self.dtype!r} is not supported; choose auto, float32, "
                              "bfloat16 or float16.")
-        if self.tokenizer_mode not in ("auto", "slow"):
+        if self.tokenizer_mode not in ("auto", "slow", "mistral"):
             raise ValueError(f"tokenizer_mode={self.tokenizer_mode!r} is not supported; "
-                             "choose 'auto' or 'slow'.")
+                             "choose 'auto', 'slow' or 'mistral'.")
         if self.hf_overrides is not None and not isinstance(self.hf_overrides, dict):
             raise ValueError("hf_overrides must be a dict of config attributes, got "
                              f"{type(self.hf_overrides).__name__}.")

@@ -201,7 +201,8 @@ class EngineArgs:
                 group.add_argument(flag, type=str, default=default,
                                    choices=list(KV_CACHE_DTYPES), help=help_text)
             elif f.name == "tokenizer_mode":
-                group.add_argument(flag, type=str, default=default, choices=["auto", "slow"],
+                group.add_argument(flag, type=str, default=default,
+                                   choices=["auto", "slow", "mistral"],
                                    help=help_text)
             elif f.name in ("runner", "convert", "model_impl"):
                 choices = {"runner": RUNNER_CHOICES, "convert": CONVERT_CHOICES,

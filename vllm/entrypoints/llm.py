@@ -339,6 +339,13 @@ class LLM(PoolingOfflineMixin, OfflineQueueMixin, WeightUpdateOfflineMixin):
                 multimodal=mm is not None)
             conversation, refs = chat_utils.conversation_and_images(
                 conversation, mm.image_placeholder if mm is not None else None, fmt)
+            if getattr(tokenizer, "is_mistral", False):  # tokenizer_mode="mistral"
+                ids, text = chat_utils.render_mistral_chat(
+                    tokenizer, conversation, chat_template=options.chat_template,
+                    add_generation_prompt=options.add_generation_prompt,
+                    continue_final_message=options.continue_final_message,
+                    chat_template_kwargs=options.chat_template_kwargs, tools=options.tools)
+                return {"prompt": text, "prompt_token_ids": ids}
             text = chat_utils.apply_chat_template(
                 tokenizer, conversation, chat_template=options.chat_template,
                 add_generation_prompt=options.add_generation_prompt,

@@ -83,6 +83,9 @@ class GuidanceBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
         import llguidance.hf
         self.vocab_size = vocab_size
+        if getattr(tokenizer, "is_mistral", False):  # --tokenizer-mode mistral
+            self.ll_tokenizer = _mistral_ll_tokenizer(tokenizer, vocab_size, stop_token_ids)
+            return
         self.ll_tokenizer = llguidance.hf.from_tokenizer(
             tokenizer, n_vocab=vocab_size, eos_token=stop_token_ids[0] if stop_token_ids
             else None)
@@ -102,3 +105,29 @@ class GuidanceBackend:
         if matcher.is_error():
             raise ValueError(f"invalid grammar: {clean_error(matcher.get_error())}")
         return GuidanceGrammar(matcher)
+
+
+def _mistral_ll_tokenizer(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> Any:
+    """llguidance's tokenizer over a mistral-common one: each id's bytes (padded to the
+    model's vocabulary with empty tokens), its special ids and its encoder."""
+    import llguidance
+
+    class _Vocab:
+        eos_token_id = stop_token_ids[0] if stop_token_ids else tokenizer.eos_token_id
+        bos_token_id = tokenizer.bos_token_id
+        special_token_ids = list(tokenizer.all_special_ids)
+        tokens = (tokenizer.token_bytes() if tokenizer.is_tekken else [
+            _spm_bytes(p) for p in tokenizer.convert_ids_to_tokens(range(len(tokenizer)))])
+        tokens += [b""] * max(0, vocab_size - len(tokens))
+
+        def __call__(self, text: str) -> list[int]:
+            return tokenizer.encode(text, add_special_tokens=False)
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab()), n_vocab=vocab_size)
+
+
+def _spm_bytes(piece: str) -> bytes:
+    """A sentencepiece piece's bytes: `<0xNN>` byte fallback, `\u2581` a space."""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return bytes([int(piece[3:5], 16)])
+    return piece.replace("\u2581", " ").encode("utf-8")

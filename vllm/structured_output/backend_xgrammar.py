@@ -87,8 +87,17 @@ class XgrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
                  max_threads: int = 1) -> None:
         import xgrammar as xgr
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=stop_token_ids or None)
+        if getattr(tokenizer, "is_mistral", False):  # --tokenizer-mode mistral
+            # Tekken: each id's raw bytes; sentencepiece: pieces with <0x..> byte fallback.
+            vocab_type = xgr.VocabType.RAW if tokenizer.is_tekken else \
+                xgr.VocabType.BYTE_FALLBACK
+            vocab = tokenizer.token_bytes() if tokenizer.is_tekken else \
+                tokenizer.convert_ids_to_tokens(range(len(tokenizer)))
+            info = xgr.TokenizerInfo(vocab, vocab_type, vocab_size=vocab_size,
+                                     stop_token_ids=stop_token_ids or None)
+        else:
+            info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                      stop_token_ids=stop_token_ids or None)
         self._init(info, max_threads)
 
     @classmethod

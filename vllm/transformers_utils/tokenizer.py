@@ -20,13 +20,17 @@ def get_tokenizer(tokenizer_name: str, trust_remote_code: bool = False,
     Results are cached per (path, options): the engine, the server and the
     detokenizer share one instance. `trust_remote_code` and `revision` are accepted
     for vLLM compatibility (the directory is already resolved; remote code is never
-    run). `tokenizer_mode="slow"` loads the Python tokenizer instead of the fast one.
+    run). `tokenizer_mode="slow"` loads the Python tokenizer instead of the fast one;
+    `"mistral"` Mistral's tekken.json / tokenizer.model.v* through mistral-common
+    (mistral_tokenizer.py).
     """
     if tokenizer_mode == "slow":
         kwargs["use_fast"] = False
+    elif tokenizer_mode == "mistral":
+        kwargs["mistral"] = True
     elif tokenizer_mode != "auto":
-        raise ValueError(f"tokenizer_mode={tokenizer_mode!r} is not supported; choose 'auto' "
-                         "or 'slow'.")
+        raise ValueError(f"tokenizer_mode={tokenizer_mode!r} is not supported; choose 'auto', "
+                         "'slow' or 'mistral'.")
     path = tokenizer_name
     if path.endswith(".gguf") and os.path.isfile(path):
         from vllm.transformers_utils.gguf_utils import ensure_converted
@@ -43,6 +47,10 @@ def get_tokenizer(tokenizer_name: str, trust_remote_code: bool = False,
 
 def _load(path: str, kwargs: dict[str, Any]) -> Any:
     from transformers import AutoTokenizer
+
+    if kwargs.pop("mistral", False):
+        from vllm.transformers_utils.mistral_tokenizer import MistralTokenizer
+        return MistralTokenizer(path)
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)

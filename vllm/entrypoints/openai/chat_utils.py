@@ -8,6 +8,7 @@ collected in order (`conversation_and_images`). Other part types are refused.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 from typing import TYPE_CHECKING, Any, Optional
@@ -17,6 +18,7 @@ from vllm.entrypoints.openai.errors import BadRequestError
 if TYPE_CHECKING:  # annotations only: validate_parsed_serve_args imports this module early
     from vllm.entrypoints.openai.protocol import ChatMessage
 
+logger = logging.getLogger(__name__)
 _JINJA_MARKERS = ("{{", "{%", "{#")
 # Keyword arguments apply_chat_template controls itself: a request may not override them.
 _RESERVED_TEMPLATE_KWARGS = {"conversation", "messages", "chat_template", "tokenize",
@@ -174,6 +176,25 @@ def _image_ref(part: Any, kind: str, param: str) -> Any:
         raise BadRequestError("An 'image_url' content part needs image_url.url.",
                               param=f"{param}.image_url")
     return url
+
+
+def render_mistral_chat(tokenizer: Any, conversation: list[dict[str, Any]], *,
+                        chat_template: Optional[str], add_generation_prompt: bool,
+                        continue_final_message: bool,
+                        chat_template_kwargs: Optional[dict[str, Any]] = None,
+                        tools: Optional[list[dict[str, Any]]] = None
+                        ) -> tuple[list[int], str]:
+    """(token ids, text) of the conversation from mistral-common (--tokenizer-mode
+    mistral): no template, and the ids are the prompt (control tokens are ids, never text
+    re-encoded); a chat the format cannot express is the client's 400."""
+    if chat_template:
+        logger.warning("--tokenizer-mode mistral: chat_template is ignored; mistral-common "
+                       "renders the chat.")
+    try:
+        return tokenizer.encode_chat(conversation, tools, add_generation_prompt,
+                                     continue_final_message)
+    except ValueError as e:
+        raise BadRequestError(str(e), param="messages") from e
 
 
 def apply_chat_template(tokenizer: Any, conversation: list[dict[str, Any]], *,

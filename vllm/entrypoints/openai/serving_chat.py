@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Optional, Union
 
 import vllm.envs as envs
 from vllm.entrypoints.openai.chat_parsing import ChoiceParser, ToolPlan
-from vllm.entrypoints.openai.chat_utils import (apply_chat_template,
+from vllm.entrypoints.openai.chat_utils import (apply_chat_template, render_mistral_chat,
                                                 check_request_chat_template, content_chars,
                                                 conversation_and_images,
                                                 resolve_content_format)
@@ -84,11 +84,14 @@ class OpenAIServingChat(OpenAIServing):
                    chat_template_kwargs=request.chat_template_kwargs,
                    tools=[t.model_dump(exclude_none=True) for t in request.tools]
                    if request.tools else None)
-        if request.chat_template is not None and self.template_sandbox is not None:
+        if getattr(self.tokenizer, "is_mistral", False):  # --tokenizer-mode mistral
+            ids, text = await self.run_blocking(render_mistral_chat, self.tokenizer, **job)
+        elif request.chat_template is not None and self.template_sandbox is not None:
             text = await self.template_sandbox.render(**job)
+            ids = await self.tokenize_text(text, request.add_special_tokens, "messages")
         else:
             text = await self.run_blocking(apply_chat_template, self.tokenizer, **job)
-        ids = await self.tokenize_text(text, request.add_special_tokens, "messages")
+            ids = await self.tokenize_text(text, request.add_special_tokens, "messages")
         if image_refs:
             images = await self.chat_images.load(image_refs)
             return PromptInput(ids, text, multi_modal_data={"image": images})
