@@ -23,6 +23,7 @@ from vllm.model_executor.models.transformers.attention import (ATTN_IMPLEMENTATI
                                                                register_attention)
 from vllm.model_executor.models.transformers.modules import (materialize_meta,
                                                              params_on_meta, replace_layers)
+from vllm.model_executor.models.transformers.moe import expert_weights, replace_experts
 from vllm.model_executor.models.transformers.support import (TransformersBackendUnsupported,
                                                              resolve_transformers_class)
 from vllm.model_executor.models.utils import check_loaded, default_weight_loader
@@ -70,6 +71,8 @@ class TransformersForCausalLM(nn.Module):
         self.base_model_prefix = hf_model.base_model_prefix
         heads, kv_heads, head_dim, shard = _head_layout(self.config, plan, tp_size)
         replace_layers(base, plan, tp_size, self.base_model_prefix, shard)
+        self.num_moe_blocks = replace_experts(base, self.config, self.base_model_prefix)
+        self._renames = checkpoint_renames(self.config)
         setattr(self, self.base_model_prefix, base)
         self.attn_layers = build_attention_instances(base, self.config, heads, kv_heads,
                                                      head_dim, "attn_layers")
@@ -125,6 +128,16 @@ class TransformersForCausalLM(nn.Module):
             if "rotary_emb.inv_freq" in name or (self.tie_word_embeddings
                                                  and name.startswith("lm_head.")):
                 continue
+            name = self._rename(name)
+            experts = expert_weights(name, tensor)
+            if experts is not None:
+                for target, part, shard, expert in experts:
+                    if target not in params:
+                        ignored.append(name)
+                        break
+                    params[target].weight_loader(params[target], part, shard, expert)
+                    loaded.add(target)
+                continue
             param = params.get(name)
             if param is None:
                 ignored.append(name)
@@ -134,3 +147,22 @@ class TransformersForCausalLM(nn.Module):
         if self.tie_word_embeddings and "lm_head.weight" in params:
             loaded.add("lm_head.weight")
         return check_loaded(params, loaded, ignored)
+
+    def _rename(self, name: str) -> str:
+        """The library's name for a checkpoint tensor (its renames on load, e.g.
+        Mixtral's `block_sparse_moe` -> `mlp`)."""
+        for rename in self._renames:
+            name, _ = rename.rename_source_key(name)
+        return name
+
+
+def checkpoint_renames(config: Any) -> list[Any]:
+    """transformers' plain key renames for this model type (its checkpoint conversion
+    mapping, without the tensor conversions: expert stacking is ours, moe.py)."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:
+        return []
+    mapping = get_checkpoint_conversion_mapping(getattr(config, "model_type", "")) or []
+    return [m for m in mapping if isinstance(m, WeightRenaming)]
