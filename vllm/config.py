@@ -111,6 +111,10 @@ class ModelConfig:
     stored (also what HF_TOKEN provides when unset)."""
     ignore_patterns: Optional[list[str]] = None
     """Files a Hub download skips (a copy of LoadConfig.ignore_patterns)."""
+    config_format: str = "auto"
+    """The model config's format: 'hf' (config.json), 'mistral' (Mistral's params.json,
+    dense text models), or 'auto' (mistral for a directory with params.json and no
+    config.json). After loading: the format read, 'hf' or 'mistral'."""
     generation_config: str = "auto"
     """Where default sampling parameters come from: 'auto' (the model's
     generation_config.json), 'vllm' (vLLM's own defaults), or a directory holding a
@@ -179,6 +183,9 @@ class ModelConfig:
         if self.dtype not in ("auto", *_DTYPES):
             raise ValueError(f"dtype={self.dtype!r} is not supported; choose auto, float32, "
                              "bfloat16 or float16.")
+        if self.config_format not in ("auto", "hf", "mistral"):
+            raise ValueError(f"config_format={self.config_format!r} is not supported; "
+                             "choose 'auto', 'hf' or 'mistral'.")
         if self.tokenizer_mode not in ("auto", "slow", "mistral"):
             raise ValueError(f"tokenizer_mode={self.tokenizer_mode!r} is not supported; "
                              "choose 'auto', 'slow' or 'mistral'.")
@@ -572,7 +579,9 @@ class DeviceConfig:
 @dataclass
 class LoadConfig:
     load_format: str = "auto"
-    """Weights format: auto, safetensors, pt, gguf or dummy (random weights)."""
+    """Weights format: auto, safetensors, pt, gguf, mistral (Mistral's
+    consolidated*.safetensors; auto picks it for a model read with config_format mistral)
+    or dummy (random weights)."""
     download_dir: Optional[str] = None
     """The Hub cache directory (--download-dir, as ModelConfig.download_dir)."""
     ignore_patterns: Optional[list[str]] = None
@@ -580,7 +589,7 @@ class LoadConfig:
     separated on the command line); default: vLLM's 'original/**/*'."""
 
     def __post_init__(self) -> None:
-        if self.load_format not in ("auto", "safetensors", "pt", "gguf", "dummy"):
+        if self.load_format not in ("auto", "safetensors", "pt", "gguf", "mistral", "dummy"):
             raise ValueError(f"load_format={self.load_format!r} is not supported.")
 
 

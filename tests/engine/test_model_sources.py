@@ -112,4 +112,4 @@ def test_tokenizer_mode(tiny_model_factory):
     path = tiny_model_factory("llama")
     assert create_model_config(model=path, tokenizer_mode="slow").tokenizer_mode == "slow"
     with pytest.raises(ValueError, match="tokenizer_mode"):
-        create_model_config(model=path, tokenizer_mode="mistral")
+        create_model_config(model=path, tokenizer_mode="custom")

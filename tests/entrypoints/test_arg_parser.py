@@ -36,7 +36,7 @@ def test_short_and_underscore_flags():
 
 def test_bad_values_are_refused(capsys):
     parser = make_arg_parser()
-    for bad in (["--tokenizer-mode", "mistral"], ["--max-model-len", "4q"],
+    for bad in (["--tokenizer-mode", "custom"], ["--max-model-len", "4q"],
                 ["--hf-overrides", "[1]"], ["--config"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)

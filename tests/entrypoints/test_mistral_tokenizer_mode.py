@@ -128,11 +128,79 @@ def test_offline_chat(mistral_dir):
         del llm
 
 
+def write_mistral_format(hf_dir: str, out_dir: str) -> None:
+    """The HF checkpoint in Mistral's own format: params.json, consolidated.safetensors
+    (Mistral's names, q/k rows in interleaved rotary order), and the tekken.json."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from vllm.transformers_utils.mistral_format import _LAYER_NAMES, half_to_interleaved
+    cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+    json.dump({"dim": cfg["hidden_size"], "n_layers": cfg["num_hidden_layers"],
+               "head_dim": cfg["hidden_size"] // cfg["num_attention_heads"],
+               "hidden_dim": cfg["intermediate_size"], "n_heads": cfg["num_attention_heads"],
+               "n_kv_heads": cfg["num_key_value_heads"], "norm_eps": cfg["rms_norm_eps"],
+               "vocab_size": cfg["vocab_size"], "rope_theta": cfg["rope_parameters"][
+                   "rope_theta"] if "rope_parameters" in cfg else cfg["rope_theta"],
+               "max_position_embeddings": cfg["max_position_embeddings"],
+               "torch_dtype": "float32"}, open(os.path.join(out_dir, "params.json"), "w"))
+    back = {v: k for k, v in _LAYER_NAMES.items()}
+    top = {"model.embed_tokens.weight": "tok_embeddings.weight",
+           "model.norm.weight": "norm.weight", "lm_head.weight": "output.weight"}
+    tensors = {}
+    for name, t in load_file(os.path.join(hf_dir, "model.safetensors")).items():
+        if name in top:
+            tensors[top[name]] = t
+            continue
+        layer, rest = name[len("model.layers."):].split(".", 1)
+        module, kind = rest.rsplit(".", 1)
+        if module == "self_attn.q_proj":
+            t = half_to_interleaved(t, cfg["num_attention_heads"])
+        elif module == "self_attn.k_proj":
+            t = half_to_interleaved(t, cfg["num_key_value_heads"])
+        tensors[f"layers.{layer}.{back[module]}.{kind}"] = t.to(torch.float32).contiguous()
+    save_file(tensors, os.path.join(out_dir, "consolidated.safetensors"))
+    shutil.copy(os.path.join(hf_dir, "tekken.json"), out_dir)
+
+
+def test_mistral_config_and_load_format_match_the_hf_checkpoint(mistral_dir, tmp_path):
+    """--config-format mistral --load-format mistral on the same weights in Mistral's
+    layout generate the HF checkpoint's tokens (the rotary reorder is exact)."""
+    from vllm import LLM, SamplingParams
+    write_mistral_format(mistral_dir, str(tmp_path))
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    outs = []
+    for path, extra in ((mistral_dir, {}), (str(tmp_path), dict(config_format="mistral",
+                                                                load_format="mistral")),
+                        (str(tmp_path), {})):  # auto: params.json and no config.json
+        llm = LLM(path, tokenizer_mode="mistral", dtype="float32", max_model_len=512,
+                  kv_cache_memory_bytes=16 << 20, max_num_seqs=2, **extra)
+        outs.append([o.outputs[0].token_ids for o in llm.chat(
+            [HISTORY, HISTORY[:2]], greedy, tools=TOOLS)])
+        del llm
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_mistral_format_refusals(tmp_path):
+    from vllm.transformers_utils.mistral_format import hf_name, mistral_hf_config
+    (tmp_path / "params.json").write_text(json.dumps(
+        {"dim": 64, "n_layers": 2, "n_heads": 4, "hidden_dim": 128,
+         "moe": {"num_experts": 8}}))
+    with pytest.raises(ValueError, match="'moe'.*mixture-of-experts"):
+        mistral_hf_config(str(tmp_path))
+    with pytest.raises(ValueError, match="unexpected tensor"):
+        hf_name("vision_encoder.patch_conv.weight")
+
+
 def test_flags_and_refusals():
     from vllm.engine.arg_utils import EngineArgs
     from vllm.entrypoints.openai.cli_args import make_arg_parser
-    args = make_arg_parser().parse_args(["--tokenizer-mode", "mistral"])
-    assert EngineArgs.from_cli_args(args).tokenizer_mode == "mistral"
+    args = EngineArgs.from_cli_args(make_arg_parser().parse_args(
+        ["--tokenizer-mode", "mistral", "--config-format", "mistral", "--load-format",
+         "mistral"]))
+    assert (args.tokenizer_mode, args.config_format, args.load_format) == ("mistral",) * 3
 
 
 @pytest.fixture(scope="module")

@@ -163,6 +163,7 @@ class EngineArgs:
     tokenizer_revision: Optional[str] = None
     hf_token: Optional[str | bool] = None
     ignore_patterns: Optional[list[str]] = None
+    config_format: str = "auto"
     max_parallel_loading_workers: Optional[int] = None
     # observability (tracing, optional metric families)
     show_hidden_metrics_for_version: Optional[str] = None
@@ -200,6 +201,9 @@ class EngineArgs:
             elif f.name == "kv_cache_dtype":
                 group.add_argument(flag, type=str, default=default,
                                    choices=list(KV_CACHE_DTYPES), help=help_text)
+            elif f.name == "config_format":
+                group.add_argument(flag, type=str, default=default,
+                                   choices=["auto", "hf", "mistral"], help=help_text)
             elif f.name == "tokenizer_mode":
                 group.add_argument(flag, type=str, default=default,
                                    choices=["auto", "slow", "mistral"],
@@ -331,7 +335,7 @@ class EngineArgs:
             allowed_local_media_path=self.allowed_local_media_path,
             logits_processors=self.logits_processors,
             tokenizer_revision=self.tokenizer_revision, hf_token=self.hf_token,
-            ignore_patterns=self.ignore_patterns)
+            ignore_patterns=self.ignore_patterns, config_format=self.config_format)
         cache_config = CacheConfig(
             block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
             enable_prefix_caching=self.enable_prefix_caching,

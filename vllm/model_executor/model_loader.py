@@ -84,7 +84,13 @@ def load_weights_into(model: nn.Module, vllm_config: Any,
         if load_format == "dummy":
             _init_dummy_weights(model, model_config.seed)
         else:
-            weights = kv_scales.filter(iterate_weights(model_config.model_path, load_format))
+            if load_format == "mistral" or (load_format == "auto" and getattr(
+                    model_config, "config_format", "hf") == "mistral"):
+                from vllm.transformers_utils.mistral_format import iterate_mistral_weights
+                raw = iterate_mistral_weights(model_config.model_path, model_config.hf_config)
+            else:
+                raw = iterate_weights(model_config.model_path, load_format)
+            weights = kv_scales.filter(raw)
             convert = getattr(getattr(model_config, "quant_config", None), "convert_weights",
                               None)  # checkpoint formats read as float (fp8_block.py)
             model.load_weights(convert(weights) if convert is not None else weights)

@@ -99,7 +99,14 @@ def load_model_config(model_config: ModelConfig) -> ModelConfig:
                       resolve_model_path(tok, tok_revision, mc.download_dir, **hub_args))
     register_configs()  # model types written here (vllm/transformers_utils/configs)
     check_remote_code(model_path, mc.trust_remote_code)
-    hf_config = AutoConfig.from_pretrained(model_path)
+    from vllm.transformers_utils import mistral_format
+    if mc.config_format == "mistral" or (mc.config_format == "auto"
+                                         and mistral_format.is_mistral_format(model_path)):
+        hf_config = mistral_format.mistral_hf_config(model_path)
+        mc.config_format = "mistral"
+    else:
+        hf_config = AutoConfig.from_pretrained(model_path)
+        mc.config_format = "hf"
     apply_hf_overrides(hf_config, mc.hf_overrides)
     quant_config = build_quant_config(mc.quantization, hf_config)
     generation_config = get_generation_config(mc.generation_config, model_path)
