@@ -237,3 +237,18 @@ def test_vllm_032_import_paths():
 def test_glm45_call_without_arguments_and_text_around():
     info = assert_stream_matches(make("glm45"), "<tool_call>get_time</tool_call>", REQUEST)
     assert _parsed(info) == [("get_time", {})] and info.content is None
+
+
+@pytest.mark.parametrize("text, ids", [
+    # v13+ (no call ids) and v11 ([CALL_ID] before [ARGS]) tokenizers' form
+    (f"Sure [TOOL_CALLS]get_weather[ARGS]{W}[TOOL_CALLS]get_time[ARGS]{T}", None),
+    (f"[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{W}[TOOL_CALLS]get_time"
+     f"[CALL_ID]f5g6h7i8j[ARGS]{T}", ["a1b2c3d4e", "f5g6h7i8j"])])
+def test_mistral_v11_named_calls_whole_and_streamed(text, ids):
+    info = assert_stream_matches(make("mistral"), text, REQUEST, model_ids=ids is not None)
+    assert _parsed(info) == [("get_weather", WEATHER), ("get_time", TIME)]
+    assert (info.content or "").strip() == ("Sure" if ids is None else "")
+    if ids:
+        assert [c.id for c in info.tool_calls] == ids
+    bad = make("mistral")().extract_tool_calls("[TOOL_CALLS]get_weather{oops", REQUEST)
+    assert not bad.tools_called and bad.content == "[TOOL_CALLS]get_weather{oops"

@@ -1,4 +1,6 @@
-"""Mistral format: `[TOOL_CALLS]` then a JSON list of {"name", "arguments"} objects."""
+"""Mistral format: `[TOOL_CALLS]` then a JSON list of {"name", "arguments"} objects
+(tokenizers up to v7), or, from v11 on, one `[TOOL_CALLS]NAME[ARGS]{...}` per call
+(v11 puts `[CALL_ID]ID` before `[ARGS]`; v13 and later leave the id out)."""
 from __future__ import annotations
 
 from vllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (PartialCall, ToolParser,
@@ -14,6 +16,8 @@ class MistralToolParser(ToolParser):
 
     def parse_calls(self, tool_text: str, final: bool) -> list[PartialCall]:
         text = tool_text.strip()
+        if text and text[0] not in "[{":
+            return _parse_named_calls(tool_text, final)
         if final:
             value = load_json(text, final=True)
             items = value if isinstance(value, list) else [value]
@@ -25,3 +29,30 @@ class MistralToolParser(ToolParser):
         # All but the last element are complete once a later one has started.
         return [call_from_object(item, i < len(items) - 1)
                 for i, item in enumerate(items) if isinstance(item, dict)]
+
+
+_ARGS, _CALL_ID = "[ARGS]", "[CALL_ID]"
+
+
+def _parse_named_calls(tool_text: str, final: bool) -> list[PartialCall]:
+    """v11+: `NAME[CALL_ID]ID[ARGS]{...}` calls separated by `[TOOL_CALLS]`; while
+    streaming, a call's name and id are reported once `[ARGS]` closes them."""
+    calls = []
+    segments = tool_text.split(MistralToolParser.start_marker)
+    for i, segment in enumerate(segments):
+        complete = final or i < len(segments) - 1
+        head, sep, args_text = segment.partition(_ARGS)
+        name, _, call_id = head.partition(_CALL_ID)
+        name = name.strip()
+        if not sep:
+            if complete:
+                raise ValueError(f"a Mistral tool call without {_ARGS}: {segment!r}")
+            break  # the name (and a v11 id) is known once [ARGS] follows
+        if not name:
+            raise ValueError("a Mistral tool call without a name")
+        args = load_json(args_text.strip(), final=complete)
+        if complete and not isinstance(args, dict):
+            raise ValueError("tool call arguments must be a JSON object")
+        calls.append(PartialCall(name=name, arguments=args if isinstance(args, dict) else None,
+                                 complete=complete, call_id=call_id.strip() or None))
+    return calls
