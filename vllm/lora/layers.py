@@ -87,6 +87,9 @@ class LoRALinear(nn.Module):
         return weight.device if weight is not None else torch.device("cpu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:  # the Transformers backend's modules keep a batch dimension
+            lead = x.shape[:-1]
+            return self.forward(x.reshape(-1, x.shape[-1])).view(*lead, -1)
         out = self.base_layer(x)
         batch = self.batch
         if not batch.active:
