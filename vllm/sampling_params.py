@@ -45,9 +45,9 @@ class StructuredOutputsParams:
     """Any JSON object (OpenAI's response_format {"type": "json_object"})."""
     structural_tag: Optional[str] = None
     """Free text in which each trigger starts one of the structures (JSON text:
-    `{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`, vLLM's form; the
-    xgrammar backend). Strict tools with tool_choice "auto" are held to their schemas
-    this way."""
+    `{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`, vLLM's form, or
+    xgrammar's `{"type": "structural_tag", "format": {...}}`; the xgrammar backend).
+    Strict tools with tool_choice "auto" are held to their schemas this way."""
     disable_any_whitespace: bool = False
     """Compact JSON: no optional whitespace between tokens of the JSON output."""
     disable_additional_properties: bool = False
@@ -103,13 +103,18 @@ def _check_structural_tag(value: Any) -> None:
         tag = json.loads(value) if isinstance(value, str) else None
     except json.JSONDecodeError as e:
         raise ValueError(f"structured_outputs.structural_tag is not valid JSON: {e}") from None
+    if isinstance(tag, dict) and tag.get("type") == "structural_tag":
+        if not isinstance(tag.get("format"), dict):
+            raise ValueError('structured_outputs.structural_tag {"type": "structural_tag"} '
+                             'needs a "format" object (xgrammar\'s structural tag form).')
+        return  # xgrammar's own form: its compile checks the rest
     if not (isinstance(tag, dict) and isinstance(tag.get("structures"), list)
             and isinstance(tag.get("triggers"), list) and all(
                 isinstance(s, dict) and {"begin", "schema", "end"} <= set(s)
                 for s in tag["structures"])):
         raise ValueError('structured_outputs.structural_tag must be JSON text of '
                          '{"structures": [{"begin", "schema", "end"}, ...], '
-                         '"triggers": [...]}.')
+                         '"triggers": [...]} or {"type": "structural_tag", "format": {...}}.')
 
 
 def _is_set(value: Any) -> bool:

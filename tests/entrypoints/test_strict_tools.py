@@ -57,3 +57,61 @@ def test_structural_tag_param_is_checked():
             StructuredOutputsParams(structural_tag=json.dumps(
                 {"structures": [{"begin": "<a>", "schema": PARAMS, "end": "</a>"}],
                  "triggers": ["<a>"]})), StructuredOutputsConfig(backend="guidance"))
+
+
+DS = ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
+      "<｜tool▁calls▁end｜>")
+# parser: (a call of strict f with days=3 as the model writes it, the same with days="x")
+FORMATS = {
+    "qwen3_coder": ("<tool_call>\n<function=f>\n<parameter=days>\n3\n</parameter>\n"
+                    "</function>\n</tool_call>", "<parameter=days>\nx"),
+    "qwen3_xml": ("<tool_call>\n<function=f>\n<parameter=days>\n3\n</parameter>\n"
+                  "</function>\n</tool_call>", "<parameter=days>\nx"),
+    "seed_oss": ("<seed:tool_call>\n<function=f>\n<parameter=days>3</parameter>\n</function>\n"
+                 "</seed:tool_call>", "<parameter=days>x"),
+    "minimax_m2": ('<minimax:tool_call>\n<invoke name="f">\n<parameter name="days">3'
+                   '</parameter>\n</invoke>\n</minimax:tool_call>',
+                   '<parameter name="days">x'),
+    "deepseek_v3": (f'{DS[0]}{DS[1]}function{DS[2]}f\n```json\n{{"days": 3}}\n```{DS[3]}{DS[4]}',
+                    '```json\n{"days": "x'),
+    "deepseek_v31": (f'{DS[0]}{DS[1]}f{DS[2]}{{"days": 3}}{DS[3]}{DS[4]}', '{"days": "x'),
+    "kimi_k2": ('<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0'
+                '<|tool_call_argument_begin|>{"days": 3}<|tool_call_end|>'
+                '<|tool_calls_section_end|>', '{"days": "x'),
+    "mistral": ('[TOOL_CALLS][{"name": "f", "arguments": {"days": 3}}]', '{"days": "x'),
+    "jamba": ('<tool_calls>[{"name": "f", "arguments": {"days": 3}}]</tool_calls>',
+              '{"days": "x'),
+    "hunyuan_a13b": ('<tool_calls>[{"name": "f", "arguments": {"days": 3}}]</tool_calls>',
+                     '{"days": "x'),
+    "granite": ('<|tool_call|>[{"name": "f", "arguments": {"days": 3}}]', '{"days": "x'),
+}
+
+
+@pytest.fixture(scope="module")
+def xgr_compiler(tokenizer):
+    import xgrammar as xgr
+    info = xgr.TokenizerInfo.from_huggingface(tokenizer)
+    return xgr, xgr.GrammarCompiler(info)
+
+
+@pytest.mark.parametrize("parser", sorted(FORMATS))
+def test_strict_auto_in_formats_without_a_fixed_frame(parser, xgr_compiler):
+    """XML-parameter, special-token section and JSON-list formats: xgrammar's structural
+    tag lets text through, takes a strict call that keeps its schema (which the parser
+    then reads), and refuses one that breaks it."""
+    xgr, compiler = xgr_compiler
+    params, field = _plan(_request(True), parser=parser).structured
+    tag = json.loads(params.structural_tag)
+    assert field == "tools" and tag["type"] == "structural_tag"
+    assert validate_structured_outputs(params, StructuredOutputsConfig()).backend == "xgrammar"
+    compiled = compiler.compile_structural_tag(params.structural_tag)
+    good, bad_prefix = FORMATS[parser]
+    text = "Let me look that up. " + good
+    matcher = xgr.GrammarMatcher(compiled)
+    assert matcher.accept_string(text)
+    calls = ToolParserManager.get_tool_parser(parser)(None).extract_tool_calls(
+        text, _request(True))
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls.tool_calls] \
+        == [("f", {"days": 3})]
+    bad = text[:text.index(bad_prefix[:6])] + bad_prefix
+    assert not xgr.GrammarMatcher(compiled).accept_string(bad)

@@ -41,12 +41,16 @@ def validate_xgrammar(spec: GrammarSpec) -> None:
         raise ValueError(_describe(spec.kind, e)) from None
 
 
-def _structural_tag(spec: GrammarSpec) -> tuple[list[Any], list[str]]:
-    """(tags, triggers) of a structural_tag spec, for xgrammar."""
+def _structural_tag(spec: GrammarSpec) -> tuple[Any, ...]:
+    """xgrammar's arguments for a structural_tag spec: (tags, triggers) of the
+    begin/schema/end form, or the JSON text of xgrammar's own {"type": "structural_tag",
+    "format": ...} form."""
     import json
 
     import xgrammar as xgr
     tag = json.loads(spec.spec)
+    if tag.get("type") == "structural_tag":
+        return (spec.spec,)
     items = [xgr.StructuralTagItem(begin=s["begin"], end=s["end"],
                                    schema=json.dumps(s["schema"]))
              for s in tag["structures"]]

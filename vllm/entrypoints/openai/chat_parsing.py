@@ -131,15 +131,28 @@ def _strict_tag(parser: ToolParser, tools: list[Any], request: Any
         return None  # the request's own constraint governs the output
     frames = [parser.strict_structure(t.function.name) for t in tools]
     if any(f is None for f in frames):
-        logger.warning("strict tools are not enforced with tool_choice auto for the %s "
-                       "format.", type(parser).__name__)
-        return None
+        # No fixed frame per call (XML parameters, call sections, JSON lists): the
+        # parser's own xgrammar structural-tag format, if it has one.
+        fmt = parser.strict_format([(t.function.name, _strict_schema(t)) for t in tools])
+        if fmt is None:
+            logger.warning("strict tools are not enforced with tool_choice auto for the %s "
+                           "format.", type(parser).__name__)
+            return None
+        return StructuredOutputsParams(structural_tag=json.dumps(
+            {"type": "structural_tag", "format": fmt}, ensure_ascii=False)), "tools"
     structures = [{"begin": begin, "end": end,
                    "schema": (t.function.parameters or {"type": "object", "properties": {}})
                    if t.function.strict else {"type": "object"}}
                   for t, (_, begin, end) in zip(tools, frames)]
     tag = {"structures": structures, "triggers": sorted({f[0] for f in frames})}
     return StructuredOutputsParams(structural_tag=json.dumps(tag)), "tools"
+
+
+def _strict_schema(tool: Any) -> dict:
+    """A strict tool's arguments schema; any object for a tool that is not strict."""
+    if not tool.function.strict:
+        return {"type": "object"}
+    return tool.function.parameters or {"type": "object", "properties": {}}
 
 
 def _choice_name(choice: Any) -> str:

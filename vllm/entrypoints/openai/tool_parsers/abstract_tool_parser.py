@@ -13,7 +13,7 @@ import logging
 import string
 import random
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from vllm.entrypoints.openai.protocol import (DeltaFunctionCall, DeltaToolCall, FunctionCall,
                                               ToolCall, random_uuid)
@@ -85,6 +85,13 @@ class ToolParser:
         tools to their schemas under tool_choice "auto" (a structural tag: free text,
         and after the trigger one of the calls); None where the format has no such
         fixed frame (strict is then not enforced with "auto")."""
+        return None
+
+    def strict_format(self, tools: Sequence[tuple[str, dict]]) -> Optional[dict]:
+        """For formats without one fixed frame per call (`strict_structure` None): an
+        xgrammar structural-tag format (structural_tags.py) holding calls of `tools`
+        (name, arguments schema) to their schemas, text free around them; None where the
+        format cannot be expressed (strict is then not enforced with "auto")."""
         return None
 
     def make_tool_call_id(self) -> str:

@@ -11,8 +11,11 @@ arguments are the JSON between the ```json fence and the closing fence.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from vllm.entrypoints.openai.tool_parsers.abstract_tool_parser import PartialCall, ToolParser
 from vllm.entrypoints.openai.tool_parsers.json_calls import load_json
+from vllm.entrypoints.openai.tool_parsers import structural_tags as st
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -74,3 +77,9 @@ class DeepSeekV3ToolParser(ToolParser):
         value = load_json(args, final=False)
         return PartialCall(name=name.strip(), arguments=value if isinstance(value, dict)
                            else None, complete=False)
+
+    def strict_format(self, tools: st.Tools) -> Optional[dict]:
+        """The calls section: each call `function<sep>NAME` and its JSON in a fence."""
+        return st.triggered([CALLS_BEGIN], [st.section(CALLS_BEGIN, [
+            st.tag(f"{CALL_BEGIN}function{SEP}{name}\n{OPEN_FENCE}\n", st.arguments(schema),
+                   f"\n{CLOSE_FENCE}{CALL_END}") for name, schema in tools], CALLS_END, "\n")])

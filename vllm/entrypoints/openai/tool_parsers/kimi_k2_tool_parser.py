@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from vllm.entrypoints.openai.tool_parsers import structural_tags as st
 from vllm.entrypoints.openai.tool_parsers.delimited_calls import DelimitedToolParser
 
 
@@ -26,3 +27,10 @@ class KimiK2ToolParser(DelimitedToolParser):
         if name.startswith("functions."):
             name = name[len("functions."):]
         return name, call_id
+
+    def strict_format(self, tools: st.Tools) -> Optional[dict]:
+        """The calls section: each call `functions.NAME:INDEX`, then its JSON."""
+        return st.triggered([self.start_marker], [st.section(self.start_marker, [
+            st.tag(f"{self.call_begin}functions.{name}:", st.sequence(
+                st.regex(r"\d+"), st.const(self.args_sep), st.arguments(schema)),
+                self.call_end) for name, schema in tools], self.section_end)])

@@ -3,6 +3,9 @@
 (v11 puts `[CALL_ID]ID` before `[ARGS]`; v13 and later leave the id out)."""
 from __future__ import annotations
 
+from typing import Optional
+
+from vllm.entrypoints.openai.tool_parsers import structural_tags as st
 from vllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (PartialCall, ToolParser,
                                                                        mistral_tool_call_id)
 from vllm.entrypoints.openai.tool_parsers.json_calls import call_from_object, load_json
@@ -13,6 +16,17 @@ class MistralToolParser(ToolParser):
 
     def make_tool_call_id(self) -> str:
         return mistral_tool_call_id()
+
+    def strict_format(self, tools: st.Tools) -> Optional[dict]:
+        """`[TOOL_CALLS]` then a JSON list of calls; with a v11+ Mistral tokenizer
+        (--tokenizer-mode mistral) one `[TOOL_CALLS]NAME[ARGS]{...}` per call."""
+        version = str(getattr(self.tokenizer, "version", "v0"))
+        if version[1:].isdigit() and int(version[1:]) >= 11:
+            return st.triggered([self.start_marker], [
+                st.tag(f"{self.start_marker}{name}{_ARGS}", st.arguments(schema), "")
+                for name, schema in tools])
+        return st.triggered([self.start_marker], [st.tag(
+            self.start_marker, st.arguments(st.call_list_schema(tools)), "")])
 
     def parse_calls(self, tool_text: str, final: bool) -> list[PartialCall]:
         text = tool_text.strip()

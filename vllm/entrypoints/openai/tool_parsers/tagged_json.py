@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Optional
 
+from vllm.entrypoints.openai.tool_parsers import structural_tags as st
 from vllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (PartialCall, ToolParser,
                                                                        _partial_suffix_len)
 from vllm.entrypoints.openai.tool_parsers.json_calls import (call_from_object, iter_json_values,
@@ -40,6 +41,16 @@ class TaggedJsonToolParser(ToolParser):
         start = self.start_markers[0]
         return (start, f'{start}\n{{"name": {json.dumps(name, ensure_ascii=False)}, '
                 f'"{self.args_keys[0]}": ', f"}}\n{self.end_marker}")
+
+    def strict_format(self, tools: st.Tools) -> Optional[dict]:
+        """The section layout: after the start tag (and the body prefix a model writes),
+        a JSON list of calls, each one of the tools (blocks: `strict_structure`)."""
+        if self.layout != "section" or not self.start_markers:
+            return None
+        begin = self.start_markers[0] + (self.body_prefixes[0] if self.body_prefixes else "")
+        return st.triggered([self.start_markers[0]], [st.tag(
+            begin, st.arguments(st.call_list_schema(tools, self.args_keys[0])),
+            self.end_marker)])
 
     def split(self, text: str, final: bool) -> tuple[str, Optional[str]]:
         found = [(text.find(m), m) for m in self.start_markers if m in text]
