@@ -84,6 +84,10 @@ FORMATS = {
     "hunyuan_a13b": ('<tool_calls>[{"name": "f", "arguments": {"days": 3}}]</tool_calls>',
                      '{"days": "x'),
     "granite": ('<|tool_call|>[{"name": "f", "arguments": {"days": 3}}]', '{"days": "x'),
+    "phi4_mini_json": ('functools[{"name": "f", "arguments": {"days": 3}}]', '{"days": "x'),
+    "gigachat3": ('function call<|role_sep|>\n[{"name": "f", "arguments": {"days": 3}}]',
+                  '{"days": "x'),
+    "xlam": ('[TOOL_CALLS][{"name": "f", "arguments": {"days": 3}}]', '{"days": "x'),
 }
 
 

@@ -9,3 +9,4 @@ class GigaChat3ToolParser(TaggedJsonToolParser):
     start_markers = ("function call",)
     layout = "section"
     body_prefixes = ("<|role_sep|>",)
+    strict_begin = "function call<|role_sep|>\n"

@@ -32,6 +32,9 @@ class TaggedJsonToolParser(ToolParser):
     args_keys: tuple[str, ...] = ("arguments", "parameters")
     body_prefixes: tuple[str, ...] = ()
     """Text a model may write between the start tag and the JSON (skipped)."""
+    strict_begin: Optional[str] = None
+    """What a strict call's section starts with under tool_choice "auto" (default: the
+    first start tag and body prefix)."""
 
     def strict_structure(self, name: str) -> Optional[tuple[str, str, str]]:
         """One block, `START\n{"name": NAME, "arguments": ` ... `}\nEND`, the layout
@@ -47,7 +50,8 @@ class TaggedJsonToolParser(ToolParser):
         a JSON list of calls, each one of the tools (blocks: `strict_structure`)."""
         if self.layout != "section" or not self.start_markers:
             return None
-        begin = self.start_markers[0] + (self.body_prefixes[0] if self.body_prefixes else "")
+        begin = self.strict_begin or (self.start_markers[0] + (
+            self.body_prefixes[0] if self.body_prefixes else ""))
         return st.triggered([self.start_markers[0]], [st.tag(
             begin, st.arguments(st.call_list_schema(tools, self.args_keys[0])),
             self.end_marker)])
