@@ -88,6 +88,8 @@ FORMATS = {
     "gigachat3": ('function call<|role_sep|>\n[{"name": "f", "arguments": {"days": 3}}]',
                   '{"days": "x'),
     "xlam": ('[TOOL_CALLS][{"name": "f", "arguments": {"days": 3}}]', '{"days": "x'),
+    "granite-20b-fc": ('<function_call> {"name": "f", "arguments": {"days": 3}}',
+                       '{"days": "x'),
 }
 
 
