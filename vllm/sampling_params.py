@@ -189,6 +189,12 @@ class SamplingParams:
     thinking_end_token_ids: Optional[list[int]] = None
     """The end-of-reasoning token sequence the budget forces; the OpenAI server fills it
     from its `--reasoning-parser` (offline: give it with the budget)."""
+    thinking_start_token_ids: Optional[list[int]] = None
+    """The start-of-reasoning sequence (`<think>`), for a prompt that does not open the
+    reasoning itself: the budget then counts from the output's first such sequence, and
+    nothing is forced before the model opens its reasoning (as vLLM counts from the
+    think start). None: counted from the output's first token (the template opened it).
+    The OpenAI server fills it from its `--reasoning-parser` and the prompt."""
 
     # Set by update_from_generation_config (the model's end-of-sequence token).
     _eos_token_id: Optional[int] = field(default=None, init=False, repr=False)
@@ -354,6 +360,8 @@ class SamplingParams:
                 raise ValueError("thinking_token_budget needs thinking_end_token_ids (the "
                                  "end-of-reasoning token sequence) to force.")
             _check_token_ids("thinking_end_token_ids", self.thinking_end_token_ids)
+            if self.thinking_start_token_ids:
+                _check_token_ids("thinking_start_token_ids", self.thinking_start_token_ids)
         self._verify_stop()
         if any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
             raise ValueError(f"bad_words must be a list of non-empty strings, got "

@@ -123,3 +123,48 @@ def test_completions_still_refuse_the_field():
     req = CompletionRequest(prompt="x", thinking_token_budget=3)
     field, _ = req.unsupported_fields()
     assert field == "thinking_token_budget"
+
+
+START = [4, 5]
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_budget_counts_from_the_models_own_reasoning_start(fixed):
+    """A prompt that does not open the reasoning: nothing is forced before the model
+    writes its start sequence; the budget counts from just after it (as vLLM)."""
+    params = _params(budget=2, thinking_start_token_ids=START)
+    output = [2, 2, 2]  # answer-like text first: no start, never forced
+    assert _sample(params, output, fixed) == 2
+    output = [2, 2, 2, 4, 5]
+    for _ in range(6):
+        output.append(_sample(params, output, fixed))
+    assert output == [2, 2, 2, 4, 5, 2, 2, 7, 8, 9, 2]
+    assert not needs_only_argmax(params, 50)  # where reasoning starts is the model's
+
+
+def test_reasoning_begins_and_the_window_after_it():
+    from vllm.sample.logits_processors.thinking_budget import reasoning_begins
+    assert reasoning_begins(None, [1, 2]) == 0
+    assert reasoning_begins(START, [1, 2]) is None
+    assert reasoning_begins(START, [1, 4, 5, 3]) == 3
+    out = [1, 4, 5, 3, 3]
+    assert forced_token(2, END, out, reasoning_begins(START, out)) == 7
+    assert forced_token(3, END, [1, 4, 5, 7, 8, 9, 3], 3) is None  # ended itself
+
+
+def test_chat_frontend_sets_the_start_only_when_the_prompt_does_not_open_it():
+    from vllm.entrypoints.openai.serving_chat import OpenAIServingChat
+    from vllm.reasoning import ReasoningParserManager
+
+    class Tok:
+        def get_vocab(self):
+            return {"<think>": 90, "</think>": 91}
+
+    parser = ReasoningParserManager.get_reasoning_parser("qwen3")(Tok())
+    chat = SimpleNamespace(reasoning_parser=parser)
+    opened, plain = SamplingParams(), SamplingParams()
+    OpenAIServingChat.apply_thinking_budget(chat, _chat_request(4), opened, [1, 2, 90])
+    OpenAIServingChat.apply_thinking_budget(chat, _chat_request(4), plain, [1, 2])
+    assert opened.thinking_start_token_ids is None  # the template opened <think>
+    assert plain.thinking_start_token_ids == [90]
+    assert plain.thinking_end_token_ids == opened.thinking_end_token_ids == [91]

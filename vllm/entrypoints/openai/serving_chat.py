@@ -97,10 +97,13 @@ class OpenAIServingChat(OpenAIServing):
             return PromptInput(ids, text, multi_modal_data={"image": images})
         return PromptInput(ids, text)
 
-    def apply_thinking_budget(self, request: Any, params: Any) -> None:
+    def apply_thinking_budget(self, request: Any, params: Any,
+                              prompt_token_ids: Optional[list[int]] = None) -> None:
         """`thinking_token_budget`: the budget and the reasoning parser's end sequence
         on the params (the sampler forces that sequence once the budget is spent); a 400
-        naming the field where the server cannot tell where reasoning ends."""
+        naming the field where the server cannot tell where reasoning ends. When the
+        prompt does not open the reasoning (the model writes `<think>` itself), the
+        parser's start sequence too: the budget then counts from it, as vLLM."""
         budget = getattr(request, "thinking_token_budget", None)
         if budget is None:
             return
@@ -114,10 +117,15 @@ class OpenAIServingChat(OpenAIServing):
                 f"thinking_token_budget: the reasoning parser "
                 f"{type(parser).__name__} has no end-of-reasoning token sequence.",
                 param="thinking_token_budget")
-        if parser.for_request(request) is None:
+        active = parser.for_request(request)
+        if active is None:
             return  # the request turned reasoning off: nothing to budget
         params.thinking_end_token_ids = end_ids
         params.thinking_token_budget = budget
+        start_ids = list(getattr(active, "start_token_ids", None) or ())
+        if (prompt_token_ids is not None and start_ids
+                and active.reasoning_ended_in(prompt_token_ids)):
+            params.thinking_start_token_ids = start_ids
 
     def template_kwargs(self, request: Any) -> Optional[dict[str, Any]]:
         """The server's default template kwargs, then the request's `reasoning_effort`,
@@ -171,7 +179,7 @@ class OpenAIServingChat(OpenAIServing):
                                             stream=bool(request.stream),
                                             structured_outputs=plan.structured,
                                             max_tokens_param=max_tokens_param)
-        self.apply_thinking_budget(request, params)
+        self.apply_thinking_budget(request, params, prompt.token_ids)
         request_id, engine_id = self.request_ids("chatcmpl", request.request_id)
         try:
             stream = await self.add_request(engine_id, prompt.engine_prompt(request.cache_salt),
