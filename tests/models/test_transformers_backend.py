@@ -139,3 +139,26 @@ def test_served_request_with_model_impl_auto(tiny_model_factory):
         assert "Transformers modeling backend" in srv.tail(200)
     finally:
         srv.stop()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("arch", ["olmo2", "cohere2"])
+def test_pp2_from_base_model_pp_plan_matches_transformers(tiny_model_factory, arch):
+    """Two pipeline stages over worker processes: each holds its decoder layers (the
+    rest pass hidden states through), the embedding on the first, the norm and LM head on
+    the last; cohere2 mixes sliding and full layers across the stages."""
+    path = tiny_model_factory(arch)
+    got = _vllm_greedy(path, pipeline_parallel_size=2, distributed_executor_backend="mp",
+                       model_impl="transformers", kv_cache_memory_bytes=32 << 20)
+    assert got == _hf_greedy(path)
+
+
+def test_pp_without_a_pp_plan_is_refused_by_name(tiny_model_factory):
+    """GPT-2 names no embed_tokens / layers / norm for a pipeline: the worker's refusal
+    reaches the caller as the ValueError it is (not as a worker death)."""
+    from vllm.model_executor.models.transformers import TransformersBackendUnsupported
+    with pytest.raises(TransformersBackendUnsupported,
+                       match="base_model_pp_plan.*--pipeline-parallel-size 1"):
+        _vllm_greedy(tiny_model_factory("gpt2"), pipeline_parallel_size=2,
+                     distributed_executor_backend="mp", model_impl="transformers",
+                     kv_cache_memory_bytes=32 << 20)

@@ -165,6 +165,11 @@ class WorkerGroup:
         failure = reply.failure
         dead = self._wait_for_death(grace_s=2.0)
         if dead is not None:
+            with self._lock:
+                dead.proc.join(5.0)  # its sentinel fires a moment before its status is known
+        # A worker that exits cleanly after a failed call (init) reported its own error;
+        # only an abnormal death is the cause of the others' failures.
+        if dead is not None and dead.proc.exitcode != 0:
             # A peer's death makes the survivors' collectives fail: report the cause. (The
             # survivors see its sockets close just before its exit becomes visible here.)
             return self.fail(self.death_message(dead))

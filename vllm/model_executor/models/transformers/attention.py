@@ -91,14 +91,15 @@ def _sliding_window(config: Any, module: Optional[nn.Module], idx: int) -> Optio
 
 
 def build_attention_instances(model: nn.Module, config: Any, num_heads: int,
-                              num_kv_heads: int, head_dim: int,
-                              prefix: str) -> nn.ModuleDict:
-    """One `Attention` per decoder layer, named `{prefix}.{i}` by its global index (the
-    KV cache and the cache spec find layers by that index), with the layer's scale,
-    window and soft-cap as the library's module states them."""
+                              num_kv_heads: int, head_dim: int, prefix: str,
+                              indices: Optional[range] = None) -> nn.ModuleDict:
+    """One `Attention` per decoder layer of this pipeline stage (`indices`, default all),
+    named `{prefix}.{i}` by its global index (the KV cache and the cache spec find
+    layers by that index), with the layer's scale, window and soft-cap as the library's
+    module states them."""
     modules = _attention_modules(model)
     layers = nn.ModuleDict()
-    for idx in range(config.num_hidden_layers):
+    for idx in indices if indices is not None else range(config.num_hidden_layers):
         module = modules.get(idx)
         scale = getattr(module, "scaling", None) or head_dim ** -0.5
         soft_cap = (getattr(module, "attn_logit_softcapping", None)

@@ -10,6 +10,7 @@ the attribute its class names (`base_model_prefix`), the head at `lm_head`.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, Iterable, Optional, Union
 
 import torch
@@ -24,9 +25,9 @@ from vllm.model_executor.models.transformers.attention import (ATTN_IMPLEMENTATI
 from vllm.model_executor.models.transformers.modules import (materialize_meta,
                                                              params_on_meta, replace_layers)
 from vllm.model_executor.models.transformers.moe import expert_weights, replace_experts
-from vllm.model_executor.models.transformers.support import (TransformersBackendUnsupported,
-                                                             resolve_transformers_class)
-from vllm.model_executor.models.utils import check_loaded, default_weight_loader
+from vllm.model_executor.models.transformers.pipeline import split_stages
+from vllm.model_executor.models.transformers.support import resolve_transformers_class
+from vllm.model_executor.models.utils import PPMissingLayer, check_loaded, default_weight_loader
 from vllm.sequence import IntermediateTensors
 
 logger = logging.getLogger(__name__)
@@ -56,10 +57,6 @@ class TransformersForCausalLM(nn.Module):
         model_config = vllm_config.model_config
         config = model_config.hf_config
         hf_cls = resolve_transformers_class(config)
-        if get_pp_group().world_size > 1:
-            raise TransformersBackendUnsupported(
-                "pipeline parallelism is not supported on the Transformers backend yet; "
-                "use --pipeline-parallel-size 1")
         register_attention()
         with params_on_meta():
             hf_model = hf_cls._from_config(config, dtype=model_config.torch_dtype,
@@ -70,28 +67,36 @@ class TransformersForCausalLM(nn.Module):
         base = hf_model.base_model
         self.base_model_prefix = hf_model.base_model_prefix
         heads, kv_heads, head_dim, shard = _head_layout(self.config, plan, tp_size)
+        pp = get_pp_group()
+        self.is_first_stage, self.is_last_stage = pp.is_first_rank, pp.is_last_rank
+        # Global indices of this stage's decoder layers (the runner sizes KV caches by them).
+        self.start_layer, self.end_layer = split_stages(base, self.config, pp.rank_in_group,
+                                                        pp.world_size)
         replace_layers(base, plan, tp_size, self.base_model_prefix, shard)
         self.num_moe_blocks = replace_experts(base, self.config, self.base_model_prefix)
         self._renames = checkpoint_renames(self.config)
         setattr(self, self.base_model_prefix, base)
         self.attn_layers = build_attention_instances(base, self.config, heads, kv_heads,
-                                                     head_dim, "attn_layers")
+                                                     head_dim, "attn_layers",
+                                                     range(self.start_layer, self.end_layer))
         self._attention_by_index = {int(i): layer for i, layer in self.attn_layers.items()}
         self.tie_word_embeddings = bool(getattr(self.config, "tie_word_embeddings", False))
         self._build_lm_head(hf_model)
         materialize_meta(self, torch.get_default_device())
-        self.start_layer, self.end_layer = 0, self.config.num_hidden_layers
         logger.info("Transformers modeling backend: %s (attention through our paged "
                     "attention, tp_size=%d).", hf_cls.__name__, tp_size)
 
     def _build_lm_head(self, hf_model: nn.Module) -> None:
+        if not self.is_last_stage:
+            self.lm_head = PPMissingLayer()
+            return
         head = hf_model.get_output_embeddings()
         config = self.config
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
                                       bias=getattr(head, "bias", None) is not None,
                                       prefix="lm_head")
         embed = self.get_base().get_input_embeddings()
-        if self.tie_word_embeddings:
+        if self.tie_word_embeddings and self.is_first_stage:
             self.lm_head.tie_weights(embed)
         scale = float(getattr(config, "logit_scale", None) or 1.0)  # Cohere
         self.logits_processor = LogitsProcessor(
@@ -105,14 +110,28 @@ class TransformersForCausalLM(nn.Module):
                 intermediate_tensors: Optional[IntermediateTensors] = None,
                 inputs_embeds: Optional[torch.Tensor] = None
                 ) -> Union[torch.Tensor, IntermediateTensors]:
-        """[T] token ids (or [T, hidden] embeddings) -> [T, hidden]: the step's tokens as
-        one batch row; attention keeps the sequences apart."""
+        """[T] token ids (or [T, hidden] embeddings) -> [T, hidden] on the last pipeline
+        stage, else IntermediateTensors: the step's tokens as one batch row; attention
+        keeps the sequences apart."""
+        if not self.is_first_stage:
+            if intermediate_tensors is None:
+                raise ValueError("a later pipeline stage needs intermediate_tensors.")
+            inputs_embeds = intermediate_tensors["hidden_states"]
         out = self.get_base()(
             input_ids=input_ids[None] if inputs_embeds is None else None,
             inputs_embeds=inputs_embeds[None] if inputs_embeds is not None else None,
             position_ids=positions[None], use_cache=False, return_dict=True,
             attention_instances=self._attention_by_index)
-        return out.last_hidden_state[0]
+        hidden = out.last_hidden_state[0]
+        if not self.is_last_stage:
+            return IntermediateTensors({"hidden_states": hidden})
+        return hidden
+
+    def make_empty_intermediate_tensors(self, batch_size: int, dtype: torch.dtype,
+                                        device: Union[str, torch.device]) -> IntermediateTensors:
+        """Buffers a later PP stage receives into (shape [batch_size, hidden])."""
+        return IntermediateTensors({"hidden_states": torch.zeros(
+            (batch_size, self.config.hidden_size), dtype=dtype, device=device)})
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab_size], the full vocabulary on every TP rank."""
@@ -140,13 +159,26 @@ class TransformersForCausalLM(nn.Module):
                 continue
             param = params.get(name)
             if param is None:
-                ignored.append(name)
+                if not self._on_other_stage(name):
+                    ignored.append(name)
                 continue
             getattr(param, "weight_loader", default_weight_loader)(param, tensor)
             loaded.add(name)
         if self.tie_word_embeddings and "lm_head.weight" in params:
             loaded.add("lm_head.weight")
         return check_loaded(params, loaded, ignored)
+
+    def _on_other_stage(self, name: str) -> bool:
+        """A tensor of a module this pipeline stage does not hold."""
+        base = f"{self.base_model_prefix}."
+        m = re.match(rf"{re.escape(base)}layers\.(\d+)\.", name)
+        if m:
+            return not self.start_layer <= int(m.group(1)) < self.end_layer
+        if name.startswith(f"{base}embed_tokens."):
+            return not self.is_first_stage
+        if name.startswith((f"{base}norm.", "lm_head.")):
+            return not self.is_last_stage
+        return False
 
     def _rename(self, name: str) -> str:
         """The library's name for a checkpoint tensor (its renames on load, e.g.

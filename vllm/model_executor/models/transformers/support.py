@@ -15,7 +15,7 @@ class TransformersBackendUnsupported(ValueError):
     """The model cannot run on the Transformers backend; the message says why."""
 
 
-def _refuse(config: Any, reason: str) -> TransformersBackendUnsupported:
+def refuse(config: Any, reason: str) -> TransformersBackendUnsupported:
     archs = getattr(config, "architectures", None) or [getattr(config, "model_type", "?")]
     return TransformersBackendUnsupported(
         f"Model architectures {list(archs)} cannot run on the Transformers modeling backend "
@@ -44,19 +44,19 @@ def resolve_transformers_class(config: Any) -> type:
     only in the model's repository, no causal-LM class, or no attention-interface
     support."""
     if getattr(config, "is_encoder_decoder", False):
-        raise _refuse(config, "encoder-decoder models are not supported, only decoder-only "
+        raise refuse(config, "encoder-decoder models are not supported, only decoder-only "
                       "causal LMs")
     cls = _causal_lm_class(config)
     if cls is None:
         if getattr(config, "auto_map", None):
-            raise _refuse(config, "its modeling code exists only in the model's repository "
+            raise refuse(config, "its modeling code exists only in the model's repository "
                           "(remote code), which is never run; transformers "
                           f"{_version()} has no class for model_type "
                           f"{getattr(config, 'model_type', None)!r}")
-        raise _refuse(config, f"transformers {_version()} has no causal-LM class for "
+        raise refuse(config, f"transformers {_version()} has no causal-LM class for "
                       f"model_type {getattr(config, 'model_type', None)!r}")
     if not getattr(cls, "_supports_attention_backend", False):
-        raise _refuse(config, f"{cls.__name__} does not route attention through "
+        raise refuse(config, f"{cls.__name__} does not route attention through "
                       "transformers' attention interface (_supports_attention_backend is "
                       "False)")
     return cls
