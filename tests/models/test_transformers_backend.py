@@ -162,3 +162,13 @@ def test_pp_without_a_pp_plan_is_refused_by_name(tiny_model_factory):
         _vllm_greedy(tiny_model_factory("gpt2"), pipeline_parallel_size=2,
                      distributed_executor_backend="mp", model_impl="transformers",
                      kv_cache_memory_bytes=32 << 20)
+
+
+@pytest.mark.parametrize("arch", ["olmo2", "cohere2", "gpt2"])
+def test_backend_top5_logprobs_close_to_transformers(tiny_model_factory, arch):
+    """Beyond equal tokens: every step's top-5 logprobs within 1e-3 of transformers'
+    (a dense GQA model, sliding + full layers with a logit scale, learned positions)."""
+    from tests.models.test_breadth_hf import assert_matches_transformers, run_engine
+    path = tiny_model_factory(arch)
+    prompts, results = run_engine(path, model_impl="transformers")
+    assert_matches_transformers(path, results, prompts)
