@@ -121,3 +121,30 @@ def test_strict_auto_in_formats_without_a_fixed_frame(parser, xgr_compiler):
         == [("f", {"days": 3})]
     bad = text[:text.index(bad_prefix[:6])] + bad_prefix
     assert not xgr.GrammarMatcher(compiled).accept_string(bad)
+
+
+def test_tool_strict_level_function_and_parameter():
+    """--tool-strict-level (vLLM 0.31+): function holds every call to a tool even when
+    none is strict (arguments: any object unless strict); parameter pins every tool's
+    arguments to its schema; auto (default) needs a strict tool."""
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+
+    def plan(level, strict=None, parser="hermes"):
+        return ToolPlan.build(_request(strict), None, ToolParserManager.get_tool_parser(
+            parser), True, StructuredOutputsConfig(), level)
+
+    assert plan("auto").structured is None
+    tag = json.loads(plan("function").structured[0].structural_tag)
+    assert [s["schema"] for s in tag["structures"]] == [{"type": "object"}] * 2
+    tag = json.loads(plan("parameter").structured[0].structural_tag)
+    assert [s["schema"] for s in tag["structures"]] == [PARAMS, PARAMS]
+    tag = json.loads(plan("parameter", parser="qwen3_coder").structured[0].structural_tag)
+    assert [t["content"]["json_schema"] for t in tag["format"]["tags"]] == [PARAMS, PARAMS]
+    none = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}],
+                                 tool_choice="none", tools=_request(None).tools)
+    assert ToolPlan.build(none, None, ToolParserManager.get_tool_parser("hermes"), True,
+                          StructuredOutputsConfig(), "parameter").structured is None
+    assert make_arg_parser().parse_args(["--tool-strict-level", "parameter"]
+                                        ).tool_strict_level == "parameter"
+    with pytest.raises(SystemExit):
+        make_arg_parser().parse_args(["--tool-strict-level", "all"])

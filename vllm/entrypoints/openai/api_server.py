@@ -118,6 +118,7 @@ class ServerState:
             tool_parser=getattr(args, "tool_call_parser", None),
             reasoning_parser=getattr(args, "reasoning_parser", None) or None,
             default_chat_template_kwargs=getattr(args, "default_chat_template_kwargs", None),
+            tool_strict_level=getattr(args, "tool_strict_level", "auto"),
             **common)
         self.completion = OpenAIServingCompletion(engine, self.models, **common)
         self.tokenization = OpenAIServingTokenization(engine, self.models, chat=self.chat,

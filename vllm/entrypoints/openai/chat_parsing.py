@@ -24,6 +24,13 @@ from vllm.sampling_params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
+TOOL_STRICT_LEVELS = ("auto", "function", "parameter")
+"""--tool-strict-level, vLLM's server-side floor for tool_choice "auto": `auto` holds
+calls to the tools only when some tool is `strict`; `function` holds every call of a
+request with tools to one of its functions (a strict tool's arguments to its schema,
+another's to any object); `parameter` also every tool's arguments to its schema, as if
+each were strict. The model may still answer in text."""
+
 AUTO_NEEDS_FLAGS = ('"auto" tool choice requires --enable-auto-tool-choice and '
                     '--tool-call-parser to be set')
 
@@ -82,7 +89,7 @@ class ToolPlan:
     @classmethod
     def build(cls, request: ChatCompletionRequest, tokenizer: Any,
               tool_parser_cls: Optional[type[ToolParser]], enable_auto: bool,
-              so_config: Any) -> "ToolPlan":
+              so_config: Any, strict_level: str = "auto") -> "ToolPlan":
         choice = request.effective_tool_choice
         tools = request.tools or []
         for i, tool in enumerate(tools):
@@ -98,7 +105,8 @@ class ToolPlan:
             if not enable_auto or tool_parser_cls is None:
                 raise BadRequestError(AUTO_NEEDS_FLAGS, param="tool_choice")
             parser = tool_parser_cls(tokenizer)
-            return cls("auto", parser=parser, structured=_strict_tag(parser, tools, request))
+            return cls("auto", parser=parser,
+                       structured=_strict_tag(parser, tools, request, strict_level))
         if _has_own_constraint(request):
             raise BadRequestError(f"tool_choice {_choice_name(choice)} constrains the output "
                                   "itself; it cannot be combined with response_format or "
@@ -120,12 +128,16 @@ class ToolPlan:
                    structured=(StructuredOutputsParams(json=params), "tool_choice"))
 
 
-def _strict_tag(parser: ToolParser, tools: list[Any], request: Any
-                ) -> Optional[tuple[StructuredOutputsParams, str]]:
-    """tool_choice "auto" with `strict` tools: a structural tag that leaves the text free
-    and, once the model opens a call, holds it to one of the tools (a strict tool's
-    arguments to its parameters schema, another's to any object)."""
-    if not any(getattr(t.function, "strict", None) for t in tools):
+def _strict_tag(parser: ToolParser, tools: list[Any], request: Any,
+                strict_level: str = "auto") -> Optional[tuple[StructuredOutputsParams, str]]:
+    """tool_choice "auto" with `strict` tools (or --tool-strict-level function /
+    parameter): a structural tag that leaves the text free and, once the model opens a
+    call, holds it to one of the tools (a strict tool's arguments to its parameters
+    schema, another's to any object)."""
+    if strict_level == "parameter":
+        tools = [_as_strict(t) for t in tools]
+    elif strict_level != "function" and not any(
+            getattr(t.function, "strict", None) for t in tools):
         return None
     if _has_own_constraint(request):
         return None  # the request's own constraint governs the output
@@ -146,6 +158,14 @@ def _strict_tag(parser: ToolParser, tools: list[Any], request: Any
                   for t, (_, begin, end) in zip(tools, frames)]
     tag = {"structures": structures, "triggers": sorted({f[0] for f in frames})}
     return StructuredOutputsParams(structural_tag=json.dumps(tag)), "tools"
+
+
+def _as_strict(tool: Any) -> Any:
+    """The tool as if `strict: true` (--tool-strict-level parameter)."""
+    if tool.function.strict:
+        return tool
+    return tool.model_copy(update={"function": tool.function.model_copy(
+        update={"strict": True})})
 
 
 def _strict_schema(tool: Any) -> dict:

@@ -167,6 +167,14 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
                         help="Chat template kwargs as a JSON object (e.g. "
                              "'{\"enable_thinking\": false}'), used for every request; a "
                              "request's own chat_template_kwargs override them key by key.")
+    server.add_argument("--tool-strict-level", type=str, default="auto",
+                        choices=["auto", "function", "parameter"],
+                        help='Server-side floor for tool calls under tool_choice "auto" '
+                             "(structural tags, xgrammar): auto (only when a tool is "
+                             "strict), function (every call held to one of the request's "
+                             "functions; arguments to the schema only for strict tools), "
+                             "parameter (also every tool's arguments to its schema, as if "
+                             "each were strict).")
     server.add_argument("--tool-parser-plugin", type=str, default="",
                         help="A Python file that registers a tool parser with "
                              '@ToolParserManager.register_module("name") (from '

@@ -39,8 +39,11 @@ class OpenAIServingChat(OpenAIServing):
                  enable_auto_tools: bool = False, tool_parser: Optional[str] = None,
                  reasoning_parser: Optional[str] = None,
                  default_chat_template_kwargs: Optional[dict[str, Any]] = None,
+                 tool_strict_level: str = "auto",
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.tool_strict_level = tool_strict_level
+        """--tool-strict-level (chat_parsing.TOOL_STRICT_LEVELS)."""
         self.default_chat_template_kwargs = dict(default_chat_template_kwargs or {})
         """--default-chat-template-kwargs: under each request's own chat_template_kwargs."""
         from vllm.entrypoints.openai.tool_parsers import ToolParserManager
@@ -142,7 +145,7 @@ class OpenAIServingChat(OpenAIServing):
         parses each tool's parameters schema, which takes the grammar compiler seconds
         for a large one (it releases the GIL, so the event loop keeps serving)."""
         args = (request, self.tokenizer, self.tool_parser_cls, self.enable_auto_tools,
-                self.structured_outputs_config)
+                self.structured_outputs_config, getattr(self, "tool_strict_level", "auto"))
         if not request.tools:
             return ToolPlan.build(*args)
         return await self.run_blocking(ToolPlan.build, *args)
