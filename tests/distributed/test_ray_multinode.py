@@ -1,6 +1,6 @@
 """The Ray executor over a 2-node Ray cluster on one machine (ray.cluster_utils.Cluster):
 TP=2 with one rank per node equals the one-process tokens, on CPU and on the fake HPU
-(each node declares one HPU, as the README's two-host example does); more ranks than
+(each node declares one HPU, as the two-host example of docs/gaudi/multi-node.md does); more ranks than
 the nodes' HPUs fail with the per-node count and how to declare them; a server on the
 cluster whose worker on one node is killed fails the request and reports unhealthy.
 
@@ -109,7 +109,7 @@ def test_tp2_across_two_nodes_matches_one_process(two_node_cluster, tiny_qwen2,
 @pytest.mark.timeout(300)
 def test_fake_hpu_tp2_across_two_nodes_that_declare_their_hpu(two_node_cluster, tiny_qwen2,
                                                               tiny_reference, monkeypatch):
-    """The README's two-host example on one machine: nodes started with
+    """The two-host example of docs/gaudi/multi-node.md on one machine: nodes started with
     resources={"HPU": 1} hold one fake-HPU rank each (the engine's VLLM_* settings reach
     the other node's rank), with the one-process tokens."""
     from tests.hpu.conftest import SMALL_BUCKETS, platform_env

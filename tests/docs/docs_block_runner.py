@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -46,7 +47,16 @@ def _share_engines() -> None:
     llm_module.LLM = LLM
 
 
+BLOCK_TIMEOUT_S = 240
+
+
+def _timeout(signum, frame):  # noqa: ARG001 - signal handler
+    raise TimeoutError(f"the block ran for more than {BLOCK_TIMEOUT_S} s (unbounded "
+                       "generation? give examples a small max_tokens)")
+
+
 def main() -> None:
+    signal.signal(signal.SIGALRM, _timeout)
     with open(sys.argv[1]) as f:
         pages = json.load(f)
     if any("LLM(" in b["code"] for p in pages for b in p["blocks"]):
@@ -66,11 +76,14 @@ def main() -> None:
                         .replace("localhost:8000", page["url"].split("//", 1)[1]))
             print(f"\n===== {where} =====", flush=True)
             start = time.monotonic()
+            signal.alarm(BLOCK_TIMEOUT_S)
             try:
                 exec(compile(code, where, "exec"), namespace)  # noqa: S102 - the docs' examples
                 error = None
             except BaseException:  # noqa: BLE001 - SystemExit and all: report the block
                 error = traceback.format_exc(limit=-8)
+            finally:
+                signal.alarm(0)
             print(f"\n----- {where}: {time.monotonic() - start:.1f} s", flush=True)
             if block["expect_failure"]:
                 results[where] = None if error else "expected to fail, but it ran"

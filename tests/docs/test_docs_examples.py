@@ -58,6 +58,7 @@ def run_bash_block(block, cwd: str, url: str | None, env: dict[str, str],
                    timeout_s: float = 300.0) -> str | None:
     """None when the block behaved (ran, or failed when it should), else why not."""
     code = block.code
+    started = time.monotonic()
     if url:
         code = (code.replace("http://localhost:8000", url)
                 .replace("localhost:8000", url.split("//", 1)[1]))
@@ -67,6 +68,8 @@ def run_bash_block(block, cwd: str, url: str | None, env: dict[str, str],
                               timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"timed out after {timeout_s} s"
+    finally:
+        print(f"[docs] {block.where}: {time.monotonic() - started:.1f} s")
     if block.expect_failure:
         return None if proc.returncode != 0 else "expected to fail, but it ran"
     if proc.returncode != 0:
@@ -101,23 +104,74 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _options(flags: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """`--flag value...` groups of a flag list."""
+    options: dict[str, tuple[str, ...]] = {}
+    name = None
+    for word in flags:
+        if word.startswith("-"):
+            name = word
+            options[name] = ()
+        elif name is not None:
+            options[name] += (word,)
+    return options
+
+
+def merge_servers(configs) -> dict:
+    """Page server config -> the config of the server it runs on: pages whose flags and
+    variables do not disagree (no flag or variable given two values) share one server,
+    started with all of them (each page's own are a subset)."""
+    merged: list[tuple[dict, dict, list]] = []    # (options, env, member configs)
+    for config in sorted(configs):
+        flags, env = _options(config[0]), dict(config[1])
+        for options, menv, members in merged:
+            if all(options.get(k, v) == v for k, v in flags.items()) and \
+                    all(menv.get(k, v) == v for k, v in env.items()):
+                options.update(flags)
+                menv.update(env)
+                members.append(config)
+                break
+        else:
+            merged.append((dict(flags), dict(env), [config]))
+    out = {}
+    for options, env, members in merged:
+        server = (tuple(w for k, v in options.items() for w in (k, *v)),
+                  tuple(sorted(env.items())))
+        out.update({m: server for m in members})
+    return out
+
+
 @pytest.fixture(scope="module")
 def results():
     """Every runnable block's outcome: {where: None or the failure}."""
     from tests.entrypoints.conftest import RemoteServer
     env = _env()
-    configs = {PAGES[p].server for p in RUN_PAGES if PAGES[p].server is not None}
+    page_configs = {PAGES[p].server for p in RUN_PAGES if PAGES[p].server is not None}
+    runs_on = merge_servers(page_configs)
+    configs = set(runs_on.values())
     servers, outcome = {}, {}
     started = time.monotonic()
     try:
-        for config in configs:
+        from concurrent.futures import ThreadPoolExecutor
+        server_env = {k: v for k, v in ENV.items() if k != "PYTHONUNBUFFERED"}  # it sets that
+
+        def start(config):
             flags, extra_env = config
-            servers[config] = RemoteServer(list(flags), env={**ENV, **dict(extra_env)})
+            return config, RemoteServer(list(flags), env={**server_env, **dict(extra_env)})
+
+        with ThreadPoolExecutor(max(1, len(configs))) as pool:   # they start side by side
+            futures = [pool.submit(start, c) for c in configs]
+        for future in futures:          # all have finished: keep every started one
+            if future.exception() is None:
+                config, srv = future.result()
+                servers[config] = srv
+        for future in futures:
+            future.result()             # a server that failed to start fails the test
         with tempfile.TemporaryDirectory(prefix="docs-examples-") as tmp:
             py_pages, own = [], []
             for i, path in enumerate(RUN_PAGES):
                 page = PAGES[path]
-                url = servers[page.server].url if page.server is not None else None
+                url = servers[runs_on[page.server]].url if page.server is not None else None
                 cwd = os.path.join(tmp, f"page{i}")
                 os.makedirs(cwd)
                 blocks = [b for b in page.blocks if b.runs]
@@ -226,3 +280,14 @@ def test_curl_fails_on_an_http_error(tmp_path):
         assert bare.returncode == 0
     finally:
         httpd.shutdown()
+
+
+def test_pages_share_servers_unless_their_flags_disagree():
+    a = (("--scheduling-policy", "priority"), ())
+    b = (("--enable-auto-tool-choice", "--tool-call-parser", "hermes"), ())
+    c = (("--tool-call-parser", "pythonic"), ())
+    d = ((), (("VLLM_SERVER_DEV_MODE", "1"),))
+    runs_on = merge_servers({a, b, c, d})
+    assert runs_on[a] == runs_on[b] == runs_on[d] != runs_on[c]
+    flags, env = runs_on[a]
+    assert "--scheduling-policy" in flags and "hermes" in flags and env == d[1]
