@@ -153,6 +153,8 @@ def render_markers(markdown: str) -> str:
             indent = line[:len(line) - len(line.lstrip())]
             reasons = [r.strip() for r in _NEEDS.match(line).group(1).split(",") if r.strip()]
             what = "; ".join(REASONS.get(r, r) for r in reasons) or "(reason missing)"
+            if out and out[-1].strip():
+                out.append("")      # an admonition starts a block of its own
             out += [f'{indent}!!! note "Needs: {what}"', f"{indent}    Not run by the test suite.",
                     ""]
             continue
