@@ -158,7 +158,7 @@ def main() -> None:
                     "Gaudi backend",
         python_requires=">=3.10",
         packages=find_packages(include=["vllm", "vllm.*"]),
-        package_data={"vllm": ["py.typed", "native/*.cpp", "native/*.h",
+        package_data={"vllm": ["py.typed", "cpu/*.cpp", "cpu/*.h",
                                 "benchmarks/data/*.txt"]},
         install_requires=read_requirements(f"{target}.txt"),
         extras_require={"test": read_requirements("test.txt"), "ray": ["ray>=2.10"]},

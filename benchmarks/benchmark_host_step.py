@@ -125,7 +125,7 @@ def _make_runner(max_num_seqs: int) -> tuple[Any, bool]:
     from vllm.platforms import current_platform
     if current_platform.device_name == "hpu" or os.environ.get("VLLM_USE_FAKE_HPU") == "1":
         return _hpu_runner(max_num_seqs), True
-    from vllm.worker.cpu_model_runner import CPUModelRunner
+    from vllm.cpu.model_runner import CPUModelRunner
     return CPUModelRunner(_config(max_num_seqs), device="cpu"), False
 
 

@@ -88,7 +88,7 @@ def main() -> None:
                         help="Also time an engine started without --enable-lora.")
     args = parser.parse_args()
     if args.no_fused_decode:
-        from vllm.native import fused_decode as llama_fused
+        from vllm.cpu import fused_decode as llama_fused
         llama_fused.FusedDecode.build = classmethod(lambda cls, layers: None)
     model_path = resolve_model_path(args.model)
     tmp = tempfile.mkdtemp(prefix="lora-bench-")

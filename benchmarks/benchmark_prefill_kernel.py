@@ -36,7 +36,7 @@ def runners(length: int, hq: int, hkv: int, d: int, dtype: torch.dtype,
     """A call per kind for one fresh sequence of `length` tokens, each writing `out`
     ([length, hq * d], new when None)."""
     from vllm.attention.backends.torch_sdpa import _sdpa
-    from vllm.native import cpu_ops, prefill_ops
+    from vllm.cpu import cpu_ops, prefill_ops
     g = torch.Generator().manual_seed(0)
     blocks = -(-length // BLOCK)
     cache = torch.randn(2, hkv, blocks * BLOCK, d, generator=g).to(dtype)

@@ -9,7 +9,7 @@ For each format the same model is loaded in bf16 (the CPU default), then:
   sample and the load average are printed, the machine may be shared).
 
 A `modules:` prefix on a format (e.g. `modules:int4=DIR`) turns the fused native decode
-layer (native/fused_decode.py) off for it: the same weights through the module path. A `+kv8`
+layer (vllm/cpu/fused_decode.py) off for it: the same weights through the module path. A `+kv8`
 suffix (e.g. `bf16+kv8`, `fp8+kv8`) runs that format with `--kv-cache-dtype fp8`
 (the checkpoint's KV scales if it has any, else 1.0); a `+kvcalc` suffix runs it with
 `--kv-cache-dtype fp8 --calculate-kv-scales`, the scales set by a first pass over the
@@ -69,7 +69,7 @@ def run_format(name: str, model: str, quantization, kv_cache_dtype: str, repeats
                calculate_kv_scales: bool = False, parts: int = 3):
     from vllm import LLM, SamplingParams
     from vllm.model_executor.model_loader import weight_bytes
-    from vllm.native import fused_decode as llama_fused
+    from vllm.cpu import fused_decode as llama_fused
     real_build = llama_fused.FusedDecode.build
     if not fused:  # every decode step through the modules (the "before" of the fused layer)
         llama_fused.FusedDecode.build = classmethod(lambda cls, layers: None)

@@ -6,7 +6,7 @@ the bf16 GEMM peak, both measured in this process (issue 53, item 2).
      level cache, best of several runs, counted as STREAM does (3 arrays moved; the
      write-allocate read of `a` is not counted, so the figure is STREAM's own);
    - bf16 GEMM peak: square bf16 products through the engine's linear-layer path
-     (`vllm.native.gemm.linear` on a weight packed by the engine's measured plan), at
+     (`vllm.cpu.gemm.linear` on a weight packed by the engine's measured plan), at
      the prompt-chunk row count; the kernel it chose is reported.
 2. The engine (`vllm.LLM`, greedy, EOS ignored) at each batch size: wall time of every
    `EngineCore.step` (the engine keeps no per-step timing of its own), split into
@@ -78,7 +78,7 @@ def gemm_peak(size: int, rows: Optional[int] = None, runs: int = 3) -> tuple[flo
     """bf16 FLOP/s (best of `runs`) of a [rows, size] x [size, size]^T product through
     the engine's linear path, and the kernel that ran it. Falls back to torch.matmul
     where the engine's packing is unavailable (no oneDNN in this torch build)."""
-    from vllm.native import gemm
+    from vllm.cpu import gemm
     rows = rows or size
     weight = (torch.randn(size, size) / size ** 0.5).to(torch.bfloat16)
     x = torch.randn(rows, size).to(torch.bfloat16)
@@ -86,7 +86,7 @@ def gemm_peak(size: int, rows: Optional[int] = None, runs: int = 3) -> tuple[flo
     if gemm.packing_supported(layer.weight):
         gemm.pack_linear_weights(layer)
         plan = gemm.plan_of(layer)
-        kind = f"vllm.native.gemm.linear ({plan.kind_for(rows)})"
+        kind = f"vllm.cpu.gemm.linear ({plan.kind_for(rows)})"
 
         def fn():
             return gemm.linear(layer, x, layer.weight)

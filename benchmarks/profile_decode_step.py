@@ -111,8 +111,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.native import fused_decode as llama_fused
-    from vllm.native import cpu_ops
+    from vllm.cpu import fused_decode as llama_fused
+    from vllm.cpu import cpu_ops
 
     llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
     rng = np.random.default_rng(args.seed)

@@ -89,7 +89,7 @@ def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     from vllm.model_executor.layers import logits_processor
     from vllm.model_executor.layers.quantization import unquantized
     from vllm.attention.backends.torch_sdpa import TorchSDPABackendImpl
-    from vllm.worker.cpu_model_runner import CPUModelRunner
+    from vllm.cpu.model_runner import CPUModelRunner
 
     args.enable_prefix_caching = False
     llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))

@@ -16,7 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # threads that spin while waiting would slow everything down many times over.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # For the same reason every test process sees contention: a forward's thread count that
-# followed it (vllm/worker/cpu_threads.py) would change reduction orders mid-run. The
+# followed it (vllm/cpu/threads.py) would change reduction orders mid-run. The
 # governor has its own tests (tests/worker/test_cpu_threads.py).
 os.environ.setdefault("VLLM_CPU_ADAPTIVE_THREADS", "0")
 

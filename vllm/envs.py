@@ -57,9 +57,9 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
                                   "(no binding), or one list per rank such as '0-3|4-7'."),
     "VLLM_CPU_ADAPTIVE_THREADS": (_bool, True, "Size the CPU forward's thread team to the "
                                   "cores other processes leave free, re-checked every half "
-                                  "second (vllm/worker/cpu_threads.py); 0 keeps the "
+                                  "second (vllm/cpu/threads.py); 0 keeps the "
                                   "configured count."),
-    "VLLM_CPU_NATIVE_OPS": (_bool, True, "Use the native CPU kernels (vllm/native, built once "
+    "VLLM_CPU_NATIVE_OPS": (_bool, True, "Use the native CPU kernels (vllm/cpu, built once "
                             "with the system C++ compiler); 0 keeps every op in torch."),
     "VLLM_BATCH_INVARIANT": (_bool, False, "Per-request results that do not depend on the "
                              "batch (vLLM's batch-invariant mode): one GEMM kernel for every "

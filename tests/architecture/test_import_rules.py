@@ -23,19 +23,24 @@ from tests.architecture.import_graph import ImportGraph, Rule, chain_to, check, 
 VLLM_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "vllm")
 
+BACKENDS = ("vllm.cpu", "vllm.hpu", "vllm.cuda", "vllm.native")
+"""The backend packages: each binds its kernels to the model code (CustomOp forwards,
+model_executor/kernels.py); none is imported by it. `vllm.native` is the CPU
+backend's old name, kept here so that it cannot come back."""
+
 RULES = (
     Rule(
         name="the scheduler touches no tensors and knows nothing of models or workers",
         importers=("vllm.core",),
         forbidden=("vllm.model_executor", "vllm.worker", "vllm.hpu", "vllm.attention",
-                   "vllm.executor", "vllm.sample", "vllm.native", "vllm.distributed"),
+                   "vllm.executor", "vllm.sample", "vllm.cpu", "vllm.distributed"),
         external_forbidden=("torch",)),
     Rule(
         name="the server reaches the engine only through EngineClient",
         importers=("vllm.entrypoints.openai", "vllm.entrypoints.anthropic"),
         forbidden=("vllm.engine", "vllm.core", "vllm.executor", "vllm.worker",
                    "vllm.model_executor", "vllm.hpu", "vllm.attention", "vllm.sample",
-                   "vllm.distributed", "vllm.native"),
+                   "vllm.distributed", "vllm.cpu"),
         allowed={
             "vllm.engine.protocol":
                 "EngineClient and EngineDeadError: the contract itself",
@@ -63,6 +68,10 @@ RULES = (
         name="models know nothing of the engine or the server",
         importers=("vllm.model_executor",),
         forbidden=("vllm.engine", "vllm.entrypoints", "vllm.core", "vllm.executor")),
+    Rule(
+        name="model, attention and sampling code import no backend package",
+        importers=("vllm.model_executor", "vllm.attention", "vllm.sample"),
+        forbidden=BACKENDS),
     Rule(
         name="config holds values: it imports nothing above it",
         importers=("vllm.config",),
@@ -251,3 +260,41 @@ def test_checker_finds_cycles(tmp_path) -> None:
                                                ["vllm.config", "vllm.engine.processor"]]
     assert "vllm.config -> vllm.engine.processor (line 2)" in _describe(
         graph, ["vllm.config", "vllm.engine.processor"], lazy=True)
+
+
+def test_checker_refuses_a_backend_import_in_model_code(tmp_path) -> None:
+    """The backend rule fails on each way model, attention or sampling code could
+    reach a backend: a module-level import, a relative one, one inside a function."""
+    pkg = _write(tmp_path, {
+        "vllm/__init__.py": "",
+        "vllm/model_executor/__init__.py": "",
+        "vllm/model_executor/kernels.py": "",
+        "vllm/model_executor/models/__init__.py": "",
+        "vllm/model_executor/models/llama.py": """\
+            from vllm.model_executor.kernels import linear
+            from vllm.cpu.gemm import drop_packed_weights
+            """,
+        "vllm/attention/__init__.py": "",
+        "vllm/attention/mla.py": "from ..hpu import ops\n",
+        "vllm/sample/__init__.py": "",
+        "vllm/sample/metadata.py": """\
+            def greedy(logits):
+                from vllm.cuda import ops
+                return ops
+            """,
+        "vllm/cpu/__init__.py": "",
+        "vllm/cpu/gemm.py": "from vllm.model_executor.kernels import linear\n",
+        "vllm/hpu/__init__.py": "",
+        "vllm/hpu/ops.py": "",
+        "vllm/cuda/__init__.py": "",
+        "vllm/cuda/ops.py": "",
+    })
+    rule = next(r for r in RULES if r.importers == ("vllm.model_executor", "vllm.attention",
+                                                    "vllm.sample"))
+    report = check(ImportGraph.from_package(pkg), [rule])
+    assert report[0].startswith("model, attention and sampling code import no backend")
+    assert sorted(report[1:]) == [
+        "  vllm.attention.mla -> vllm.hpu.ops (line 1)",
+        "  vllm.model_executor.models.llama -> vllm.cpu.gemm (line 2)",
+        "  vllm.sample.metadata -> vllm.cuda.ops (line 2)",
+    ]

@@ -1,4 +1,5 @@
-"""The CPU attention backend against dense per-sequence attention.
+"""The CPU attention backend (vllm/cpu/attention.py over torch_sdpa) against dense
+per-sequence attention.
 
 One step mixes decodes, a fresh prompt and a chunk of a prompt with context, with
 blocks scattered over the cache, GQA, and the head-major cache layout; every output
@@ -11,10 +12,11 @@ import pytest
 import torch
 
 from vllm.attention.backends import torch_sdpa
-from vllm.attention.backends.torch_sdpa import (PrefillSeq, TorchSDPABackendImpl,
+from vllm.attention.backends.torch_sdpa import (PrefillSeq,
                                                 build_metadata, context_slots,
                                                 group_decodes)
-from vllm.native import cpu_ops, prefill_ops
+from vllm.cpu import cpu_ops, prefill_ops
+from vllm.cpu.attention import CpuAttentionImpl
 
 HQ, HKV, D, BS = 6, 2, 16, 4
 
@@ -47,7 +49,7 @@ def test_context_slots_follow_the_block_table():
                          ids=["torch", "native", "native-flash"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 def test_mixed_step_matches_dense_attention(dtype, tol, native, flash):
-    """Decodes through the padded groups (torch) or the native kernel (vllm/native);
+    """Decodes through the padded groups (torch) or the native kernel (vllm/cpu);
     prefills through SDPA or (flash) the native prefill kernel, in the same step."""
     if native and not cpu_ops.usable(torch.empty(0)):
         pytest.skip("native CPU kernels unavailable")
@@ -92,7 +94,7 @@ def test_mixed_step_matches_dense_attention(dtype, tol, native, flash):
     assert (md.decode_block_table is not None) == native
     assert (md.flash is not None) == flash
     q, k, v = (torch.cat(x) for x in (q_rows, k_rows, v_rows))
-    out = TorchSDPABackendImpl().forward(_Layer(), q.reshape(len(q), -1), k.reshape(len(k), -1),
+    out = CpuAttentionImpl().forward(_Layer(), q.reshape(len(q), -1), k.reshape(len(k), -1),
                                          v.reshape(len(v), -1), cache, md)
     offset = 0
     for (total, new), (fq, fk, fv) in zip(seqs, full):
@@ -116,7 +118,7 @@ def test_decode_only_step_returns_every_row(lens, align, monkeypatch):
     assert md.decode_groups[0].max_len == -(-max(lens) // align) * align
     assert (md.decode_groups[0].bias is None) == (align == 1)
     q, k, v = torch.randn(3, HQ * D), torch.randn(3, HKV * D), torch.randn(3, HKV * D)
-    out = TorchSDPABackendImpl().forward(_Layer(), q, k, v, cache, md)
+    out = CpuAttentionImpl().forward(_Layer(), q, k, v, cache, md)
     assert out.shape == (3, HQ * D)
     for i, n in enumerate(lens):
         slots = [table[i, p // BS] * BS + p % BS for p in range(n)]
@@ -158,7 +160,7 @@ def test_grouped_decodes_match_dense_attention(monkeypatch):
     md = build_metadata(slot_map, table, lens, [], [], BS, "cpu")
     assert len(md.decode_groups) >= 3
     q, k, v = (torch.randn(len(lens), h * D) for h in (HQ, HKV, HKV))
-    out = TorchSDPABackendImpl().forward(_Layer(), q, k, v, cache, md)
+    out = CpuAttentionImpl().forward(_Layer(), q, k, v, cache, md)
     for i, n in enumerate(lens):
         slots = [table[i, p // BS] * BS + p % BS for p in range(n)]
         kk, vv = cache[0][:, slots].transpose(0, 1), cache[1][:, slots].transpose(0, 1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from benchmarks import benchmark_prefill_kernel as bench
-from vllm.native import cpu_ops, prefill_ops
+from vllm.cpu import cpu_ops, prefill_ops
 
 pytestmark = pytest.mark.skipif(
     prefill_ops.get_prefill_lib() is None or cpu_ops.get_native_lib() is None,

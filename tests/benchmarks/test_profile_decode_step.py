@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from vllm.native import cpu_ops
+from vllm.cpu import cpu_ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -43,7 +43,7 @@ def run_greedy_in_process(model: str, **kwargs) -> list[list[int]]:
     """
     import torch
 
-    from vllm.worker.cpu_worker import CPUWorker
+    from vllm.cpu.worker import CPUWorker
     threads = torch.get_num_threads()
     original = CPUWorker._set_threads
     CPUWorker._set_threads = lambda self: torch.set_num_threads(1)

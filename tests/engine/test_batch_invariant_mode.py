@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from vllm import LLM, SamplingParams
-from vllm.native import cpu_ops
+from vllm.cpu import cpu_ops
 
 needs_native_gemm = pytest.mark.skipif(not cpu_ops.gemm_supported(),
                                        reason="no native bf16 GEMM on this CPU")
@@ -63,14 +63,14 @@ def test_alone_equals_in_a_batch_with_different_neighbours(invariant_llm, kind):
 
 @needs_native_gemm
 def test_the_mode_uses_one_gemm_kernel_for_every_row_count(invariant_llm):
-    from vllm.native.gemm import plan_of
+    from vllm.cpu.gemm import plan_of
     model = invariant_llm.llm_engine.engine_core.executor.worker.model_runner.model
     plans = {plan_of(m) for m in model.modules() if plan_of(m) is not None}
     assert plans and all(set(p.kinds) == {"native"} for p in plans), plans
 
 
 def test_native_gemm_off_contradicts_the_mode(monkeypatch):
-    from vllm.native import gemm_autotune
+    from vllm.cpu import gemm_autotune
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     monkeypatch.setenv("VLLM_CPU_NATIVE_GEMM", "0")
     with pytest.raises(ValueError, match="VLLM_BATCH_INVARIANT=1 needs the native GEMM"):

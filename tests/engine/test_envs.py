@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from vllm import envs
-from vllm.worker.cpu_worker import cores_for_rank, parse_cpu_list
+from vllm.cpu.worker import cores_for_rank, parse_cpu_list
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 READ = re.compile(r"os\.getenv\(|os\.environ\.get\(|in os\.environ\b|os\.environ\[[^]]+\](?!\s*=)")

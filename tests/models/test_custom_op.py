@@ -19,7 +19,7 @@ from tests.hpu.conftest import SMALL_BUCKETS, make_llm, platform_env, release
 from vllm import SamplingParams
 from vllm.hpu import habana
 from vllm.model_executor.custom_op import CustomOp
-from vllm.native import cpu_ops, loader
+from vllm.cpu import cpu_ops, loader
 
 pytestmark = pytest.mark.skipif(not cpu_ops.supports(torch.float32),
                                 reason="native CPU kernels unavailable")
@@ -95,7 +95,7 @@ def test_fake_hpu_runs_the_hpex_kernels_and_cpu_the_native_ones(tiny_llama, monk
     hpu_out, hpu_calls, hpu_methods = _generate_counting(tiny_llama, monkeypatch, "hpu",
                                                          PT_HPU_LAZY_MODE="0",
                                                          **SMALL_BUCKETS)
-    # The native kernels bound by the CPU platform (vllm/native/ops.py).
+    # The native kernels bound by the CPU platform (vllm/cpu/ops.py).
     assert cpu_methods == {"RMSNorm": "rms_norm_cpu", "SiluAndMul": "silu_and_mul_cpu",
                            "RotaryEmbedding": "rotary_embedding_cpu"}
     # The HPU kernels bound by register_ops (vllm/hpu/ops.py);

@@ -13,10 +13,10 @@ CODE = """
 import sys
 from vllm.platforms import current_platform
 assert current_platform.is_cpu() and current_platform.supported_dtypes
-print("after platform:", "vllm.native.ops" in sys.modules, "torch._dynamo" in sys.modules)
+print("after platform:", "vllm.cpu.ops" in sys.modules, "torch._dynamo" in sys.modules)
 from vllm.model_executor.layers.layernorm import RMSNorm
 layer = RMSNorm(8)
-print("after layer:", "vllm.native.ops" in sys.modules, layer.forward_method_name)
+print("after layer:", "vllm.cpu.ops" in sys.modules, layer.forward_method_name)
 """
 
 

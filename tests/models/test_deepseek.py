@@ -119,13 +119,13 @@ def test_decode_with_and_without_absorption_agree(tiny, native, monkeypatch):
     absorbed ones (chunked prefill: 16-token chunks attend to a cached context). Absorbed
     decodes run the native paged decode kernel over the latent, or torch ops."""
     from vllm import LLM
-    from vllm.attention import mla
+    from vllm.cpu import cpu_ops  # the CPU's paged_decode_attention kernel calls it
     calls = []
-    real = mla.cpu_ops.decode_attention
-    monkeypatch.setattr(mla.cpu_ops, "decode_attention",
+    real = cpu_ops.decode_attention
+    monkeypatch.setattr(cpu_ops, "decode_attention",
                         lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     if not native:
-        monkeypatch.setattr(mla.cpu_ops, "usable", lambda t: False)
+        monkeypatch.setattr(cpu_ops, "usable", lambda t: False)
     llm = LLM(model=tiny("v2"), dtype="float32", max_model_len=512,
               kv_cache_memory_bytes=32 << 20, block_size=16, max_num_batched_tokens=16,
               max_num_seqs=4)

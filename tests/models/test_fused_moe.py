@@ -61,8 +61,8 @@ def test_expert_weight_loading_and_names():
 
 
 def test_bf16_packed_experts_match_plain_linear():
-    from vllm.native.gemm import PACKS_ATTR, drop_packed_weights
-    from vllm.native import cpu_ops
+    from vllm.cpu.gemm import PACKS_ATTR, drop_packed_weights
+    from vllm.cpu import cpu_ops
     if not cpu_ops.gemm_supported():
         pytest.skip("no native bf16 GEMM on this CPU")
     torch.manual_seed(0)

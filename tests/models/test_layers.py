@@ -7,7 +7,7 @@ import torch
 from vllm.model_executor.layers import linear as linear_mod
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import get_rope
-from vllm.native import cpu_ops
+from vllm.cpu import cpu_ops
 
 
 def _hf_rotary(config, positions, q, k, head_dim):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm.native import cpu_ops
+from vllm.cpu import cpu_ops
 
 pytestmark = pytest.mark.skipif(not cpu_ops.usable(torch.empty(0)),
                                 reason="native CPU kernels unavailable")

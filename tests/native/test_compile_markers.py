@@ -30,7 +30,7 @@ def test_the_marker_is_the_one_torch_sets(monkeypatch):
 
 
 def test_native_ops_import_without_dynamo():
-    code = ("import sys, vllm.native.ops, vllm.native.cpu_ops; "
+    code = ("import sys, vllm.cpu.ops, vllm.cpu.cpu_ops; "
             "print('torch._dynamo' in sys.modules)")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,

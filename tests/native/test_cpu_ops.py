@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm.native import cpu_ops, loader
+from vllm.cpu import cpu_ops, loader
 
 pytestmark = pytest.mark.skipif(not cpu_ops.usable(torch.empty(0)),
                                 reason="native CPU kernels unavailable (no C++ compiler?)")
@@ -217,7 +217,7 @@ def test_linear_layers_use_their_packed_weight(monkeypatch, native):
     """cpu_gemm.linear through the native pack, or oneDNN's when the native GEMM is off
     (the float32 copy on CPUs where oneDNN has no bf16 kernel)."""
     from torch import nn
-    from vllm.native import gemm as cpu_gemm, gemm_autotune
+    from vllm.cpu import gemm as cpu_gemm, gemm_autotune
     if native and not cpu_ops.gemm_supported():
         pytest.skip("no native GEMM (AVX512-BF16 or AVX2) on this CPU")
     monkeypatch.setattr(cpu_ops, "_GEMM", {"ok": native})
@@ -278,46 +278,10 @@ def test_loader_disabled_by_environment(monkeypatch, tmp_path):
 
 def test_a_broken_compiler_falls_back_to_torch(monkeypatch, tmp_path, caplog):
     _fresh_loader(monkeypatch, tmp_path, CXX="false")
-    with caplog.at_level("WARNING", logger="vllm.native.loader"):
+    with caplog.at_level("WARNING", logger="vllm.cpu.loader"):
         assert loader.get_native_lib() is None
     assert "using torch ops instead" in caplog.text
     assert not list((tmp_path / "native").glob("*.tmp")), "the temporary output is removed"
-
-
-def test_a_forked_worker_is_not_blocked_by_the_parents_background_build(tmp_path,
-                                                                        monkeypatch):
-    """The background prebuild holds a per-file lock while the compiler runs; a worker
-    forked meanwhile must not inherit it held (it would wait for ever)."""
-    import os
-    import threading
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
-    source = tmp_path / "tiny_ops.cpp"
-    source.write_text('extern "C" int vllm_tiny(void) { return 7; }\n')
-    held = loader._build_locks.setdefault(source.name, threading.Lock())
-    held.acquire()  # as if the parent's background thread were compiling it
-    try:
-        pid = os.fork()
-        if pid == 0:  # the worker: builds for itself, then exits
-            try:
-                import ctypes
-                ok = ctypes.CDLL(str(loader.build_library(source))).vllm_tiny() == 7
-            finally:
-                os._exit(0 if ok else 1)
-        deadline = 60
-        import time
-        for _ in range(deadline * 10):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked worker waited on the parent's build lock")
-        assert os.waitstatus_to_exitcode(status) == 0
-    finally:
-        held.release()
-        loader._build_locks.pop(source.name, None)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

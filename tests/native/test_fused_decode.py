@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm.native import fused_decode as llama_fused
-from vllm.native import cpu_ops, quant_ops
+from vllm.cpu import fused_decode as llama_fused
+from vllm.cpu import cpu_ops, quant_ops
 
 needs_bf16_gemm = pytest.mark.skipif(not cpu_ops.gemm_supported(),
                                      reason="needs the native bf16 GEMM")
@@ -39,7 +39,7 @@ def _generate(model: str, monkeypatch, fused: bool, prompts=PROMPTS, loras=None,
     # row counts, which the fused path then leaves to the modules).
     monkeypatch.setenv("VLLM_CPU_NATIVE_GEMM", "1")
     if plan is not None:  # every weight shape on this row-bucket plan instead
-        from vllm.native import gemm_autotune
+        from vllm.cpu import gemm_autotune
         monkeypatch.setattr(gemm_autotune, "plan_shapes",
                             lambda weights: {s: gemm_autotune.GemmPlan(plan) for s in weights})
     if not fused:

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.native import autotune, gemm as cpu_gemm, gemm_autotune
-from vllm.native.gemm_autotune import (AMX, FP32, NATIVE, ONEDNN, ROW_BUCKETS,
+from vllm.cpu import autotune, gemm as cpu_gemm, gemm_autotune
+from vllm.cpu.gemm_autotune import (AMX, FP32, NATIVE, ONEDNN, ROW_BUCKETS,
                                                       TORCH, GemmPlan)
-from vllm.native import cpu_ops
+from vllm.cpu import cpu_ops
 
 
 def _layer(n: int = 40, k: int = 64) -> nn.Linear:
@@ -289,7 +289,7 @@ def test_the_float32_kernel_matches_a_float_linear():
 ])
 def test_auto_dtype_of_a_float32_checkpoint_follows_the_fast_kernel(monkeypatch, flags,
                                                                     native_ops, expect):
-    from vllm.platforms import cpu
+    from vllm.cpu import platform as cpu
     monkeypatch.setattr(cpu, "_cpu_flags", lambda: set(flags))
     monkeypatch.setenv("VLLM_CPU_NATIVE_OPS", native_ops)
     platform = cpu.CpuPlatform()

@@ -1,4 +1,4 @@
-"""The blocked prefill attention kernel (vllm/native/prefill_ops.cpp) against a float64
+"""The blocked prefill attention kernel (vllm/cpu/prefill_ops.cpp) against a float64
 naive reference: ragged query lengths and tails of both tile sizes, contexts from prefix
 hits or earlier chunks, GQA, head sizes 64 / 128 / 80, float32 and bf16, a shuffled
 block table, strided query rows. bf16 runs every kernel the library has: float32 FMAs,
@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from vllm.native import prefill_ops
+from vllm.cpu import prefill_ops
 
 pytestmark = pytest.mark.skipif(prefill_ops.get_prefill_lib() is None,
                                 reason="native prefill kernel unavailable")
@@ -185,8 +185,8 @@ def test_engine_with_the_prefill_kernel_matches_transformers(tiny_model_factory,
     import transformers
 
     from vllm import LLM, SamplingParams
-    from vllm.native import prefill_choice
-    from vllm.native.prefill_choice import FLASH, PrefillPlan
+    from vllm.cpu import prefill_choice
+    from vllm.cpu.prefill_choice import FLASH, PrefillPlan
 
     path = tiny_model_factory("llama", hidden_size=256, intermediate_size=256)
     monkeypatch.setattr(prefill_choice, "choose_plan", lambda *a: PrefillPlan((FLASH,) * 4))
@@ -242,8 +242,8 @@ def _assert_greedy_matches(model, prompt: list[int], got: list[int], tie: float)
 
 def test_the_plan_takes_the_fastest_kernel_per_length_and_no_rowwise_past_1024(
         monkeypatch, tmp_path):
-    from vllm.native import prefill_choice
-    from vllm.native.prefill_choice import FLASH, ROWWISE, SDPA, plan_from
+    from vllm.cpu import prefill_choice
+    from vllm.cpu.prefill_choice import FLASH, ROWWISE, SDPA, plan_from
 
     timings = [{ROWWISE: [1.0], FLASH: [2.0], SDPA: [3.0]},
                {ROWWISE: [2.0], FLASH: [1.0], SDPA: [3.0]},

@@ -22,7 +22,7 @@ MODULE = "vllm_test_dummy_plugin"
 PLUGIN_SOURCE = textwrap.dedent('''
     import os
 
-    from vllm.platforms.cpu import CpuPlatform
+    from vllm.cpu.platform import CpuPlatform
     from vllm.platforms.interface import PlatformEnum
 
     GENERAL_CALLS = []

@@ -151,7 +151,7 @@ def test_fp8_weights_and_kv_checkpoint(tiny_float, tmp_path):
 
 def test_fp8_cache_halves_block_bytes_of_bf16(tiny_float):
     from tests.models._model_helpers import make_vllm_config
-    from vllm.worker.cpu_model_runner import CPUModelRunner
+    from vllm.cpu.model_runner import CPUModelRunner
     sizes = {}
     for cache_dtype in ("auto", "fp8"):
         cfg = make_vllm_config(tiny_float, dtype="bfloat16")
@@ -220,7 +220,7 @@ def test_bad_checkpoint_scales_fail_at_load(kv_ckpt, tmp_path, edit, match):
 
 # ------------------------------------------------------------------ native kernel
 def _native():
-    from vllm.native import cpu_ops
+    from vllm.cpu import cpu_ops
     if not cpu_ops.supports(torch.float32):
         pytest.skip("native CPU kernels unavailable")
     return cpu_ops
@@ -313,7 +313,7 @@ def test_calculate_kv_scales_matches_reference(tiny_float, monkeypatch):
     # at start-up (prefill_choice.py), and the row-wise one sums in another order; under
     # fp8 an element on a rounding boundary then lands a step apart in a later layer
     # (5e-3 in a logprob seen), so the test would depend on the machine's timings.
-    from vllm.native import prefill_choice
+    from vllm.cpu import prefill_choice
     monkeypatch.setattr(prefill_choice, "choose_plan",
                         lambda *args: prefill_choice.PrefillPlan((prefill_choice.SDPA,) * 4))
     llm = LLM(model=tiny_float, dtype="float32", max_model_len=256, kv_cache_dtype="fp8",

@@ -2,7 +2,7 @@
 
 `_scaled_mm` also runs on CPU in this torch, so the CUDA path's function is called
 directly on CPU tensors and compared with a float64 dequantized reference and with
-the CPU path (`_cpu_fp8_gemm`). fp8 products are exact in float32, so the paths
+the CPU path (the CPU's `fp8_gemm` kernel, vllm/cpu/ops.py). fp8 products are exact in float32, so the paths
 differ only in summation order and the final rounding to the output dtype; the
 tolerance is a few output ulps of the result's magnitude.
 """
@@ -74,7 +74,8 @@ def test_scaled_mm_matches_reference_and_cpu_path(capability, dtype, per_channel
     out = scaled_mm_fp8_gemm(x_q, x_scale, w_q, w_scale, bias, dtype, plan)
     ref = _reference(x_q, x_scale, w_q, w_scale, bias)
     _close(out, ref, dtype)
-    cpu = fp8_utils._cpu_fp8_gemm(x_q, x_scale, w_q, w_scale, bias, dtype)
+    from vllm.cpu.ops import fp8_gemm_cpu
+    cpu = fp8_gemm_cpu(x_q, x_scale, w_q, w_scale, bias, dtype)
     _close(out, cpu.double(), dtype)
 
 
@@ -153,8 +154,8 @@ def test_fp8_linear_with_plan_matches_without(static_scale, per_channel):
     input_scale = None if static_scale is None else torch.tensor([static_scale])
     bias = torch.randn(n)
     plan = plan_fp8_gemm(HOPPER, w_q, w_scale)
-    ours = fp8_linear(x, w_q, w_scale, input_scale, bias, False, plan)
-    today = fp8_linear(x, w_q, w_scale, input_scale, bias, False)
+    ours = fp8_linear(x, w_q, w_scale, input_scale, bias, None, plan)
+    today = fp8_linear(x, w_q, w_scale, input_scale, bias)
     assert ours.shape == (2, 3, n)
     _close(ours, today.double(), torch.float32)
 
@@ -166,7 +167,7 @@ def test_fp8_linear_dequant_plan_keeps_cpu_path(monkeypatch):
     monkeypatch.setattr(torch, "_scaled_mm", forbidden)
     w_q, w_scale = _weight(32, 32, per_channel=True)
     plan = plan_fp8_gemm(AMPERE, w_q, w_scale)
-    out = fp8_linear(torch.randn(3, 32), w_q, w_scale, None, None, False, plan)
+    out = fp8_linear(torch.randn(3, 32), w_q, w_scale, None, None, None, plan)
     assert out.shape == (3, 32)
 
 

@@ -126,7 +126,7 @@ def test_gptq_partial_last_group(tiny_partial, tmp_path, bits, desc_act, sym, gr
     with torch.no_grad():
         _close(ours, ref(ids[None]).logits[0])
     if bits == 4:
-        from vllm.native import quant_ops
+        from vllm.cpu import quant_ops
         x = torch.randn(2, 320, generator=torch.Generator().manual_seed(0))
         w = ref.model.layers[0].mlp.down_proj.weight.detach()
         if quant_ops.int4_supported(x, 64):  # the decode kernel's rows on that grid
@@ -134,11 +134,11 @@ def test_gptq_partial_last_group(tiny_partial, tmp_path, bits, desc_act, sym, gr
                                        rtol=1e-5, atol=1e-4)
         # Gaudi's layout of the same layer (qweight [K/8, N] for convert_from_uint4,
         # through the HPU shim): the same product
-        from vllm.model_executor.layers.quantization.int_weights import (
-            IntWeightLinearMethod, unpack_nibbles)
+        from vllm.hpu.ops import int4_layout_hpu, int4_linear_hpu
+        from vllm.model_executor.layers.quantization.int_weights import unpack_nibbles
         method = down.quant_method
-        IntWeightLinearMethod._hpu_layout(down, unpack_nibbles(down.w_q))
-        method.on_hpu = True
+        int4_layout_hpu(down, unpack_nibbles(down.w_q))
+        method.int4_linear = int4_linear_hpu  # what the HPU platform's kernel table binds
         torch.testing.assert_close(method.apply(down, x), x @ w.t(), rtol=1e-5, atol=1e-4)
     if greedy:
         _greedy_matches(path, ref, tok)
@@ -204,7 +204,7 @@ def test_native_int4_kernel_matches_dequantized_product(n, k, gs):
     odd run counts and groups that split a pair of runs (288 = 9 runs of 32, groups of
     3 runs) included."""
     from vllm.model_executor.layers.quantization.int_weights import pack_nibbles
-    from vllm.native import quant_ops
+    from vllm.cpu import quant_ops
     if quant_ops.get_quant_lib() is None:
         pytest.skip("no native library")
     gen = torch.Generator().manual_seed(0)

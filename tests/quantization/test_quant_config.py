@@ -66,7 +66,7 @@ def test_flag_must_match_checkpoint(tiny, tmp_path):
 def test_unquantized_model_keeps_packed_bf16_path(tiny):
     """No quantization: plain weights, the packed bf16 GEMM of the runner applies."""
     from tests.models._model_helpers import make_vllm_config
-    from vllm.native.gemm import pack_linear_weights
+    from vllm.cpu.gemm import pack_linear_weights
     from vllm.model_executor.layers.quantization.unquantized import UnquantizedLinearMethod
     from vllm.model_executor.model_loader import get_model
     model = get_model(make_vllm_config(tiny, dtype="bfloat16"))

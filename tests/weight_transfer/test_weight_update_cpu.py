@@ -152,7 +152,7 @@ def test_bf16_packed_linears_are_repacked_after_update(ckpt_a, ckpt_b):
     llm = LLM(ckpt_a, weight_transfer_config={"backend": "disk"}, **args)
     try:
         def packed(worker) -> int:
-            from vllm.native.gemm import PACKS_ATTR
+            from vllm.cpu.gemm import PACKS_ATTR
             return sum(PACKS_ATTR in m.__dict__ for m in worker.model_runner.model.modules())
 
         packs = llm.collective_rpc(packed)[0]

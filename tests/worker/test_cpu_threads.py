@@ -1,4 +1,4 @@
-"""The CPU forward's thread team follows the free cores (vllm/worker/cpu_threads.py)."""
+"""The CPU forward's thread team follows the free cores (vllm/cpu/threads.py)."""
 from __future__ import annotations
 
 import gc
@@ -6,8 +6,8 @@ import gc
 import pytest
 import torch
 
-from vllm.worker import cpu_threads
-from vllm.worker.cpu_threads import (DELAY_CORES, START_HOLD, CpuSample, ProcReader,
+from vllm.cpu import threads as cpu_threads
+from vllm.cpu.threads import (DELAY_CORES, START_HOLD, CpuSample, ProcReader,
                                      ThreadGovernor)
 
 
@@ -147,7 +147,7 @@ def test_the_frontend_parent_counts_as_our_own(tmp_path):
     import subprocess
     import sys
     import os
-    code = ("import os, time; from vllm.worker.cpu_threads import ProcReader\n"
+    code = ("import os, time; from vllm.cpu.threads import ProcReader\n"
             "r = ProcReader(frontend_pid=os.getppid()); a = r.sample(); time.sleep(0.5)\n"
             "b = r.sample(); print(b.own_cpu - a.own_cpu)")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))

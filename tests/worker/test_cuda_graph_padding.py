@@ -62,13 +62,13 @@ def test_cli_flags_reach_the_config():
     args = parser.parse_args(["--cudagraph-capture-sizes", "4", "1", "2", "--max-num-seqs", "8",
                               "-O", '{"cudagraph_mode": "FULL_DECODE_ONLY"}',
                               "--attention-backend", "torch_sdpa"])
-    from vllm.platforms.cpu import CpuPlatform
+    from vllm.cpu.platform import CpuPlatform
     with pytest.MonkeyPatch.context() as mp:  # as on CUDA, where graphs are captured
         mp.setattr(CpuPlatform, "captures_cuda_graphs", True)
         cfg = EngineArgs.from_cli_args(args).create_engine_config()
     assert cfg.compilation_config.cudagraph_capture_sizes == [1, 2, 4]
     assert cfg.compilation_config.cudagraph_mode == "FULL_DECODE_ONLY"
-    assert cfg.attention_config.backend_cls.endswith("TorchSDPABackendImpl")
+    assert cfg.attention_config.backend_cls.endswith("CpuAttentionImpl")  # the CPU platform's torch_sdpa
     with pytest.raises(ValueError, match="set it once"):
         EngineArgs(compilation_config={"cudagraph_capture_sizes": [1, 2]},
                    cudagraph_capture_sizes=[4]).create_engine_config()

@@ -15,9 +15,9 @@ pytest.importorskip("triton", reason="the Triton kernels need the triton package
 
 from tests.engine.conftest import hf_greedy  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
-from vllm.platforms.cpu import CpuPlatform  # noqa: E402
+from vllm.cpu.platform import CpuPlatform  # noqa: E402
 from vllm.platforms.cuda import TRITON_ATTN  # noqa: E402
-from vllm.worker import cpu_worker  # noqa: E402
+from vllm.cpu import worker as cpu_worker  # noqa: E402
 from vllm.worker.cuda_graphs import EagerGraph  # noqa: E402
 from vllm.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
@@ -228,7 +228,7 @@ def test_captures_read_only_weights_caches_and_static_buffers(
         elif layer_forwards == "torch" and "cpu" in forwards:
             monkeypatch.delitem(forwards, "cpu")
     monkeypatch.setattr(AuditedEagerGraph, "audits", [])
-    from vllm.worker import cpu_worker
+    from vllm.cpu import worker as cpu_worker
     monkeypatch.setattr(cpu_worker, "CPUModelRunner",
                         lambda cfg, device: GPUModelRunner(cfg, device,
                                                            graph_factory=AuditedEagerGraph))

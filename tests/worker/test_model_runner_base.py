@@ -10,7 +10,7 @@ import torch
 
 from vllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from vllm.sampling_params import SamplingParams
-from vllm.worker.cpu_model_runner import CPUModelRunner
+from vllm.cpu.model_runner import CPUModelRunner
 from vllm.worker.gpu_model_runner import GPUModelRunner
 from vllm.worker.input_batch import InputBatch
 from vllm.worker.sampling_stage import prompt_logprob_rows

@@ -33,7 +33,7 @@ from vllm.attention.fp8_kv import dequantize_kv, is_fp8, quantize_kv
 from vllm.attention.layer import extract_layer_index
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.custom_op import CustomOp
-from vllm.native import cpu_ops
+from vllm.model_executor.kernels import bound_kernel
 
 
 @CustomOp.register("mla_attention")
@@ -159,21 +159,22 @@ class MLAAttention(CustomOp):
                           md) -> torch.Tensor:
         """softmax(q_full . [c | k_pe] * scale) . c over each row's cached context.
 
-        On CPU the native paged decode kernel does it straight from the block table,
-        with the latent as both K and V (one KV head shared by all query heads): its
-        first kv_lora_rank output features are the weighted latents. Elsewhere, torch
-        ops over the gathered context."""
+        Where the platform has a paged decode kernel (model_executor/kernels.py; the
+        CPU's native one) it does it straight from the block table, with the latent as
+        both K and V (one KV head shared by all query heads): its first kv_lora_rank
+        output features are the weighted latents. Elsewhere, torch ops over the
+        gathered context."""
         n = q_full.shape[0]
-        if (cpu_ops.usable(q_full) and cache.is_contiguous()
-                and (cache.dtype == q_full.dtype or is_fp8(cache.dtype))):
+        decode = bound_kernel("paged_decode_attention")
+        if decode is not None and cache.is_contiguous():
             table, lens = md.decode_rows
             out = torch.empty(n, self.num_heads * self.head_size, dtype=q_full.dtype)
             latent = cache.view(1, 1, -1, self.head_size).expand(2, 1, -1, self.head_size)
             scale = self.k_scale if is_fp8(cache.dtype) else 1.0
-            cpu_ops.decode_attention(q_full.reshape(n, -1), latent, table.to(torch.int32),
-                                     lens.to(torch.int32), self.num_heads, md.block_size,
-                                     self.scale, out, scale, scale)
-            return out.view(n, self.num_heads, self.head_size)[..., :self.kv_lora_rank]
+            if decode(q_full.reshape(n, -1), latent, table.to(torch.int32),
+                      lens.to(torch.int32), self.num_heads, md.block_size, self.scale, out,
+                      scale, scale):
+                return out.view(n, self.num_heads, self.head_size)[..., :self.kv_lora_rank]
         ctx, bias = self._gather_context(cache, md, q_full)
         scores = torch.bmm(q_full, ctx.transpose(1, 2)).float() * self.scale + bias
         probs = torch.softmax(scores, dim=-1).to(q_full.dtype)       # [n, heads, width]

@@ -1,6 +1,6 @@
 """CUDA forwards of the custom ops (`CustomOp.register_forward(name, "cuda")`).
 
-The twin of vllm/native/ops.py: the layers keep their plain-torch `forward_native`,
+The twin of vllm/cpu/ops.py: the layers keep their plain-torch `forward_native`,
 and the CUDA platform binds these Triton kernels (vllm/cuda/layer_kernels.py) when the
 first layer is built, where triton is installed. Each falls back to the layer's
 `forward_native` where its kernel does not apply (rows that are not contiguous in

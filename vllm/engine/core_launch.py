@@ -129,11 +129,6 @@ def start_method() -> str:
 
 
 def mp_context(method: str) -> Any:
-    """The multiprocessing context of `method`, after the helper threads that must not
-    be forked mid-way (the native kernels' background build) finished."""
-    if method == "fork":
-        from vllm.executor.multiproc_utils import _quiesce_before_fork
-        _quiesce_before_fork()
     return multiprocessing.get_context(method)
 
 
@@ -173,10 +168,6 @@ def prestart(engine_args: Optional[Any] = None) -> bool:
                        name="EngineCore", daemon=False)
     proc.start()
     reader.close()
-    # The core builds the native kernels a first start needs (it pre-imports them now);
-    # this process runs none, so it does not compile them a second time.
-    from vllm.native.loader import skip_prebuild
-    skip_prebuild()
     _prestarted = PrestartedCore(proc, writer)
     weakref.finalize(proc, _abandon, proc, writer)
     logger.debug("Engine core process forked early (pid %d).", proc.pid)
@@ -186,15 +177,12 @@ def prestart(engine_args: Optional[Any] = None) -> bool:
 def _config_before_fork(engine_args: Optional[Any]) -> Optional[Any]:
     """The server's config built now, for the core to initialize from at once, where that
     is safe (core_speculation.py); None otherwise. This process then never builds the
-    native kernels (its platform would start that build on a thread, which a fork must
-    not cross): the core builds them if they are missing."""
+    native kernels: the core's worker builds them if they are missing."""
     if engine_args is None:
         return None
     from vllm.engine import core_speculation
     if not core_speculation.builds_without_side_effects(engine_args):
         return None
-    from vllm.native.loader import skip_prebuild
-    skip_prebuild()
     return core_speculation.build_config(engine_args)
 
 
@@ -273,7 +261,7 @@ def adopt_environment(environ: dict[str, str]) -> None:
 def _preimport() -> None:
     names = list(PREIMPORTS)
     if _current_platform_is_cpu():
-        names.append("vllm.native.ops")
+        names.append("vllm.cpu.ops")
     for name in names:
         try:
             importlib.import_module(name)

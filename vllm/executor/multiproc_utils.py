@@ -163,18 +163,7 @@ def check_main_reimportable() -> None:
 
 
 def get_mp_context() -> Any:
-    method = resolve_mp_method()
-    if method == "fork":
-        _quiesce_before_fork()
-    return multiprocessing.get_context(method)
-
-
-def _quiesce_before_fork() -> None:
-    """Let this process's helper threads that start subprocesses finish first (see
-    vllm.native.loader.wait_for_prebuild: a fork in the middle hangs them)."""
-    loader = sys.modules.get("vllm.native.loader")
-    if loader is not None:
-        loader.wait_for_prebuild()
+    return multiprocessing.get_context(resolve_mp_method())
 
 
 def get_loopback_ip() -> str:

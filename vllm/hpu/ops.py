@@ -3,8 +3,11 @@
 Kept apart from the layers so that a CPU process never imports the HPU stack
 (`vllm.hpu`, hence `habana_frameworks` on a Gaudi image), and so the binding is an
 explicit step: the HPU plugin's `register_ops()` entry point runs it in every process
-of an HPU build, and the HPU platform runs it when it is built (a platform chosen
-without the entry points: a source checkout, VLLM_USE_FAKE_HPU on a CPU build).
+of an HPU build, and the HPU platform's `bind_custom_ops` in the worker's device
+initialization or when the first layer is built (so a platform chosen without the
+entry points, a source checkout or VLLM_USE_FAKE_HPU on a CPU build, binds them too).
+The kernel table's HPU entries (model_executor/kernels.py: the quantized GEMMs) are
+bound in the same call.
 Each function is the forward of its op (`self` is the layer) for the op and every
 subclass of it (see `CustomOp.register_forward`).
 
@@ -21,6 +24,7 @@ from vllm.hpu import habana
 from vllm.attention.mla import MLAAttention  # noqa: F401  (registers the op)
 from vllm.hpu.mla import mla_attention_hpu
 from vllm.model_executor.custom_op import CustomOp
+from vllm.model_executor.kernels import register_kernels
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
@@ -89,6 +93,62 @@ HPU_FORWARDS: dict[str, Callable[..., Any]] = {
 """op name -> its HPU forward."""
 
 
+# ------------------------------------------- kernels of the quantized linear methods
+def fp8_gemm_hpu(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor,
+                 w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    """Gaudi's fp8 GEMM, both scales applied by the op."""
+    return habana.hpu_ops.fp8_gemm_v2(x_q, False, w_q, True, None, out_dtype, x_scale,
+                                      w_scale, bias, False)
+
+
+def int4_layout_hpu(layer: torch.nn.Module, q: torch.Tensor) -> None:
+    """`convert_from_uint4`'s operands: qweight [K/8, N] int32, scales/zeros [G, N]
+    (the generic `w_q` is dropped)."""
+    k = q.shape[1]
+    words = q.t().reshape(k // 8, 8, -1).to(torch.int32)
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32).view(1, 8, 1)
+    layer.register_buffer("hpu_qweight", (words << shifts).sum(1, dtype=torch.int32),
+                          persistent=False)
+    del layer.w_q
+
+
+def int4_linear_hpu(layer: torch.nn.Module, x: torch.Tensor,
+                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Dequantize on the fly (`convert_from_uint4`), then the matmul."""
+    w = habana.hpu_ops.convert_from_uint4(layer.hpu_qweight, layer.w_scales.t(),
+                                          layer.w_zeros.t(), x.dtype)
+    return torch.nn.functional.linear(x, w.t(), bias)
+
+
+def inc_fp8_linear_hpu(method: Any, layer: torch.nn.Module, x: torch.Tensor,
+                       bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """INC's static fp8 linear with Gaudi's ops: the input cast and the GEMM, each
+    scale a tensor (runtime scale patching) or a baked-in constant, trivial ones left
+    out (PT_HPU_H2D_TRIVIAL_SCALES_MODE; see quantization/inc.py)."""
+    from vllm.model_executor.layers.quantization.fp8_utils import FP8_DTYPE
+    s_in, s_in_inv, s_w = method.scales(layer)
+    drop_cast, drop_a, drop_b = method.dropped_scales(layer)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    x_q, _ = habana.hpu_ops.cast_to_fp8_v2(x2, None if drop_cast else s_in_inv, False,
+                                           False, FP8_DTYPE)
+    out = habana.hpu_ops.fp8_gemm_v2(x_q, False, layer.weight, True, None, x.dtype,
+                                     None if drop_a else s_in, None if drop_b else s_w,
+                                     bias, False)
+    return out.reshape(*shape[:-1], layer.weight.shape[0])
+
+
+HPU_KERNELS: dict[str, Callable[..., Any]] = {
+    "fp8_gemm": fp8_gemm_hpu,
+    "int4_prepare": int4_layout_hpu,
+    "int4_linear": int4_linear_hpu,
+    "inc_fp8_linear": inc_fp8_linear_hpu,
+}
+"""kernel name -> its HPU implementation (model_executor/kernels.py)."""
+
+
 def register_hpu_ops() -> list[str]:
-    """Bind every HPU forward (idempotent); returns the op names bound."""
+    """Bind every HPU forward and kernel (idempotent); returns the op names bound."""
+    register_kernels(HPU_KERNELS, "hpu")
     return CustomOp.register_forwards(HPU_FORWARDS, "hpu")

@@ -41,10 +41,22 @@ class HpuPlatform(Platform):
         self.torch_device = habana.torch_device_type()
         # HCCL exists only on Gaudi; the fake HPU's processes talk over gloo.
         self.dist_backend = "gloo" if self.is_fake else "hccl"
-        # The HPU kernels of the custom ops (also bound by the HPU build's
-        # `register_ops` plugin; this covers a platform chosen without entry points).
-        from vllm.hpu.ops import register_hpu_ops
-        register_hpu_ops()
+        self._ops_bound = False
+
+    def bind_custom_ops(self) -> None:
+        """The HPU kernels of the custom ops and the kernel table (vllm/hpu/ops.py),
+        bound by the worker's device initialization or the first layer built,
+        whichever comes first (also by the HPU build's `register_ops` plugin). Not when
+        the platform is built: a process that only reads the platform (a server's
+        frontend, the config) imports no model code."""
+        if not self._ops_bound:
+            from vllm.hpu.ops import register_hpu_ops
+            register_hpu_ops()
+            self._ops_bound = True
+
+    def lazy_graph_mode(self) -> bool:
+        from vllm.hpu import habana
+        return habana.is_lazy()
 
     def default_block_size(self) -> int:
         return 128  # 16/32 under-use Gaudi's matrix engine

@@ -94,6 +94,7 @@ class HPUWorker(WorkerBase):
                               before_collective=before_collective())
         from vllm.platforms import current_platform
         current_platform.seed_everything(self.vllm_config.model_config.seed)
+        current_platform.prepare_kernels()  # bind Gaudi's kernels (vllm/hpu/ops.py)
         self.model_runner = HPUModelRunner(self.vllm_config,
                                            device=torch.device(habana.torch_device_type()))
         self.model_runner.device_label = f"hpu:{self.selected_device}"

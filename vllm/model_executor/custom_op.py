@@ -5,8 +5,11 @@ name (`@CustomOp.register("rms_norm")`) and writes `forward_native`: plain torch
 reference and the path of every platform without a kernel of its own. The layers
 carry no platform code. Each platform binds its kernels to ops from its own package
 with `@CustomOp.register_forward(name, device)`: the CPU's native kernels in
-`vllm/native/ops.py` (bound when the first layer is built), Gaudi's in
-`vllm/hpu/ops.py` (bound by the HPU plugin's `register_ops` and by the HPU platform).
+`vllm/cpu/ops.py`, Gaudi's in `vllm/hpu/ops.py` (also bound by the HPU plugin's
+`register_ops`), each bound by its platform's `bind_custom_ops` in the worker's device
+initialization or when the first layer is built. Kernels that are plain functions
+(the GEMM on packed weights, greedy argmax, quantized GEMMs) bind in the same step to
+the kernel table, `model_executor/kernels.py`.
 So a CPU process never imports Gaudi code, and a platform's kernels live beside the
 rest of that platform.
 

@@ -17,7 +17,7 @@ from vllm.platforms.plugin_loader import load_platform_plugin
 logger = logging.getLogger(__name__)
 
 _BUILTIN = {
-    "cpu": "vllm.platforms.cpu.CpuPlatform",
+    "cpu": "vllm.cpu.platform.CpuPlatform",
     "cuda": "vllm.platforms.cuda.CudaPlatform",
     "hpu": "vllm.hpu.platform.HpuPlatform",
 }

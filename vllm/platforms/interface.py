@@ -40,10 +40,22 @@ class Platform:
         return 16
 
     def bind_custom_ops(self) -> None:
-        """Bind this platform's kernels to the custom ops (idempotent). Called when a
-        layer is built (CustomOp.dispatch_forward), so a process that only reads the
-        platform (a server's frontend) does not import the kernels' modules."""
+        """Bind this platform's kernels to the custom ops and the kernel table
+        (model_executor/kernels.py), idempotent. Called by the worker's device
+        initialization and when a layer is built (CustomOp.dispatch_forward), never
+        when the platform is built: constructing a platform imports no kernels and
+        starts no thread, so a process that only reads the platform (a server's
+        frontend, the config) stays light and safe to fork."""
         return None
+
+    def prepare_kernels(self) -> None:
+        """Bind the kernels and build what they need before the model loads (the
+        CPU's native libraries); run by the worker's `init_device`."""
+        self.bind_custom_ops()
+
+    def lazy_graph_mode(self) -> bool:
+        """Whether the device runs lazily recorded graphs (Gaudi's lazy mode)."""
+        return False
 
     def get_worker_cls(self) -> str:
         """Qualified name of the Worker class the executor instantiates."""

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from vllm.model_executor.kernels import kernel
 from vllm.sampling_params import _SAMPLING_EPS, SamplingParams
 
 
@@ -51,23 +52,14 @@ def is_greedy(params: SamplingParams) -> bool:
 def greedy_sample(logits: torch.Tensor) -> torch.Tensor:
     """Row-wise argmax (the first index among ties, as `argmax`).
 
-    On the CPU platform a native kernel (vllm/native: one pass of vector compares, ~10x
-    torch's bf16 reduction over a 49k vocabulary); elsewhere, and on the fake HPU, whose
-    path must stay Gaudi's, `max(dim).indices`: on CPU, torch's argmax over bf16 logits
-    runs a scalar loop about 4x slower than the max reduction; both return the first
-    maximal index.
+    The platform's `argmax` kernel where it has one (model_executor/kernels.py; the
+    CPU's: one pass of vector compares, ~10x torch's bf16 reduction over a 49k
+    vocabulary); elsewhere, and on the fake HPU, whose path must stay Gaudi's,
+    `max(dim).indices`: on CPU, torch's argmax over bf16 logits runs a scalar loop
+    about 4x slower than the max reduction; both return the first maximal index.
     """
-    if logits.device.type == "cpu" and _cpu_platform():
-        from vllm.native import cpu_ops
-        ids = cpu_ops.argmax(logits)
-        if ids is not None:
-            return ids
-    return logits.max(dim=-1).indices
-
-
-def _cpu_platform() -> bool:
-    from vllm.platforms import current_platform
-    return current_platform.is_cpu()
+    ids = kernel("argmax")(logits)
+    return logits.max(dim=-1).indices if ids is None else ids
 
 
 @dataclass

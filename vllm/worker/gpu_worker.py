@@ -20,6 +20,7 @@ class GPUWorker(WorkerBase):
         self.init_distributed("nccl")
         from vllm.platforms import current_platform
         current_platform.seed_everything(self.vllm_config.model_config.seed)
+        current_platform.prepare_kernels()  # bind (and build) the kernels
         self.model_runner = GPUModelRunner(self.vllm_config, device=self.device)
 
     def determine_num_available_blocks(self) -> int:

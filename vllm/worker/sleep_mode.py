@@ -64,7 +64,7 @@ def _parameters(model: nn.Module) -> dict[str, nn.Parameter]:
 def release_weights(model: nn.Module, level: int, device: torch.device) -> SleepingWeights:
     """Level 1: move the parameters to host memory (a no-op on a CPU device); level 2:
     drop their storage. Derived copies (the CPU kernels' packed weights) are dropped."""
-    from vllm.native.gemm import drop_packed_weights
+    from vllm.cpu.gemm import drop_packed_weights
     drop_packed_weights(model)
     _forget_prepared_layer_calls(model)
     state = SleepingWeights(level)

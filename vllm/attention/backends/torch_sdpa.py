@@ -1,4 +1,5 @@
-"""Paged attention from plain torch ops: the CPU (and fallback CUDA) backend.
+"""Paged attention from plain torch ops: the base of the CPU backend (vllm/cpu/attention.py,
+which adds the native kernels) and the fallback CUDA backend.
 
 KV cache layout per layer: `[2, num_kv_heads, num_slots, head_size]` (K then V),
 head-major so that gathering a set of slots gives each head's keys as one
@@ -15,7 +16,8 @@ bias where lengths differ) are built once per step. Keys are gathered with one
 weighted V rows straight out of the cache (the gather of V plus its matmul cost 3x
 more, mostly the extra pass over memory the cache does not hold).
 
-Where the native CPU kernels run (vllm/native: a CPU float32/bf16 cache), decodes
+Where the native CPU kernels run (vllm/cpu/attention.py, the CPU backend: a CPU
+float32/bf16 cache), decodes
 skip all of the above: one kernel call per layer walks each sequence's block table
 directly (no padding, no grouping, no gathered copies), and K/V are written to the
 cache by another. The runner then builds only the int32 block table and lengths, and
@@ -24,7 +26,7 @@ the metadata a "decode" is any row of that kernel.
 
 The remaining sequences ("prefills": a whole prompt or a chunk of one) go, where
 prefill_choice.py measured it fastest for their length, through the native blocked
-prefill kernel (vllm/native/prefill_ops.cpp: all of them in one call per layer,
+prefill kernel (vllm/cpu/prefill_ops.cpp: all of them in one call per layer,
 straight from the paged cache, context included); otherwise one by one through
 `scaled_dot_product_attention`: causal when nothing precedes them in the
 cache, with an explicit mask over the gathered context otherwise. Slots, biases,
@@ -43,7 +45,7 @@ per format, scales applied once per row). Without the native kernel its decodes 
 read fp8); prefills take SDPA (the native prefill kernel reads float caches only) over
 the dequantized context; a prefill's own new K/V go through quantize-dequantize
 first, so every path attends to what the cache holds. The fused native decode layer
-(native/fused_decode.py) takes bf16 caches only.
+(vllm/cpu/fused_decode.py) takes bf16 caches only.
 """
 from __future__ import annotations
 
@@ -57,7 +59,6 @@ import torch.nn.functional as F
 from vllm.attention.fp8_kv import dequantize_kv, is_fp8, quantize_kv
 from vllm.attention.ops.encoder_attention import encoder_attention
 from vllm.attention.ops.masked_attention import masked_attention
-from vllm.native import cpu_ops, prefill_ops
 
 
 @dataclass
@@ -301,9 +302,7 @@ class TorchSDPABackendImpl:
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         if is_fp8(kv_cache.dtype):
             return self._forward_fp8(layer, query, key, value, kv_cache, md)
-        if self._native_write(key, value, kv_cache):
-            cpu_ops.write_kv(key, value, kv_cache, md.slot_mapping)
-        else:
+        if not self._write_kv_native(key, value, kv_cache, md.slot_mapping):
             k_cache.index_copy_(1, md.slot_mapping, k.transpose(0, 1))
             v_cache.index_copy_(1, md.slot_mapping, v.transpose(0, 1))
         if _is_masked(layer):
@@ -314,17 +313,12 @@ class TorchSDPABackendImpl:
         out = torch.empty(num_tokens, hq * d, dtype=query.dtype, device=query.device)
         if md.decode_block_table is not None:
             nd = md.num_decodes
-            cpu_ops.decode_attention(query[:nd], kv_cache, md.decode_block_table,
-                                     md.decode_seq_lens, hq, md.block_size, layer.scale,
-                                     out[:nd])
+            self._decode_rows_native(query[:nd], kv_cache, md, layer, out[:nd])
         for group in groups:
             out[group.start:group.end] = self._decode(q[group.start:group.end], k_cache,
                                                       v_cache, group, layer)
         if md.flash is not None:
-            f = md.flash
-            prefill_ops.prefill_attention(query, kv_cache, f.block_table, f.query_start,
-                                          f.query_len, f.context_len, hq, md.block_size,
-                                          layer.scale, out)
+            self._prefills_native(query, kv_cache, md, layer, out)
         _prefills(out, q, k, v, kv_cache, md, layer, skip_flash=md.flash is not None)
         return out
 
@@ -350,10 +344,8 @@ class TorchSDPABackendImpl:
         hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
         kq = quantize_kv(key.reshape(num_tokens, hkv * d), layer.k_scale, cache_dtype)
         vq = quantize_kv(value.reshape(num_tokens, hkv * d), layer.v_scale, cache_dtype)
-        if kv_cache.device.type == "cpu" and kv_cache.is_contiguous() and cpu_ops.supports(
-                query.dtype):
-            cpu_ops.write_kv(kq, vq, kv_cache, md.slot_mapping)
-        else:  # index_copy_ has no fp8 kernel: copy the bytes
+        if not self._write_fp8_kv_native(kq, vq, kv_cache, md.slot_mapping, query.dtype):
+            # index_copy_ has no fp8 kernel: copy the bytes
             cache_bytes = kv_cache.view(torch.uint8)
             for i, rows in enumerate((kq, vq)):
                 cache_bytes[i].index_copy_(1, md.slot_mapping, rows.view(torch.uint8).view(
@@ -366,9 +358,8 @@ class TorchSDPABackendImpl:
         out = torch.empty(num_tokens, hq * d, dtype=query.dtype, device=query.device)
         nd = md.num_decodes
         if nd and md.decode_block_table is not None:
-            cpu_ops.decode_attention(query[:nd], kv_cache, md.decode_block_table,
-                                     md.decode_seq_lens, hq, md.block_size, layer.scale,
-                                     out[:nd], layer.k_scale, layer.v_scale)
+            self._decode_rows_native(query[:nd], kv_cache, md, layer, out[:nd],
+                                     layer.k_scale, layer.v_scale)
         elif nd:
             out[:nd] = _masked_decode(q[:nd], kv_cache, md, layer)
         _prefills(out, q, k, v, kv_cache, md, layer, skip_flash=False)
@@ -400,13 +391,29 @@ class TorchSDPABackendImpl:
                                             q_pos, k_pos)
         return out
 
-    @staticmethod
-    def _native_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        """Whether `cpu_ops.write_kv` can store these K/V rows (views of one fused
-        projection, or two tensors of equal row stride, on CPU)."""
-        return (key.stride(-1) == 1 and value.stride(-1) == 1
-                and key.stride(0) == value.stride(0) and key.dtype == kv_cache.dtype
-                and kv_cache.is_contiguous() and cpu_ops.usable(kv_cache))
+    # The native kernels' hooks: a backend with kernels (vllm/cpu/attention.py)
+    # overrides them. Metadata with a decode block table or flash prefills is built
+    # only for such a backend (the CPU runner's `native_attention`).
+    def _write_kv_native(self, key: torch.Tensor, value: torch.Tensor,
+                         kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> bool:
+        """Store the new K/V rows with a kernel; False: the caller copies them."""
+        return False
+
+    def _write_fp8_kv_native(self, kq: torch.Tensor, vq: torch.Tensor, kv_cache: torch.Tensor,
+                             slot_mapping: torch.Tensor, dtype: torch.dtype) -> bool:
+        """Store quantized K/V rows with a kernel; False: the caller copies the bytes."""
+        return False
+
+    def _decode_rows_native(self, query: torch.Tensor, kv_cache: torch.Tensor,
+                            md: TorchSDPAMetadata, layer, out: torch.Tensor,
+                            k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+        """The decode rows of `md.decode_block_table` into `out`."""
+        raise NotImplementedError(f"{type(self).__name__} has no paged decode kernel")
+
+    def _prefills_native(self, query: torch.Tensor, kv_cache: torch.Tensor,
+                         md: TorchSDPAMetadata, layer, out: torch.Tensor) -> None:
+        """The prefills of `md.flash` into `out`."""
+        raise NotImplementedError(f"{type(self).__name__} has no blocked prefill kernel")
 
     @staticmethod
     def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

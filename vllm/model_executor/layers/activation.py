@@ -11,7 +11,7 @@ from vllm.model_executor.custom_op import CustomOp
 class SiluAndMul(CustomOp):
     """SwiGLU: x = [gate | up] on the last dim -> silu(gate) * up (half the width).
 
-    On CPU in float32/bf16 a native kernel does both in one pass (vllm/native/ops.py);
+    On CPU in float32/bf16 a native kernel does both in one pass (vllm/cpu/ops.py);
     elsewhere (HPU included: Gaudi's graph compiler fuses the two ops itself) the
     product is taken in place in silu's fresh output.
     """

@@ -3,7 +3,7 @@ them as one kernel call per layer.
 
 At decode batch sizes a layer's arithmetic takes well under a millisecond and the
 Python around it (a dozen module calls) becomes a third of the step. The CPU binds a
-native layer call to this op (vllm/native/fused_decode.py, through
+native layer call to this op (vllm/cpu/fused_decode.py, through
 `CustomOp.register_forward` like every platform kernel); other platforms have none,
 and `forward_native` declines every step.
 """

@@ -22,7 +22,7 @@ class RMSNorm(CustomOp):
     Per platform (chosen once, see CustomOp):
     - CPU: in float32/bf16 both forms run as one native kernel that computes HF's
       formula with HF's roundings; the residual form then works in place as vLLM's
-      `fused_add_rms_norm` does (vllm/native/ops.py).
+      `fused_add_rms_norm` does (vllm/cpu/ops.py).
     - HPU: Gaudi's `FusedRMSNorm` kernel after the add (vllm/hpu/ops.py).
     - CUDA: one Triton kernel for the add and the norm, HF's roundings, the residual
       form in place as on CPU (vllm/cuda/ops.py).

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from vllm.distributed import tensor_model_parallel_all_gather
-from vllm.native.gemm import linear
+from vllm.model_executor.kernels import linear
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
 

@@ -32,7 +32,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmb
 from vllm.model_executor.models.utils import (PPMissingLayer, attach_lm_head, check_loaded,
                                               default_weight_loader,
                                               make_layers)
-from vllm.native.gemm import drop_packed_weights
+from vllm.model_executor.kernels import drop_weight_copies
 from vllm.sequence import IntermediateTensors
 
 
@@ -170,7 +170,7 @@ class BloomForCausalLM(nn.Module):
         the embedding, the LM head loads `word_embeddings.weight` itself. Tensors of
         other stages are skipped; ValueError if a parameter received nothing.
         """
-        drop_packed_weights(self)
+        drop_weight_copies(self)
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         ignored: list[str] = []

@@ -27,7 +27,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmb
 from vllm.model_executor.models.utils import (PPMissingLayer, attach_lm_head, check_loaded,
                                               default_weight_loader, make_layers,
                                               partial_rotary_factor_of, rope_config)
-from vllm.native.gemm import drop_packed_weights
+from vllm.model_executor.kernels import drop_weight_copies
 from vllm.sequence import IntermediateTensors
 
 
@@ -231,7 +231,7 @@ class GPTStyleForCausalLM(nn.Module):
         family's layout). With tied embeddings the head's own tensor is skipped (a last
         PP stage without the embedding loads the embedding's). Tensors of other stages
         are skipped; ValueError if a parameter received nothing."""
-        drop_packed_weights(self)
+        drop_weight_copies(self)
         params = dict(self.named_parameters())
         embed = f"{self.base_name}.{self.base.embed_name}.weight"
         head = f"{self.head_name}.weight"

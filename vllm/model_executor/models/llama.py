@@ -33,7 +33,7 @@ from vllm.model_executor.models.utils import (PPMissingLayer, attach_lm_head, ch
                                               default_weight_loader, head_dim_of, make_layers,
                                               partial_rotary_factor_of, rope_config,
                                               sliding_window_of)
-from vllm.native.gemm import drop_packed_weights
+from vllm.model_executor.kernels import drop_weight_copies
 from vllm.sequence import IntermediateTensors
 
 
@@ -59,7 +59,7 @@ class LlamaAttention(nn.Module):
     """qkv projection -> rotary -> paged attention -> output projection."""
 
     fused_decode_ok = True
-    """Decode steps may run this layer natively (vllm/native/fused_decode.py): rotate_qk
+    """Decode steps may run this layer natively (vllm/cpu/fused_decode.py): rotate_qk
     is plain."""
 
     def __init__(self, config: Any, rotary_emb: RotaryEmbedding, prefix: str = "") -> None:
@@ -251,7 +251,7 @@ class LlamaForCausalLM(nn.Module):
         stage that has no embedding). Tensors of other pipeline stages are skipped.
         Raises ValueError if a parameter of this rank received nothing.
         """
-        drop_packed_weights(self)  # packs are copies of the old values
+        drop_weight_copies(self)  # packs are copies of the old values
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         ignored: list[str] = []

@@ -13,7 +13,7 @@ Forward (custom op `fused_moe`, bound per platform like every kernel):
 - native (CUDA, others): tokens are grouped by expert (one sort of the routing table),
   and each expert that received rows runs one GEMM pass over all of them: a loop over
   experts, never over tokens.
-- CPU (vllm/native/ops.py): the same grouping, each expert's GEMMs on weights packed
+- CPU (vllm/cpu/ops.py): the same grouping, each expert's GEMMs on weights packed
   once for the native bf16 kernel.
 - HPU (vllm/hpu/ops.py): Gaudi's `mixture_of_experts` op on the (bucket-padded) batch,
   a fixed shape per bucket, so no graph depends on how tokens were routed.

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm import envs
+from vllm.model_executor.kernels import kernel
 from vllm.model_executor.layers.quantization.base_config import (LinearMethodBase,
                                                                  QuantizationConfig,
                                                                  all_or_none,
@@ -95,6 +96,7 @@ class Fp8LinearMethod(LinearMethodBase):
 
     def __init__(self, weight_only: bool = False) -> None:
         self.on_hpu = on_hpu()
+        self.gemm = kernel("fp8_gemm")  # the platform's (model_executor/kernels.py)
         self.weight_only = weight_only
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
@@ -103,7 +105,7 @@ class Fp8LinearMethod(LinearMethodBase):
             w = (layer.weight.float() * layer.weight_scale.unsqueeze(1)).to(x.dtype)
             return F.linear(x, w, bias)
         return fp8_linear(x, layer.weight, layer.weight_scale,
-                          getattr(layer, "input_scale", None), bias, self.on_hpu,
+                          getattr(layer, "input_scale", None), bias, self.gemm,
                           plan_layer(layer))
 
 

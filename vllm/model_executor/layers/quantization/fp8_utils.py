@@ -6,25 +6,26 @@ merged q/k/v parts keep their own scales). Activations are quantized per token a
 run time (dynamic) or with one checkpoint scale (static). The product is
 `(x_q @ w_q^T) * x_scale * w_scale`, which every path computes with fp32
 accumulation; fp8 values and their pairwise products are exact in float32, so
-the paths differ only in summation order and the final rounding.
+the paths differ only in summation order and the final rounding. The product is the
+platform's `fp8_gemm` kernel (model_executor/kernels.py), bound by each backend:
 
-CPU: `torch._scaled_mm` exists on CPU in this torch, but measured 10-30x slower than
+CPU (vllm/cpu/ops.py): `torch._scaled_mm` exists on CPU in this torch, but measured 10-30x slower than
 the bf16 GEMM at decode sizes (it converts through oneDNN each call). So on CPU, up
-to 8 rows (decode) go through the native fp8 kernel (vllm/native/quant_ops.cpp:
+to 8 rows (decode) go through the native fp8 kernel (vllm/cpu/quant_ops.cpp:
 fp8 weights widened to float32 in registers, reading 1 byte a weight); more rows
 (prefill), or without the native library, convert the fp8 weight to the activation
 dtype (exact: every fp8 value is a bf16 value) and run the ordinary GEMM.
-HPU: the shim's `cast_to_fp8_v2` / `fp8_gemm_v2` (Gaudi's ops; emulated off it).
+HPU (vllm/hpu/ops.py): the shim's `cast_to_fp8_v2` / `fp8_gemm_v2` (Gaudi's ops; emulated off it).
 CUDA >= 8.9 (Ada, Hopper): `torch._scaled_mm` (fp8_scaled_mm.py), chosen per layer
 when its weights are final (`Fp8GemmPlan`); older GPUs and shapes it does not take
-dequantize as on CPU.
+dequantize (the kernel table's torch default).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
+from vllm.model_executor.kernels import kernel
 
 from vllm.model_executor.layers.quantization.fp8_scaled_mm import (Fp8GemmPlan,
                                                                    scaled_mm_fp8_gemm)
@@ -56,7 +57,8 @@ def quantize_weight(weight: torch.Tensor, per_channel: bool
 
 def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
                input_scale: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-               on_hpu: bool, plan: Optional[Fp8GemmPlan] = None) -> torch.Tensor:
+               gemm: Optional[Callable[..., torch.Tensor]] = None,
+               plan: Optional[Fp8GemmPlan] = None) -> torch.Tensor:
     """x [.., K] @ dequant(w_q [N, K])^T (+ bias), activations quantized to fp8.
 
     `plan` (the layer's, see fp8_scaled_mm.py) selects `torch._scaled_mm`; None or a
@@ -70,27 +72,6 @@ def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
         x_q = scaled_fp8(x2, x_scale)
     if plan is not None and plan.use_scaled_mm:
         out = scaled_mm_fp8_gemm(x_q, x_scale, w_q, w_scale, bias, x.dtype, plan)
-    elif on_hpu:
-        from vllm.hpu.habana import hpu_ops
-        out = hpu_ops.fp8_gemm_v2(x_q, False, w_q, True, None, x.dtype, x_scale, w_scale,
-                                  bias, False)
     else:
-        out = _cpu_fp8_gemm(x_q, x_scale, w_q, w_scale, bias, x.dtype)
+        out = (gemm or kernel("fp8_gemm"))(x_q, x_scale, w_q, w_scale, bias, x.dtype)
     return out.reshape(*shape[:-1], w_q.shape[0])
-
-
-def _cpu_fp8_gemm(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor,
-                  w_scale: torch.Tensor, bias: Optional[torch.Tensor],
-                  out_dtype: torch.dtype) -> torch.Tensor:
-    from vllm.native import quant_ops
-    if quant_ops.fp8_supported(x_q):
-        out = quant_ops.gemm_fp8(x_q, w_q) * x_scale * w_scale
-        if bias is not None:
-            out = out + bias.float()
-        return out.to(out_dtype)
-    compute = out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.float32
-    out = F.linear(x_q.to(compute), w_q.to(compute)).float()
-    out = out * x_scale.expand(out.shape[0], 1) * w_scale.float()
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(out_dtype)

@@ -48,7 +48,7 @@ from vllm import envs
 from vllm.model_executor.layers.quantization.base_config import (LinearMethodBase,
                                                                  QuantizationConfig,
                                                                  checkpoint_names, make_param)
-from vllm.model_executor.layers.quantization.fp8_utils import (FP8_DTYPE, fp8_linear,
+from vllm.model_executor.layers.quantization.fp8_utils import (fp8_linear,
                                                                scaled_fp8)
 from vllm.model_executor.layers.quantization.inc_config import IncJsonConfig, load_inc_json
 from vllm.model_executor.layers.quantization.inc_scales import compute_scale
@@ -80,8 +80,8 @@ def resolve_runtime_scale_patching(on_hpu: bool, scale_method: str) -> bool:
                              "apply to the HPU only (off it scales are always tensors); "
                              "unset them.")
         return True
-    from vllm.hpu import habana
-    rsp = (not habana.is_lazy()) if explicit is None else explicit
+    from vllm.platforms import current_platform
+    rsp = (not current_platform.lazy_graph_mode()) if explicit is None else explicit
     if rsp and scale_method == "maxabs_arbitrary":
         raise ValueError("RUNTIME_SCALE_PATCHING=1 needs a hardware-aligned scale_method "
                          "(maxabs_hw, maxabs_pow2, unit_scale); QUANT_CONFIG has "
@@ -230,7 +230,7 @@ class IncMeasureLinearMethod(_IncLinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        from vllm.native.gemm import linear
+        from vllm.model_executor.kernels import linear
         out = linear(layer, x, layer.weight, bias)
         self.recorder.record(self.name, x, out)
         return out
@@ -247,6 +247,8 @@ class IncQuantLinearMethod(_IncLinearMethod):
     def __init__(self, config: IncConfig, name: str) -> None:
         self.config = config
         self.name = name
+        from vllm.model_executor.kernels import kernel
+        self.backend_linear = kernel("inc_fp8_linear")
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         cfg = self.config.cfg
@@ -282,7 +284,7 @@ class IncQuantLinearMethod(_IncLinearMethod):
         layer.inc_input_scale_inv.fill_(1.0 / s_in)
         layer.inc_consts = (s_in, 1.0 / s_in, layer.inc_consts[2])
 
-    def _dropped(self, layer: nn.Module) -> tuple[bool, bool, bool]:
+    def dropped_scales(self, layer: nn.Module) -> tuple[bool, bool, bool]:
         """(cast scale, gemm input scale, gemm weight scale) left out as trivial."""
         mode = self.config.trivial_mode
         s_in, _, s_w = layer.inc_consts
@@ -292,26 +294,22 @@ class IncQuantLinearMethod(_IncLinearMethod):
     def graph_constants(self, layer: nn.Module) -> tuple:
         """What a graph of this layer bakes in (see the module docstring)."""
         if self.config.runtime_scale_patching:
-            return self._dropped(layer) if self.config.trivial_mode else ()
+            return self.dropped_scales(layer) if self.config.trivial_mode else ()
         return layer.inc_consts
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if not self.config.on_hpu:
-            return fp8_linear(x, layer.weight, layer.inc_weight_scale, layer.inc_input_scale,
-                              bias, on_hpu=False)
-        from vllm.hpu.habana import hpu_ops
+        # Gaudi's form (vllm/hpu/ops.py: the scales as tensors or baked-in constants,
+        # trivial ones dropped); elsewhere the generic fp8 path.
+        out = self.backend_linear(self, layer, x, bias) if self.config.on_hpu else None
+        if out is None:
+            out = fp8_linear(x, layer.weight, layer.inc_weight_scale, layer.inc_input_scale,
+                             bias)
+        return out
+
+    def scales(self, layer: nn.Module) -> tuple:
+        """(s_in, 1/s_in, s_w): the layer's buffers with runtime scale patching, else
+        the Python floats a graph bakes in."""
         if self.config.runtime_scale_patching:
-            s_in, s_in_inv, s_w = (layer.inc_input_scale, layer.inc_input_scale_inv,
-                                   layer.inc_weight_scale)
-        else:
-            s_in, s_in_inv, s_w = layer.inc_consts
-        drop_cast, drop_a, drop_b = self._dropped(layer)
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        x_q, _ = hpu_ops.cast_to_fp8_v2(x2, None if drop_cast else s_in_inv, False, False,
-                                        FP8_DTYPE)
-        out = hpu_ops.fp8_gemm_v2(x_q, False, layer.weight, True, None, x.dtype,
-                                  None if drop_a else s_in, None if drop_b else s_w, bias,
-                                  False)
-        return out.reshape(*shape[:-1], layer.weight.shape[0])
+            return (layer.inc_input_scale, layer.inc_input_scale_inv, layer.inc_weight_scale)
+        return layer.inc_consts

@@ -18,13 +18,14 @@ below); after loading, every layer holds one layout, whatever the format:
   inputs are reordered so each group's inputs are consecutive; the layer then
   multiplies `x[:, w_perm]`, which is the same product.
 
-Products: on CPU, the native int4 kernel (vllm/native/quant_ops.cpp, AVX-512 or AVX2
+Products, through the platform's `int4_linear` kernel (model_executor/kernels.py): on
+CPU (vllm/cpu/ops.py), the native int4 kernel (vllm/cpu/quant_ops.cpp, AVX-512 or AVX2
 rows, a scalar loop elsewhere) for up to `NATIVE_MAX_ROWS` rows (decode: it reads 4 bits
 per weight, converting a tile in registers); Llama-family decode steps call the same
-kernel from inside the fused native decode layer (native/fused_decode.py); otherwise,
+kernel from inside the fused native decode layer (vllm/cpu/fused_decode.py); otherwise,
 and for 8 bits, the weight is dequantized to the activation dtype and multiplied by the
-ordinary GEMM (prefill: the dequantization is paid once per step for many rows). On HPU, the shim's `convert_from_uint4` dequantizes on the
-fly before the matmul.
+ordinary GEMM (prefill: the dequantization is paid once per step for many rows). On HPU (vllm/hpu/ops.py), the shim's `convert_from_uint4`
+dequantizes on the fly before the matmul, from its own layout (`int4_prepare`).
 
 Tensor parallelism is refused for these methods (the group and g_idx bookkeeping of
 split inputs is not implemented); the error names the method and layer.
@@ -39,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm import envs
+from vllm.model_executor.kernels import kernel
 from vllm.model_executor.layers.quantization.base_config import (LinearMethodBase,
                                                                  check_divisible, make_param)
 
@@ -86,6 +88,9 @@ class IntWeightLinearMethod(LinearMethodBase):
         from vllm.model_executor.layers.quantization.fp8 import on_hpu
         self.bits, self.group_size, self.prefix = bits, group_size, prefix
         self.on_hpu = on_hpu()
+        # The platform's 4-bit layout and GEMM (model_executor/kernels.py).
+        self.int4_prepare = kernel("int4_prepare")
+        self.int4_linear = kernel("int4_linear")
 
     partial_last_group = False
     """Whether the format stores a shorter last group when the input size is not a
@@ -142,33 +147,17 @@ class IntWeightLinearMethod(LinearMethodBase):
         layer.register_buffer("w_zeros", zeros.float().contiguous(), persistent=False)
         layer.w_perm = perm
         layer.w_bits = self.bits
-        if self.on_hpu and self.bits == 4:
-            self._hpu_layout(layer, q)
-
-    @staticmethod
-    def _hpu_layout(layer: nn.Module, q: torch.Tensor) -> None:
-        """`convert_from_uint4`'s operands: qweight [K/8, N] int32, scales/zeros [G, N]."""
-        k = q.shape[1]
-        words = q.t().reshape(k // 8, 8, -1).to(torch.int32)
-        shifts = torch.arange(0, 32, 4, dtype=torch.int32).view(1, 8, 1)
-        layer.register_buffer("hpu_qweight", (words << shifts).sum(1, dtype=torch.int32),
-                              persistent=False)
-        del layer.w_q
+        if self.bits == 4:
+            self.int4_prepare(layer, q)  # a backend's own layout (Gaudi's), if any
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         if layer.w_perm is not None:
             x = x.index_select(-1, layer.w_perm)
-        if self.on_hpu and self.bits == 4:
-            from vllm.hpu.habana import hpu_ops
-            w = hpu_ops.convert_from_uint4(layer.hpu_qweight, layer.w_scales.t(),
-                                           layer.w_zeros.t(), x.dtype)
-            return F.linear(x, w.t(), bias)
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if self.bits == 4 and 0 < rows <= native_max_rows():
-            from vllm.native import quant_ops
-            if quant_ops.int4_supported(x, x.shape[-1] // layer.w_scales.shape[1]):
-                return quant_ops.gemm_int4(x, layer.w_q, layer.w_scales, layer.w_zeros, bias)
+        if self.bits == 4:
+            out = self.int4_linear(layer, x, bias)
+            if out is not None:
+                return out
         return F.linear(x, dequantize(layer).to(x.dtype), bias)
 
 

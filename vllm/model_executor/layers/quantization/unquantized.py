@@ -6,13 +6,14 @@ from typing import Optional
 import torch
 from torch import nn
 
-from vllm.native.gemm import linear
+from vllm.model_executor.kernels import linear
 from vllm.model_executor.layers.quantization.base_config import LinearMethodBase, make_param
 
 
 class UnquantizedLinearMethod(LinearMethodBase):
-    """`F.linear`, through the packed bf16 CPU GEMM when the runner packed the weight
-    (cpu_gemm.py): quantization support adds nothing to this path."""
+    """`F.linear`, through the platform's `linear` kernel (model_executor/kernels.py; on
+    CPU the packed bf16 GEMM when the runner packed the weight, vllm/cpu/gemm.py):
+    quantization support adds nothing to this path."""
 
     def create_weights(self, layer: nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], params_dtype: torch.dtype) -> None:

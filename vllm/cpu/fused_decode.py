@@ -3,9 +3,9 @@
 At decode batch sizes a layer's arithmetic takes well under a millisecond, so the
 Python around it (a dozen module calls, wrapper checks, tensor allocations) becomes a
 third of the step. `fused_decode_layers_cpu` is the CPU forward of the model's
-`DecoderStack` op (layers/decoder_stack.py, bound in vllm/native/ops.py like the other
+`DecoderStack` op (layers/decoder_stack.py, bound in vllm/cpu/ops.py like the other
 CPU kernels). When a step holds only decodes and every layer qualifies, it hands each
-layer to `vllm_llama_decode_layer` (vllm/native/cpu_ops.cpp), which
+layer to `vllm_llama_decode_layer` (vllm/cpu/cpu_ops.cpp), which
 runs the same kernels the modules call (RMSNorm, GEMM, rotary, KV write, paged decode
 attention, SwiGLU) in the same order with the same roundings. Any other step, or any
 layer that does not qualify, takes the module path; tests compare the two.
@@ -34,9 +34,9 @@ from typing import Any, Optional
 import torch
 
 from vllm.forward_context import get_forward_context
-from vllm.native.gemm import AMX, NATIVE, native_pack, plan_of
-from vllm.native.gemm_autotune import ROW_UPPER
-from vllm.native.loader import get_native_lib
+from vllm.cpu.gemm import AMX, NATIVE, native_pack, plan_of
+from vllm.cpu.gemm_autotune import ROW_UPPER
+from vllm.cpu.loader import get_native_lib
 
 _PtrArray10 = ctypes.c_void_p * 10
 _PtrArray8 = ctypes.c_void_p * 8
@@ -58,7 +58,7 @@ def _base(module: Any) -> Any:
 def _int4_weights(module: Any) -> bool:
     """Int4 weights in int_weights.py's CPU layout, natural input order."""
     from vllm.model_executor.layers.quantization.int_weights import IntWeightLinearMethod
-    from vllm.native import quant_ops
+    from vllm.cpu import quant_ops
     method = getattr(module, "quant_method", None)
     return (isinstance(method, IntWeightLinearMethod) and not method.on_hpu
             and getattr(module, "w_bits", None) == 4 and module.w_perm is None
@@ -85,7 +85,7 @@ def _projection(module: Any, lib: ctypes.CDLL
         fn = ctypes.cast(lib.vllm_linear_bf16_packed, ctypes.c_void_p).value
         return fn, ctx, plan_of(module), NATIVE
     if _int4_weights(module):
-        from vllm.native import quant_ops
+        from vllm.cpu import quant_ops
         ctx = quant_ops.int4_ctx(module.w_q, module.w_scales, module.w_zeros, bias)
         return None if ctx is None else (quant_ops.int4_linear_fn(), ctx, None, INT4)
     return None

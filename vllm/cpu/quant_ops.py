@@ -32,7 +32,7 @@ Int4Ctx = ctypes.c_int64 * 7
 
 
 def get_quant_lib() -> Optional[ctypes.CDLL]:
-    from vllm.native.loader import load_side_library
+    from vllm.cpu.loader import load_side_library
     return load_side_library(SOURCE, _SIGNATURES,
                              "Native quantized kernels unavailable, dequantizing in torch")
 

@@ -19,7 +19,7 @@ def _cpu_flags() -> set[str]:
 def cpu_supports_bf16() -> bool:
     """True when bf16 weights run fast here: native bf16 dot products (AVX512_BF16 /
     AMX), or AVX2 + FMA with the native kernels on, whose packed GEMM widens bf16
-    weights to float32 in registers (vllm/native/cpu_ops.cpp). Without either, torch's
+    weights to float32 in registers (vllm/cpu/cpu_ops.cpp). Without either, torch's
     bf16 matmul is a scalar loop and float32 is the fast dtype."""
     from vllm import envs
     flags = _cpu_flags()
@@ -36,22 +36,27 @@ class CpuPlatform(Platform):
 
     def __init__(self) -> None:
         self._ops_bound = False
-        # A first start compiles the kernels while it converts and loads the model.
-        from vllm.native.loader import prebuild_once
-        prebuild_once()
         self.supported_dtypes = ((torch.bfloat16, torch.float32, torch.float16)
                                  if cpu_supports_bf16() else
                                  (torch.float32, torch.bfloat16, torch.float16))
 
     def bind_custom_ops(self) -> None:
-        """The native kernels of the custom ops (vllm/native/ops.py), bound when the first
-        layer is built (a layer picks its forward once, at construction). Not at
-        construction of the platform: importing them imports torch._dynamo (custom-op
-        registration), most of a second that a server's frontend does not need."""
+        """The native kernels of the custom ops and the kernel table (vllm/cpu/ops.py),
+        bound by the worker's device initialization or when the first layer is built (a
+        layer picks its forward once, at construction). Not at construction of the
+        platform: importing them imports torch._dynamo (custom-op registration), most of
+        a second that a server's frontend does not need."""
         if not self._ops_bound:
-            from vllm.native.ops import register_cpu_ops
+            from vllm.cpu.ops import register_cpu_ops
             register_cpu_ops()
             self._ops_bound = True
+
+    def prepare_kernels(self) -> None:
+        """Bind the kernels, and build the native libraries now if this machine has no
+        cached build yet (a first start), before the runner's first native call."""
+        self.bind_custom_ops()
+        from vllm.cpu.loader import prebuild
+        prebuild()
 
     def resolve_auto_dtype(self, config_dtype: torch.dtype) -> torch.dtype:
         if config_dtype == torch.float16:
@@ -60,12 +65,12 @@ class CpuPlatform(Platform):
             return torch.bfloat16 if cpu_supports_bf16() else torch.float32
         return config_dtype
 
-    attn_backends = {"CPU_ATTN": "vllm.attention.backends.torch_sdpa.TorchSDPABackendImpl",
-                     "TORCH_SDPA": "vllm.attention.backends.torch_sdpa.TorchSDPABackendImpl"}
+    attn_backends = {"CPU_ATTN": "vllm.cpu.attention.CpuAttentionImpl",
+                     "TORCH_SDPA": "vllm.cpu.attention.CpuAttentionImpl"}
     """One backend under vLLM's two CPU names: torch ops plus the native kernels."""
 
     def get_worker_cls(self) -> str:
-        return "vllm.worker.cpu_worker.CPUWorker"
+        return "vllm.cpu.worker.CPUWorker"
 
 
     def mem_get_info(self) -> tuple[int, int]:

@@ -5,7 +5,7 @@ re-blocks it on every call: at decode batch sizes (a few rows) that reorder cost
 much as the product itself. So each linear weight is packed once, for the kernels that
 gemm_autotune.py measured to be the fastest on this CPU for its shape at some row count:
 
-- the native kernel's layout (vllm/native): k-pairs of 16 output features per vector,
+- the native kernel's layout (vllm/cpu): k-pairs of 16 output features per vector,
   the operand layout of VDPBF16PS on AVX512-BF16 CPUs; AVX2 CPUs widen the same pairs
   to float32 in registers. It streams the weight once per step: the winner at decode
   sizes, and at every size on CPUs without AMX. The same tensor is the right-hand
@@ -31,11 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm import envs
-from vllm.model_executor.layers.batch_invariant import row_invariant_linear
-from vllm.native import gemm_autotune
-from vllm.native.gemm_autotune import AMX, FP32, NATIVE, ONEDNN, SHARED_LAYOUT, TORCH, GemmPlan
-from vllm.native import cpu_ops
+from vllm.model_executor.kernels import torch_linear
+from vllm.cpu import gemm_autotune
+from vllm.cpu.gemm_autotune import AMX, FP32, NATIVE, ONEDNN, SHARED_LAYOUT, TORCH, GemmPlan
+from vllm.cpu import cpu_ops
 
 logger = logging.getLogger(__name__)
 
@@ -115,27 +114,18 @@ def drop_packed_weights(model: nn.Module) -> None:
                 delattr(module, attr)
 
 
-def _torch_linear(x: torch.Tensor, weight: torch.Tensor,
-                  bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """torch's GEMM; in fixed row tiles under VLLM_BATCH_INVARIANT=1 (its kernel choice
-    varies with the row count)."""
-    if envs.VLLM_BATCH_INVARIANT:
-        return row_invariant_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
-
-
 def linear(module: nn.Module, x: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)`, through the kernel chosen for this many rows
     (with VLLM_BATCH_INVARIANT=1 and no native plan: in fixed row tiles)."""
     plan = module.__dict__.get(PLAN_ATTR)
     if plan is None or x.dtype != torch.bfloat16 or x.device.type != "cpu":
-        return _torch_linear(x, weight, bias)
+        return torch_linear(module, x, weight, bias)
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     kind = plan.kind_for(rows)
     if kind == TORCH or rows == 0:
-        return _torch_linear(x, weight, bias)
+        return torch_linear(module, x, weight, bias)
     packed = module.__dict__[PACKS_ATTR][kind]
     if kind in (NATIVE, AMX):  # one pack, two kernels
         x2 = x.reshape(rows, k)

@@ -2,7 +2,9 @@
 
 The CPU twin of vllm/hpu/ops.py: the layers hold only their plain-torch
 `forward_native`, and each platform binds its kernels to them (see
-`CustomOp.register_forward`). The CPU platform binds these when it is built. Every
+`CustomOp.register_forward`), and the CPU's entries of the kernel table
+(model_executor/kernels.py). The CPU platform binds both in the worker's device
+initialization, or when the first layer is built. Every
 function falls back to the layer's `forward_native` where its kernel does not apply
 (a dtype without a native kernel, strided rows, autograd), so the bound forward is
 always safe to call.
@@ -13,15 +15,18 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
+from vllm.attention.fp8_kv import is_fp8
 from vllm.model_executor.custom_op import CustomOp
+from vllm.model_executor.kernels import register_kernels, torch_fp8_gemm
 from vllm.model_executor.layers import decoder_stack  # noqa: F401 (registers the op)
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.quantization.int_weights import native_max_rows
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
-from vllm.native import cpu_ops
-from vllm.native.gemm import PACKS_ATTR
-from vllm.native.fused_decode import fused_decode_layers_cpu
+from vllm.cpu import cpu_ops, gemm, quant_ops
+from vllm.cpu.gemm import PACKS_ATTR
+from vllm.cpu.fused_decode import fused_decode_layers_cpu
 
 
 def _native_rows_ok(x: torch.Tensor) -> bool:
@@ -126,6 +131,57 @@ CPU_FORWARDS: dict[str, Callable[..., Any]] = {
 """op name -> its CPU forward."""
 
 
+# ------------------------------------------------- kernels (model_executor/kernels.py)
+def paged_decode_attention_cpu(query: torch.Tensor, kv_cache: torch.Tensor,
+                               block_table: torch.Tensor, seq_lens: torch.Tensor,
+                               num_heads: int, block_size: int, scale: float,
+                               out: torch.Tensor, k_scale: float = 1.0,
+                               v_scale: float = 1.0) -> bool:
+    """The native paged decode kernel where it takes these tensors (a float query
+    of a native dtype; a cache of its dtype or fp8)."""
+    if not (cpu_ops.usable(query)
+            and (kv_cache.dtype == query.dtype or is_fp8(kv_cache.dtype))):
+        return False
+    cpu_ops.decode_attention(query, kv_cache, block_table, seq_lens, num_heads, block_size,
+                             scale, out, k_scale, v_scale)
+    return True
+
+
+def fp8_gemm_cpu(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor,
+                 w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    """The native fp8 kernel (decode rows), else the dequantizing torch path."""
+    if quant_ops.fp8_supported(x_q):
+        out = quant_ops.gemm_fp8(x_q, w_q) * x_scale * w_scale
+        if bias is not None:
+            out = out + bias.float()
+        return out.to(out_dtype)
+    return torch_fp8_gemm(x_q, x_scale, w_q, w_scale, bias, out_dtype)
+
+
+def int4_linear_cpu(layer: torch.nn.Module, x: torch.Tensor,
+                    bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    """The native int4 kernel for up to `native_max_rows()` rows; None above (the
+    method dequantizes once for the many rows)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if 0 < rows <= native_max_rows() and quant_ops.int4_supported(
+            x, x.shape[-1] // layer.w_scales.shape[1]):
+        return quant_ops.gemm_int4(x, layer.w_q, layer.w_scales, layer.w_zeros, bias)
+    return None
+
+
+CPU_KERNELS: dict[str, Callable[..., Any]] = {
+    "linear": gemm.linear,
+    "drop_weight_copies": gemm.drop_packed_weights,
+    "argmax": cpu_ops.argmax,
+    "paged_decode_attention": paged_decode_attention_cpu,
+    "fp8_gemm": fp8_gemm_cpu,
+    "int4_linear": int4_linear_cpu,
+}
+"""kernel name -> its CPU implementation."""
+
+
 def register_cpu_ops() -> list[str]:
-    """Bind every CPU forward (idempotent); returns the op names bound."""
+    """Bind every CPU forward and kernel (idempotent); returns the op names bound."""
+    register_kernels(CPU_KERNELS, "cpu")
     return CustomOp.register_forwards(CPU_FORWARDS, "cpu")

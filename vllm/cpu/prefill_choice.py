@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 import torch
 
-from vllm.native import autotune, cpu_ops, loader, prefill_ops
+from vllm.cpu import autotune, cpu_ops, loader, prefill_ops
 
 logger = logging.getLogger(__name__)
 

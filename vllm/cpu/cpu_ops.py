@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from vllm import envs
-from vllm.native.loader import get_native_lib
+from vllm.cpu.loader import get_native_lib
 from vllm.utils.compile_markers import assume_constant_result
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from vllm import envs
-from vllm.worker.cpu_model_runner import CPUModelRunner
+from vllm.cpu.model_runner import CPUModelRunner
 from vllm.worker.worker_base import WorkerBase
 
 logger = logging.getLogger(__name__)
@@ -24,6 +24,7 @@ class CPUWorker(WorkerBase):
         self.init_distributed("gloo")
         from vllm.platforms import current_platform
         current_platform.seed_everything(self.vllm_config.model_config.seed)
+        current_platform.prepare_kernels()  # bind (and build) the kernels
         self.model_runner = CPUModelRunner(self.vllm_config, device="cpu")
 
     def _set_threads(self) -> None:

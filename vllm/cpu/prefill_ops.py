@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from vllm.native.cpu_ops import DTYPE_CODES, _no_output, _rows_ok, _torch_op
+from vllm.cpu.cpu_ops import DTYPE_CODES, _no_output, _rows_ok, _torch_op
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ the best of those the library has (`best_bf16_kernel`)."""
 
 
 def get_prefill_lib() -> Optional[ctypes.CDLL]:
-    from vllm.native.loader import load_side_library
+    from vllm.cpu.loader import load_side_library
     return load_side_library(SOURCE, _SIGNATURES,
                              "Native prefill attention unavailable, using the other paths")
 

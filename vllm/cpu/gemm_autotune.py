@@ -2,13 +2,13 @@
 
 Which kernel wins depends on the CPU and on the number of rows, and a choice tuned on
 one machine is a regression on another: on an AMD EPYC with AVX512-BF16 (no AMX) the
-native VNNI kernel (vllm/native) beats oneDNN at every size, while on a Xeon with
+native VNNI kernel (vllm/cpu) beats oneDNN at every size, while on a Xeon with
 AMX-BF16 oneDNN's AMX kernel is 2-3x faster than it once a matmul has 16+ rows, and the
 native kernel still wins at 1-4 rows (memory-bound decode). So at start-up each distinct
 weight shape `[N, K]` is timed with every candidate at a few row counts (`ROW_BUCKETS`),
 and each call then goes to the winner for its row count.
 
-Candidates: `native` (vllm/native's packed GEMM: bf16 dot products on AVX512-BF16
+Candidates: `native` (vllm/cpu's packed GEMM: bf16 dot products on AVX512-BF16
 CPUs, bf16 weights widened to float32 in registers on AVX2 CPUs), `onednn`
 (`torch.ops.mkldnn` on a weight reordered once; only where oneDNN has a bf16 kernel,
 which needs AVX512-BW/VL/DQ or AVX-NE-CONVERT: on AVX2-only CPUs its reorder raises),
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm import envs
-from vllm.native import autotune, cpu_ops, loader
+from vllm.cpu import autotune, cpu_ops, loader
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ def plan_shapes(weights: dict[tuple[int, int], torch.Tensor]) -> dict[tuple[int,
     if forced is not None:
         kind = forced if forced in kinds else fallback_kind()
         if kind != NATIVE and envs.VLLM_BATCH_INVARIANT:
-            kind = TORCH  # torch's GEMM in fixed row tiles (gemm.py: _torch_linear)
+            kind = TORCH  # torch's GEMM in fixed row tiles (kernels.torch_linear)
             logger.warning("VLLM_BATCH_INVARIANT=1: this CPU has no native bf16 GEMM "
                            "(AVX512-BF16 or AVX2 + FMA), so every linear layer runs "
                            "torch's GEMM in fixed 64-row tiles (slower).")

@@ -134,8 +134,8 @@ def build_library(source: Path = SOURCE) -> Path:
 
     The compiler writes to a temporary file that is renamed into place, so processes
     starting together (TP workers) never load a half-written library; within a process
-    one lock per source makes a second caller (the background prebuild and the engine,
-    say) wait for the first build instead of compiling again.
+    one lock per source makes a second caller wait for the first build instead of
+    compiling again.
     """
     with _build_locks.setdefault(source.name, threading.Lock()):
         cxx = _compiler()
@@ -163,68 +163,18 @@ def build_library(source: Path = SOURCE) -> Path:
 _build_locks: dict[str, threading.Lock] = {}
 
 
-def _after_fork_in_child() -> None:
-    """A forked worker gets copies of the locks but not the threads holding them: a
-    lock held by the parent's background build would never be released there. The
-    child starts with fresh locks (a build it then needs runs in its own process; the
-    rename into place keeps concurrent builds safe)."""
-    _build_locks.clear()
-    _prebuild.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-_prebuild: dict[str, Optional[threading.Thread]] = {}
-
-
-def prebuild_once() -> Optional[threading.Thread]:
-    """`prebuild_in_background` of the kernels every CPU engine loads (cpu_ops and
-    prefill_ops), once per process (the CPU platform calls it when it is built)."""
-    if "thread" not in _prebuild:
-        thread = prebuild_in_background((SOURCE, SOURCE.with_name("prefill_ops.cpp")))
-        if thread is None:
-            return None
-        _prebuild["thread"] = thread
-    return _prebuild["thread"]
-
-
-def skip_prebuild() -> None:
-    """Never prebuild in this process: it runs no kernel (a server's frontend whose engine
-    core, forked from it, builds them). A forked child prebuilds again (the at-fork
-    reset above)."""
-    _prebuild.setdefault("thread", None)
-
-
-def wait_for_prebuild() -> None:
-    """Wait for this process's background build, if one runs. Called before a fork: a
-    thread inside `subprocess.run` when the process forks leaves the child holding the
-    write end of that subprocess's exec-status pipe (close-on-exec does not apply to a
-    fork without exec), and the thread then waits forever for that pipe's EOF."""
-    thread = _prebuild.get("thread")
-    if thread is not None and thread is not threading.current_thread():
-        thread.join()
-
-
-def prebuild_in_background(sources: tuple[Path, ...]) -> Optional[threading.Thread]:
-    """Start compiling `sources` on a daemon thread, so that a first start builds the
-    kernels while it does other work (converting a GGUF file, loading weights): the
-    compiler runs in its own process, so the two overlap on a multi-core machine. The
-    engine's own `build_library` call then waits for this build or finds it done.
-    None when the native ops are off."""
+def prebuild() -> None:
+    """Build the kernel libraries every CPU engine loads (cpu_ops and prefill_ops) now,
+    where this machine has no cached build yet: the CPU worker's device initialization
+    calls it, before its runner's first native call. A failure is left for the load
+    to report (once, with its fallback)."""
     if not envs.VLLM_CPU_NATIVE_OPS:
-        return None
-
-    def build_all() -> None:
-        for source in sources:
-            try:
-                build_library(source)
-            except (OSError, RuntimeError, subprocess.SubprocessError):
-                return  # the engine's own call reports the failure, once
-
-    thread = threading.Thread(target=build_all, name="vllm-native-prebuild", daemon=True)
-    thread.start()
-    return thread
+        return
+    for source in (SOURCE, SOURCE.with_name("prefill_ops.cpp")):
+        try:
+            build_library(source)
+        except (OSError, RuntimeError, subprocess.SubprocessError):
+            return
 
 
 _side_libs: dict[Path, Optional[ctypes.CDLL]] = {}

@@ -17,16 +17,17 @@ from typing import Iterator, Optional
 
 import torch
 
-from vllm.native import prefill_choice
-from vllm.native.autotune import serving_threads
-from vllm.native.prefill_choice import FLASH, ROWWISE, SDPA, PrefillPlan
-from vllm.attention.backends.torch_sdpa import NATIVE_PREFILL_MAX_LEN, TorchSDPABackendImpl
+from vllm.cpu import prefill_choice
+from vllm.cpu.autotune import serving_threads
+from vllm.cpu.prefill_choice import FLASH, ROWWISE, SDPA, PrefillPlan
+from vllm.attention.backends.torch_sdpa import NATIVE_PREFILL_MAX_LEN
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from vllm.native import cpu_ops
+from vllm.cpu import cpu_ops
+from vllm.cpu.attention import CpuAttentionImpl
 from vllm.worker.flat_layout import (FlatLayout, build_flat_layout, decode_first_layout,
                                      flat_forward_pass, kv_cache_shape, order_batch)
-from vllm.worker.cpu_threads import ThreadGovernor, make_governor
+from vllm.cpu.threads import ThreadGovernor, make_governor
 from vllm.worker.kv_cache_alloc import note_step
 from vllm.worker.model_runner_base import ForwardPass, ModelRunnerBase
 
@@ -40,10 +41,10 @@ class CPUModelRunner(ModelRunnerBase):
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device | str = "cpu") -> None:
         super().__init__(vllm_config, device)
-        # Decode attention by the native kernel (vllm/native) where it can run.
+        # Decode attention by the native kernel (vllm/cpu) where it can run.
         self.native_attention = (
             self.device.type == "cpu" and self.dtype in cpu_ops.DTYPE_CODES
-            and isinstance(self.attn_impl, TorchSDPABackendImpl)
+            and isinstance(self.attn_impl, CpuAttentionImpl)
             # MLA attends in its own layer (attention/mla.py), not the native kernels
             and not getattr(self.model_config, "use_mla", False)
             and cpu_ops.usable(torch.empty(0, dtype=self.dtype)))
@@ -89,7 +90,7 @@ class CPUModelRunner(ModelRunnerBase):
         with _no_thread_team(self.device):
             model = get_model(vllm_config, device=self.device)
             if self.device.type == "cpu":
-                from vllm.native.gemm import pack_linear_weights
+                from vllm.cpu.gemm import pack_linear_weights
                 pack_linear_weights(model)
         return model
 
@@ -107,7 +108,7 @@ class CPUModelRunner(ModelRunnerBase):
     def _weights_restored(self) -> None:
         """The packed copies were dropped with the weights: pack again, as at load."""
         if self.device.type == "cpu":
-            from vllm.native.gemm import pack_linear_weights
+            from vllm.cpu.gemm import pack_linear_weights
             with _no_thread_team(self.device):
                 pack_linear_weights(self.model)
 
