@@ -102,6 +102,12 @@ def test_server_starts_on_fake_hpu_with_warmup_logs(tmp_path):
         assert re.search(r'^vllm:hpu_bucket_hits_total\{(?=[^}]*phase="prompt")'
                          r'(?=[^}]*bucket="1,128,0")[^}]*\} 1\.0$', metrics, re.MULTILINE)
         assert re.search(r'^vllm:hpu_warmup_seconds\{[^}]*\} [\d.e-]+$', metrics, re.MULTILINE)
+        # Graph memory: what the captured graphs hold, measured at capture (the fake
+        # device's ledger), per phase.
+        for phase in ("prompt", "decode"):
+            held = re.search(r'^vllm:hpu_graph_memory_bytes\{[^}]*phase="%s"[^}]*\} (\S+)$'
+                             % phase, metrics, re.MULTILINE)
+            assert held and float(held.group(1)) > 0, phase
         assert re.search(r'^vllm:hpu_fallback_bucket_passes_total\{[^}]*\} 0\.0$', metrics,
                          re.MULTILINE)
     finally:
