@@ -14,6 +14,8 @@ parallel_tool_calls false), for each case:
 
     python benchmarks/strict_tool_calls.py --num-requests 20
     python benchmarks/strict_tool_calls.py --json      # one JSON object per case
+    python benchmarks/strict_tool_calls.py --tool-strict-level parameter \
+        --cases "auto, not strict"                     # the server-side floor
 
 Prints, per case, requests / requests with a tool call / calls / calls whose arguments
 validate.
@@ -83,13 +85,15 @@ def measure(url: str, model: str, choice: str, strict: bool, n: int,
             "valid_calls": valid}
 
 
-def start_server(model: Optional[str]) -> tuple[subprocess.Popen, str]:
+def start_server(model: Optional[str], strict_level: str = "auto"
+                 ) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
            "--port", str(port), "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-           "--disable-log-requests", "--max-model-len", "2048"]
+           "--disable-log-requests", "--max-model-len", "2048",
+           "--tool-strict-level", strict_level]
     if model:
         cmd += ["--model", model]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -117,12 +121,15 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--tool-strict-level", default="auto",
+                        choices=["auto", "function", "parameter"],
+                        help="the started server's --tool-strict-level")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     proc = None
     url = args.url
     if url is None:
-        proc, url = start_server(args.model)
+        proc, url = start_server(args.model, args.tool_strict_level)
     try:
         import httpx
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
