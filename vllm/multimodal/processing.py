@@ -5,7 +5,8 @@ expands each image placeholder of the prompt into as many image tokens as the vi
 encoder yields for it. Its output is cut here into one `MultiModalFeature` per image
 (which tensors belong to which image and how many tokens each one fills are the model
 class's business: `split_mm_data`, `num_mm_tokens`), placed in order over the model's
-image tokens in the expanded ids.
+image tokens in the expanded ids (or by the model's `mm_placeholder_ranges`, for an
+image whose placeholder block holds other tokens too: Mistral 3's row breaks).
 This runs in the API process; the features travel to the core with the Request.
 """
 from __future__ import annotations
@@ -106,7 +107,9 @@ class MultiModalProcessor:
         per_item = self.model_cls.split_mm_data(out, len(images))
         lengths = [self.model_cls.num_mm_tokens(self.model_config.hf_config, d)
                    for d in per_item]
-        runs = placeholder_ranges(ids, self.image_token_id, lengths)
+        own_ranges = getattr(self.model_cls, "mm_placeholder_ranges", None)
+        runs = (own_ranges(ids, self.model_config.hf_config, lengths) if own_ranges
+                else placeholder_ranges(ids, self.image_token_id, lengths))
         return ids, [MultiModalFeature(modality="image", identifier=hash_image(im),
                                        offset=off, length=n, data=data)
                      for im, (off, n), data in zip(images, runs, per_item)]

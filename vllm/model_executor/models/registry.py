@@ -39,6 +39,7 @@ _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
     "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     "Qwen2VLForConditionalGeneration": ("qwen2_vl", "Qwen2VLForConditionalGeneration"),
+    "Mistral3ForConditionalGeneration": ("mistral3", "Mistral3ForConditionalGeneration"),
     # pooling models (encoder-only; vllm/transformers_utils/runner.py picks the runner)
     "BertModel": ("bert", "BertModel"),
     "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
