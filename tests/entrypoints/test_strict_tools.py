@@ -90,6 +90,8 @@ FORMATS = {
     "xlam": ('[TOOL_CALLS][{"name": "f", "arguments": {"days": 3}}]', '{"days": "x'),
     "granite-20b-fc": ('<function_call> {"name": "f", "arguments": {"days": 3}}',
                        '{"days": "x'),
+    "glm45": ("<tool_call>f\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n"
+              "</tool_call>", "<arg_value>x"),
 }
 
 

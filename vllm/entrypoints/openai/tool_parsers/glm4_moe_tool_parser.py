@@ -13,7 +13,9 @@ first `<arg_key>` right after the name, without the newline.
 from __future__ import annotations
 
 import re
+from typing import Optional
 
+from vllm.entrypoints.openai.tool_parsers import structural_tags as st
 from vllm.entrypoints.openai.tool_parsers.abstract_tool_parser import PartialCall
 from vllm.entrypoints.openai.tool_parsers.xml_calls import XmlToolParser
 
@@ -50,3 +52,9 @@ class Glm4MoeModelToolParser(XmlToolParser):
         if final and not calls:
             raise ValueError("no tool call in the tool-call text")
         return calls
+
+    def strict_format(self, tools: st.Tools) -> Optional[dict]:
+        """Each call `<tool_call>NAME`, its arguments as GLM's key/value elements."""
+        return st.triggered([self.start_marker], [
+            st.tag(f"{self.start_marker}{name}", st.arguments(schema, "glm_xml"), _CALL_END)
+            for name, schema in tools])
