@@ -280,3 +280,14 @@ def test_grammar_backends_take_the_mistral_vocabulary(tok, backend):
         grammar.fill_bitmask(bitmask, 0)
         assert (bitmask[0, i // 32] >> (i % 32)) & 1, i
         assert grammar.accept_tokens([i])
+
+
+def test_served_completion_with_logprobs_and_stop(served, tok):
+    body = {"prompt": "the weather in Zürich", "max_tokens": 6, "temperature": 0,
+            "logprobs": 2, "ignore_eos": True, "return_token_ids": True}
+    r = httpx.post(served.url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["prompt_token_ids"] == tok.encode("the weather in Zürich")
+    assert len(choice["logprobs"]["tokens"]) == 6
+    assert choice["text"] == tok.decode(choice["token_ids"], skip_special_tokens=True)
