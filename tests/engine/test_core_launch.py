@@ -1,9 +1,9 @@
 """How the engine-core process starts (vllm/engine/core_launch.py): fork or spawn as
 VLLM_WORKER_MULTIPROC_METHOD says, else fork only without threads a fork would break;
-a core forked early gets the frontend's config (and environment) later, serves, and
-never outlives its frontend (killed, or stopped before it built its engine); given the
-engine arguments, it initializes before the config arrives and keeps that engine only
-if the frontend's config is equal; the server forks its core."""
+a core forked early initializes from the config built just before the fork, which the
+frontend's engine then runs (one initialization), serves, and never outlives its
+frontend (killed, or stopped before it built its engine); an engine whose config
+differs starts its own core; the server forks its core."""
 from __future__ import annotations
 
 import os
@@ -103,37 +103,30 @@ def _read(proc: subprocess.Popen, key: str, timeout_s: float = 240) -> list[str]
     raise AssertionError(f"the script never printed {key}")
 
 
-def test_early_core_gets_the_config_serves_and_dies_with_its_frontend(tiny_model_factory):
+def test_early_core_serves_the_engine_and_dies_with_its_frontend(tiny_model_factory):
     tiny = tiny_model_factory("llama")
     proc = _script(f"""
         import os, sys, time
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
         from vllm.engine import core_launch
-        assert core_launch.prestart()
+        from vllm.engine.arg_utils import EngineArgs
+        args = EngineArgs(model={tiny!r}, dtype="float32", max_model_len=200,
+                          kv_cache_memory_bytes=16 << 20)
+        assert core_launch.prestart(args)
         early = core_launch._prestarted.proc.pid
-        os.environ["VLLM_TEST_SET_AFTER_FORK"] = "late"  # as a platform's config may
-        from vllm import LLM, SamplingParams
-        llm = LLM(model={tiny!r}, dtype="float32", max_model_len=200,
-                  kv_cache_memory_bytes=16 << 20)
-        core = llm.llm_engine.engine_core
+        from vllm.engine.llm_engine import LLMEngine
+        engine = LLMEngine.from_engine_args(args, multiprocess=True)
+        core = engine.engine_core
         print("PIDS", early, core.proc.pid, flush=True)
-        seen = llm.collective_rpc(lambda w: (w.vllm_config.model_config.max_model_len,
-                                             w.vllm_config.cache_config.num_gpu_blocks,
-                                             os.environ.get("VLLM_TEST_SET_AFTER_FORK")))
-        print("CONFIG", *seen[0], llm.llm_engine.vllm_config.cache_config.num_gpu_blocks,
-              flush=True)
-        out = llm.generate(["Hello there"], SamplingParams(max_tokens=5, temperature=0,
-                                                           ignore_eos=True), use_tqdm=False)
-        print("TOKENS", len(out[0].outputs[0].token_ids), flush=True)
+        print("CONFIG", engine.vllm_config.model_config.max_model_len,
+              engine.vllm_config.cache_config.num_gpu_blocks, flush=True)
         time.sleep(600)
     """)
     try:
         early, core_pid = map(int, _read(proc, "PIDS"))
         assert early == core_pid  # the engine took the early core
-        max_len, core_blocks, late_var, frontend_blocks = _read(proc, "CONFIG")
-        assert int(max_len) == 200 and int(core_blocks) == int(frontend_blocks) > 0
-        assert late_var == "late"  # the frontend's environment as of the launch
-        assert _read(proc, "TOKENS") == ["5"]
+        max_len, blocks = _read(proc, "CONFIG")
+        assert int(max_len) == 200 and int(blocks) > 0  # the core's size, reported back
         core = psutil.Process(core_pid)
         proc.kill()
         proc.wait(10)
@@ -142,23 +135,28 @@ def test_early_core_gets_the_config_serves_and_dies_with_its_frontend(tiny_model
         proc.kill()
 
 
-def test_early_core_exits_when_released_or_its_frontend_stops_before_the_engine():
-    proc = _script("""
+def test_early_core_exits_when_released_or_its_frontend_stops_before_the_engine(
+        tiny_model_factory):
+    tiny = tiny_model_factory("llama")
+    proc = _script(f"""
         from vllm.engine import core_launch
-        assert core_launch.prestart()
+        from vllm.engine.arg_utils import EngineArgs
+        args = EngineArgs(model={tiny!r}, dtype="float32", max_model_len=200,
+                          kv_cache_memory_bytes=16 << 20)
+        assert core_launch.prestart(args)
         untaken = core_launch._prestarted.proc
         core_launch.release()  # the engine did not take it (data parallel, say)
-        untaken.join(15)
+        untaken.join(60)
         print("RELEASED", untaken.exitcode, flush=True)
-        assert core_launch.prestart()
+        assert core_launch.prestart(args)
         print("EARLY", core_launch._prestarted.proc.pid, flush=True)
         raise SystemExit(2)  # e.g. the port is taken
     """)
     try:
         assert _read(proc, "RELEASED") == ["0"]
         early = psutil.Process(int(_read(proc, "EARLY")[0]))
-        assert proc.wait(60) == 2
-        early.wait(15)
+        assert proc.wait(120) == 2
+        early.wait(60)
     finally:
         proc.kill()
 
@@ -210,7 +208,7 @@ def test_frontend_setup_failure_stops_the_started_core(tiny_model_factory, monke
 
 def _early_core_run(tiny: str, server_max_len: int) -> tuple[list[str], str]:
     """A process that forks its core with the config built from max_model_len=200 (as a
-    server does), then builds its engine with `server_max_len`: what the core's worker
+    server does), then builds an `LLM` with `server_max_len`: what the core's worker
     saw, the tokens generated, and the process's log."""
     body = textwrap.dedent(f"""
         import os
@@ -219,12 +217,14 @@ def _early_core_run(tiny: str, server_max_len: int) -> tuple[list[str], str]:
         from vllm.engine.arg_utils import EngineArgs
         common = dict(model={tiny!r}, dtype="float32", kv_cache_memory_bytes=16 << 20)
         assert core_launch.prestart(EngineArgs(max_model_len=200, **common))
+        early = core_launch._prestarted.proc.pid
         from vllm import LLM, SamplingParams
         llm = LLM(max_model_len={server_max_len}, **common)
         seen = llm.collective_rpc(lambda w: w.vllm_config.model_config.max_model_len)
         out = llm.generate(["Hello there"], SamplingParams(max_tokens=5, temperature=0,
                                                            ignore_eos=True), use_tqdm=False)
-        print("RESULT", seen[0], len(out[0].outputs[0].token_ids), flush=True)
+        print("RESULT", seen[0], len(out[0].outputs[0].token_ids),
+              int(llm.llm_engine.engine_core.proc.pid == early), flush=True)
     """)
     out = subprocess.run([sys.executable, "-c", body], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=300,
@@ -234,19 +234,17 @@ def _early_core_run(tiny: str, server_max_len: int) -> tuple[list[str], str]:
     return result[0], out.stdout
 
 
-def test_early_core_initializes_from_the_config_built_before_the_fork(tiny_model_factory):
-    """Same arguments: the core initialized before the config arrived and serves with it
-    (one initialization, no rebuild)."""
-    (max_len, tokens), log = _early_core_run(tiny_model_factory("llama"), 200)
-    assert (max_len, tokens) == ("200", "5")
-    assert "initialized before the server's config arrived (equal)" in log
+def test_an_engine_with_the_same_config_runs_the_early_core(tiny_model_factory):
+    """`LLM(...)` fills in arguments of its own, yet builds an equal config: its engine
+    runs the config the core was forked with (one initialization, no second core)."""
+    (max_len, tokens, took), log = _early_core_run(tiny_model_factory("llama"), 200)
+    assert (max_len, tokens, took) == ("200", "5", "1")
     assert log.count("Engine core initialized in") == 1
 
 
-def test_early_core_reinitializes_when_the_servers_config_differs(tiny_model_factory):
-    """The server's config differs from the one built before the fork: the core drops
-    its engine and serves with the server's config."""
-    (max_len, tokens), log = _early_core_run(tiny_model_factory("llama"), 100)
-    assert (max_len, tokens) == ("100", "5")
-    assert "does not match the server's: the config differs (model_config" in log
-    assert log.count("Engine core initialized in") == 2
+def test_an_engine_with_another_config_starts_its_own_core(tiny_model_factory):
+    """The engine's config differs from the one built before the fork: the early core is
+    released and the engine serves from a core of its own, with its config."""
+    (max_len, tokens, took), log = _early_core_run(tiny_model_factory("llama"), 100)
+    assert (max_len, tokens, took) == ("100", "5", "0")
+    assert "differs from the one its core was forked with" in log

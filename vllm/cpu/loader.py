@@ -115,9 +115,15 @@ def _cpu_flags() -> str:
     return os.uname().machine
 
 
+_versions: dict[str, str] = {}
+"""compiler path -> its `--version` text (asked once per process)."""
+
+
 def _cache_key(cxx: str, source: Path = SOURCE) -> str:
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
-                             timeout=30).stdout
+    version = _versions.get(cxx)
+    if version is None:
+        version = _versions[cxx] = subprocess.run([cxx, "--version"], capture_output=True,
+                                                  text=True, timeout=30).stdout
     digest = hashlib.sha256()
     # The headers the kernel files share (vec_math.h) are part of every build.
     headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]

@@ -22,7 +22,6 @@ from vllm.model_executor.layers import decoder_stack  # noqa: F401 (registers th
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.quantization.int_weights import native_max_rows
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.cpu import cpu_ops, gemm, quant_ops
 from vllm.cpu.gemm import PACKS_ATTR
@@ -163,6 +162,7 @@ def int4_linear_cpu(layer: torch.nn.Module, x: torch.Tensor,
                     bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """The native int4 kernel for up to `native_max_rows()` rows; None above (the
     method dequantizes once for the many rows)."""
+    from vllm.model_executor.layers.quantization.int_weights import native_max_rows
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if 0 < rows <= native_max_rows() and quant_ops.int4_supported(
             x, x.shape[-1] // layer.w_scales.shape[1]):

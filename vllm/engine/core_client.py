@@ -127,15 +127,16 @@ class MPEngineCoreClient:
 
     def _start_process(self) -> tuple[Any, Any]:
         """The core's process and this end of its death pipe: the one the server forked
-        early (sent its config now), else a new one (fork or spawn, core_launch.py)."""
+        early with this config (sent the addresses now), else a new one (fork or spawn,
+        core_launch.py)."""
         from vllm.engine import core_launch
         from vllm.engine.core_proc import run_engine_core
         from vllm.executor.multiproc_utils import register_engine_side
         kwargs = dict(vllm_config=self.vllm_config, input_addr=self._input_addr,
                       output_addr=self._output_addr)
-        early = core_launch.take()
+        early = core_launch.take(self.vllm_config)
         if early is not None:
-            core_launch.launch(early, **kwargs)
+            core_launch.launch(early, self._input_addr, self._output_addr)
             return early.proc, early.conn
         ctx = core_mp_context()
         death_reader, death_writer = ctx.Pipe(duplex=False)

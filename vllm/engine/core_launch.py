@@ -11,27 +11,25 @@ child's first multi-threaded torch op hangs). So, unless VLLM_WORKER_MULTIPROC_M
 is set, the core is forked only while this process has no thread but the main one
 (read from /proc/self/task, which counts native threads too), OpenBLAS's pool aside
 (numpy starts it at import; OpenBLAS's own fork handler stops and restarts it), and no
-accelerator runtime or Ray is loaded (`fork_unsafe_reason`); otherwise it is spawned, as before. Set explicitly, the
-variable is honoured (fork still falls back to spawn where CUDA/HPU/Ray run, as for
-the TP workers).
+accelerator runtime or Ray is loaded (`fork_unsafe_reason`); otherwise it is spawned,
+as before. Set explicitly, the variable is honoured (fork still falls back to spawn
+where CUDA/HPU/Ray run, as for the TP workers).
 
-Why early: the server forks the core before it builds the config and before it imports
-its web stack (`prestart`, from vllm/entrypoints/openai/core_prestart.py or
-`run_server`: one thread, nothing bound yet, not even the listening socket). The child
-imports what an engine core needs while the server reads the model's config and loads
-the tokenizer, then waits for the `VllmConfig` that `MPEngineCoreClient` sends it over
-a pipe. That pipe is also the core's death pipe: EOF before the config (the server
-failed while starting) or after it (the server died) ends the child.
-
-Given the server's engine arguments, where building the config reads only local, ready
-files, the server builds it just before the fork and the core initializes from it at
-once, while the server sets itself up; the core serves with it only if the config the
-server then sends, and its environment, are equal (vllm/engine/core_speculation.py).
+Why early: the server builds its config first (a platform's construction imports no
+kernels and starts no thread, so building the config leaves the process safe to fork),
+then forks the core with it before importing its web stack (`prestart`, from
+vllm/entrypoints/openai/core_prestart.py or `run_server`: one thread, nothing bound
+yet, not even the listening socket). The core initializes at once (weights, packing,
+KV cache) while the server imports FastAPI, loads its tokenizer and builds its engine
+from the very same config object (`config_for`), then waits on a pipe for the
+addresses `MPEngineCoreClient` sends it. That pipe is also the core's death pipe: EOF
+before the addresses (the server failed while starting) or after them (the server
+died) ends the child.
 """
 from __future__ import annotations
 
+import copy
 import ctypes
-import importlib
 import logging
 import multiprocessing
 import os
@@ -43,14 +41,6 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Optional
 
 logger = logging.getLogger(__name__)
-
-PREIMPORTS = ("vllm.engine.core", "vllm.model_executor.model_loader",
-              "vllm.model_executor.models.registry", "vllm.worker.kv_cache_alloc",
-              "transformers.configuration_utils", "transformers.activations")
-"""What every engine core imports and a server does not, imported by an early-started
-core while its server builds the config (the CPU's native ops are added when the CPU
-platform is the current one; the model's own module is imported once it is known)."""
-
 
 def thread_count() -> Optional[int]:
     """This process's OS threads (native ones included); None where /proc is missing."""
@@ -135,63 +125,83 @@ def mp_context(method: str) -> Any:
 # ------------------------------------------------------------------ early start
 @dataclass
 class PrestartedCore:
-    """A forked engine-core process waiting for its config on `conn`."""
+    """A forked engine-core process initializing from `config`."""
     proc: BaseProcess
     conn: Connection
-    """This end of the launch pipe: the config is sent on it, then it is the death
+    """This end of the launch pipe: the addresses are sent on it, then it is the death
     pipe (closing it ends the child)."""
+    config: Any
+    """The config the core was forked with: the frontend's engine must run this very
+    object (`config_for`, then `take`)."""
+    engine_args: Any
+    """A copy of the arguments it was built from."""
 
 
 _prestarted: Optional[PrestartedCore] = None
 
 
-def prestart(engine_args: Optional[Any] = None) -> bool:
-    """Fork an engine-core process now, when fork is the method and safe; True if one
-    was started. The next `MPEngineCoreClient` of this process takes it (`take`).
-    `engine_args`: the arguments the server will build its config from; where it is
-    safe, the config is built from them now and the core initializes from it without
-    waiting for the server's (core_speculation.py)."""
+def prestart(engine_args: Any) -> bool:
+    """Build the config from `engine_args`, then fork an engine-core process that
+    initializes from it now, when fork is the method and safe; True if one was started.
+    The engine this process then builds from equal arguments runs that config
+    (`config_for`) and takes the core (`take`). A config that fails to build starts
+    nothing (the engine builds it again and reports the error)."""
     global _prestarted
     if _prestarted is not None:
         return True
     if start_method() != "fork":
         return False
-    config = _config_before_fork(engine_args)
-    if config is not None and start_method() != "fork":
+    snapshot = copy.deepcopy(engine_args)
+    try:
+        config = copy.deepcopy(engine_args).create_engine_config()
+    except Exception:  # noqa: BLE001 - the engine builds it again and reports its error
+        logger.debug("Building the engine config before the fork failed.", exc_info=True)
+        return False
+    if start_method() != "fork":
         return False  # building it started a thread: spawn later, as without an early core
     from vllm.executor.multiproc_utils import register_engine_side
     ctx = mp_context("fork")
     reader, writer = ctx.Pipe(duplex=False)
     register_engine_side(writer)  # closed in every forked child: the core sees EOF
     # Not a daemon: the core starts worker processes of its own (TP/PP).
-    proc = ctx.Process(target=_wait_for_config, args=(reader, config),
+    proc = ctx.Process(target=_initialize_then_serve, args=(reader, config),
                        name="EngineCore", daemon=False)
     proc.start()
     reader.close()
-    _prestarted = PrestartedCore(proc, writer)
+    _prestarted = PrestartedCore(proc, writer, config, snapshot)
     weakref.finalize(proc, _abandon, proc, writer)
     logger.debug("Engine core process forked early (pid %d).", proc.pid)
     return True
 
 
-def _config_before_fork(engine_args: Optional[Any]) -> Optional[Any]:
-    """The server's config built now, for the core to initialize from at once, where that
-    is safe (core_speculation.py); None otherwise. This process then never builds the
-    native kernels: the core's worker builds them if they are missing."""
-    if engine_args is None:
+def config_for(engine_args: Any) -> Optional[Any]:
+    """The early core's config for an engine built from `engine_args`: when they equal
+    the ones it was built from (a server's), or build an equal config (`LLM(...)` fills
+    in arguments of its own); the engine then runs that object and takes the core.
+    None otherwise, after releasing the early core."""
+    found = _prestarted
+    if found is None:
         return None
-    from vllm.engine import core_speculation
-    if not core_speculation.builds_without_side_effects(engine_args):
-        return None
-    return core_speculation.build_config(engine_args)
+    if found.engine_args == engine_args:
+        return found.config
+    config = engine_args.create_engine_config()
+    if config == found.config:
+        return found.config
+    logger.warning("The engine's config differs from the one its core was forked with; "
+                   "starting another core.")
+    release()
+    return config
 
 
-def take() -> Optional[PrestartedCore]:
-    """The early-started core, once (None when there is none or it already exited)."""
+def take(vllm_config: Any) -> Optional[PrestartedCore]:
+    """The early core, once, for the engine that runs its config (None when there is
+    none, it exited, or the engine runs another config: that core is released)."""
     global _prestarted
     found, _prestarted = _prestarted, None
-    if found is not None and not found.proc.is_alive():
-        found.conn.close()
+    if found is None:
+        return None
+    if found.config is not vllm_config or not found.proc.is_alive():
+        _abandon(found.proc, found.conn)
         return None
     return found
 
@@ -199,88 +209,48 @@ def take() -> Optional[PrestartedCore]:
 def release() -> None:
     """Let an early core that no engine took exit now (EOF on its pipe) instead of
     idling until this process exits."""
-    found = take()
+    global _prestarted
+    found, _prestarted = _prestarted, None
     if found is not None:
         _abandon(found.proc, found.conn)
 
 
 def _abandon(proc: BaseProcess, conn: Connection) -> None:
-    """Never taken (the server failed before its engine): EOF lets the child exit."""
+    """Never taken (the server failed before its engine, or the engine runs another
+    config): EOF lets a child waiting for its addresses exit; one still initializing is
+    stopped."""
     try:
         conn.close()
     except OSError:
         pass
-    proc.join(5.0)
+    proc.join(0.5)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(5.0)
 
 
-def _wait_for_config(conn: Connection, vllm_config: Optional[Any] = None) -> None:
-    """The early core: import what a core needs (and initialize from `vllm_config`, the
-    server's config built before the fork, if given), then run once the server's config
-    arrives."""
+def _initialize_then_serve(conn: Connection, vllm_config: Any) -> None:
+    """The early core: initialize from `vllm_config`, then serve once the frontend sends
+    its sockets' addresses. An initialization that fails is left to `run_engine_core`,
+    which repeats it and reports the error to the frontend."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the server decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    forked_environ = dict(os.environ)
-    _preimport()
-    speculative = None
-    if vllm_config is not None:
-        from vllm.engine import core_speculation
-        from vllm.executor.multiproc_utils import prefix_log_lines
-        prefix_log_lines(None, kind="EngineCore")  # its initialization logs from here
-        # What the imports set (torch's cache directories) is dropped, as the server's
-        # environment replaces it below when the core waits for the config.
-        adopt_environment(forked_environ)
-        speculative = core_speculation.start(vllm_config)
+    from vllm.executor.multiproc_utils import prefix_log_lines
+    prefix_log_lines(None, kind="EngineCore")
+    core = None
     try:
-        environ, kwargs = conn.recv()
+        from vllm.engine.core import EngineCore
+        core = EngineCore(vllm_config)
+    except Exception:  # noqa: BLE001 - repeated below, where the frontend hears of it
+        logger.debug("Initializing the early engine core failed.", exc_info=True)
+    try:
+        kwargs = conn.recv()
     except (EOFError, OSError):
         os._exit(0)  # the server stopped before it built its engine
-    core = None
-    if speculative is not None:
-        core = core_speculation.adopt_or_discard(speculative, kwargs["vllm_config"], environ)
-    adopt_environment(environ)
-    if core is None:
-        preimport(kwargs["vllm_config"])
     from vllm.engine.core_proc import run_engine_core
-    run_engine_core(death_reader=conn, core=core, **kwargs)
+    run_engine_core(death_reader=conn, vllm_config=vllm_config, core=core, **kwargs)
 
 
-def launch(early: PrestartedCore, **kwargs: Any) -> None:
-    """Send the early core what a spawned one gets: `run_engine_core`'s arguments, and
-    this process's environment as it is now (building the config may have set
-    variables the core's runtime reads, e.g. the HPU's lazy collectives)."""
-    early.conn.send((dict(os.environ), kwargs))
-
-
-def adopt_environment(environ: dict[str, str]) -> None:
-    """Make os.environ equal to `environ` (the frontend's at launch)."""
-    for name in set(os.environ) - set(environ):
-        os.environ.pop(name, None)
-    os.environ.update(environ)
-
-
-def _preimport() -> None:
-    names = list(PREIMPORTS)
-    if _current_platform_is_cpu():
-        names.append("vllm.cpu.ops")
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - only a head start; the core imports it again
-            logger.debug("Pre-importing %s failed.", name, exc_info=True)
-
-
-def preimport(vllm_config: Any) -> None:
-    """Import the model's module (its architecture is known now)."""
-    try:
-        from vllm.model_executor.models.registry import ModelRegistry
-        ModelRegistry.resolve_model_cls(vllm_config.model_config.architectures)
-    except Exception:  # noqa: BLE001 - the core reports a bad architecture itself
-        logger.debug("Pre-importing the model class failed.", exc_info=True)
-
-
-def _current_platform_is_cpu() -> bool:
-    try:
-        from vllm.platforms import current_platform
-        return current_platform.is_cpu()
-    except Exception:  # noqa: BLE001 - the core reports a platform error itself
-        return False
+def launch(early: PrestartedCore, input_addr: str, output_addr: str) -> None:
+    """Send the early core the addresses of the frontend's sockets."""
+    early.conn.send(dict(input_addr=input_addr, output_addr=output_addr))

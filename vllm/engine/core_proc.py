@@ -37,8 +37,8 @@ IDLE_HEALTH_CHECK_MS = 1000
 def run_engine_core(vllm_config: Any, input_addr: str, output_addr: str,
                     death_reader: Connection, core: Optional[Any] = None) -> None:
     """Entry point of the engine-core process. `core`: an EngineCore already initialized
-    from a config equal to `vllm_config` (an early core's, vllm/engine/core_speculation.py);
-    its own config, which holds the KV cache size, is the one reported."""
+    from `vllm_config` (an early core's, vllm/engine/core_launch.py); its own config,
+    which holds the KV cache size, is the one reported."""
     from vllm.executor.multiproc_utils import exit_when_parent_dies, prefix_log_lines
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the frontend decides
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # forked: not the server's handler

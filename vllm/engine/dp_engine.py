@@ -51,14 +51,13 @@ def build_async_engine(engine_args: AsyncEngineArgs, start_engine_loop: bool = T
                                            while_core_starts=while_core_starts)
 
 
-def prestart_engine_core(data_parallel_size: int,
-                         engine_args: Optional[AsyncEngineArgs] = None) -> bool:
-    """Fork the server's engine-core process now, before the config is built, so its
-    imports overlap the server's work (vllm/engine/core_launch.py); the engine that
-    `build_async_engine` makes takes it. Given `engine_args` (those the engine is built
-    from), the config may be built before the fork and the core initialize from it at
-    once (core_speculation.py). Not for data parallel, whose replicas keep their cores
-    in this process. True if a core was started."""
+def prestart_engine_core(data_parallel_size: int, engine_args: AsyncEngineArgs) -> bool:
+    """Build the server's config from `engine_args` and fork its engine-core process
+    with it now, so that the core initializes while the server imports its web stack
+    and builds its engine (vllm/engine/core_launch.py); the engine that
+    `build_async_engine` makes from equal arguments runs that config and takes the
+    core. Not for data parallel, whose replicas keep their cores in this process. True
+    if a core was started."""
     from vllm.engine import core_launch
     from vllm.engine.core_client import use_multiprocessing
     if use_multiprocessing(default=True) and data_parallel_size == 1:

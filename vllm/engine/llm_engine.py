@@ -75,7 +75,10 @@ class LLMEngine:
         """`multiprocess` None: VLLM_ENABLE_V1_MULTIPROCESSING, else in-process."""
         if multiprocess is None:
             multiprocess = use_multiprocessing(default=False)
-        return cls(engine_args.create_engine_config(),
+        from vllm.engine import core_launch
+        # The config an early-forked core initializes from, when built from these args.
+        config = core_launch.config_for(engine_args) if multiprocess else None
+        return cls(config if config is not None else engine_args.create_engine_config(),
                    log_stats=not engine_args.disable_log_stats, multiprocess=multiprocess,
                    wait_for_core=wait_for_core)
 
