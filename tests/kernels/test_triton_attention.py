@@ -83,8 +83,10 @@ def make_step(seqs: Sequence[Tuple[int, int]], num_heads: int, num_kv_heads: int
 def reference(step: Step, scale: float, sliding_window: Optional[int] = None,
               softcap: Optional[float] = None,
               alibi_slopes: Optional[torch.Tensor] = None,
-              k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-    """float64 attention of every sequence's rows over its dequantized cache."""
+              k_scale: float = 1.0, v_scale: float = 1.0,
+              sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """float64 attention of every sequence's rows over its dequantized cache; `sinks`
+    [heads]: one more logit per head in the softmax denominator (its column dropped)."""
     step = Step(step.query.cpu(), step.kv_cache.cpu(), step.query_start_loc.cpu(),
                 step.seq_lens.cpu(), step.block_table.cpu(), step.block_size)
     q_all = step.query.double()
@@ -113,7 +115,12 @@ def reference(step: Step, scale: float, sliding_window: Optional[int] = None,
         if sliding_window:
             allowed &= k_pos > q_pos - sliding_window
         scores = scores.masked_fill(~allowed, float("-inf"))
-        out[q0:q1] = (scores.softmax(-1) @ v).transpose(0, 1)
+        if sinks is None:
+            probs = scores.softmax(-1)
+        else:
+            sink = sinks.double().cpu().view(-1, 1, 1).expand(num_heads, n, 1)
+            probs = torch.cat((scores, sink), -1).softmax(-1)[..., :-1]
+        out[q0:q1] = (probs @ v).transpose(0, 1)
     return out
 
 
@@ -189,6 +196,17 @@ def test_softcap_and_alibi():
     check(step, launch=SMALL, scale=1.0, softcap=5.0)
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
     check(step, launch=SMALL, scale=0.125, alibi_slopes=slopes)
+
+
+def test_attention_sinks():
+    """GPT-OSS's per-head sink logits, alone and with a window, in one segment and
+    split over four (the sink counted once)."""
+    step = make_step(MIXED, 4, 2, 64, pad_rows=1, seed=6)
+    sinks = torch.tensor([2.5, -1.0, 0.3, 4.0], device=DEVICE)
+    check(step, launch=SMALL, scale=0.125, sinks=sinks)
+    check(step, launch=SPLIT, scale=0.125, sinks=sinks)
+    check(step, launch=SMALL, scale=0.125, sinks=sinks, sliding_window=3)
+    check(step, launch=SPLIT, scale=0.125, sinks=sinks, sliding_window=19)
 
 
 def test_fp8_cache_with_scales():
@@ -297,7 +315,7 @@ def test_launches_compile_for_sm90(monkeypatch):
                           torch.tensor([40, 1], dtype=torch.int32),
                           torch.zeros(2, 16, dtype=torch.int32), 16, 0.1,
                           sliding_window=32, softcap=30.0, alibi_slopes=torch.ones(8),
-                          k_scale=0.5, v_scale=2.0)
+                          k_scale=0.5, v_scale=2.0, sinks=torch.zeros(8))
     launches = [launch for r in recorders.values() for launch in r.launches]
     assert recorders["_COMBINE"].launches  # few programs: the keys were split
     for fn, args, kwargs in launches:

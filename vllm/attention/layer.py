@@ -49,7 +49,7 @@ class Attention(nn.Module):
                  logits_soft_cap: float | None = None,
                  per_layer_sliding_window: int | None = None,
                  alibi_slopes: torch.Tensor | list[float] | None = None,
-                 attn_type: str = "decoder") -> None:
+                 attn_type: str = "decoder", sinks: torch.Tensor | None = None) -> None:
         super().__init__()
         if attn_type not in ATTN_TYPES:
             raise ValueError(f"attn_type={attn_type!r}; choose one of {', '.join(ATTN_TYPES)}.")
@@ -71,6 +71,14 @@ class Attention(nn.Module):
         self.register_buffer("alibi_slopes", slopes, persistent=False)
         """[num_heads] float32 ALiBi slopes of this rank's heads: head h adds
         `slope[h] * (k_pos - q_pos)` to its scores (BLOOM, MPT)."""
+        if sinks is not None and tuple(sinks.shape) != (num_heads,):
+            raise ValueError(f"sinks has shape {tuple(sinks.shape)}; expected one value per "
+                             f"head of this rank ({num_heads},).")
+        if sinks is not None and attn_type != "decoder":
+            raise ValueError("attention sinks are supported for decoder attention only.")
+        # Owned (and loaded) by the model's attention module: held in a tuple so it is
+        # neither registered twice nor copied; moving the model moves it in place.
+        self._sinks = (sinks,)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
@@ -89,6 +97,14 @@ class Attention(nn.Module):
         self.layer_name = prefix
         self.layer_idx = extract_layer_index(prefix) if prefix else 0
         self.impl = get_attn_backend()
+
+    @property
+    def sinks(self) -> torch.Tensor | None:
+        """[num_heads] learned per-head sink logits (GPT-OSS), or None: head h's softmax
+        denominator gets an extra `exp(sinks[h])` term (a key with that score and a zero
+        value), so a query may attend to "nothing". Every backend honours it in float32
+        scores (the masked paths and the Triton kernel)."""
+        return self._sinks[0]
 
     def forward(self, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor) -> torch.Tensor:
@@ -119,7 +135,7 @@ class Attention(nn.Module):
         if self.attn_type == ENCODER_ONLY:
             return encoder_attention(self, query, key, value, [(0, query.shape[0])])
         if (self.logits_soft_cap is not None or self.sliding_window is not None
-                or self.alibi_slopes is not None):
+                or self.alibi_slopes is not None or self.sinks is not None):
             return masked_attention(self, query, key, value,
                                     torch.arange(query.shape[0], device=query.device),
                                     torch.arange(key.shape[0], device=key.device))

@@ -103,9 +103,10 @@ class HPUAttentionImpl:
             write_to_kv_cache(k, v, kv_cache.key_cache, kv_cache.value_cache,
                               md.slot_mapping)
         slopes = getattr(layer, "alibi_slopes", None)
+        sinks = getattr(layer, "sinks", None)
         masked = (getattr(layer, "sliding_window", None) is not None
                   or getattr(layer, "logits_soft_cap", None) is not None
-                  or slopes is not None)
+                  or slopes is not None or sinks is not None)
         if md.is_prompt and masked:
             out = self._prompt_masked(q, k, v, kv_cache if has_cache else None, md, layer,
                                       scales)
@@ -119,7 +120,7 @@ class HPUAttentionImpl:
                                        layer.scale,
                                        getattr(layer, "logits_soft_cap", None),
                                        getattr(layer, "sliding_window", None), slopes,
-                                       scales)
+                                       scales, sinks)
         return out.reshape(rows, hq * d)
 
     def forward_encoder_only(self, layer, query: torch.Tensor, key: torch.Tensor,
@@ -143,10 +144,11 @@ class HPUAttentionImpl:
     def _prompt_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        kv_cache: Optional[HPUKVCache], md: HPUAttentionMetadata,
                        layer, scales=None) -> torch.Tensor:
-        """Prompt pass of a soft-capped, sliding-window or ALiBi layer (FusedSDPA takes
-        no per-head bias): explicit scores over the same (context +) new tokens
-        `_prompt` uses."""
+        """Prompt pass of a soft-capped, sliding-window, ALiBi or sink layer (FusedSDPA
+        takes no per-head bias or sink): explicit scores over the same (context +) new
+        tokens `_prompt` uses."""
         slopes = getattr(layer, "alibi_slopes", None)
+        sinks = getattr(layer, "sinks", None)
         batch = md.query_lens.shape[0]
         seq = q.shape[0] // batch
         qb = q.view(batch, seq, q.shape[1], q.shape[2])
@@ -157,7 +159,7 @@ class HPUAttentionImpl:
             return prompt_attention_masked(qb, kb, vb, new, new, torch.ones_like(new,
                                                                             dtype=torch.bool),
                                            layer.scale, layer.logits_soft_cap,
-                                           layer.sliding_window, slopes)
+                                           layer.sliding_window, slopes, sinks)
         if kv_cache is None:
             raise ValueError("HPU prompt attention with a context needs the KV cache.")
         past_k = gather_context(kv_cache.key_cache, md.context_block_list, md.block_size)
@@ -172,7 +174,8 @@ class HPUAttentionImpl:
                              torch.ones_like(new, dtype=torch.bool)), dim=1)
         return prompt_attention_masked(qb, torch.cat((past_k, kb), 1), torch.cat((past_v, vb), 1),
                                        q_pos, k_pos, k_valid, layer.scale,
-                                       layer.logits_soft_cap, layer.sliding_window, slopes)
+                                       layer.logits_soft_cap, layer.sliding_window, slopes,
+                                       sinks)
 
     @staticmethod
     def _prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

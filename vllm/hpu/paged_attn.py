@@ -26,6 +26,7 @@ import torch
 
 from vllm.hpu import habana
 from vllm.attention.fp8_kv import FP8_DTYPES
+from vllm.attention.ops.masked_attention import softmax_with_sinks
 
 # torch marks index_reduce_ "beta" with a UserWarning on CPU; the op is what we want.
 warnings.filterwarnings("ignore", message=r"index_reduce\(\) is in beta")
@@ -195,8 +196,8 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                          scale: float, logits_soft_cap: Optional[float] = None,
                          sliding_window: Optional[int] = None,
                          alibi_slopes: Optional[torch.Tensor] = None,
-                         kv_scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-                         ) -> torch.Tensor:
+                         kv_scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+                         sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Decode attention: query [B, Hq, D] -> [B, Hq, D] over each sequence's cached tokens.
 
     GQA groups the Hq // Hkv query heads of a KV head instead of repeating K/V.
@@ -216,6 +217,10 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
 
     `kv_scales` (k_scale, v_scale): dequantization scales of fp8 caches, applied to
     the gathered blocks.
+
+    `sinks` [Hq] (GPT-OSS): one more logit per head in every sequence's softmax
+    denominator. It joins the sequence-wide maximum and adds `exp(sink - max)` to the
+    normaliser after block2batch: a [B, Hkv, G] term, a fixed shape per bucket.
     """
     mapping = metadata.block_mapping                       # [N, B]
     num_blocks, batch = mapping.shape
@@ -261,6 +266,9 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     block_out = torch.matmul(probs, v)                     # [N, Hkv, G, D]
     # 4. sequence-wide maximum; padding rows reduce into an extra dump row B
     seq_max = grouped_max(block_max, metadata.block_groups, batch)
+    if sinks is not None:
+        sink = sinks.to(seq_max.dtype).view(1, kv_heads, group, 1)
+        seq_max = torch.maximum(seq_max, sink)
     owner = torch.where(metadata.block_groups < 0, batch, metadata.block_groups)
     rescale = torch.exp(block_max - seq_max.index_select(0, owner))
     # 5-6. sum the rescaled pieces per sequence (block2batch) and normalise
@@ -268,7 +276,10 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     total = torch.matmul(mapping_t, (block_sum * rescale).view(num_blocks, -1))
     out = torch.matmul(mapping_t, (block_out * rescale).view(num_blocks, -1))
     out = out.view(batch, kv_heads, group, head_dim)
-    total = total.view(batch, kv_heads, group, 1).clamp_min(torch.finfo(out.dtype).tiny)
+    total = total.view(batch, kv_heads, group, 1)
+    if sinks is not None:
+        total = total + torch.exp(sink - seq_max[:batch])
+    total = total.clamp_min(torch.finfo(out.dtype).tiny)
     return (out / total).view(batch, q_heads, head_dim)
 
 
@@ -393,9 +404,11 @@ def prompt_attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch
                             q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor,
                             scale: float, logits_soft_cap: Optional[float],
                             sliding_window: Optional[int],
-                            alibi_slopes: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Prefill for layers with a soft-cap, a sliding window or ALiBi slopes [Hq]
-    (`slope * (k_pos - q_pos)` added per head), explicit float32 scores.
+                            alibi_slopes: Optional[torch.Tensor] = None,
+                            sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Prefill for layers with a soft-cap, a sliding window, ALiBi slopes [Hq]
+    (`slope * (k_pos - q_pos)` added per head) or sinks [Hq] (one more logit per head in
+    each softmax denominator), explicit float32 scores.
 
     q [B, T, Hq, D], k/v [B, S, Hkv, D]; q_pos [B, T] and k_pos [B, S] are positions in
     the sequence, k_valid [B, S] marks keys that exist (context blocks beyond a
@@ -417,5 +430,6 @@ def prompt_attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch
     if sliding_window is not None:
         allowed &= k_pos[:, None, :] > q_pos[:, :, None] - sliding_window
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), v)                # [B, Hq, T, D]
+    probs = softmax_with_sinks(scores, None if sinks is None else sinks.view(1, -1, 1, 1))
+    out = torch.matmul(probs, v)                                        # [B, Hq, T, D]
     return out.transpose(1, 2).to(query.dtype)

@@ -32,9 +32,9 @@ straight from the paged cache, context included); otherwise one by one through
 cache, with an explicit mask over the gathered context otherwise. Slots, biases,
 masks and the value index are built once per step and shared by every layer.
 
-Layers with a sliding window, a logit soft-cap or ALiBi slopes take none of the
-paths above: the native decode kernel and `_decode` know no per-head bias, window
-or cap, so their decodes (and the native path's short prefills, which are decode
+Layers with a sliding window, a logit soft-cap, ALiBi slopes or attention sinks
+(GPT-OSS) take none of the paths above: the native decode kernel and `_decode` know no
+per-head bias, sink, window or cap, so their decodes (and the native path's short prefills, which are decode
 rows too) go through `_masked_decode` and their prefills through
 `masked_attention`, both explicit float32 scores in torch ops.
 
@@ -58,7 +58,7 @@ import torch.nn.functional as F
 
 from vllm.attention.fp8_kv import dequantize_kv, is_fp8, quantize_kv
 from vllm.attention.ops.encoder_attention import encoder_attention
-from vllm.attention.ops.masked_attention import masked_attention
+from vllm.attention.ops.masked_attention import masked_attention, softmax_with_sinks
 
 
 @dataclass
@@ -368,8 +368,8 @@ class TorchSDPABackendImpl:
     @staticmethod
     def _masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 md: TorchSDPAMetadata, layer, query: torch.Tensor) -> torch.Tensor:
-        """Layers with a sliding window, attention soft-cap (Gemma, Mistral-7B-v0.1) or
-        ALiBi (BLOOM): explicit scores in float32 (`masked_attention`); decodes read
+        """Layers with a sliding window, attention soft-cap (Gemma, Mistral-7B-v0.1),
+        ALiBi (BLOOM) or sinks (GPT-OSS): explicit scores in float32 (`masked_attention`); decodes read
         only the last `sliding_window` tokens of their context. The native decode
         kernel takes no bias, so ALiBi decodes run here in torch ops."""
         out = torch.empty(query.shape[0], layer.num_heads * layer.head_size,
@@ -468,16 +468,18 @@ def _prefills(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 def _is_masked(layer) -> bool:
-    """A layer with a sliding window, a soft-cap or ALiBi (`Attention` attributes)."""
+    """A layer with a sliding window, a soft-cap, ALiBi or sinks (`Attention`
+    attributes)."""
     return (getattr(layer, "sliding_window", None) is not None
             or getattr(layer, "logits_soft_cap", None) is not None
-            or getattr(layer, "alibi_slopes", None) is not None)
+            or getattr(layer, "alibi_slopes", None) is not None
+            or getattr(layer, "sinks", None) is not None)
 
 
 def _masked_decode(q: torch.Tensor, kv_cache: torch.Tensor, md: TorchSDPAMetadata,
                    layer) -> torch.Tensor:
     """One query per row against its context, [n, hq, d] -> [n, hq * d], with the
-    layer's soft-cap, window and ALiBi slopes (the row's query sits at position
+    layer's soft-cap, window, ALiBi slopes and sinks (the row's query sits at position
     `len - 1`). Each row gathers only the positions it may see: the
     last `sliding_window` of its context (all of it without a window), padded to the
     longest such span."""
@@ -502,7 +504,10 @@ def _masked_decode(q: torch.Tensor, kv_cache: torch.Tensor, md: TorchSDPAMetadat
         rel = (pos - (lens - 1)[:, None]).to(device=device, dtype=torch.float32)
         scores = scores + slopes.view(hkv, 1, hq // hkv, 1) * rel[None, :, None, :]
     scores = scores.masked_fill(~valid.to(device)[None, :, None, :], float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), vv)             # [hkv, n, g, d]
+    sinks = getattr(layer, "sinks", None)
+    probs = softmax_with_sinks(scores, None if sinks is None
+                               else sinks.view(hkv, 1, hq // hkv, 1))
+    out = torch.matmul(probs, vv)                                     # [hkv, n, g, d]
     return out.permute(1, 0, 2, 3).reshape(n, hq * d).to(q.dtype)
 
 

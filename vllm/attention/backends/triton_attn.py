@@ -14,8 +14,8 @@ for any batch of at most its size (vllm/worker/cuda_graphs.py): the runner pads 
 step to a captured token count with rows whose slot is -1 (nothing written) and
 sequences with no query rows (nothing read).
 
-Sliding windows, logit soft-caps, ALiBi and fp8 caches with their scales are all
-handled in the kernel. Encoder-only layers (no KV cache) keep torch ops.
+Sliding windows, logit soft-caps, ALiBi, attention sinks and fp8 caches with their
+scales are all handled in the kernel. Encoder-only layers (no KV cache) keep torch ops.
 """
 from __future__ import annotations
 
@@ -107,7 +107,8 @@ class TritonAttentionBackendImpl:
                           md.seq_lens, md.block_table, md.block_size, layer.scale,
                           sliding_window=layer.sliding_window,
                           softcap=layer.logits_soft_cap, alibi_slopes=layer.alibi_slopes,
-                          k_scale=layer.k_scale, v_scale=layer.v_scale)
+                          k_scale=layer.k_scale, v_scale=layer.v_scale,
+                          sinks=getattr(layer, "sinks", None))
         return out.view(t, hq * d)
 
     def forward_encoder_only(self, layer, query: torch.Tensor, key: torch.Tensor,

@@ -24,6 +24,10 @@ parallel (flash-decoding); each writes its unnormalized partial output and softm
 statistics, and a second kernel combines them. The split count is also chosen from
 shapes only.
 
+Attention sinks (GPT-OSS: one learned logit per head in the softmax denominator) start
+each row's running softmax at max = sink, sum = 1 (in the first segment only, so the
+split-KV combine counts it once).
+
 fp8 caches are read as fp8 and converted to the query dtype (exact for e4m3 and e5m2
 in bf16/fp16/fp32); k_scale is folded into the score scale and v_scale into the
 output, so the result is attention over the dequantized cache.
@@ -52,7 +56,7 @@ _MAX_SEGMENTS = 32
 
 
 def _unified_attention_kernel(
-    Q, KV, OUT, QSL, SEQ_LENS, BT, SLOPES, SEG_ACC, SEG_ML,
+    Q, KV, OUT, QSL, SEQ_LENS, BT, SLOPES, SINKS, SEG_ACC, SEG_ML,
     sm_scale, softcap, v_scale, window, num_seqs,
     stride_q_t, stride_q_h, stride_q_d,
     stride_o_t, stride_o_h, stride_o_d,
@@ -63,7 +67,7 @@ def _unified_attention_kernel(
     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_ALIBI: tl.constexpr,
-    NUM_SEGMENTS: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
+    USE_SINKS: tl.constexpr, NUM_SEGMENTS: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -122,6 +126,13 @@ def _unified_attention_kernel(
     table = BT + seq * stride_bt
     m_i = tl.full([BLOCK_M], _M_INIT, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if USE_SINKS:
+        # The sink is a key with score `sink` and a zero value: start the running
+        # softmax from it (max = sink, sum = exp(0) = 1), in one segment only.
+        if segment == 0:
+            sink = tl.load(SINKS + head, mask=head_in_group < QPK, other=0.0).to(tl.float32)
+            m_i = sink
+            l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
     for j in range(tile_lo, tile_hi):
         k_pos = j * TILE + tl.arange(0, TILE)
@@ -251,9 +262,11 @@ def unified_attention(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Te
                       sliding_window: Optional[int] = None,
                       softcap: Optional[float] = None,
                       alibi_slopes: Optional[torch.Tensor] = None,
-                      k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+                      k_scale: float = 1.0, v_scale: float = 1.0,
+                      sinks: Optional[torch.Tensor] = None) -> None:
     """Paged causal attention of `query` `[T, num_heads, head_size]` into `out` (in
-    place) for every sequence of the step; see the module docstring."""
+    place) for every sequence of the step; see the module docstring. `sinks`
+    [num_heads] float32: one more logit per head in each softmax denominator."""
     require_triton("unified_attention")
     num_tokens, num_heads, head_size = query.shape
     launch = plan_launch(num_tokens, query_start_loc.shape[0] - 1, num_heads,
@@ -261,7 +274,7 @@ def unified_attention(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Te
                          block_size, query.dtype, query.device)
     run_unified_attention(query, kv_cache, out, query_start_loc, seq_lens, block_table,
                           block_size, scale, launch, sliding_window, softcap,
-                          alibi_slopes, k_scale, v_scale)
+                          alibi_slopes, k_scale, v_scale, sinks)
 
 
 def _check_shapes(query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
@@ -286,10 +299,15 @@ def run_unified_attention(query: torch.Tensor, kv_cache: torch.Tensor,
                           sliding_window: Optional[int] = None,
                           softcap: Optional[float] = None,
                           alibi_slopes: Optional[torch.Tensor] = None,
-                          k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+                          k_scale: float = 1.0, v_scale: float = 1.0,
+                          sinks: Optional[torch.Tensor] = None) -> None:
     """`unified_attention` with explicit tiles (tests force the split-KV path)."""
     require_triton("unified_attention")
     _check_shapes(query, kv_cache, out, alibi_slopes)
+    if sinks is not None:
+        if sinks.shape != (query.shape[1],):
+            raise ValueError(f"sinks {tuple(sinks.shape)} != ({query.shape[1]},)")
+        sinks = sinks.float().contiguous()
     num_tokens, num_heads, head_size = query.shape
     num_kv_heads = kv_cache.shape[1]
     num_seqs = query_start_loc.shape[0] - 1
@@ -306,12 +324,13 @@ def run_unified_attention(query: torch.Tensor, kv_cache: torch.Tensor,
     else:
         seg_acc = seg_ml = out  # not read: the kernel writes `out` directly
     slopes = alibi_slopes if alibi_slopes is not None else query
+    sink_arg = sinks if sinks is not None else query
     # Triton's interpreter multiplies bfloat16 tiles as their raw uint16 bits: on CPU
     # the dot products take bfloat16 operands in float32 instead.
     interpret = query.device.type == "cpu"
     grid = (launch.num_q_blocks(num_tokens, num_seqs), num_kv_heads, segments)
     _ATTENTION.on(query.device)[grid](
-        query, kv_cache, out, query_start_loc, seq_lens, block_table, slopes,
+        query, kv_cache, out, query_start_loc, seq_lens, block_table, slopes, sink_arg,
         seg_acc, seg_ml,
         float(scale * k_scale), float(softcap or 0.0), float(v_scale),
         int(sliding_window or 0), num_seqs,
@@ -320,7 +339,8 @@ def run_unified_attention(query: torch.Tensor, kv_cache: torch.Tensor,
         BLOCK_Q=launch.block_q, BLOCK_M=launch.block_m,
         HEAD=head_size, HEAD_PAD=head_pad, BLOCK_SIZE=block_size, TILE=launch.tile,
         USE_WINDOW=bool(sliding_window), USE_SOFTCAP=bool(softcap),
-        USE_ALIBI=alibi_slopes is not None, NUM_SEGMENTS=segments,
+        USE_ALIBI=alibi_slopes is not None, USE_SINKS=sinks is not None,
+        NUM_SEGMENTS=segments,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 or interpret else "tf32",
         DOT_FP32=interpret and query.dtype == torch.bfloat16,
         num_warps=launch.num_warps, num_stages=launch.num_stages,
