@@ -13,6 +13,7 @@ from vllm.reasoning.deepseek_r1_reasoning_parser import DeepSeekR1ReasoningParse
 from vllm.reasoning.deepseek_v3_reasoning_parser import DeepSeekV3ReasoningParser
 from vllm.reasoning.ernie45_reasoning_parser import Ernie45ReasoningParser
 from vllm.reasoning.glm4_moe_reasoning_parser import Glm4MoeModelReasoningParser
+from vllm.reasoning.gptoss_reasoning_parser import GptOssReasoningParser
 from vllm.reasoning.granite_reasoning_parser import GraniteReasoningParser
 from vllm.reasoning.hunyuan_a13b_reasoning_parser import HunyuanA13BReasoningParser
 from vllm.reasoning.kimi_k2_reasoning_parser import KimiK2ReasoningParser
@@ -38,6 +39,7 @@ class ReasoningParserManager:
         "minimax_m2": MiniMaxM2ReasoningParser,
         "mistral": MistralReasoningParser,
         "olmo3": Olmo3ReasoningParser,
+        "openai_gptoss": GptOssReasoningParser,
         "qwen3": Qwen3ReasoningParser,
         "seed_oss": SeedOSSReasoningParser,
         "step3": Step3ReasoningParser,

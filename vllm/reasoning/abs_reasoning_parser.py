@@ -72,6 +72,11 @@ class ReasoningParser:
     answer_tags: Optional[tuple[str, str]] = None
     """Tags some models wrap the answer in (`<answer>` ... `</answer>`), taken off."""
 
+    def adjust_request(self, request: Any) -> Any:
+        """The request as this parser needs it generated (harmony keeps the special
+        tokens in the text); most parsers take it as it is."""
+        return request
+
     def for_request(self, request: Any) -> Optional["ReasoningParser"]:
         """The parser for one request: None where the request turns reasoning off (a
         hybrid model's template switch); most parsers serve every request as they are."""

@@ -176,6 +176,8 @@ class OpenAIServingChat(OpenAIServing):
         plan = await self.tool_plan(request)
         if plan.mode == "auto":
             request = plan.parser.adjust_request(request)
+        if self.reasoning_parser is not None:
+            request = self.reasoning_parser.adjust_request(request)
         params = await self.sampling_params(request, max_tokens=request.requested_max_tokens,
                                             logprobs=top if request.logprobs else None,
                                             prompt_logprobs=request.prompt_logprobs,

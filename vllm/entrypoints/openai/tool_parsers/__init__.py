@@ -33,6 +33,7 @@ _PARSERS: dict[str, tuple[str, str]] = {
     "longcat": ("longcat_tool_parser", "LongcatFlashToolParser"),
     "minimax_m2": ("minimax_m2_tool_parser", "MinimaxM2ToolParser"),
     "mistral": ("mistral_tool_parser", "MistralToolParser"),
+    "openai": ("openai_tool_parser", "OpenAIToolParser"),
     "phi4_mini_json": ("phi4mini_tool_parser", "Phi4MiniJsonToolParser"),
     "pythonic": ("pythonic_tool_parser", "PythonicToolParser"),
     "qwen3_coder": ("qwen3coder_tool_parser", "Qwen3CoderToolParser"),
