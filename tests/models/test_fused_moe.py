@@ -78,3 +78,81 @@ def test_bf16_packed_experts_match_plain_linear():
         torch.testing.assert_close(packed.double(), ref, atol=0.05, rtol=0.02)
         drop_packed_weights(layer)  # what load_weights does before new weights
         assert PACKS_ATTR not in layer.__dict__
+
+
+def _swigluoai_reference(x, logits, layer, top_k, limit, alpha):
+    """GPT-OSS's experts token by token in float64: top-k of the logits, softmax over the
+    k, biases, the clamped (up + 1) * gate * sigmoid(alpha * gate)."""
+    x = x.double()
+    w13, w2 = layer.w13_weight.double(), layer.w2_weight.double()
+    b13, b2 = layer.w13_bias.double(), layer.w2_bias.double()
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        vals, ids = logits[t].double().topk(top_k)
+        for v, e in zip(torch.softmax(vals, 0), ids):
+            gate, up = (w13[e] @ x[t] + b13[e]).chunk(2)
+            gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+            out[t] += v * (w2[e] @ ((up + 1) * gate * torch.sigmoid(alpha * gate)) + b2[e])
+    return out
+
+
+def _swigluoai_layer(dtype=torch.float32, **kw):
+    torch.manual_seed(0)
+    layer = FusedMoE(num_experts=5, top_k=2, hidden_size=32, intermediate_size=24,
+                     params_dtype=dtype, activation="swigluoai", has_bias=True,
+                     swiglu_limit=1.5, **kw)
+    for p in (layer.w13_weight, layer.w2_weight, layer.w13_bias, layer.w2_bias):
+        p.data.normal_(0, 0.5)
+    return layer
+
+
+def test_swigluoai_with_biases_matches_reference_and_dense_experts():
+    """The GPT-OSS activation (limit small enough that the clamps bite) with expert
+    biases: the grouped torch path against the reference, and the HPU's static-shape
+    `dense_experts` against the grouped path."""
+    layer = _swigluoai_layer()
+    assert layer.needs_dense_experts
+    x, logits = torch.randn(23, 32), torch.randn(23, 5)
+    logits[:, 4] = -1e4  # an expert no token picks
+    out = layer(x, logits)
+    ref = _swigluoai_reference(x, logits, layer, 2, 1.5, 1.702)
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+    weights, ids = select_experts(logits, 2, True)
+    torch.testing.assert_close(layer.dense_experts(x, weights, ids), out, atol=1e-6,
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="activation"):
+        FusedMoE(num_experts=2, top_k=1, hidden_size=4, intermediate_size=4,
+                 activation="gelu")
+
+
+def test_swigluoai_bf16_packed_experts_with_biases():
+    from vllm.cpu import cpu_ops
+    if not cpu_ops.gemm_supported():
+        pytest.skip("no native bf16 GEMM on this CPU")
+    from vllm.cpu.ops import fused_moe_cpu
+    layer = _swigluoai_layer(torch.bfloat16)
+    x, logits = torch.randn(9, 32, dtype=torch.bfloat16), torch.randn(9, 5)
+    with torch.no_grad():
+        out = fused_moe_cpu(layer, x, logits)
+    ref = _swigluoai_reference(x, logits, layer, 2, 1.5, 1.702)
+    torch.testing.assert_close(out.double(), ref, atol=0.1, rtol=0.05)
+
+
+def test_expert_bias_loading_per_tp_rank():
+    """Each rank takes its slice of the gate and up biases; only the first rank of the
+    expert's TP group keeps the down bias (the all-reduce adds it once)."""
+    gate_b, up_b, down_b = torch.randn(6), torch.randn(6), torch.randn(4)
+    for rank in (0, 1):
+        layer = FusedMoE(num_experts=2, top_k=1, hidden_size=4, intermediate_size=6,
+                         params_dtype=torch.float32, has_bias=True)
+        layer.moe_tp_size, layer.moe_tp_rank = 2, rank  # as a TP=2 rank sees it
+        layer.intermediate_size_per_partition = 3
+        layer.w13_bias.data = torch.zeros(2, 6)
+        layer.weight_loader(layer.w13_bias, gate_b, "w1", 1)
+        layer.weight_loader(layer.w13_bias, up_b, "w3", 1)
+        layer.weight_loader(layer.w2_bias, down_b, "w2", 1)
+        assert torch.equal(layer.w13_bias[1], torch.cat([gate_b[3 * rank:3 * rank + 3],
+                                                         up_b[3 * rank:3 * rank + 3]]))
+        assert torch.equal(layer.w2_bias[1], down_b if rank == 0 else torch.zeros(4))
+        with pytest.raises(ValueError, match="shape mismatch"):
+            layer.weight_loader(layer.w2_bias, torch.randn(5), "w2", 0)

@@ -71,6 +71,10 @@ def _rotate_hpu(rope: RotaryEmbedding, x: torch.Tensor, cos: torch.Tensor,
 
 def _experts_hpu(layer: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor) -> torch.Tensor:
+    if layer.needs_dense_experts:
+        # Expert biases / swigluoai (GPT-OSS): the fused op has neither; every expert
+        # over the whole bucket keeps the shapes fixed.
+        return layer.dense_experts(x, topk_weights, topk_ids)
     return habana.mixture_of_experts(
         x, topk_ids, topk_weights.to(x.dtype), list(layer.w13_weight.unbind(0)),
         list(layer.w2_weight.unbind(0)), permuted_weights=True, activation=layer.activation,
@@ -79,8 +83,9 @@ def _experts_hpu(layer: FusedMoE, x: torch.Tensor, topk_weights: torch.Tensor,
 
 def fused_moe_hpu(self: FusedMoE, hidden_states: torch.Tensor,
                   router_logits: torch.Tensor) -> torch.Tensor:
-    """Gaudi's `mixture_of_experts` on the bucket-padded batch: one fixed shape per
-    bucket, whatever the routing."""
+    """Gaudi's `mixture_of_experts` on the bucket-padded batch (or, for layers it
+    cannot express, `FusedMoE.dense_experts`): one fixed shape per bucket, whatever
+    the routing."""
     return self.run(hidden_states, router_logits, _experts_hpu)
 
 

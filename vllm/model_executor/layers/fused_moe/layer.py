@@ -7,7 +7,16 @@ every expert for every routed token and one all-reduce sums the partial outputs.
 
 Checkpoints store experts one by one (`experts.{e}.w1.weight`, or `gate_proj`/
 `up_proj`/`down_proj`); `weight_loader(param, tensor, shard_id, expert_id)` places
-each into its slot. Models map names with `expert_param_name`.
+each into its slot. Models map names with `expert_param_name`. Checkpoints that stack
+all experts in one tensor (GPT-OSS) are cut into experts by the model first; gate and
+up rows that a checkpoint interleaves are split by the model too, so `w13_weight`
+always holds [gate | up].
+
+Activations: "silu" (SwiGLU: silu(gate) * up) and "swigluoai" (GPT-OSS: gate clamped
+above at `swiglu_limit`, up clamped to +-limit, `(up + 1) * gate * sigmoid(alpha *
+gate)`). With `has_bias` the experts carry `w13_bias` [E, 2 * I_tp] (this rank's gate
+and up slices) and `w2_bias` [E, H], which only the first rank of an expert's TP
+group holds (zeros elsewhere), so the all-reduce adds it once.
 
 Forward (custom op `fused_moe`, bound per platform like every kernel):
 - native (CUDA, others): tokens are grouped by expert (one sort of the routing table),
@@ -16,7 +25,10 @@ Forward (custom op `fused_moe`, bound per platform like every kernel):
 - CPU (vllm/cpu/ops.py): the same grouping, each expert's GEMMs on weights packed
   once for the native bf16 kernel.
 - HPU (vllm/hpu/ops.py): Gaudi's `mixture_of_experts` op on the (bucket-padded) batch,
-  a fixed shape per bucket, so no graph depends on how tokens were routed.
+  a fixed shape per bucket, so no graph depends on how tokens were routed. The op
+  knows neither expert biases nor the swigluoai activation: such layers take
+  `dense_experts` (every local expert over every row, weighted by its routing weight,
+  zero where not routed), the same fixed shapes at E / top_k times the expert work.
 Every form routes (`select_experts`) and all-reduces the same way (`FusedMoE.run`).
 """
 from __future__ import annotations
@@ -72,6 +84,10 @@ def expert_parallel_scope(enabled: bool) -> Iterator[None]:
         _EXPERT_PARALLEL[0] = old
 
 
+ACTIVATIONS = ("silu", "swigluoai")
+"""Expert activations: SwiGLU, and GPT-OSS's clamped variant (see the module doc)."""
+
+
 ExpertsFn = Callable[["FusedMoE", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(layer, hidden [T, H], topk_weights [T, k], topk_ids [T, k]) -> [T, H] before the
 TP all-reduce: the part of the op each platform computes its own way."""
@@ -90,7 +106,9 @@ class FusedMoE(CustomOp):
                  scoring_func: str = "softmax", num_expert_group: Optional[int] = None,
                  topk_group: Optional[int] = None, routed_scaling_factor: float = 1.0,
                  e_score_correction_bias: Optional[torch.Tensor] = None,
-                 expert_parallel: Optional[bool] = None) -> None:
+                 expert_parallel: Optional[bool] = None, has_bias: bool = False,
+                 swiglu_limit: Optional[float] = None,
+                 swiglu_alpha: float = 1.702) -> None:
         super().__init__()
         if expert_parallel is None:
             expert_parallel = _EXPERT_PARALLEL[0]
@@ -100,8 +118,11 @@ class FusedMoE(CustomOp):
         # [E] float32 added to the scores for the choice only (DeepSeek-V3). Owned and
         # loaded by the router; held in a tuple so it is not registered twice.
         self._correction_bias = (e_score_correction_bias,)
-        if activation != "silu":
-            raise ValueError(f"MoE activation {activation!r} is not supported; only 'silu'.")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"MoE activation {activation!r} is not supported; choose one "
+                             f"of {', '.join(ACTIVATIONS)}.")
+        self.swiglu_limit = None if swiglu_limit is None else float(swiglu_limit)
+        self.swiglu_alpha = float(swiglu_alpha)
         if not 0 < top_k <= num_experts:
             raise ValueError(f"top_k ({top_k}) must be in [1, num_experts={num_experts}].")
         self.num_experts, self.top_k = num_experts, top_k
@@ -133,15 +154,27 @@ class FusedMoE(CustomOp):
                                        requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(local, hidden_size, n, dtype=dtype),
                                       requires_grad=False)
-        for p in (self.w13_weight, self.w2_weight):
-            p.weight_loader = self.weight_loader
+        self.w13_bias: Optional[nn.Parameter] = None
+        self.w2_bias: Optional[nn.Parameter] = None
+        if has_bias:
+            self.w13_bias = nn.Parameter(torch.zeros(local, 2 * n, dtype=dtype),
+                                         requires_grad=False)
+            self.w2_bias = nn.Parameter(torch.zeros(local, hidden_size, dtype=dtype),
+                                        requires_grad=False)
+        for p in (self.w13_weight, self.w2_weight, self.w13_bias, self.w2_bias):
+            if p is not None:
+                p.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
                       shard_id: str, expert_id: int) -> None:
-        """Copy this rank's slice of one expert's w1 (gate), w3 (up) or w2 (down); experts
-        of other expert-parallel ranks are skipped."""
+        """Copy this rank's slice of one expert's w1 (gate), w3 (up) or w2 (down) weight,
+        or bias when `param` is a bias; experts of other expert-parallel ranks are
+        skipped."""
         n = self.intermediate_size_per_partition
         full = n * self.moe_tp_size
+        if param is self.w13_bias or param is self.w2_bias:
+            self._load_bias(param, loaded_weight, shard_id, expert_id)
+            return
         expected = {"w1": (full, self.hidden_size), "w3": (full, self.hidden_size),
                     "w2": (self.hidden_size, full)}.get(shard_id)
         if expected is not None and tuple(loaded_weight.shape) != expected:
@@ -160,6 +193,69 @@ class FusedMoE(CustomOp):
         else:
             raise ValueError(f"shard_id must be 'w1', 'w2' or 'w3', got {shard_id!r}.")
         dst.copy_(src)
+
+    def _load_bias(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str,
+                   expert_id: int) -> None:
+        n = self.intermediate_size_per_partition
+        expected = (self.hidden_size,) if shard_id == "w2" else (n * self.moe_tp_size,)
+        if shard_id not in ("w1", "w2", "w3") or (shard_id == "w2") != (param is self.w2_bias):
+            raise ValueError(f"bias shard_id {shard_id!r} does not fit {self.prefix}'s "
+                             f"{'w2' if param is self.w2_bias else 'w13'}_bias.")
+        if tuple(loaded_weight.shape) != expected:
+            raise ValueError(f"shape mismatch loading {self.prefix} expert {expert_id} "
+                             f"{shard_id} bias: checkpoint {tuple(loaded_weight.shape)}, "
+                             f"expected {expected}.")
+        local = expert_id - self.expert_start
+        if not 0 <= local < self.local_num_experts:
+            return
+        if shard_id == "w2":
+            # One rank of the expert's TP group adds the bias; the all-reduce sums.
+            param.data[local].copy_(loaded_weight if self.moe_tp_rank == 0
+                                    else torch.zeros_like(loaded_weight))
+        else:
+            dst = param.data[local].narrow(0, 0 if shard_id == "w1" else n, n)
+            dst.copy_(loaded_weight.narrow(0, self.moe_tp_rank * n, n))
+
+    def act_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[rows, 2 * I_tp] gate | up -> [rows, I_tp] by the layer's activation."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        if self.activation == "silu":
+            return F.silu(gate) * up
+        limit = self.swiglu_limit
+        if limit is not None:
+            gate = gate.clamp(max=limit)
+            up = up.clamp(min=-limit, max=limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.swiglu_alpha))
+
+    def expert_mlp(self, expert: int, rows: torch.Tensor, linear13: ExpertLinear,
+                   linear2: ExpertLinear) -> torch.Tensor:
+        """One expert on `rows`: w13 (+ bias), activation, w2 (+ bias)."""
+        h = linear13(expert, rows)
+        if self.w13_bias is not None:
+            h = h + self.w13_bias[expert]
+        y = linear2(expert, self.act_and_mul(h))
+        if self.w2_bias is not None:
+            y = y + self.w2_bias[expert]
+        return y
+
+    @property
+    def needs_dense_experts(self) -> bool:
+        """Whether Gaudi's fused MoE op cannot express this layer (biases, swigluoai)."""
+        return self.activation != "silu" or self.w13_bias is not None
+
+    def dense_experts(self, x: torch.Tensor, topk_weights: torch.Tensor,
+                      topk_ids: torch.Tensor) -> torch.Tensor:
+        """Every local expert over every row, weighted by its routing weight (0 where the
+        row did not choose it), summed in ascending expert order: shapes that depend on
+        the batch only, never on the routing (the HPU's form for layers its fused op
+        cannot express)."""
+        out = torch.zeros_like(x)
+        for expert in range(self.local_num_experts):
+            weight = (topk_weights * (topk_ids == expert)).sum(-1, keepdim=True)
+            y = self.expert_mlp(expert, x, lambda e, xs: F.linear(xs, self.w13_weight[e]),
+                                lambda e, xs: F.linear(xs, self.w2_weight[e]))
+            out += y * weight.to(y.dtype)
+        return out
 
     def run(self, hidden_states: torch.Tensor, router_logits: torch.Tensor,
             experts: ExpertsFn) -> torch.Tensor:
@@ -217,8 +313,7 @@ class FusedMoE(CustomOp):
                 start += count
                 continue
             rows = token_of[start:start + count]
-            gate, up = linear13(expert, x.index_select(0, rows)).chunk(2, dim=-1)
-            y = linear2(expert, F.silu(gate) * up)
+            y = self.expert_mlp(expert, x.index_select(0, rows), linear13, linear2)
             ys[start:start + count] = y * weight_of[start:start + count, None].to(y.dtype)
             start += count
         by_token = torch.argsort(token_of * slots + flat_ids[order])
@@ -232,4 +327,5 @@ class FusedMoE(CustomOp):
         return (f"num_experts={self.num_experts}, top_k={self.top_k}, "
                 f"hidden={self.hidden_size}, intermediate={self.intermediate_size_per_partition}"
                 f"x{self.moe_tp_size}, local_experts={self.local_num_experts}, "
-                f"renormalize={self.renormalize}")
+                f"renormalize={self.renormalize}, activation={self.activation}, "
+                f"bias={self.w13_bias is not None}")
