@@ -7,6 +7,7 @@
 | gptq, awq | checkpoint | int4 (gptq also int8) with group scales | native int4 kernel (else dequantize) | dequantize on the fly |
 | inc | `--quantization inc` + QUANT_CONFIG (INC's json; inc.py) | MEASURE: float, records max-abs; QUANTIZE: fp8 with measured static scales | as fp8 (static input scale) | cast_to_fp8_v2 + fp8_gemm_v2 of the shim |
 | gguf | a .gguf model | dequantized to float when converted | unquantized path | unquantized path |
+| mxfp4 | checkpoint (GPT-OSS: MoE experts as `_blocks` + `_scales`) | experts dequantized to the model dtype at load (mxfp4.py) | unquantized path | unquantized path |
 
 `build_quant_config(quantization, hf_config)` parses and validates everything at
 engine start (a bad `quantization_config` fails there, naming the field). While
@@ -28,7 +29,8 @@ from vllm.model_executor.layers.quantization.base_config import (LinearMethodBas
 
 _CONFIGS = {"fp8": "fp8.Fp8Config", "gguf": "gguf.GGUFConfig",
             "compressed-tensors": "compressed_tensors.CompressedTensorsConfig",
-            "gptq": "gptq.GPTQConfig", "awq": "awq.AWQConfig", "inc": "inc.IncConfig"}
+            "gptq": "gptq.GPTQConfig", "awq": "awq.AWQConfig", "inc": "inc.IncConfig",
+            "mxfp4": "mxfp4.Mxfp4Config"}
 QUANTIZATION_METHODS = tuple(_CONFIGS)
 """Values of `--quantization` / `quantization_config.quant_method` this build runs."""
 
@@ -80,7 +82,7 @@ def build_quant_config(quantization: Optional[str],
         return _config_cls(method, qcfg).from_config(qcfg)
     if quantization is None:
         return None
-    if quantization in ("gptq", "awq", "compressed-tensors"):
+    if quantization in ("gptq", "awq", "compressed-tensors", "mxfp4"):
         raise ValueError(f"quantization={quantization!r} needs a checkpoint saved in that "
                          "format (config.json has no quantization_config).")
     return _config_cls(quantization).from_config({"quant_method": quantization,
