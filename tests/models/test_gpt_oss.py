@@ -68,6 +68,23 @@ def test_greedy_and_logprobs_match_transformers(tiny):
     assert_matches_transformers(tiny, results, ids)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-ops", "torch-ops"])
+def test_chunked_prefill_with_sinks_and_windows(native, tiny, monkeypatch):
+    """Prompts longer than the window prefilled in 16-token chunks: later chunks attend
+    to the cached context with the sinks, through the window on sliding layers."""
+    from tests.engine.conftest import PROMPTS
+    from tests.models.test_breadth_hf import greedy_with_logprobs
+    from vllm import LLM
+    monkeypatch.setenv("VLLM_CPU_NATIVE_OPS", "1" if native else "0")
+    llm = LLM(model=tiny, dtype="float32", max_model_len=512, kv_cache_memory_bytes=32 << 20,
+              block_size=16, max_num_batched_tokens=16, max_num_seqs=4)
+    tok = llm.get_tokenizer()
+    ids = [tok.encode(" ".join(PROMPTS[i:i + 3]))[:n] for i, n in ((0, 40), (3, 23), (5, 33))]
+    results = greedy_with_logprobs(llm, ids)
+    llm.llm_engine.shutdown()
+    assert_matches_transformers(tiny, results, ids)
+
+
 # ------------------------------------------------------------------------------ MXFP4
 def _e2m1_value(code: torch.Tensor) -> torch.Tensor:
     """FP4 e2m1 decoded arithmetically (not the loader's table): sign, 2 exponent bits,
@@ -99,8 +116,8 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 def write_mxfp4_pair(src: str, mx_dir: str, deq_dir: str) -> None:
     """From the float checkpoint `src`: an MXFP4 checkpoint in the published layout
-    (`<proj>_blocks` / `<proj>_scales` of the experts, [E, out, in] order, config with
-    quantization_config) and the float checkpoint holding the same weights
+    (`<proj>_blocks` / `<proj>_scales` of the experts, [E, out, in] order, a config.json
+    in the released style with quantization_config) and the float checkpoint holding the same weights
     dequantized."""
     import shutil
     from safetensors.torch import load_file, save_file
@@ -119,6 +136,13 @@ def write_mxfp4_pair(src: str, mx_dir: str, deq_dir: str) -> None:
     save_file(deq, os.path.join(deq_dir, "model.safetensors"), metadata={"format": "pt"})
     cfg_file = os.path.join(mx_dir, "config.json")
     cfg = json.load(open(cfg_file))
+    # The released config.json's keys (written by transformers 4.55): rope_scaling and
+    # rope_theta beside each other, the reference implementation's own names too.
+    rope = dict(cfg.pop("rope_parameters"))
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    cfg["rope_scaling"] = rope
+    cfg["experts_per_token"] = cfg["num_experts_per_tok"]
+    cfg["initial_context_length"] = rope["original_max_position_embeddings"]
     cfg["quantization_config"] = {
         "quant_method": "mxfp4",
         "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
