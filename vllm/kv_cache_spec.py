@@ -20,6 +20,13 @@ pool to the full-attention group (vLLM's hybrid KV cache manager). Sharing needs
 same page size in every group and groups of one size: kinds are cut into groups of
 the smallest kind's layer count (the last group of a kind may be shorter).
 
+State-space layers (`MambaSpec`: a Mamba2 mixer's conv and SSM states) keep no
+blocks: each running request holds one state slot, the same size whatever its length,
+in tensors of their own (vllm/worker/state_cache.py). They are kept out of the groups
+(`KVCacheConfig.state_specs`); block sizing charges a request's state bytes to the
+blocks of a full-length request, so the block count and the maximum-concurrency log
+line account for them.
+
 Without sliding-window savings (`hybrid=False`, or one kind of layer) there is one
 group, every layer has its own tensor, and sliding-window layers are treated as full
 attention: the layout of a cache without groups.
@@ -115,6 +122,42 @@ class MLAAttentionSpec(FullAttentionSpec):
         return 1
 
 
+@dataclass(frozen=True)
+class MambaSpec(KVCacheSpec):
+    """A state-space layer: per request, a conv state (the last `conv_kernel - 1`
+    inputs of the causal conv1d) and an SSM state, whatever the request's length.
+    Shapes are one request's, of this rank."""
+    conv_shape: tuple[int, ...]
+    ssm_shape: tuple[int, ...]
+    conv_dtype: torch.dtype
+    ssm_dtype: torch.dtype
+    kind = "mamba"
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one request's state (one slot) of this layer."""
+        return (_numel(self.conv_shape) * _elem(self.conv_dtype)
+                + _numel(self.ssm_shape) * _elem(self.ssm_dtype))
+
+    def max_blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        return 0  # a state slot, not pool blocks
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _elem(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
+
+
+def is_state(spec: KVCacheSpec) -> bool:
+    return isinstance(spec, MambaSpec)
+
+
 @dataclass
 class KVCacheGroupSpec:
     """Layers that share one block table per request."""
@@ -138,6 +181,14 @@ class KVCacheConfig:
     """Blocks in the one pool every group draws from (set once sized)."""
     layer_specs: dict[int, KVCacheSpec] = field(default_factory=dict)
     """The spec each layer was given (a sliding layer's may be full attention here)."""
+    state_specs: dict[int, MambaSpec] = field(default_factory=dict)
+    """State-space layers (no blocks: one state slot per running request)."""
+
+    def state_bytes_per_request(self, layer_ids: Optional[Iterable[int]] = None) -> int:
+        """Bytes of one request's state slot across the state layers of `layer_ids`."""
+        owned = None if layer_ids is None else set(layer_ids)
+        return sum(s.page_size_bytes for i, s in self.state_specs.items()
+                   if owned is None or i in owned)
 
     @property
     def is_hybrid(self) -> bool:
@@ -173,6 +224,9 @@ class KVCacheConfig:
             spec = group.kv_cache_spec
             window = f" {spec.sliding_window}" if isinstance(spec, SlidingWindowSpec) else ""
             parts.append(f"{spec.kind}{window} x{len(group.layer_ids)}")
+        if self.state_specs:
+            parts.append(f"mamba state x{len(self.state_specs)} "
+                         f"({self.state_bytes_per_request()} bytes per request)")
         return f"{len(self.kv_cache_groups)} group(s) [{', '.join(parts)}], " \
                f"{len(self.kv_cache_tensors)} tensors"
 
@@ -184,6 +238,17 @@ def get_kv_cache_config(specs: dict[int, KVCacheSpec], hybrid: bool = True,
     `hybrid`: sliding-window layers keep only their window (their own groups, sharing
     tensors with the full-attention groups); else they are treated as full attention.
     """
+    state_specs = {i: s for i, s in specs.items() if is_state(s)}
+    specs = {i: s for i, s in specs.items() if not is_state(s)}
+    config = _attention_config(specs, hybrid, num_blocks)
+    config.state_specs = state_specs
+    return config
+
+
+def _attention_config(specs: dict[int, KVCacheSpec], hybrid: bool,
+                      num_blocks: int) -> KVCacheConfig:
+    if not specs:  # a pure state-space model: blocks only count tokens
+        return KVCacheConfig([], [], num_blocks, {})
     if not hybrid or not _can_share(specs):
         specs = {i: s.as_full() if isinstance(s, SlidingWindowSpec) else s
                  for i, s in specs.items()}
@@ -221,5 +286,5 @@ def is_sliding(spec: KVCacheSpec) -> bool:
 
 
 __all__ = ["KVCacheSpec", "AttentionSpec", "FullAttentionSpec", "SlidingWindowSpec",
-           "MLAAttentionSpec", "KVCacheGroupSpec", "KVCacheTensor", "KVCacheConfig",
-           "get_kv_cache_config", "is_sliding"]
+           "MLAAttentionSpec", "MambaSpec", "KVCacheGroupSpec", "KVCacheTensor", "KVCacheConfig",
+           "get_kv_cache_config", "is_sliding", "is_state"]

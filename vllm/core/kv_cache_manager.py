@@ -69,6 +69,12 @@ class KVCacheManager:
                         "--disable-hybrid-kv-cache-manager keeps it on instead.",
                         kv_cache_config.describe())
             enable_caching = False
+        if enable_caching and kv_cache_config is not None and kv_cache_config.state_specs:
+            logger.info("Prefix caching is disabled: the model has state-space layers "
+                        "(%d), whose per-request state is not snapshotted at block "
+                        "boundaries, so a prefix-cache hit could not resume them.",
+                        len(kv_cache_config.state_specs))
+            enable_caching = False
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.group_specs: list[KVCacheSpec] = (

@@ -80,6 +80,9 @@ class SchedulerOutput:
     free_encoder_mm_hashes: list[str] = field(default_factory=list)
     """Images whose encoder outputs the runner drops now (the scheduler's
     EncoderCacheManager evicted them; vllm/multimodal/encoder_cache.py)."""
+    preempted_req_ids: set[str] = field(default_factory=set)
+    """Requests preempted while scheduling this step: the workers free their state
+    slots (state-space layers, vllm/worker/state_cache.py); they recompute on resume."""
     kv_connector_metadata: Optional[Any] = None
     """The KV connector's loads and saves of this step (a
     `vllm.kv_transfer.metadata.KVConnectorMetadata`; None without --kv-transfer-config)."""

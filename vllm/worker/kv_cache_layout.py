@@ -17,8 +17,9 @@ from vllm.kv_cache_spec import (AttentionSpec, FullAttentionSpec, KVCacheConfig,
 
 def collect_kv_cache_specs(model: torch.nn.Module, block_size: int,
                            dtype: torch.dtype) -> dict[int, KVCacheSpec]:
-    """The spec of each attention layer of `model` that keeps a KV cache, by global
-    layer index (`dtype`: the cache's, which may differ from the model's)."""
+    """The spec of each attention layer of `model` that keeps a KV cache, and of each
+    state-space layer (its `state_spec`: vllm/kv_cache_spec.py `MambaSpec`), by global
+    layer index (`dtype`: the KV cache's, which may differ from the model's)."""
     from vllm.attention.layer import ENCODER_ONLY, Attention
     from vllm.attention.mla import MLAAttention
     specs: dict[int, KVCacheSpec] = {}
@@ -27,6 +28,8 @@ def collect_kv_cache_specs(model: torch.nn.Module, block_size: int,
             specs[module.layer_idx] = MLAAttentionSpec(block_size, 1, module.head_size, dtype)
         elif isinstance(module, Attention) and module.attn_type != ENCODER_ONLY:
             specs[module.layer_idx] = _attention_spec(module, block_size, dtype)
+        elif callable(getattr(module, "state_spec", None)):  # a state-space layer
+            specs[module.layer_idx] = module.state_spec(block_size)
     return specs
 
 

@@ -59,6 +59,8 @@ from vllm.worker.kv_cache_layout import (allocate_layer_caches, runner_kv_cache_
 from vllm.worker.pooling_runner import execute_pooling
 from vllm.worker.request_state import CachedRequestState
 from vllm.worker.sampling_stage import PendingPass, PromptLogprobs, SamplingStage
+from vllm.worker.state_cache import (StateCache, StateMetadata, set_state_metadata,
+                                     state_share_per_block)
 from vllm.worker.sleep_mode import (SLEEP_TAGS, SleepingWeights, check_level2_supported,
                                     check_sleep_level, check_wake_tags, release_weights,
                                     restore_weights, return_freed_host_memory)
@@ -168,6 +170,9 @@ class ModelRunnerBase:
         self.attn_impl = load_attn_impl(backend_cls_of(vllm_config))
         self.kv_connector: Optional[Any] = None
         """The KV connector's worker half (vllm/kv_transfer), set by init_kv_connector."""
+        self.state_cache: Optional[StateCache] = None
+        """State slots of the model's state-space layers (vllm/worker/state_cache.py);
+        None for a model without any."""
 
     # ------------------------------------------------------------- platform
     def _prepare_inputs(self, scheduler_output: SchedulerOutput) -> list[ForwardPass]:
@@ -271,7 +276,9 @@ class ModelRunnerBase:
 
     def get_kv_cache_block_bytes(self) -> int:
         """Bytes of one KV block id across all tensors this rank holds."""
-        target = self.get_kv_cache_config().block_bytes(self._owned_layer_ids())
+        config, owned = self.get_kv_cache_config(), self._owned_layer_ids()
+        target = config.block_bytes(owned) + state_share_per_block(
+            config, owned, self.model_config.max_model_len, self.block_size)
         draft = self._draft_model()
         return target + (draft.block_bytes(self.kv_cache_dtype) if draft is not None else 0)
 
@@ -311,8 +318,40 @@ class ModelRunnerBase:
                                 spec.head_size, spec.num_parts)
             return zeroed_tensors(shape, spec.dtype, self.device, count)
 
+        self._init_state_cache()
         return allocate_layer_caches(self.get_kv_cache_config(), self._owned_layer_ids(),
                                      self.model_config.get_num_layers(), make, empty)
+
+    # ------------------------------------------------------ state-space layers
+    def _init_state_cache(self) -> None:
+        """Zeroed state slots (max_num_seqs + a pad slot) for this rank's state layers."""
+        owned = set(self._owned_layer_ids())
+        specs = {i: s for i, s in self.get_kv_cache_config().state_specs.items() if i in owned}
+        self.state_cache = None
+        if specs:
+            self.state_cache = StateCache(specs, self.vllm_config.scheduler_config.max_num_seqs,
+                                          self.device)
+            logger.info("State slots: %d + 1 pad, %.2f MiB (%d state layers)",
+                        self.state_cache.num_slots, self.state_cache.nbytes / 2**20, len(specs))
+
+    def _update_state_slots(self, so: SchedulerOutput) -> None:
+        """Free the slots of finished and preempted requests; zeroed slots for new and
+        resumed ones (a resumed request recomputes from scratch)."""
+        if self.state_cache is None:
+            return
+        self.state_cache.update(
+            so.finished_req_ids, getattr(so, "preempted_req_ids", ()),
+            [r.req_id for r in so.scheduled_new_reqs],
+            [r.req_id for r in so.scheduled_cached_reqs if r.resumed_from_preemption])
+
+    def _state_metadata(self, fwd: ForwardPass) -> Optional[StateMetadata]:
+        """Where this pass's requests keep their states (flat layout; a platform with
+        another layout overrides)."""
+        if self.state_cache is None:
+            return None
+        return self.state_cache.flat_metadata(
+            fwd.req_ids, fwd.row_offsets, fwd.num_tokens,
+            [self.requests[r].num_computed_tokens for r in fwd.req_ids], self.device)
 
     # ---------------------------------------------------------- KV transfer
     def init_kv_connector(self) -> None:
@@ -527,7 +566,8 @@ class ModelRunnerBase:
         if not pp.is_first_rank:
             intermediate = IntermediateTensors(pp.recv_tensor_dict(device=self.device))
         with set_forward_context(fwd.attn_metadata, self.kv_caches, self.attn_impl,
-                                 fwd.group_attn_metadata, self._layer_groups()):
+                                 fwd.group_attn_metadata, self._layer_groups()), \
+                set_state_metadata(self._state_metadata(fwd)):
             if fwd.inputs_embeds is None:
                 hidden = self.model(fwd.input_ids, fwd.positions, intermediate)
             else:
@@ -572,6 +612,7 @@ class ModelRunnerBase:
                 self.input_batch.add_request(state)
         self.input_batch.condense()
         self.sampling_stage.batch_updated()
+        self._update_state_slots(so)
         self.update_draft_tokens(so)
 
     # ------------------------------------------------ speculative decoding

@@ -1,0 +1,78 @@
+"""Mamba2ForCausalLM (state slots instead of KV blocks; vllm/worker/state_cache.py) on
+CPU: greedy tokens and top-5 logprobs equal transformers' (fp32, prompts of several
+lengths, 32 tokens); a prefill cut in 16-token chunks carries the conv and SSM states
+across chunks (equal to unchunked); a run whose small budget preempts requests (they
+recompute from a zeroed slot) equals one that does not; every slot is free afterwards."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from tests.models.test_breadth_hf import assert_matches_transformers, greedy_with_logprobs
+from vllm import LLM
+
+MAMBA2 = dict(vocab_size=49152, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16,
+              state_size=16, n_groups=2, expand=2, conv_kernel=4, chunk_size=8,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+PROMPTS = [[(7 * i + 3 * k) % 4000 + 100 for i in range(n)]
+           for k, n in enumerate((1, 5, 17, 40))]
+STATE_BYTES = 2 * (192 * 3 + 8 * 16 * 16) * 4
+"""Per request: 2 layers x (conv state [conv_dim 192, K-1 3] + SSM state [8, 16, 16]) fp32."""
+
+
+@pytest.fixture(scope="module")
+def mamba2_path(tmp_path_factory):
+    import transformers
+    from tests.models._tiny_families import _save_tokenizer
+    directory = str(tmp_path_factory.mktemp("tiny-mamba2"))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.Mamba2Config(**MAMBA2),
+                                                          dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)  # decisive greedy choices
+    model.save_pretrained(directory, safe_serialization=True)
+    _save_tokenizer(directory)
+    return directory
+
+
+def _run(path: str, **kwargs):
+    kwargs = {"max_model_len": 256, "max_num_seqs": 4, **kwargs}
+    llm = LLM(model=path, dtype="float32", block_size=16, **kwargs)
+    results = greedy_with_logprobs(llm, PROMPTS)
+    engine = llm.llm_engine
+    runner = engine.engine_core.executor.worker.model_runner
+    state = runner.state_cache
+    stats = engine.get_stats()
+    info = dict(preemptions=stats.num_preemptions, free_slots=len(state._free),
+                slots=state.num_slots, held=dict(state.slot_of),
+                config=engine.engine_core.kv_cache_config,
+                caching=engine.engine_core.scheduler.kv_cache_manager.enable_caching)
+    engine.shutdown()
+    del llm
+    gc.collect()
+    return results, info
+
+
+def test_mamba2_matches_transformers_chunked_and_preempted(mamba2_path):
+    results, info = _run(mamba2_path)
+    assert info["config"].state_bytes_per_request() == STATE_BYTES
+    assert not info["config"].kv_cache_groups and not info["caching"]
+    assert info["held"] == {} and info["free_slots"] == info["slots"] == 4
+    assert_matches_transformers(mamba2_path, results, PROMPTS)
+    tokens = [r[0] for r in results]
+
+    chunked, _ = _run(mamba2_path, max_num_batched_tokens=16)
+    assert [r[0] for r in chunked] == tokens
+
+    # 10 blocks of 16 tokens (each block charged its share of a 128-token request's
+    # state): the 4 requests (up to 72 tokens, 5 blocks) cannot all run to the end.
+    share = -(-STATE_BYTES // (128 // 16))
+    preempted, info = _run(mamba2_path, kv_cache_memory_bytes=10 * share,
+                           max_model_len=128)
+    assert info["preemptions"] > 0
+    assert [r[0] for r in preempted] == tokens
+    assert info["held"] == {} and info["free_slots"] == 4

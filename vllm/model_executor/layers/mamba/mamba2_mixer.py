@@ -1,0 +1,192 @@
+"""The Mamba2 mixer (transformers' Mamba2Mixer semantics), serving from state slots.
+
+in_proj -> [gate | xBC | dt]; xBC through the causal conv1d (carried conv state) and
+SiLU; x, B, C split; the SSD scan (carried SSM state) with D skip; gated RMSNorm with
+the gate; out_proj. Per request the conv and SSM states live in the runner's state
+slots (vllm/worker/state_cache.py): a prefill (or a chunk of one) continues from the
+slot when the request computed tokens before, and writes its final states back; a
+decode token takes the one-step forms. Tensor parallelism is not implemented (TP 1).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from vllm.attention.layer import extract_layer_index
+from vllm.kv_cache_spec import MambaSpec
+from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.mamba import ops
+from vllm.worker.state_cache import StateMetadata, get_state_metadata
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def state_dtypes(cache_config: Any, model_dtype: torch.dtype
+                 ) -> tuple[torch.dtype, torch.dtype]:
+    """(conv state dtype, SSM state dtype): vLLM's --mamba-cache-dtype (both) and
+    --mamba-ssm-cache-dtype (the SSM state; "auto": the former), "auto" = the model's."""
+    both = getattr(cache_config, "mamba_cache_dtype", "auto") or "auto"
+    ssm = getattr(cache_config, "mamba_ssm_cache_dtype", "auto") or "auto"
+    conv_dtype = model_dtype if both == "auto" else _DTYPES[both]
+    ssm_dtype = conv_dtype if ssm == "auto" else _DTYPES[ssm]
+    return conv_dtype, ssm_dtype
+
+
+class Mamba2Mixer(nn.Module):
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, n_groups: int,
+                 state_size: int, conv_kernel: int, intermediate_size: int, chunk_size: int,
+                 eps: float, use_bias: bool = False, use_conv_bias: bool = True,
+                 time_step_limit: tuple[float, float] = (0.0, float("inf")),
+                 state_dtypes: tuple[torch.dtype, torch.dtype] = (torch.float32,) * 2,
+                 prefix: str = "") -> None:
+        super().__init__()
+        self.layer_idx = extract_layer_index(prefix) if prefix else 0
+        self.num_heads, self.head_dim, self.n_groups = num_heads, head_dim, n_groups
+        self.state_size, self.conv_kernel, self.chunk_size = state_size, conv_kernel, chunk_size
+        self.intermediate_size = intermediate_size
+        self.conv_dim = intermediate_size + 2 * n_groups * state_size
+        self.eps = eps
+        self.time_step_limit = (float(time_step_limit[0]), float(time_step_limit[1]))
+        self.conv_dtype, self.ssm_dtype = state_dtypes
+        self.in_proj = ReplicatedLinear(hidden_size,
+                                        intermediate_size + self.conv_dim + num_heads,
+                                        bias=use_bias, prefix=f"{prefix}.in_proj")
+        dtype = torch.get_default_dtype()
+        self.conv_weight = nn.Parameter(torch.zeros(self.conv_dim, conv_kernel, dtype=dtype),
+                                        requires_grad=False)
+        self.conv_bias = (nn.Parameter(torch.zeros(self.conv_dim, dtype=dtype),
+                                       requires_grad=False) if use_conv_bias else None)
+        self.dt_bias = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad=False)
+        self.D = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad=False)
+        self.norm_weight = nn.Parameter(torch.ones(intermediate_size, dtype=dtype),
+                                        requires_grad=False)
+        self.out_proj = ReplicatedLinear(intermediate_size, hidden_size, bias=use_bias,
+                                         prefix=f"{prefix}.out_proj")
+
+    # checkpoint names (transformers'): conv1d.weight [C, 1, K], conv1d.bias, norm.weight
+    def checkpoint_param(self, suffix: str) -> Optional[nn.Parameter]:
+        return {"conv1d.weight": self.conv_weight, "conv1d.bias": self.conv_bias,
+                "norm.weight": self.norm_weight}.get(suffix)
+
+    def state_spec(self, block_size: int) -> MambaSpec:
+        return MambaSpec(block_size, (self.conv_dim, self.conv_kernel - 1),
+                         (self.num_heads, self.head_dim, self.state_size),
+                         self.conv_dtype, self.ssm_dtype)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        proj = self.in_proj(hidden_states)
+        gate, xbc, dt = proj.split([self.intermediate_size, self.conv_dim, self.num_heads],
+                                   dim=-1)
+        md = get_state_metadata()
+        if md is None:  # one sequence from a zero state (no runner)
+            y = self._sequences(xbc[None], dt[None], None, None, None)[0][0]
+        elif md.padded:
+            y = self._padded(xbc, dt, md)
+        else:
+            y = self._flat(xbc, dt, md)
+        y = ops.gated_rms_norm(y, gate, self.norm_weight,
+                               self.intermediate_size // self.n_groups, self.eps)
+        return self.out_proj(y.to(hidden_states.dtype))
+
+    def _dt(self, dt: torch.Tensor) -> torch.Tensor:
+        dt = torch.nn.functional.softplus(dt.float() + self.dt_bias.float())
+        lo, hi = self.time_step_limit
+        if lo > 0.0 or hi != float("inf"):
+            dt = dt.clamp(lo, hi)
+        return dt
+
+    def _split_xbc(self, xbc: torch.Tensor):
+        gn = self.n_groups * self.state_size
+        x, B, C = xbc.split([self.intermediate_size, gn, gn], dim=-1)
+        lead = x.shape[:-1]
+        return (x.reshape(*lead, self.num_heads, self.head_dim),
+                B.reshape(*lead, self.n_groups, self.state_size),
+                C.reshape(*lead, self.n_groups, self.state_size))
+
+    def _sequences(self, xbc: torch.Tensor, dt: torch.Tensor, conv0: Optional[torch.Tensor],
+                   ssm0: Optional[torch.Tensor], lengths: Optional[torch.Tensor]):
+        """b sequences [b, T, ...] from the given states (None: zeros); returns
+        (y [b, T, intermediate], conv state, SSM state)."""
+        b, t = xbc.shape[:2]
+        if conv0 is None:
+            conv0 = xbc.new_zeros(b, self.conv_dim, self.conv_kernel - 1)
+        if ssm0 is None:
+            ssm0 = torch.zeros(b, self.num_heads, self.head_dim, self.state_size,
+                               dtype=torch.float32, device=xbc.device)
+        conv_out, conv1 = ops.causal_conv1d(xbc, self.conv_weight, self.conv_bias, conv0,
+                                            lengths)
+        x, B, C = self._split_xbc(conv_out)
+        dt = self._dt(dt)
+        if lengths is not None:
+            valid = torch.arange(t, device=xbc.device).view(1, t) < lengths.view(b, 1)
+            dt = dt * valid.unsqueeze(-1)
+        A = -torch.exp(self.A_log.float())
+        y, ssm1 = ops.ssd_chunk_scan(x, dt, A, B, C, self.D, self.chunk_size, ssm0)
+        return y.reshape(b, t, self.intermediate_size), conv1, ssm1
+
+    def _step(self, xbc: torch.Tensor, dt: torch.Tensor, conv0: torch.Tensor,
+              ssm0: torch.Tensor):
+        """b decode tokens [b, ...]; returns (y [b, intermediate], conv, SSM states)."""
+        conv_out, conv1 = ops.causal_conv1d_step(xbc, self.conv_weight, self.conv_bias, conv0)
+        x, B, C = self._split_xbc(conv_out)
+        A = -torch.exp(self.A_log.float())
+        y, ssm1 = ops.ssd_step(x, self._dt(dt), A, B, C, self.D, ssm0)
+        return y.reshape(-1, self.intermediate_size), conv1, ssm1
+
+    def _initial(self, md: StateMetadata, slots: torch.Tensor, has_initial: torch.Tensor):
+        conv_all, ssm_all = md.states[self.layer_idx]
+        keep = has_initial.view(-1, 1, 1)
+        conv0 = conv_all.index_select(0, slots) * keep
+        ssm0 = ssm_all.index_select(0, slots).float() * keep.unsqueeze(-1)
+        return conv0, ssm0
+
+    def _store(self, md: StateMetadata, slots: torch.Tensor, conv1: torch.Tensor,
+               ssm1: torch.Tensor) -> None:
+        conv_all, ssm_all = md.states[self.layer_idx]
+        conv_all.index_copy_(0, slots, conv1.to(conv_all.dtype))
+        ssm_all.index_copy_(0, slots, ssm1.to(ssm_all.dtype))
+
+    def _flat(self, xbc: torch.Tensor, dt: torch.Tensor, md: StateMetadata) -> torch.Tensor:
+        """Token-major rows: decodes (one new token after computed ones) in one batch,
+        each other sequence on its own."""
+        y = xbc.new_empty(xbc.shape[0], self.intermediate_size, dtype=torch.float32)
+        decode = [i for i, n in enumerate(md.num_tokens) if n == 1 and md.has_initial_list[i]]
+        if decode:
+            rows = torch.tensor([md.row_offsets[i] for i in decode], device=xbc.device)
+            idx = torch.tensor(decode, device=xbc.device)
+            slots = md.slots.index_select(0, idx)
+            conv0, ssm0 = self._initial(md, slots, md.has_initial.index_select(0, idx))
+            out, conv1, ssm1 = self._step(xbc.index_select(0, rows), dt.index_select(0, rows),
+                                          conv0, ssm0)
+            y.index_copy_(0, rows, out)
+            self._store(md, slots, conv1, ssm1)
+        done = set(decode)
+        for i, (start, n) in enumerate(zip(md.row_offsets, md.num_tokens)):
+            if i in done or n == 0:
+                continue
+            slots = md.slots[i:i + 1]
+            conv0, ssm0 = self._initial(md, slots, md.has_initial[i:i + 1])
+            out, conv1, ssm1 = self._sequences(xbc[None, start:start + n],
+                                               dt[None, start:start + n], conv0, ssm0, None)
+            y[start:start + n] = out[0]
+            self._store(md, slots, conv1, ssm1)
+        return y
+
+    def _padded(self, xbc: torch.Tensor, dt: torch.Tensor, md: StateMetadata) -> torch.Tensor:
+        """Fixed shapes: rows [b, T] (T = 1: decode), padding rows on the pad slot."""
+        b = md.slots.shape[0]
+        t = xbc.shape[0] // b
+        conv0, ssm0 = self._initial(md, md.slots, md.has_initial)
+        if t == 1:
+            out, conv1, ssm1 = self._step(xbc, dt, conv0, ssm0)
+        else:
+            out, conv1, ssm1 = self._sequences(xbc.view(b, t, -1), dt.view(b, t, -1),
+                                               conv0, ssm0, md.seq_lens)
+            out = out.reshape(b * t, -1)
+        self._store(md, md.slots, conv1, ssm1)
+        return out

@@ -1,0 +1,118 @@
+"""Plain-torch kernels of the Mamba2 mixer, with batch-first fixed shapes.
+
+Every function takes a batch of sequences padded to one length (`[b, T, ...]`) and a
+per-sequence initial state, so the same code serves a flat CPU layout (one sequence
+at a time, b = 1) and a bucketed HPU pass (padding rows masked by `lengths`). Padding
+positions do not change the carried state: their conv input is taken as absent (the
+final conv state is read at each sequence's own end) and their dt is 0, so the SSM
+state decays by exp(0) = 1 and receives nothing.
+
+- `causal_conv1d`: depthwise causal conv over a chunk, continuing from the carried
+  conv state (the last K - 1 inputs), SiLU; returns the new conv state.
+- `causal_conv1d_step`: the same for one new token (decode).
+- `ssd_chunk_scan`: Mamba2's state-space duality scan, chunk by chunk: within a chunk
+  a masked "attention" C·B weighted by the decay between positions, plus the carried
+  state read out through C; the state is carried to the next chunk.
+- `ssd_step`: the one-step recurrence (decode).
+- `gated_rms_norm`: x * silu(gate), RMS-normalized per group of channels.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                  conv_state: torch.Tensor, lengths: Optional[torch.Tensor] = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [b, T, C], weight [C, K], conv_state [b, C, K - 1] (the inputs before x),
+    lengths [b] (default T). Returns (silu(conv) [b, T, C], new conv state [b, C, K-1]:
+    the last K - 1 inputs up to each sequence's end)."""
+    b, t, c = x.shape
+    k = weight.shape[-1]
+    xt = torch.cat([conv_state.to(x.dtype), x.transpose(1, 2)], dim=-1)  # [b, C, K-1+T]
+    out = F.conv1d(xt, weight.to(x.dtype).unsqueeze(1), bias, groups=c)  # [b, C, T]
+    out = F.silu(out).transpose(1, 2)
+    if lengths is None:
+        new_state = xt[:, :, t:]
+    else:  # inputs [len, len + K - 1) of xt: the K - 1 before each sequence's end
+        idx = lengths.view(b, 1, 1) + torch.arange(k - 1, device=x.device).view(1, 1, k - 1)
+        new_state = torch.gather(xt, 2, idx.expand(b, c, k - 1))
+    return out, new_state
+
+
+def causal_conv1d_step(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                       conv_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [b, C] one token each; returns (silu(conv) [b, C], new conv state)."""
+    window = torch.cat([conv_state.to(x.dtype), x.unsqueeze(-1)], dim=-1)  # [b, C, K]
+    out = (window * weight.to(x.dtype)).sum(-1)
+    if bias is not None:
+        out = out + bias
+    return F.silu(out), window[:, :, 1:]
+
+
+def _heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[..., G, N] groups -> [..., H, N] (each group serves H / G consecutive heads)."""
+    groups = t.shape[-2]
+    return t.repeat_interleave(num_heads // groups, dim=-2)
+
+
+def ssd_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   C: torch.Tensor, D: torch.Tensor, chunk_size: int,
+                   initial_state: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [b, T, H, P], dt [b, T, H] (softplus'ed, 0 at padding), A [H] (negative),
+    B, C [b, T, G, N], D [H], initial_state [b, H, P, N]. Returns (y [b, T, H, P],
+    final state [b, H, P, N]), in float32."""
+    b, t, h, p = x.shape
+    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
+    B, C = _heads(B, h), _heads(C, h)
+    state = initial_state.float()
+    ys = []
+    for start in range(0, t, chunk_size):
+        end = min(start + chunk_size, t)
+        xc, dtc, Bc, Cc = x[:, start:end], dt[:, start:end], B[:, start:end], C[:, start:end]
+        a = torch.cumsum(dtc * A.float(), dim=1)                      # [b, L, H]
+        length = end - start
+        # decay from s to l (l >= s): exp(a[l] - a[s]); masked above the diagonal
+        diff = a.unsqueeze(2) - a.unsqueeze(1)                        # [b, l, s, H]
+        causal = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+        decay = torch.exp(diff.masked_fill(~causal.view(1, length, length, 1), float("-inf")))
+        scores = torch.einsum("blhn,bshn->blsh", Cc, Bc) * decay
+        xdt = xc * dtc.unsqueeze(-1)                                  # [b, L, H, P]
+        y = torch.einsum("blsh,bshp->blhp", scores, xdt)
+        y = y + torch.einsum("blhn,bhpn->blhp", Cc, state) * torch.exp(a).unsqueeze(-1)
+        ys.append(y)
+        to_end = torch.exp(a[:, -1:] - a)                             # [b, L, H]
+        state = (state * torch.exp(a[:, -1]).view(b, h, 1, 1)
+                 + torch.einsum("blhn,blhp->bhpn", Bc * to_end.unsqueeze(-1), xdt))
+    y = torch.cat(ys, dim=1) + x * D.float().view(1, 1, h, 1)
+    return y, state
+
+
+def ssd_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             C: torch.Tensor, D: torch.Tensor, state: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token: x [b, H, P], dt [b, H], B, C [b, G, N], state [b, H, P, N].
+    Returns (y [b, H, P], new state), in float32."""
+    h = x.shape[1]
+    x, dt = x.float(), dt.float()
+    B, C = _heads(B.float(), h), _heads(C.float(), h)
+    decay = torch.exp(dt * A.float())                                 # [b, H]
+    state = (state.float() * decay[..., None, None]
+             + (dt[..., None] * x)[..., None] * B[:, :, None, :])
+    y = torch.einsum("bhpn,bhn->bhp", state, C) + x * D.float().view(1, h, 1)
+    return y, state
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
+                   group_size: int, eps: float) -> torch.Tensor:
+    """weight * rmsnorm_per_group(x * silu(gate)) (Mamba2's norm before out_proj)."""
+    dtype = x.dtype
+    h = x.float() * F.silu(gate.float())
+    shape = h.shape
+    g = h.view(*shape[:-1], shape[-1] // group_size, group_size)
+    g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * g.view(shape).to(dtype)
