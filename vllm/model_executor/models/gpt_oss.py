@@ -117,12 +117,15 @@ _EXPERT_BIAS = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.bia
 _BIAS_SHARD = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 
 
-def split_stacked_experts(weights: Iterable[tuple[str, torch.Tensor]],
-                          dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+def split_stacked_experts(weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype,
+                          device: Optional[torch.device] = None
+                          ) -> Iterator[tuple[str, torch.Tensor]]:
     """GPT-OSS's stacked expert tensors -> one tensor per expert and projection, named
     as the per-expert checkpoints of other MoE models (`experts.{e}.gate_proj.weight`
     [I, H], `up_proj`, `down_proj` [H, I], and `.bias`); MXFP4 blocks and scales are
-    paired and dequantized to `dtype` one expert at a time. Other tensors pass through."""
+    paired and dequantized to `dtype` one expert at a time, on `device` (the model's:
+    the packed bytes travel, 4x smaller than the weights). Other tensors pass
+    through."""
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in weights:
         m = _STACKED_EXPERTS.match(name)
@@ -138,7 +141,8 @@ def split_stacked_experts(weights: Iterable[tuple[str, torch.Tensor]],
             del pending[f"{base}.{proj}"]
             blocks, scales = parts["_blocks"], parts["_scales"]
             for e in range(blocks.shape[0]):
-                w = dequantize_mxfp4(blocks[e], scales[e], dtype)  # [out, in]
+                w = dequantize_mxfp4(blocks[e].to(device), scales[e].to(device),
+                                     dtype)  # [out, in]
                 yield from _per_expert(base, proj, "weight", e, w)
         elif kind == "_bias":
             for e in range(tensor.shape[0]):
@@ -170,7 +174,8 @@ class GptOssForCausalLM(MoECausalLMMixin, LlamaForCausalLM):
         self._load_dtype = vllm_config.model_config.torch_dtype
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return super().load_weights(split_stacked_experts(weights, self._load_dtype))
+        device = next(self.parameters()).device
+        return super().load_weights(split_stacked_experts(weights, self._load_dtype, device))
 
     def _param_name(self, name: str) -> tuple[str, Optional[Union[str, int, tuple]]]:
         m = _EXPERT_BIAS.search(name)
