@@ -101,6 +101,10 @@ def build_attention_instances(model: nn.Module, config: Any, num_heads: int,
     layers = nn.ModuleDict()
     for idx in indices if indices is not None else range(config.num_hidden_layers):
         module = modules.get(idx)
+        if getattr(module, "sinks", None) is not None:
+            raise ValueError(f"{type(module).__name__} has attention sinks, which the "
+                             "Transformers backend does not pass on; use the native model "
+                             "(--model-impl vllm).")
         scale = getattr(module, "scaling", None) or head_dim ** -0.5
         soft_cap = (getattr(module, "attn_logit_softcapping", None)
                     or getattr(config, "attn_logit_softcapping", None))
