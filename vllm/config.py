@@ -345,8 +345,7 @@ class ModelConfig:
         for attr in ("num_key_value_heads", "num_kv_heads"):
             if getattr(cfg, attr, None):
                 return getattr(cfg, attr)
-        # an attention-free model (Mamba2) has none; 1 keeps the per-rank arithmetic
-        return getattr(cfg, "num_attention_heads", None) or 1
+        return cfg.num_attention_heads
 
     def get_head_size(self) -> int:
         """Width of one cached head (for MLA the latent plus the rope key)."""
@@ -504,6 +503,10 @@ class SchedulerConfig:
     disable_hybrid_kv_cache_manager: bool = False
     """Give sliding-window layers a full-length KV cache like every other layer,
     instead of only the blocks their window needs (vllm/kv_cache_spec.py)."""
+    disable_chunked_mm_input: bool = False
+    """Never split an image's placeholder tokens over two steps: a chunk stops before an
+    image that does not fit whole. Forced on for models whose image tokens attend to
+    each other both ways (Gemma 3), where a split image would see only its first part."""
 
     def finalize(self, max_model_len: int) -> None:
         self.max_model_len = max_model_len

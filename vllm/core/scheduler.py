@@ -92,6 +92,7 @@ class Scheduler:
         self.max_num_seqs = sc.max_num_seqs
         self.max_num_batched_tokens = sc.max_num_batched_tokens
         self.enable_chunked_prefill = sc.enable_chunked_prefill
+        self.whole_images = getattr(sc, "disable_chunked_mm_input", False)
         self.policy = sc.policy
         self.async_scheduling = (sc.async_scheduling and
                                  getattr(vllm_config, "speculative_config", None) is None)
@@ -114,8 +115,6 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
-        self.preempted_req_ids: set[str] = set()
-        """Preempted since the last SchedulerOutput (sent in it: state slots free)."""
         self.num_deferred_reqs = 0
         lora_config = vllm_config.lora_config
         self.max_loras = lora_config.max_loras if lora_config is not None else 0
@@ -243,9 +242,7 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids, scheduled_spec_decode_tokens=spec_tokens,
             structured_output_request_ids=so_ids, grammar_bitmask=bitmask,
-            free_encoder_mm_hashes=self.encoder_cache_manager.take_freed(),
-            preempted_req_ids=self.preempted_req_ids)
-        self.preempted_req_ids = set()
+            free_encoder_mm_hashes=self.encoder_cache_manager.take_freed())
         if self.connector is not None:
             out.kv_connector_metadata = self.connector.build_connector_meta(out)
         self.finished_req_ids = set()
@@ -343,7 +340,6 @@ class Scheduler:
         self.encoder_cache_manager.release(request.request_id, request.mm_features)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        self.preempted_req_ids.add(request.request_id)
         request.num_preemptions += 1
         self.num_preemptions += 1
         if self.policy == PRIORITY:
@@ -520,7 +516,8 @@ class Scheduler:
             return num_new, []
         num_new, to_encode, self._encoder_left = schedule_encoder_inputs(
             self.encoder_cache_manager, request.request_id, request.mm_features, start,
-            num_new, self._encoder_left)
+            num_new, self._encoder_left,
+            whole_images=self.whole_images)
         return num_new, to_encode
 
     def _book_encoder_inputs(self, request: Request, to_encode: list) -> None:

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Iterator, Optional
 
+import numpy as np
 import torch
 
 from vllm.cpu import prefill_choice
@@ -23,6 +24,7 @@ from vllm.cpu.prefill_choice import FLASH, ROWWISE, SDPA, PrefillPlan
 from vllm.attention.backends.torch_sdpa import NATIVE_PREFILL_MAX_LEN
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from vllm.multimodal.inputs import bidirectional_span_ids
 from vllm.cpu import cpu_ops
 from vllm.cpu.attention import CpuAttentionImpl
 from vllm.worker.flat_layout import (FlatLayout, build_flat_layout, decode_first_layout,
@@ -72,9 +74,7 @@ class CPUModelRunner(ModelRunnerBase):
         from vllm.model_executor.model_loader import get_model
         start = time.perf_counter()
         self.model = self._load_weights(self.vllm_config)
-        # (a model without attention heads, Mamba2, has no prefill attention to plan)
-        if self.native_attention and hasattr(self.model_config.hf_text_config,
-                                             "num_attention_heads"):
+        if self.native_attention:
             tp = self.vllm_config.parallel_config.tensor_parallel_size
             heads = max(1, self.model_config.hf_text_config.num_attention_heads // tp)
             self.prefill_plan = prefill_choice.choose_plan(
@@ -134,7 +134,17 @@ class CPUModelRunner(ModelRunnerBase):
             return True
         if getattr(self.model_config, "is_encoder_only", False):
             return False  # a whole prompt, attended bidirectionally (encoder_attention.py)
+        if self._image_spans(req_id, n) is not None:
+            return False  # images attended both ways: the masked SDPA path
         return self._prefill_kind(self.requests[req_id].num_computed_tokens + n) == ROWWISE
+
+    def _image_spans(self, req_id: str, n: int) -> Optional[np.ndarray]:
+        """The image of each position of a request whose n new tokens reach into an
+        image its model attends both ways (Gemma 3), else None (bidirectional_span_ids)."""
+        st = self.requests[req_id]
+        if not st.mm_inputs or not getattr(self.model, "bidirectional_mm", False):
+            return None
+        return bidirectional_span_ids(st.mm_inputs, st.num_computed_tokens, n)
 
     def _prepare_inputs(self, so: SchedulerOutput) -> list[ForwardPass]:
         """One token-major pass without padding (see flat_layout.py)."""
@@ -142,8 +152,12 @@ class CPUModelRunner(ModelRunnerBase):
                                             self._is_row_wise)
         flat = build_flat_layout(self.requests, req_ids, so.num_scheduled_tokens,
                                  num_row_wise, self.block_size, self.num_draft_tokens)
-        for seq in flat.prefills:
-            seq.flash = self._prefill_kind(seq.context_len + seq.query_len) == FLASH
+        for req_id, seq in zip(req_ids[num_row_wise:], flat.prefills):
+            spans = self._image_spans(req_id, seq.query_len)
+            if spans is not None:
+                seq.mm_groups = torch.from_numpy(spans)
+            seq.flash = (spans is None and
+                         self._prefill_kind(seq.context_len + seq.query_len) == FLASH)
         fwd = self._flat_pass(flat, req_ids)
         fwd.group_attn_metadata = self._group_metadata(so, req_ids, num_row_wise, flat)
         return [fwd]
@@ -161,7 +175,7 @@ class CPUModelRunner(ModelRunnerBase):
                                        num_row_wise, self.block_size, self.num_draft_tokens,
                                        group=group)
             for seq, ref in zip(layout.prefills, flat.prefills):
-                seq.flash = ref.flash
+                seq.flash, seq.mm_groups = ref.flash, ref.mm_groups
             metadata.append(self._flat_pass(layout, req_ids).attn_metadata)
         return metadata
 

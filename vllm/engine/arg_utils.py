@@ -126,6 +126,7 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False
     disable_hybrid_kv_cache_manager: bool = False
+    disable_chunked_mm_input: bool = False
     scheduling_policy: str = "fcfs"
     # parallel
     tensor_parallel_size: int = 1
@@ -352,11 +353,14 @@ class EngineArgs:
         device_config = DeviceConfig(device=self.device)
         max_num_seqs, max_num_batched_tokens = self._batch_defaults(
             device_config.device, model_config.runner_type, parallel_config.world_size)
+        from vllm.model_executor.models.registry import attends_images_both_ways
         scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             enable_chunked_prefill=self.enable_chunked_prefill,
             async_scheduling=self.async_scheduling, policy=self.scheduling_policy,
-            disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager)
+            disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager,
+            disable_chunked_mm_input=(self.disable_chunked_mm_input or
+                                      attends_images_both_ways(model_config.architectures)))
         so_config = StructuredOutputsConfig.from_cli(self.structured_outputs_config)
         if self.reasoning_parser_plugin:
             so_config.reasoning_parser_plugin = self.reasoning_parser_plugin

@@ -138,6 +138,7 @@ class LLMEngine:
             lora_request = self._check_lora_request(lora_request)
         check_kv_transfer_params(params, self.vllm_config.kv_transfer_config)
         prompt_text, prompt_ids, mm_features = self.processor.process_prompt(prompt)
+        check_whole_images(mm_features, self.vllm_config.scheduler_config)
         prompt_ids = self.processor.truncate_prompt(prompt_ids, params, mm_features)
         params, max_tokens = self.processor.process_params(prompt_ids, params)
         so_request = self.processor.structured_output_request(params)
@@ -355,3 +356,16 @@ class LLMEngine:
         self.engine_core.shutdown()
         if self.output_processor.tracer is not None:
             self.output_processor.tracer.shutdown()  # export the spans still batched
+
+
+def check_whole_images(mm_features: Optional[list], scheduler_config: Any) -> None:
+    """With images scheduled whole (--disable-chunked-mm-input, forced for models whose
+    image tokens attend both ways), an image must fit one step's token budget."""
+    if not mm_features or not scheduler_config.disable_chunked_mm_input:
+        return
+    budget = scheduler_config.max_num_batched_tokens
+    for feature in mm_features:
+        if feature.length > budget:
+            raise ValueError(f"multi_modal_data: an image fills {feature.length} tokens, "
+                             f"more than max_num_batched_tokens ({budget}), and this "
+                             "model's images are never split between steps.")

@@ -75,6 +75,11 @@ class HPUAttentionMetadata(NamedTuple):
     """Prompt with context: [B] tokens already in the cache before this pass."""
     flat_pa: Optional[FlatPAMetadata] = None
     """Decode: flat paged attention metadata for the (B, N) bucket."""
+    mm_groups: Optional[torch.Tensor] = None
+    """Prompt of a model attending images both ways: [B, T] image of each new position
+    (-1 text): tokens of one image see each other (the masked prompt path)."""
+    context_mm_groups: Optional[torch.Tensor] = None
+    """The same for the [B, C * block_size] gathered context positions."""
 
 
 class HPUAttentionImpl:
@@ -107,7 +112,7 @@ class HPUAttentionImpl:
         masked = (getattr(layer, "sliding_window", None) is not None
                   or getattr(layer, "logits_soft_cap", None) is not None
                   or slopes is not None or sinks is not None)
-        if md.is_prompt and masked:
+        if md.is_prompt and (masked or md.mm_groups is not None):
             out = self._prompt_masked(q, k, v, kv_cache if has_cache else None, md, layer,
                                       scales)
         elif md.is_prompt:
@@ -145,8 +150,8 @@ class HPUAttentionImpl:
                        kv_cache: Optional[HPUKVCache], md: HPUAttentionMetadata,
                        layer, scales=None) -> torch.Tensor:
         """Prompt pass of a soft-capped, sliding-window, ALiBi or sink layer (FusedSDPA
-        takes no per-head bias or sink): explicit scores over the same (context +) new
-        tokens `_prompt` uses."""
+        takes no per-head bias or sink), or of a model whose image tokens attend both
+        ways: explicit scores over the same (context +) new tokens `_prompt` uses."""
         slopes = getattr(layer, "alibi_slopes", None)
         sinks = getattr(layer, "sinks", None)
         batch = md.query_lens.shape[0]
@@ -159,7 +164,8 @@ class HPUAttentionImpl:
             return prompt_attention_masked(qb, kb, vb, new, new, torch.ones_like(new,
                                                                             dtype=torch.bool),
                                            layer.scale, layer.logits_soft_cap,
-                                           layer.sliding_window, slopes, sinks)
+                                           layer.sliding_window, slopes, sinks,
+                                           md.mm_groups, md.mm_groups)
         if kv_cache is None:
             raise ValueError("HPU prompt attention with a context needs the KV cache.")
         past_k = gather_context(kv_cache.key_cache, md.context_block_list, md.block_size)
@@ -172,10 +178,12 @@ class HPUAttentionImpl:
         k_pos = torch.cat((past, q_pos), dim=1)
         k_valid = torch.cat((past < md.context_lens[:, None],
                              torch.ones_like(new, dtype=torch.bool)), dim=1)
+        k_groups = (None if md.mm_groups is None else
+                    torch.cat((md.context_mm_groups, md.mm_groups), dim=1))
         return prompt_attention_masked(qb, torch.cat((past_k, kb), 1), torch.cat((past_v, vb), 1),
                                        q_pos, k_pos, k_valid, layer.scale,
                                        layer.logits_soft_cap, layer.sliding_window, slopes,
-                                       sinks)
+                                       sinks, md.mm_groups, k_groups)
 
     @staticmethod
     def _prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -39,6 +39,9 @@ class PromptSeq:
     """Physical ids of the blocks holding the context: ceil(context_len / block_size)."""
     sample: bool = False
     """True when this pass reaches the end of the known tokens (a token is sampled)."""
+    mm_groups: Optional[np.ndarray] = None
+    """[context_len + query_len] image of each position (-1 text) when its model attends
+    images both ways (vllm/multimodal/inputs.py bidirectional_span_ids); None: none."""
 
     @property
     def query_len(self) -> int:
@@ -93,8 +96,12 @@ def pad_slots(pad_block_id: int, block_size: int, count: int) -> np.ndarray:
 
 
 def build_prompt_batch(seqs: list[PromptSeq], bucket: Bucket, block_size: int,
-                       pad_block_id: int, device: torch.device) -> HPUBatch:
-    """Stack prompt sequences into the [B, T] (+ [B, C] context) bucket."""
+                       pad_block_id: int, device: torch.device,
+                       bidirectional: bool = False) -> HPUBatch:
+    """Stack prompt sequences into the [B, T] (+ [B, C] context) bucket.
+    `bidirectional` (a model attending images both ways): the image of every new and
+    context position, -1 for text and padding, in every pass of the model (one graph
+    per bucket whether or not a batch holds images)."""
     b, t, c = bucket
     if len(seqs) > b or any(s.query_len > t or s.num_context_blocks > c for s in seqs):
         raise ValueError(f"prompt sequences do not fit bucket {tuple(bucket)}: "
@@ -120,9 +127,27 @@ def build_prompt_batch(seqs: list[PromptSeq], bucket: Bucket, block_size: int,
             ctx_lens[i] = s.context_len
         md = md._replace(context_block_list=_tensor(ctx_blocks, device),
                          context_lens=_tensor(ctx_lens, device))
+    if bidirectional:
+        md = md._replace(**_image_groups(seqs, b, t, c * block_size, device))
     return HPUBatch(is_prompt=True, bucket=bucket, input_ids=_tensor(ids.reshape(-1), device),
                     positions=_tensor(pos.reshape(-1), device), attn_metadata=md,
                     logits_indices=_tensor(logits_rows, device), seqs=list(seqs), row_stride=t)
+
+
+def _image_groups(seqs: list[PromptSeq], b: int, t: int, past: int,
+                  device: torch.device) -> dict[str, torch.Tensor]:
+    """mm_groups [B, T] of the new positions and, with a context, context_mm_groups
+    [B, C * block_size] of the cached ones (-1: text, padding)."""
+    new = np.full((b, t), -1, dtype=np.int64)
+    old = np.full((b, past), -1, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        if s.mm_groups is not None:
+            new[i, :s.query_len] = s.mm_groups[s.context_len:s.context_len + s.query_len]
+            old[i, :s.context_len] = s.mm_groups[:s.context_len]
+    out = {"mm_groups": _tensor(new, device)}
+    if past:
+        out["context_mm_groups"] = _tensor(old, device)
+    return out
 
 
 def build_decode_batch(seqs: list[DecodeSeq], bucket: Bucket, block_size: int,

@@ -51,6 +51,7 @@ from vllm.hpu.execution import ExecutionMode, prepare_forward_module, run_forwar
 from vllm.hpu.graph_memory import (GraphMemoryModel, GraphReservePlan, fit_models,
                                   is_device_oom, plan_graph_reserve, probe_buckets,
                                   oom_is_recoverable, reduce_capture)
+from vllm.multimodal.inputs import bidirectional_span_ids
 from vllm.hpu.input_prep import (DecodeSeq, HPUBatch, PromptSeq, build_decode_batch,
                                         build_prompt_batch, decode_blocks_needed,
                                         dependency_levels, pad_slots)
@@ -303,7 +304,14 @@ class HPUModelRunner(ModelRunnerBase):
         positions = np.minimum(ctx_len + np.arange(t), self.max_model_len - 1)
         seq = PromptSeq(None, np.zeros(t, dtype=np.int64), positions,
                         pad_slots(self.pad_block_id, bs, t), ctx_len, [self.pad_block_id] * c)
-        return build_prompt_batch([seq] * b, bucket, bs, self.pad_block_id, self.device)
+        return build_prompt_batch([seq] * b, bucket, bs, self.pad_block_id, self.device,
+                                  self._bidirectional_mm)
+
+    @property
+    def _bidirectional_mm(self) -> bool:
+        """The model's image tokens attend both ways (Gemma 3): prompt passes carry each
+        position's image (input_prep.build_prompt_batch)."""
+        return bool(getattr(self.model, "bidirectional_mm", False))
 
     def _dummy_decode_batch(self, bucket: Bucket) -> HPUBatch:
         """min(B, N) sequences sharing the bucket's N blocks (ids 0..N-1, left untouched:
@@ -611,9 +619,12 @@ class HPUModelRunner(ModelRunnerBase):
                 continue
             pos = np.arange(start, start + n, dtype=np.int64)
             slots = np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs
+            groups = (bidirectional_span_ids(st.mm_inputs, start, n)
+                      if st.mm_inputs and self._bidirectional_mm else None)
             prompts.append(PromptSeq(req_id, np.asarray(st.token_ids[start:start + n],
                                                         dtype=np.int64),
-                                     pos, slots, start, table[:-(-start // bs)], sample))
+                                     pos, slots, start, table[:-(-start // bs)], sample,
+                                     groups))
         return prompts, decodes
 
     def _make_batches(self, prompts: list[PromptSeq], decodes: list[DecodeSeq]
@@ -638,7 +649,7 @@ class HPUModelRunner(ModelRunnerBase):
                 self.accounting.prompt_pass(bucket, [s.query_len for s in group],
                                             [s.num_context_blocks for s in group])
                 batches.append(build_prompt_batch(group, bucket, bs, self.pad_block_id,
-                                                  self.device))
+                                                  self.device, self._bidirectional_mm))
         return batches
 
     def _real_rows(self, batch: HPUBatch) -> torch.Tensor:

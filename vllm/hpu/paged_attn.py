@@ -405,7 +405,9 @@ def prompt_attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch
                             scale: float, logits_soft_cap: Optional[float],
                             sliding_window: Optional[int],
                             alibi_slopes: Optional[torch.Tensor] = None,
-                            sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                            sinks: Optional[torch.Tensor] = None,
+                            q_groups: Optional[torch.Tensor] = None,
+                            k_groups: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Prefill for layers with a soft-cap, a sliding window, ALiBi slopes [Hq]
     (`slope * (k_pos - q_pos)` added per head) or sinks [Hq] (one more logit per head in
     each softmax denominator), explicit float32 scores.
@@ -413,8 +415,10 @@ def prompt_attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch
     q [B, T, Hq, D], k/v [B, S, Hkv, D]; q_pos [B, T] and k_pos [B, S] are positions in
     the sequence, k_valid [B, S] marks keys that exist (context blocks beyond a
     sequence's context are not). A key is seen when valid, not after the query and,
-    with a window, within the last `sliding_window` positions. Padded query rows see
-    at least the first key, so they stay finite.
+    with a window, within the last `sliding_window` positions. q_groups [B, T] /
+    k_groups [B, S] (image of each position, -1 text): tokens of one image also see each
+    other's later positions (Gemma 3). Padded query rows see at least the first key, so
+    they stay finite.
     """
     group = query.shape[2] // key.shape[2]
     q = query.transpose(1, 2).float()                                   # [B, Hq, T, D]
@@ -426,7 +430,11 @@ def prompt_attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch
     if alibi_slopes is not None:
         rel = (k_pos[:, None, :] - q_pos[:, :, None]).float()          # [B, T, S]
         scores = scores + alibi_slopes.float().view(1, -1, 1, 1) * rel[:, None]
-    allowed = k_valid[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])
+    allowed = k_pos[:, None, :] <= q_pos[:, :, None]
+    if q_groups is not None:
+        allowed = allowed | ((q_groups[:, :, None] == k_groups[:, None, :])
+                             & (q_groups[:, :, None] >= 0))
+    allowed = allowed & k_valid[:, None, :]
     if sliding_window is not None:
         allowed &= k_pos[:, None, :] > q_pos[:, :, None] - sliding_window
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))

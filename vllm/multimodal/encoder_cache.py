@@ -70,15 +70,19 @@ class EncoderCacheManager:
 
 
 def schedule_encoder_inputs(manager: EncoderCacheManager, req_id: str, features: Any,
-                            start: int, num_new: int, budget: int
-                            ) -> tuple[int, list[Any], int]:
+                            start: int, num_new: int, budget: int,
+                            whole_images: bool = False) -> tuple[int, list[Any], int]:
     """(tokens to schedule, images to encode this step, encoder budget left) for a
     request computing positions start .. start + num_new - 1.
 
     Images already cached cost nothing. An image that does not fit the step's encoder
     budget or the cache cuts the chunk just before its first placeholder token (it
     is encoded in a later step); 0 tokens when that is the chunk's first position.
+    `whole_images` (--disable-chunked-mm-input): the chunk also stops before an image
+    whose placeholders it would not reach the end of.
     """
+    if whole_images:
+        num_new = _before_cut_image(features, start, num_new)
     to_encode: list[Any] = []
     pending = 0
     for feature in features or ():
@@ -96,3 +100,12 @@ def schedule_encoder_inputs(manager: EncoderCacheManager, req_id: str, features:
     if num_new == 0:
         return 0, [], budget
     return num_new, to_encode, budget - pending
+
+
+def _before_cut_image(features: Any, start: int, num_new: int) -> int:
+    """num_new cut so that no image's placeholders are split at the chunk's end."""
+    end = start + num_new
+    for feature in features or ():
+        if feature.overlaps(start, end) and feature.end > end:
+            return max(0, feature.offset - start)
+    return num_new

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 
@@ -55,3 +57,19 @@ def placeholder_ranges(token_ids: list[int], token_id: int,
         ranges.append((start, n))
         k += n
     return ranges
+
+
+def bidirectional_span_ids(features: Sequence[MultiModalFeature], start: int,
+                           num_new: int) -> Optional[np.ndarray]:
+    """For a model whose image tokens attend to each other both ways (Gemma 3): the
+    image index of each position [0, start + num_new) of a request whose new tokens
+    are [start, start + num_new), -1 for text; None when no image overlaps the new
+    tokens (causal attention is then already right: later rows see whole images)."""
+    end = start + num_new
+    if not any(f.overlaps(start, end) for f in features):
+        return None
+    ids = np.full(end, -1, dtype=np.int64)
+    for i, f in enumerate(features):
+        if f.offset < end:
+            ids[f.offset:min(f.end, end)] = i
+    return ids

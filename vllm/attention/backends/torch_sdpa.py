@@ -75,6 +75,10 @@ class PrefillSeq:
     flash: bool = False
     """Attended by the native prefill kernel (prefill_choice.py chose it for its
     length) instead of SDPA, in layers without a window, soft-cap or ALiBi."""
+    mm_groups: Optional[torch.Tensor] = None
+    """[context_len + query_len] int64: the image each position belongs to (-1 text),
+    for a model whose image tokens attend to each other both ways (Gemma 3); positions
+    of one image see each other whatever their order. None: causal."""
 
 
 @dataclass
@@ -260,16 +264,27 @@ def build_metadata(slot_mapping: torch.Tensor, decode_block_table: Optional[np.n
     if native:
         md.flash = flash_prefills(prefills, prefill_block_ids, block_size)
     for seq, blocks in zip(prefills, prefill_block_ids):
-        if seq.context_len == 0:
+        if seq.mm_groups is not None:
+            seq.mm_groups = seq.mm_groups.to(device)
+        if seq.context_len == 0 and seq.mm_groups is None:
             continue
         total = seq.context_len + seq.query_len
-        table = np.asarray(blocks[:-(-total // block_size)], dtype=np.int64)[None, :]
-        slots, _ = context_slots(table, np.array([total]), block_size)
-        seq.slots = torch.from_numpy(slots[0]).to(device)
+        if seq.context_len:
+            table = np.asarray(blocks[:-(-total // block_size)], dtype=np.int64)[None, :]
+            slots, _ = context_slots(table, np.array([total]), block_size)
+            seq.slots = torch.from_numpy(slots[0]).to(device)
         q_pos = torch.arange(seq.query_len, device=device)[:, None] + seq.context_len
         k_pos = torch.arange(total, device=device)[None, :]
         seq.mask = k_pos <= q_pos
+        if seq.mm_groups is not None:
+            seq.mask = seq.mask | same_image(seq.mm_groups[seq.context_len:],
+                                             seq.mm_groups)
     return md
+
+
+def same_image(q_groups: torch.Tensor, k_groups: torch.Tensor) -> torch.Tensor:
+    """[Tq, Tk] True where a query and a key are tokens of the same image."""
+    return (q_groups[:, None] == k_groups[None, :]) & (q_groups[:, None] >= 0)
 
 
 def flash_prefills(prefills: list[PrefillSeq], prefill_block_ids: Sequence[Sequence[int]],
@@ -380,15 +395,17 @@ class TorchSDPABackendImpl:
             s, e = seq.query_start, seq.query_start + seq.query_len
             q_pos = torch.arange(seq.context_len, seq.context_len + seq.query_len,
                                  device=q.device)
+            groups = seq.mm_groups
+            q_groups = None if groups is None else groups[seq.context_len:]
             if seq.context_len == 0:
                 out[s:e] = masked_attention(layer, q[s:e], k[s:e].flatten(1), v[s:e].flatten(1),
-                                            q_pos, q_pos)
+                                            q_pos, q_pos, q_groups, groups)
             else:
                 k_pos = torch.arange(seq.context_len + seq.query_len, device=q.device)
                 out[s:e] = masked_attention(layer, q[s:e],
                                             _read(kv_cache, 0, seq.slots, layer, q.dtype),
                                             _read(kv_cache, 1, seq.slots, layer, q.dtype),
-                                            q_pos, k_pos)
+                                            q_pos, k_pos, q_groups, groups)
         return out
 
     # The native kernels' hooks: a backend with kernels (vllm/cpu/attention.py)
@@ -460,7 +477,7 @@ def _prefills(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         s, e = seq.query_start, seq.query_start + seq.query_len
         if seq.context_len == 0:
             out[s:e] = _sdpa(q[s:e], k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
-                             None, layer.scale, causal=True)
+                             seq.mask, layer.scale, causal=seq.mask is None)
         else:
             kk = _read(kv_cache, 0, seq.slots, layer, q.dtype)
             vv = _read(kv_cache, 1, seq.slots, layer, q.dtype)

@@ -22,11 +22,14 @@ def softmax_with_sinks(scores: torch.Tensor, sinks: Optional[torch.Tensor]) -> t
 
 
 def masked_attention(layer: Any, query: torch.Tensor, key: torch.Tensor,
-                     value: torch.Tensor, q_pos: torch.Tensor,
-                     k_pos: torch.Tensor) -> torch.Tensor:
+                     value: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                     q_groups: Optional[torch.Tensor] = None,
+                     k_groups: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of queries at positions `q_pos` [Tq] to keys at `k_pos` [Tk] (one
     sequence), with the layer's soft-cap, sliding window, ALiBi slopes and sinks, scores
-    and softmax in float32. query [Tq, H*D]; key/value [Tk, Hkv*D] or [Hkv, Tk, D]."""
+    and softmax in float32. query [Tq, H*D]; key/value [Tk, Hkv*D] or [Hkv, Tk, D].
+    `q_groups` / `k_groups` (image of each position, -1 text): tokens of one image also
+    see each other's later positions (Gemma 3), inside the window as the rest."""
     hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
     q = query.reshape(-1, hq, d).transpose(0, 1).float()
     k = key if key.dim() == 3 else key.reshape(-1, hkv, d).transpose(0, 1)
@@ -40,6 +43,8 @@ def masked_attention(layer: Any, query: torch.Tensor, key: torch.Tensor,
     if slopes is not None:
         scores = scores + alibi_bias(slopes, q_pos, k_pos).to(scores.device)
     allowed = k_pos[None, :] <= q_pos[:, None]
+    if q_groups is not None:
+        allowed = allowed | ((q_groups[:, None] == k_groups[None, :]) & (q_groups[:, None] >= 0))
     if layer.sliding_window is not None:
         allowed &= k_pos[None, :] > q_pos[:, None] - layer.sliding_window
     scores = scores.masked_fill(~allowed, float("-inf"))

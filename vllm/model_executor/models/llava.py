@@ -26,7 +26,7 @@ from vllm.model_executor.models.clip import CLIPVisionTower, vision_activation
 from vllm.model_executor.models.vlm_base import LanguageModelDelegate
 
 _TEXT_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM"}
+               "qwen2": "Qwen2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 """Language model class by text_config.model_type, when it names no architecture."""
 
 _NEW_TO_OLD_PREFIXES = (("model.language_model.", "language_model.model."),

@@ -56,6 +56,15 @@ _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
 }
 
 
+BIDIRECTIONAL_MM_ARCHS = frozenset({"Gemma3ForConditionalGeneration"})
+"""Models whose image tokens attend to each other both ways: an image must never be
+split between two steps (SchedulerConfig.disable_chunked_mm_input is forced on)."""
+
+
+def attends_images_both_ways(architectures: Iterable[str]) -> bool:
+    return any(a in BIDIRECTIONAL_MM_ARCHS for a in architectures or ())
+
+
 class _ModelRegistry:
 
     def __init__(self) -> None:
