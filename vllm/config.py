@@ -345,7 +345,8 @@ class ModelConfig:
         for attr in ("num_key_value_heads", "num_kv_heads"):
             if getattr(cfg, attr, None):
                 return getattr(cfg, attr)
-        return cfg.num_attention_heads
+        # an attention-free model (Mamba2) has none; 1 keeps the per-rank arithmetic
+        return getattr(cfg, "num_attention_heads", None) or 1
 
     def get_head_size(self) -> int:
         """Width of one cached head (for MLA the latent plus the rope key)."""

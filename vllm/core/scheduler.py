@@ -115,6 +115,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        self.preempted_req_ids: set[str] = set()
+        """Preempted since the last SchedulerOutput (sent in it: state slots free)."""
         self.num_deferred_reqs = 0
         lora_config = vllm_config.lora_config
         self.max_loras = lora_config.max_loras if lora_config is not None else 0
@@ -242,7 +244,9 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids, scheduled_spec_decode_tokens=spec_tokens,
             structured_output_request_ids=so_ids, grammar_bitmask=bitmask,
-            free_encoder_mm_hashes=self.encoder_cache_manager.take_freed())
+            free_encoder_mm_hashes=self.encoder_cache_manager.take_freed(),
+            preempted_req_ids=self.preempted_req_ids)
+        self.preempted_req_ids = set()
         if self.connector is not None:
             out.kv_connector_metadata = self.connector.build_connector_meta(out)
         self.finished_req_ids = set()
@@ -340,6 +344,7 @@ class Scheduler:
         self.encoder_cache_manager.release(request.request_id, request.mm_features)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        self.preempted_req_ids.add(request.request_id)
         request.num_preemptions += 1
         self.num_preemptions += 1
         if self.policy == PRIORITY:

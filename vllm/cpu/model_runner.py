@@ -74,7 +74,9 @@ class CPUModelRunner(ModelRunnerBase):
         from vllm.model_executor.model_loader import get_model
         start = time.perf_counter()
         self.model = self._load_weights(self.vllm_config)
-        if self.native_attention:
+        # (a model without attention heads, Mamba2, has no prefill attention to plan)
+        if self.native_attention and hasattr(self.model_config.hf_text_config,
+                                             "num_attention_heads"):
             tp = self.vllm_config.parallel_config.tensor_parallel_size
             heads = max(1, self.model_config.hf_text_config.num_attention_heads // tp)
             self.prefill_plan = prefill_choice.choose_plan(

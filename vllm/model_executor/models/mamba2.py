@@ -43,20 +43,6 @@ def check_single_rank(arch: str) -> None:
                                   "implemented for state-space layers yet (use 1 and 1).")
 
 
-def load_mixer_weight(params: dict[str, nn.Parameter], modules: dict[str, nn.Module],
-                      name: str, tensor: torch.Tensor) -> Optional[str]:
-    """A Mamba2 mixer tensor under transformers' name -> our parameter (the conv1d
-    weight [C, 1, K] as [C, K]); returns the parameter's name, None if not a mixer's."""
-    for suffix in ("conv1d.weight", "conv1d.bias", "norm.weight"):
-        if name.endswith(f".mixer.{suffix}"):
-            mixer = modules.get(name[:-len(suffix) - 1])
-            if isinstance(mixer, Mamba2Mixer):
-                param = mixer.checkpoint_param(suffix)
-                param.data.copy_(tensor.reshape(param.shape))
-                return next(n for n, p in params.items() if p is param)
-    return None
-
-
 class Mamba2Block(nn.Module):
 
     def __init__(self, config: Any, vllm_config: Any, prefix: str) -> None:
@@ -128,16 +114,11 @@ class Mamba2ForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         drop_weight_copies(self)
         params = dict(self.named_parameters())
-        modules = dict(self.named_modules())
         loaded: set[str] = set()
         ignored: list[str] = []
         for name, tensor in weights:
             name = name.replace("backbone.embedding.", "backbone.embeddings.")
             if self.tie_word_embeddings and name == "lm_head.weight":
-                continue
-            target = load_mixer_weight(params, modules, name, tensor)
-            if target is not None:
-                loaded.add(target)
                 continue
             if name not in params:
                 ignored.append(name)

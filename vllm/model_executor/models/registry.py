@@ -37,8 +37,7 @@ _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     "Glm4MoeForCausalLM": ("glm4_moe", "Glm4MoeForCausalLM"),
     # state-space (vllm/worker/state_cache.py: state slots instead of KV blocks)
     "Mamba2ForCausalLM": ("mamba2", "Mamba2ForCausalLM"),
-    # state-space (vllm/worker/state_cache.py: state slots instead of KV blocks)
-    "Mamba2ForCausalLM": ("mamba2", "Mamba2ForCausalLM"),
+    "GraniteMoeHybridForCausalLM": ("granitemoehybrid", "GraniteMoeHybridForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     # multimodal (image + text; vllm/multimodal)
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),

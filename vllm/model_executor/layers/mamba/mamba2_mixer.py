@@ -55,22 +55,23 @@ class Mamba2Mixer(nn.Module):
                                         intermediate_size + self.conv_dim + num_heads,
                                         bias=use_bias, prefix=f"{prefix}.in_proj")
         dtype = torch.get_default_dtype()
-        self.conv_weight = nn.Parameter(torch.zeros(self.conv_dim, conv_kernel, dtype=dtype),
-                                        requires_grad=False)
-        self.conv_bias = (nn.Parameter(torch.zeros(self.conv_dim, dtype=dtype),
-                                       requires_grad=False) if use_conv_bias else None)
+        # checkpoint names (transformers'): conv1d.weight [C, 1, K], conv1d.bias, norm.weight
+        self.conv1d = _Params(weight=(self.conv_dim, 1, conv_kernel),
+                              bias=(self.conv_dim,) if use_conv_bias else None)
+        self.norm = _Params(weight=(intermediate_size,))
         self.dt_bias = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad=False)
         self.D = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad=False)
-        self.norm_weight = nn.Parameter(torch.ones(intermediate_size, dtype=dtype),
-                                        requires_grad=False)
         self.out_proj = ReplicatedLinear(intermediate_size, hidden_size, bias=use_bias,
                                          prefix=f"{prefix}.out_proj")
 
-    # checkpoint names (transformers'): conv1d.weight [C, 1, K], conv1d.bias, norm.weight
-    def checkpoint_param(self, suffix: str) -> Optional[nn.Parameter]:
-        return {"conv1d.weight": self.conv_weight, "conv1d.bias": self.conv_bias,
-                "norm.weight": self.norm_weight}.get(suffix)
+    @property
+    def conv_weight(self) -> torch.Tensor:
+        return self.conv1d.weight.view(self.conv_dim, self.conv_kernel)
+
+    @property
+    def conv_bias(self) -> Optional[torch.Tensor]:
+        return self.conv1d.bias
 
     def state_spec(self, block_size: int) -> MambaSpec:
         return MambaSpec(block_size, (self.conv_dim, self.conv_kernel - 1),
@@ -89,7 +90,7 @@ class Mamba2Mixer(nn.Module):
             y = self._padded(xbc, dt, md)
         else:
             y = self._flat(xbc, dt, md)
-        y = ops.gated_rms_norm(y, gate, self.norm_weight,
+        y = ops.gated_rms_norm(y, gate, self.norm.weight,
                                self.intermediate_size // self.n_groups, self.eps)
         return self.out_proj(y.to(hidden_states.dtype))
 
@@ -190,3 +191,14 @@ class Mamba2Mixer(nn.Module):
             out = out.reshape(b * t, -1)
         self._store(md, md.slots, conv1, ssm1)
         return out
+
+
+class _Params(nn.Module):
+    """A module holding only named parameters (zeros), so checkpoint names match."""
+
+    def __init__(self, **shapes: Optional[tuple[int, ...]]) -> None:
+        super().__init__()
+        for name, shape in shapes.items():
+            param = (nn.Parameter(torch.zeros(shape, dtype=torch.get_default_dtype()),
+                                  requires_grad=False) if shape is not None else None)
+            setattr(self, name, param)
