@@ -76,5 +76,8 @@ class Mxfp4Config(QuantizationConfig):
     def get_quant_method(self, layer: nn.Module, prefix: str) -> Optional[LinearMethodBase]:
         return None  # experts are dequantized at load; linear layers are not quantized
 
+    def weight_summary(self) -> str:
+        return "mxfp4 experts dequantized at load"
+
     def __repr__(self) -> str:
         return "Mxfp4Config(experts dequantized at load)"
