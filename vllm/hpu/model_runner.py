@@ -63,6 +63,7 @@ from vllm.hpu.log import (MemorySnapshot, format_bytes, log_graph_models, log_pr
 from vllm.hpu.warmup import HPUWarmup, WarmupOps
 from vllm.worker.kv_cache_alloc import zeroed_tensors
 from vllm.worker.kv_cache_layout import allocate_layer_caches, unique_tensors
+from vllm.worker.state_cache import StateMetadata, set_state_metadata
 from vllm.worker.model_runner_base import ForwardPass, ModelRunnerBase, PassOutput
 
 logger = logging.getLogger(__name__)
@@ -228,6 +229,7 @@ class HPUModelRunner(ModelRunnerBase):
         self.kv_caches = allocate_layer_caches(
             self.get_kv_cache_config(), self._owned_layer_ids(),
             self.model_config.get_num_layers(), make, None)
+        self._init_state_cache()  # state-space layers: [max_num_seqs + 1 pad, ...] slots
         caches = {id(c): c for c in self.kv_caches if c is not None}
         for cache in caches.values():
             habana.track_alloc(cache.key_cache)
@@ -761,7 +763,8 @@ class HPUModelRunner(ModelRunnerBase):
             self._count_graph_run(key)
         with self.profiler.record(phase, bucket=tuple(batch.bucket), real=batch.num_real,
                                   graph=use_graph), \
-                self.tracker.track_pass(label, signature):
+                self.tracker.track_pass(label, signature), \
+                set_state_metadata(self._batch_state_metadata(batch)):
             hidden = run_forward(self.forward_module, self.mode, use_graph, batch.input_ids,
                                  positions, batch.attn_metadata, kv, lora, intermediate,
                                  inputs_embeds)
@@ -780,6 +783,22 @@ class HPUModelRunner(ModelRunnerBase):
                                       tuple(batch.logits_indices.shape))):
             logits = self.model.compute_logits(hidden.index_select(0, batch.logits_indices))
         return hidden, logits
+
+    def _batch_state_metadata(self, batch: HPUBatch) -> Optional[StateMetadata]:
+        """State slots of the pass's rows (state-space layers): one per batch entry, the
+        pad slot for padding and warmup entries; a fixed [B] shape per bucket."""
+        if self.state_cache is None:
+            return None
+        entries = batch.input_ids.shape[0] // batch.row_stride
+        pad = entries - batch.num_real
+        req_ids = [s.req_id for s in batch.seqs] + [None] * pad
+        if batch.is_prompt:
+            num_tokens = [s.query_len for s in batch.seqs] + [0] * pad
+            computed = [s.context_len for s in batch.seqs] + [0] * pad
+        else:
+            num_tokens = [1] * batch.num_real + [0] * pad
+            computed = [1] * batch.num_real + [0] * pad
+        return self.state_cache.padded_metadata(req_ids, num_tokens, computed, self.device)
 
     def _prompt_embeds(self, batch: HPUBatch, inputs_embeds: Optional[torch.Tensor],
                        label: str) -> Optional[torch.Tensor]:

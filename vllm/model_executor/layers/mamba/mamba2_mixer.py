@@ -141,9 +141,9 @@ class Mamba2Mixer(nn.Module):
 
     def _initial(self, md: StateMetadata, slots: torch.Tensor, has_initial: torch.Tensor):
         conv_all, ssm_all = md.states[self.layer_idx]
-        keep = has_initial.view(-1, 1, 1)
-        conv0 = conv_all.index_select(0, slots) * keep
-        ssm0 = ssm_all.index_select(0, slots).float() * keep.unsqueeze(-1)
+        keep = has_initial.view(-1, 1, 1)  # a new or recomputing request starts from zeros
+        conv0 = torch.where(keep, conv_all.index_select(0, slots), 0.0)
+        ssm0 = torch.where(keep.unsqueeze(-1), ssm_all.index_select(0, slots).float(), 0.0)
         return conv0, ssm0
 
     def _store(self, md: StateMetadata, slots: torch.Tensor, conv1: torch.Tensor,
