@@ -49,7 +49,8 @@ class Attention(nn.Module):
                  logits_soft_cap: float | None = None,
                  per_layer_sliding_window: int | None = None,
                  alibi_slopes: torch.Tensor | list[float] | None = None,
-                 attn_type: str = "decoder", sinks: torch.Tensor | None = None) -> None:
+                 attn_type: str = "decoder", sinks: torch.Tensor | None = None,
+                 attention_chunk_size: int | None = None) -> None:
         super().__init__()
         if attn_type not in ATTN_TYPES:
             raise ValueError(f"attn_type={attn_type!r}; choose one of {', '.join(ATTN_TYPES)}.")
@@ -60,6 +61,12 @@ class Attention(nn.Module):
         """Scores become `cap * tanh(scores / cap)` before the softmax (Gemma 2)."""
         self.sliding_window = per_layer_sliding_window or None
         """A query attends to itself and the `sliding_window - 1` tokens before it."""
+        if attention_chunk_size and self.sliding_window:
+            raise ValueError("a layer has either a sliding window or chunked attention.")
+        self.attention_chunk_size = attention_chunk_size or None
+        """Chunked local attention (Llama 4): the sequence is cut into chunks of this
+        many positions and a query attends only to the keys of its own chunk (causally).
+        The KV cache keeps the whole sequence (a full-attention layer's spec)."""
         slopes = None
         if alibi_slopes is not None:
             slopes = torch.as_tensor(alibi_slopes, dtype=torch.float32).reshape(-1)
@@ -135,7 +142,8 @@ class Attention(nn.Module):
         if self.attn_type == ENCODER_ONLY:
             return encoder_attention(self, query, key, value, [(0, query.shape[0])])
         if (self.logits_soft_cap is not None or self.sliding_window is not None
-                or self.alibi_slopes is not None or self.sinks is not None):
+                or self.alibi_slopes is not None or self.sinks is not None
+                or self.attention_chunk_size is not None):
             return masked_attention(self, query, key, value,
                                     torch.arange(query.shape[0], device=query.device),
                                     torch.arange(key.shape[0], device=key.device))

@@ -27,8 +27,10 @@ class Processor:
         self.mm_processor = None
         """Images -> features (vllm/multimodal/processing.py), for multimodal models."""
         if getattr(model_config, "is_multimodal_model", False):
-            from vllm.multimodal.processing import MultiModalProcessor
-            self.mm_processor = MultiModalProcessor(model_config)
+            from vllm.multimodal.processing import MultiModalProcessor, mm_limit
+            # --limit-mm-per-prompt '{"image": 0}': the language model alone, no images
+            if mm_limit(getattr(model_config, "limit_mm_per_prompt", None), "image") > 0:
+                self.mm_processor = MultiModalProcessor(model_config)
         self.eos_token_id: Optional[int] = getattr(tokenizer, "eos_token_id", None)
         if self.eos_token_id is None:
             eos = model_config.try_get_generation_config().get("eos_token_id")
@@ -45,6 +47,10 @@ class Processor:
         if mm_data is None:
             return (*self.tokenize_prompt(prompt), None)
         check_prompt_keys(prompt)
+        if self.mm_processor is None and getattr(self.model_config, "is_multimodal_model",
+                                                 False):
+            raise ValueError("multi_modal_data: --limit-mm-per-prompt allows no images "
+                             "(the model serves text only).")
         if self.mm_processor is None:
             raise ValueError("multi_modal_data: multimodal inputs are not supported by "
                              f"this model ({', '.join(self.model_config.architectures)}).")

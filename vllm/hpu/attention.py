@@ -109,9 +109,10 @@ class HPUAttentionImpl:
                               md.slot_mapping)
         slopes = getattr(layer, "alibi_slopes", None)
         sinks = getattr(layer, "sinks", None)
+        chunk = getattr(layer, "attention_chunk_size", None)
         masked = (getattr(layer, "sliding_window", None) is not None
                   or getattr(layer, "logits_soft_cap", None) is not None
-                  or slopes is not None or sinks is not None)
+                  or slopes is not None or sinks is not None or chunk is not None)
         if md.is_prompt and (masked or md.mm_groups is not None):
             out = self._prompt_masked(q, k, v, kv_cache if has_cache else None, md, layer,
                                       scales)
@@ -125,7 +126,7 @@ class HPUAttentionImpl:
                                        layer.scale,
                                        getattr(layer, "logits_soft_cap", None),
                                        getattr(layer, "sliding_window", None), slopes,
-                                       scales, sinks)
+                                       scales, sinks, chunk)
         return out.reshape(rows, hq * d)
 
     def forward_encoder_only(self, layer, query: torch.Tensor, key: torch.Tensor,
@@ -165,7 +166,8 @@ class HPUAttentionImpl:
                                                                             dtype=torch.bool),
                                            layer.scale, layer.logits_soft_cap,
                                            layer.sliding_window, slopes, sinks,
-                                           md.mm_groups, md.mm_groups)
+                                           md.mm_groups, md.mm_groups,
+                                           getattr(layer, "attention_chunk_size", None))
         if kv_cache is None:
             raise ValueError("HPU prompt attention with a context needs the KV cache.")
         past_k = gather_context(kv_cache.key_cache, md.context_block_list, md.block_size)
@@ -183,7 +185,8 @@ class HPUAttentionImpl:
         return prompt_attention_masked(qb, torch.cat((past_k, kb), 1), torch.cat((past_v, vb), 1),
                                        q_pos, k_pos, k_valid, layer.scale,
                                        layer.logits_soft_cap, layer.sliding_window, slopes,
-                                       sinks, md.mm_groups, k_groups)
+                                       sinks, md.mm_groups, k_groups,
+                                       getattr(layer, "attention_chunk_size", None))
 
     @staticmethod
     def _prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

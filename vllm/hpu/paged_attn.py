@@ -197,7 +197,8 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
                          sliding_window: Optional[int] = None,
                          alibi_slopes: Optional[torch.Tensor] = None,
                          kv_scales: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                         sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+                         sinks: Optional[torch.Tensor] = None,
+                         chunk_size: Optional[int] = None) -> torch.Tensor:
     """Decode attention: query [B, Hq, D] -> [B, Hq, D] over each sequence's cached tokens.
 
     GQA groups the Hq // Hkv query heads of a KV head instead of repeating K/V.
@@ -246,7 +247,7 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
         scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
     scores = scores + metadata.block_bias.view(num_blocks, 1, 1, block_size)
     pos = None
-    if sliding_window is not None or alibi_slopes is not None:
+    if sliding_window is not None or alibi_slopes is not None or chunk_size is not None:
         pos = metadata.block_offsets[:, None] + torch.arange(block_size, device=q.device)
     if alibi_slopes is not None:
         # Product in float32, rounded once: bf16 cannot hold positions past 256 exactly.
@@ -257,9 +258,13 @@ def flat_paged_attention(query: torch.Tensor, key_cache: torch.Tensor,
     if sliding_window is not None:
         outside = pos <= (metadata.block_seq_lens[:, None] - 1 - sliding_window)
         scores = scores.masked_fill(outside.view(num_blocks, 1, 1, block_size), float("-inf"))
+    if chunk_size is not None:  # keys before the query's chunk (the query is at len - 1)
+        first = (metadata.block_seq_lens[:, None] - 1) // chunk_size * chunk_size
+        scores = scores.masked_fill((pos < first).view(num_blocks, 1, 1, block_size),
+                                    float("-inf"))
     block_max = scores.amax(dim=-1, keepdim=True)          # [N, Hkv, G, 1]
     exp_max = block_max
-    if sliding_window is not None:
+    if sliding_window is not None or chunk_size is not None:
         exp_max = torch.where(torch.isinf(block_max), torch.zeros_like(block_max), block_max)
     probs = torch.exp(scores - exp_max)
     block_sum = probs.sum(dim=-1, keepdim=True)
@@ -407,7 +412,8 @@ def prompt_attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch
                             alibi_slopes: Optional[torch.Tensor] = None,
                             sinks: Optional[torch.Tensor] = None,
                             q_groups: Optional[torch.Tensor] = None,
-                            k_groups: Optional[torch.Tensor] = None) -> torch.Tensor:
+                            k_groups: Optional[torch.Tensor] = None,
+                            chunk_size: Optional[int] = None) -> torch.Tensor:
     """Prefill for layers with a soft-cap, a sliding window, ALiBi slopes [Hq]
     (`slope * (k_pos - q_pos)` added per head) or sinks [Hq] (one more logit per head in
     each softmax denominator), explicit float32 scores.
@@ -437,6 +443,8 @@ def prompt_attention_masked(query: torch.Tensor, key: torch.Tensor, value: torch
     allowed = allowed & k_valid[:, None, :]
     if sliding_window is not None:
         allowed &= k_pos[:, None, :] > q_pos[:, :, None] - sliding_window
+    if chunk_size is not None:  # chunked local attention: the query's own chunk
+        allowed &= (k_pos // chunk_size)[:, None, :] == (q_pos // chunk_size)[:, :, None]
     scores = scores.masked_fill(~allowed[:, None], float("-inf"))
     probs = softmax_with_sinks(scores, None if sinks is None else sinks.view(1, -1, 1, 1))
     out = torch.matmul(probs, v)                                        # [B, Hq, T, D]

@@ -65,7 +65,8 @@ class MultiModalProcessor:
         self.model_cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures)
         if not hasattr(self.model_cls, "split_mm_data"):
             raise ValueError(f"{model_config.architectures} has a vision config but no "
-                             "multimodal implementation here.")
+                             "multimodal implementation here; --limit-mm-per-prompt "
+                             "'{\"image\": 0}' serves its language model alone.")
         self.image_token_id = self.model_cls.image_token_id(model_config.hf_config)
         self.limits = model_config.limit_mm_per_prompt
         self._hf_processor = None

@@ -485,9 +485,10 @@ def _prefills(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 def _is_masked(layer) -> bool:
-    """A layer with a sliding window, a soft-cap, ALiBi or sinks (`Attention`
-    attributes)."""
+    """A layer with a sliding window, chunked attention, a soft-cap, ALiBi or sinks
+    (`Attention` attributes)."""
     return (getattr(layer, "sliding_window", None) is not None
+            or getattr(layer, "attention_chunk_size", None) is not None
             or getattr(layer, "logits_soft_cap", None) is not None
             or getattr(layer, "alibi_slopes", None) is not None
             or getattr(layer, "sinks", None) is not None)
@@ -504,6 +505,9 @@ def _masked_decode(q: torch.Tensor, kv_cache: torch.Tensor, md: TorchSDPAMetadat
     n, device = q.shape[0], q.device
     hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
     span = lens if layer.sliding_window is None else lens.clamp(max=layer.sliding_window)
+    chunk = getattr(layer, "attention_chunk_size", None)
+    if chunk is not None:  # from the start of the query's chunk
+        span = lens - (lens - 1) // chunk * chunk
     width = int(span.max())
     pos = (lens - span)[:, None] + torch.arange(width)[None, :]       # [n, width]
     valid = pos < lens[:, None]

@@ -100,6 +100,9 @@ class TritonAttentionBackendImpl:
         from vllm.attention.ops.triton_unified_attention import unified_attention
         t = query.shape[0]
         hq, hkv, d = layer.num_heads, layer.num_kv_heads, layer.head_size
+        if getattr(layer, "attention_chunk_size", None) is not None:
+            raise NotImplementedError("chunked local attention (Llama 4) is not in the Triton "
+                                      "kernel yet; use --attention-backend TORCH_SDPA.")
         reshape_and_cache(key.view(t, hkv, d), value.view(t, hkv, d), kv_cache,
                           md.slot_mapping, layer.k_scale, layer.v_scale)
         out = torch.empty(t, hq, d, dtype=query.dtype, device=query.device)

@@ -47,6 +47,9 @@ def masked_attention(layer: Any, query: torch.Tensor, key: torch.Tensor,
         allowed = allowed | ((q_groups[:, None] == k_groups[None, :]) & (q_groups[:, None] >= 0))
     if layer.sliding_window is not None:
         allowed &= k_pos[None, :] > q_pos[:, None] - layer.sliding_window
+    chunk = getattr(layer, "attention_chunk_size", None)
+    if chunk is not None:
+        allowed &= (k_pos // chunk)[None, :] == (q_pos // chunk)[:, None]
     scores = scores.masked_fill(~allowed, float("-inf"))
     sinks = getattr(layer, "sinks", None)
     probs = softmax_with_sinks(scores, None if sinks is None else sinks.view(hq, 1, 1))
