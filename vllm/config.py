@@ -454,6 +454,18 @@ class CacheConfig:
     """fp8 KV cache: compute each layer's k/v scale from the first forward pass (max |k| /
     200 and max |v| / 100, as vLLM) instead of the checkpoint's (or 1.0). Not on HPU,
     whose warmed graphs hold the scales as constants."""
+    mamba_cache_dtype: str = "auto"
+    """State-space layers' state dtype (conv and SSM states): auto (the model dtype),
+    float32 or float16."""
+    mamba_ssm_cache_dtype: str = "auto"
+    """The SSM state's dtype alone: auto (that of mamba_cache_dtype), float32 or float16
+    (float32 keeps the long recurrence exact while the model runs in 16 bits)."""
+    mamba_block_size: Optional[int] = None
+    """vLLM's state snapshots every this many tokens (prefix caching of state layers):
+    not implemented, refused when set; prefix caching is off for those models."""
+    mamba_cache_mode: str = "none"
+    """vLLM's prefix caching of state layers: none (supported: a hit never resumes a
+    state); all / align (state snapshots) are not implemented and refused."""
 
     # Set by the engine after profiling.
     num_gpu_blocks: Optional[int] = field(init=False, default=None)
@@ -474,6 +486,27 @@ class CacheConfig:
             raise ValueError("kv_cache_memory_bytes must be positive.")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
             raise ValueError("num_gpu_blocks_override must be at least 2.")
+        check_mamba_cache_options(self)
+
+
+MAMBA_DTYPES = ("auto", "float32", "float16")
+MAMBA_CACHE_MODES = ("none", "all", "align")
+
+
+def check_mamba_cache_options(cc: "CacheConfig") -> None:
+    """The --mamba-* group: dtypes accepted, state snapshots refused by name."""
+    for name in ("mamba_cache_dtype", "mamba_ssm_cache_dtype"):
+        if getattr(cc, name) not in MAMBA_DTYPES:
+            raise ValueError(f"{name} must be one of {', '.join(MAMBA_DTYPES)}, got "
+                             f"{getattr(cc, name)!r}.")
+    if cc.mamba_block_size is not None:
+        raise ValueError("--mamba-block-size is not supported: state-space layers keep one "
+                         "state per request, not snapshots at block boundaries (prefix "
+                         "caching is off for those models).")
+    if cc.mamba_cache_mode != "none":
+        raise ValueError(f"--mamba-cache-mode {cc.mamba_cache_mode!r} is not supported: "
+                         "state snapshots for prefix caching are not implemented; only "
+                         "'none' is.")
 
 
 SCHEDULING_POLICIES = ("fcfs", "priority")

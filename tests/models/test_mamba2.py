@@ -76,3 +76,38 @@ def test_mamba2_matches_transformers_chunked_and_preempted(mamba2_path):
     assert info["preemptions"] > 0
     assert [r[0] for r in preempted] == tokens
     assert info["held"] == {} and info["free_slots"] == 4
+
+
+def test_mamba_flags_state_dtype_and_refusals(mamba2_path, tmp_path):
+    """--mamba-ssm-cache-dtype / --mamba-cache-dtype set the state dtypes (and so the
+    bytes per request); snapshots (--mamba-block-size, --mamba-cache-mode all/align),
+    speculative decoding and KV transfer are refused by name."""
+    import argparse
+
+    from vllm.engine.arg_utils import EngineArgs
+    args = EngineArgs.add_cli_args(argparse.ArgumentParser()).parse_args(
+        ["--mamba-cache-dtype", "float16", "--mamba-ssm-cache-dtype", "float32"])
+    assert (args.mamba_cache_dtype, args.mamba_ssm_cache_dtype) == ("float16", "float32")
+
+    llm = LLM(model=mamba2_path, dtype="float32", block_size=16, max_model_len=128,
+              max_num_seqs=2, mamba_cache_dtype="float16", mamba_ssm_cache_dtype="float32")
+    conv, ssm = llm.llm_engine.engine_core.executor.worker.model_runner.state_cache.states[0]
+    assert (conv.dtype, ssm.dtype) == (torch.float16, torch.float32)
+    assert llm.llm_engine.engine_core.kv_cache_config.state_bytes_per_request() == \
+        2 * (192 * 3 * 2 + 8 * 16 * 16 * 4)
+    llm.llm_engine.shutdown()
+    del llm
+    gc.collect()
+
+    common = dict(model=mamba2_path, dtype="float32", block_size=16, max_model_len=128)
+    with pytest.raises(ValueError, match="mamba-block-size"):
+        LLM(mamba_block_size=64, **common)
+    with pytest.raises(ValueError, match="mamba-cache-mode"):
+        LLM(mamba_cache_mode="align", **common)
+    with pytest.raises(ValueError, match="Speculative decoding is not supported"):
+        LLM(speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                "prompt_lookup_max": 3}, **common)
+    with pytest.raises(ValueError, match="KV transfer"):
+        LLM(kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_producer",
+                                "kv_connector_extra_config": {
+                                    "shared_storage_path": str(tmp_path)}}, **common)

@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 from vllm import envs
 from vllm.config import (ATTENTION_BACKEND_NAMES, CONVERT_CHOICES, DEFAULT_MODEL,
-                         KV_CACHE_DTYPES, MODEL_IMPL_CHOICES, RUNNER_CHOICES,
+                         KV_CACHE_DTYPES, MAMBA_CACHE_MODES, MAMBA_DTYPES,
+                         MODEL_IMPL_CHOICES, RUNNER_CHOICES,
                          AttentionConfig, CacheConfig,
                          CompilationConfig, DeviceConfig,
                          LoadConfig, LoRAConfig, ModelConfig, ObservabilityConfig,
@@ -120,6 +121,10 @@ class EngineArgs:
     num_gpu_blocks_override: Optional[int] = None
     kv_cache_dtype: str = "auto"
     calculate_kv_scales: bool = False
+    mamba_cache_dtype: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    mamba_block_size: Optional[int] = None
+    mamba_cache_mode: str = "none"
     # scheduler
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
@@ -202,6 +207,10 @@ class EngineArgs:
             elif f.name == "kv_cache_dtype":
                 group.add_argument(flag, type=str, default=default,
                                    choices=list(KV_CACHE_DTYPES), help=help_text)
+            elif f.name in ("mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_cache_mode"):
+                choices = MAMBA_CACHE_MODES if f.name == "mamba_cache_mode" else MAMBA_DTYPES
+                group.add_argument(flag, type=str, default=default, choices=list(choices),
+                                   help=help_text)
             elif f.name == "config_format":
                 group.add_argument(flag, type=str, default=default,
                                    choices=["auto", "hf", "mistral"], help=help_text)
@@ -343,7 +352,10 @@ class EngineArgs:
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             cache_dtype=self.kv_cache_dtype,
-            calculate_kv_scales=self.calculate_kv_scales)
+            calculate_kv_scales=self.calculate_kv_scales,
+            mamba_cache_dtype=self.mamba_cache_dtype,
+            mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,
+            mamba_block_size=self.mamba_block_size, mamba_cache_mode=self.mamba_cache_mode)
         parallel_config = ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,

@@ -63,8 +63,24 @@ class EngineCore:
             logger.info("Sliding-window layers keep a full-length KV cache: %s.", reason)
         config = get_kv_cache_config(specs, hybrid=reason is None)
         logger.info("KV cache layout: %s.", config.describe())
+        self._refuse_state_layers_with(config)
         self.executor.set_kv_cache_config(config)
         return config
+
+    def _refuse_state_layers_with(self, config: KVCacheConfig) -> None:
+        """State-space layers (one state per request, advanced by every computed token)
+        cannot take back rejected draft tokens, nor be moved between engines as KV."""
+        if not config.state_specs:
+            return
+        arch = ", ".join(getattr(self.vllm_config.model_config, "architectures", None) or [])
+        if getattr(self.vllm_config, "speculative_config", None) is not None:
+            raise ValueError(f"Speculative decoding is not supported for models with "
+                             f"state-space layers ({arch}): their per-request state cannot "
+                             "be rolled back past rejected draft tokens.")
+        if getattr(self.vllm_config, "kv_transfer_config", None) is not None:
+            raise ValueError(f"KV transfer (prefill/decode disaggregation) is not supported "
+                             f"for models with state-space layers ({arch}): connectors move "
+                             "KV blocks, not per-request states.")
 
     def _hybrid_disabled_reason(self) -> Optional[str]:
         """Why sliding-window layers may not keep only their window, or None."""
