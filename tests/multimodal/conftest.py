@@ -113,6 +113,57 @@ def tiny_qwen2_5_vl(tmp_path_factory) -> str:
     return make_tiny_qwen2_5_vl(str(tmp_path_factory.mktemp("tiny-qwen2_5_vl")))
 
 
+def make_tiny_qwen3_vl(directory: str, moe: bool = False,
+                       tie_word_embeddings: bool = False) -> str:
+    """Qwen3-VL layout: a 3-block vision encoder (4x4 patches, 2x2 merge, a 4x4 learned
+    position table resampled per image, DeepStack from blocks 0 and 1) and a 3-layer
+    Qwen3 (head_dim 32, interleaved M-RoPE sections [6, 5, 5]) that takes the DeepStack
+    features after its layers 0 and 1; the tokenizer and image processor as
+    `make_tiny_qwen2_5_vl` (4 to 36 image tokens). `moe`: Qwen3-VL-MoE, whose language
+    model has 4 experts (top 2) in layers 0 and 1 and a dense MLP in layer 2. Tied
+    embeddings (as the 2B and 4B checkpoints): transformers ties by the top config."""
+    import torch
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil)
+
+    from vllm.config import DEFAULT_MODEL
+    from vllm.transformers_utils.config import resolve_model_path
+    tok = transformers.AutoTokenizer.from_pretrained(resolve_model_path(DEFAULT_MODEL))
+    special = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tok.add_special_tokens({"additional_special_tokens": special})
+    start, end, image, video = tok.convert_tokens_to_ids(special)
+    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=4, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
+                  num_position_embeddings=16, deepstack_visual_indexes=[0, 1],
+                  hidden_act="gelu_pytorch_tanh")
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, head_dim=32,
+                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=1024, rms_norm_eps=1e-6, bos_token_id=1,
+                eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": [6, 5, 5], "mrope_interleaved": True})
+    family = "Qwen3VL"
+    if moe:
+        family = "Qwen3VLMoe"
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                    decoder_sparse_step=1, mlp_only_layers=[2])
+    config = getattr(transformers, f"{family}Config")(
+        vision_config=vision, text_config=text, image_token_id=image, video_token_id=video,
+        vision_start_token_id=start, vision_end_token_id=end,
+        tie_word_embeddings=tie_word_embeddings)
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{family}ForConditionalGeneration")(config)
+    with torch.no_grad():  # widen near-uniform random logits so greedy is decisive
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    Qwen2VLImageProcessorPil(patch_size=4, merge_size=2, temporal_patch_size=2,
+                             min_pixels=16 * 16, max_pixels=48 * 48).save_pretrained(directory)
+    return directory
+
+
 def qwen_vl_hf_inputs(model_dir: str, prompt: str, images: list) -> dict:
     """transformers' model inputs for a Qwen2.5-VL prompt, made here from the
     checkpoint's image processor and tokenizer (transformers' processor class needs

@@ -81,6 +81,8 @@ class Qwen2_5_VLForConditionalGeneration(LanguageModelDelegate, nn.Module):
     uses_mrope = True
     vision_cls: type[nn.Module] = Qwen2_5_VisionTransformer
     """The vision encoder (Qwen2-VL's subclass swaps in its own)."""
+    text_cls: type[nn.Module] = Qwen2_5_VLTextForCausalLM
+    """The language model (Qwen3-VL's subclass swaps in its own)."""
 
     def __init__(self, vllm_config: Any, prefix: str = "") -> None:
         super().__init__()
@@ -90,7 +92,7 @@ class Qwen2_5_VLForConditionalGeneration(LanguageModelDelegate, nn.Module):
         if not hasattr(text, "tie_word_embeddings"):  # transformers 5 keeps it on the top
             text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.visual = self.vision_cls(config.vision_config)
-        self.language_model = Qwen2_5_VLTextForCausalLM(
+        self.language_model = self.text_cls(
             vllm_config=text_vllm_config(vllm_config), prefix="language_model")
         self.start_layer = self.language_model.start_layer
         self.end_layer = self.language_model.end_layer
