@@ -1,7 +1,8 @@
 """Qwen3-VL offline: the vision tower (learned position table resampled per image, main
 and DeepStack mergers) against transformers', per image and padded-and-masked; the
 interleaved M-RoPE tables against transformers'; greedy tokens equal transformers' for
-prompts with 0, 1 and 2 images of different sizes (and DeepStack shown to change them);
+prompts with 0, 1 and 2 images of different sizes (and DeepStack shown to change them)
+and for chat with image parts; bad image inputs refused;
 chunked prefill that cuts images across steps, with preemption; TP=2 equal to TP=1."""
 from __future__ import annotations
 
@@ -152,3 +153,28 @@ def test_tied_word_embeddings_checkpoint(tmp_path):
     out = llm.generate(_requests([PROMPTS[0]]), _params(4), use_tqdm=False)[0]
     assert list(out.outputs[0].token_ids) == qwen_vl_hf_greedy(model_dir, text, _images(specs),
                                                                4, hf_cls=HF_CLS)
+
+
+def test_chat_with_image_parts_matches_transformers(llm, tiny):
+    from transformers import AutoTokenizer
+    first, second = random_image(7, 40, 40), random_image(8, 32, 48)
+    messages = [{"role": "user", "content": [
+        {"type": "image_pil", "image_pil": first},
+        {"type": "image_pil", "image_pil": second},
+        {"type": "text", "text": "Same?"}]}]
+    out = llm.chat(messages, _params(), use_tqdm=False)[0]
+    text = AutoTokenizer.from_pretrained(tiny).apply_chat_template(
+        [{"role": "user", "content": f"{QWEN_VL_IMAGE}\n{QWEN_VL_IMAGE}\nSame?"}],
+        tokenize=False, add_generation_prompt=True)
+    assert list(out.outputs[0].token_ids) == qwen_vl_hf_greedy(
+        tiny, text, [first, second], 8, hf_cls=HF_CLS)
+
+
+@pytest.mark.parametrize("prompt,specs,match", [
+    ("User: no placeholder here", [(12, 32, 32)], "image placeholders"),
+    (f"User: {QWEN_VL_IMAGE} three", [(13, 16, 16)] * 3, "At most 2 image"),
+])
+def test_bad_image_input_is_refused(llm, prompt, specs, match):
+    with pytest.raises(ValueError, match=match):
+        llm.generate({"prompt": prompt, "multi_modal_data": {"image": _images(specs)}},
+                     _params(), use_tqdm=False)
