@@ -139,8 +139,11 @@ class Mamba2Mixer(nn.Module):
         y, ssm1 = ops.ssd_step(x, self._dt(dt), A, B, C, self.D, ssm0)
         return y.reshape(-1, self.intermediate_size), conv1, ssm1
 
-    def _initial(self, md: StateMetadata, slots: torch.Tensor, has_initial: torch.Tensor):
+    def _initial(self, md: StateMetadata, slots: torch.Tensor, has_initial: torch.Tensor,
+                 all_initial: bool = False):
         conv_all, ssm_all = md.states[self.layer_idx]
+        if all_initial:  # decodes: every slot holds its request's state
+            return conv_all.index_select(0, slots), ssm_all.index_select(0, slots)
         keep = has_initial.view(-1, 1, 1)  # a new or recomputing request starts from zeros
         conv0 = torch.where(keep, conv_all.index_select(0, slots), 0.0)
         ssm0 = torch.where(keep.unsqueeze(-1), ssm_all.index_select(0, slots).float(), 0.0)
@@ -158,13 +161,20 @@ class Mamba2Mixer(nn.Module):
         y = xbc.new_empty(xbc.shape[0], self.intermediate_size, dtype=torch.float32)
         decode = [i for i, n in enumerate(md.num_tokens) if n == 1 and md.has_initial_list[i]]
         if decode:
-            rows = torch.tensor([md.row_offsets[i] for i in decode], device=xbc.device)
-            idx = torch.tensor(decode, device=xbc.device)
-            slots = md.slots.index_select(0, idx)
-            conv0, ssm0 = self._initial(md, slots, md.has_initial.index_select(0, idx))
-            out, conv1, ssm1 = self._step(xbc.index_select(0, rows), dt.index_select(0, rows),
-                                          conv0, ssm0)
-            y.index_copy_(0, rows, out)
+            k = len(decode)
+            rows_list = [md.row_offsets[i] for i in decode]
+            if decode == list(range(k)) and rows_list == list(range(k)):
+                slots = md.slots[:k]  # the usual layout: decodes first, one row each
+                out, conv1, ssm1 = self._step(xbc[:k], dt[:k],
+                                              *self._initial(md, slots, None, True))
+                y[:k] = out
+            else:
+                rows = torch.tensor(rows_list, device=xbc.device)
+                slots = md.slots.index_select(0, torch.tensor(decode, device=xbc.device))
+                out, conv1, ssm1 = self._step(xbc.index_select(0, rows),
+                                              dt.index_select(0, rows),
+                                              *self._initial(md, slots, None, True))
+                y.index_copy_(0, rows, out)
             self._store(md, slots, conv1, ssm1)
         done = set(decode)
         for i, (start, n) in enumerate(zip(md.row_offsets, md.num_tokens)):

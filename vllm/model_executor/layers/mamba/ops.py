@@ -97,14 +97,16 @@ def ssd_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token: x [b, H, P], dt [b, H], B, C [b, G, N], state [b, H, P, N].
     Returns (y [b, H, P], new state), in float32."""
-    h = x.shape[1]
+    b, h, p = x.shape
     x, dt = x.float(), dt.float()
     B, C = _heads(B.float(), h), _heads(C.float(), h)
     decay = torch.exp(dt * A.float())                                 # [b, H]
-    state = (state.float() * decay[..., None, None]
-             + (dt[..., None] * x)[..., None] * B[:, :, None, :])
-    y = torch.einsum("bhpn,bhn->bhp", state, C) + x * D.float().view(1, h, 1)
-    return y, state
+    # one pass over the state: state * decay + (dt x) outer B, in place on a float copy
+    state = state.float() if state.dtype != torch.float32 else state.clone()
+    state.mul_(decay[..., None, None])
+    state.addcmul_((dt[..., None] * x).unsqueeze(-1), B.unsqueeze(2))
+    y = torch.bmm(state.view(b * h, p, -1), C.reshape(b * h, -1, 1)).view(b, h, p)
+    return y + x * D.float().view(1, h, 1), state
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
