@@ -109,7 +109,7 @@ class MultiModalProcessor:
         lengths = [self.model_cls.num_mm_tokens(self.model_config.hf_config, d)
                    for d in per_item]
         own_ranges = getattr(self.model_cls, "mm_placeholder_ranges", None)
-        runs = (own_ranges(ids, self.model_config.hf_config, lengths) if own_ranges
+        runs = (own_ranges(ids, self.model_config.hf_config, lengths, per_item) if own_ranges
                 else placeholder_ranges(ids, self.image_token_id, lengths))
         return ids, [MultiModalFeature(modality="image", identifier=hash_image(im),
                                        offset=off, length=n, data=data)

@@ -161,27 +161,153 @@ def _unstack_experts(weights: Any):
 
 
 class Llama4ForConditionalGeneration(nn.Module):
-    """A Llama 4 multimodal checkpoint served as its language model alone.
+    """Llama 4 with images (early fusion): the vision encoder's tokens fill each image's
+    `<|patch|>` runs (vllm/model_executor/models/llama4_vision.py,
+    vllm/multimodal/llama4_processor.py). An image's placeholder block also holds its
+    start / end, tile separator and `<|image|>` tokens: the block is one placeholder run
+    here (`mm_placeholder_ranges`) and its encoder output carries those tokens' text
+    embeddings at their places. With `--limit-mm-per-prompt '{"image": 0}'` the vision
+    parts are neither built nor loaded (the language model alone)."""
 
-    The vision encoder (early fusion) is not implemented here, so the model is built
-    only with `--limit-mm-per-prompt '{"image": 0}'` (vLLM's way to run a multimodal
-    model text-only); its vision and projector tensors are skipped at load time."""
+    supports_multimodal = True
 
     def __init__(self, vllm_config: Any, prefix: str = "") -> None:
         super().__init__()
         from vllm.model_executor.models.llava import text_vllm_config
         from vllm.multimodal.processing import mm_limit
         model_config = vllm_config.model_config
-        if mm_limit(model_config.limit_mm_per_prompt, "image") != 0:
-            raise ValueError("Llama 4's vision encoder is not supported yet; serve the "
-                             "language model alone with --limit-mm-per-prompt "
-                             "'{\"image\": 0}' (LLM(limit_mm_per_prompt={\"image\": 0})).")
-        self.config = model_config.hf_config
+        config = self.config = model_config.hf_config
+        self.with_vision = mm_limit(model_config.limit_mm_per_prompt, "image") > 0
+        if self.with_vision:
+            from vllm.model_executor.models.llama4_vision import Llama4VisionModel
+            self.vision_model = Llama4VisionModel(config.vision_config)
+            self.multi_modal_projector = Llama4MultiModalProjector(config)
+        vc = config.vision_config
+        self.patches_per_tile = (vc.image_size // vc.patch_size) ** 2
         self.language_model = Llama4ForCausalLM(vllm_config=text_vllm_config(vllm_config),
                                                 prefix="language_model")
         self.start_layer = self.language_model.start_layer
         self.end_layer = self.language_model.end_layer
 
+    # ------------------------------------------------------ frontend helpers
+    @staticmethod
+    def image_token_id(hf_config: Any) -> int:
+        return hf_config.image_token_index
+
+    @staticmethod
+    def load_hf_processor(path: str) -> Any:
+        from vllm.multimodal.llama4_processor import Llama4ImageProcessor
+        return Llama4ImageProcessor.from_pretrained(path)
+
+    @staticmethod
+    def chat_image_placeholder(hf_processor: Any) -> str:
+        return hf_processor.image_token
+
+    @staticmethod
+    def split_mm_data(hf_outputs: Any, num_items: int) -> list[dict[str, torch.Tensor]]:
+        """Each image's tiles [T, 3, S, S] (the global one last), its tile grid [1, 2]
+        and the image tokens' ids."""
+        items, start = [], 0
+        for i in range(num_items):
+            rows, cols = (int(v) for v in hf_outputs["aspect_ratios"][i])
+            count = rows * cols + (1 if rows * cols > 1 else 0)
+            items.append({"pixel_values": hf_outputs["pixel_values"][start:start + count],
+                          "aspect_ratio": hf_outputs["aspect_ratios"][i:i + 1].clone(),
+                          "image_special_ids": hf_outputs["image_special_ids"].clone()})
+            start += count
+        return items
+
+    @staticmethod
+    def tokens_per_tile(hf_config: Any) -> int:
+        vc = hf_config.vision_config
+        return int((vc.image_size // vc.patch_size) ** 2 * vc.pixel_shuffle_ratio ** 2)
+
+    @staticmethod
+    def num_mm_tokens(hf_config: Any, item: dict[str, torch.Tensor]) -> int:
+        """The whole block: start, the tiles' runs and separators, `<|image|>`, the
+        global run, end."""
+        rows, cols = (int(v) for v in item["aspect_ratio"].view(-1))
+        run = Llama4ForConditionalGeneration.tokens_per_tile(hf_config)
+        tiled = rows * (cols * run + cols - 1 + 1) if rows * cols > 1 else 0
+        return 1 + tiled + 1 + run + 1
+
+    @staticmethod
+    def mm_placeholder_ranges(token_ids: list[int], hf_config: Any, lengths: list[int],
+                              items: list[dict[str, torch.Tensor]]) -> list[tuple[int, int]]:
+        """Each image's block, from its `<|image_start|>` on."""
+        ranges, pos = [], 0
+        for n, item in zip(lengths, items):
+            start_id = int(item["image_special_ids"][0])
+            try:
+                start = token_ids.index(start_id, pos)
+            except ValueError:
+                raise ValueError(f"The prompt has image placeholders for fewer than its "
+                                 f"{len(lengths)} images.") from None
+            if start + n > len(token_ids):
+                raise ValueError("An image's placeholder block is cut short in the prompt.")
+            ranges.append((start, n))
+            pos = start + n
+        return ranges
+
+    # --------------------------------------------------------------- runner
+    def mm_item_size(self, item: dict[str, torch.Tensor]) -> int:
+        """Encoder work of one image in patches (its tiles'), what the HPU buckets."""
+        return int(item["pixel_values"].shape[0]) * self.patches_per_tile
+
+    @staticmethod
+    def max_mm_item_size(model_config: Any) -> int:
+        from vllm.multimodal.llama4_processor import Llama4ImageProcessor
+        proc = Llama4ImageProcessor.from_pretrained(model_config.tokenizer_path
+                                                    or model_config.model_path)
+        vc = model_config.hf_config.vision_config
+        return (proc.max_tiles + 1) * (vc.image_size // vc.patch_size) ** 2
+
+    def dummy_mm_item(self, num_patches: int) -> dict[str, torch.Tensor]:
+        """A blank image of as many tiles as fit `num_patches` (one row of tiles and the
+        global one)."""
+        vc = self.config.vision_config
+        tiles = max(1, num_patches // self.patches_per_tile)
+        ratio = [[1, 1]] if tiles == 1 else [[1, tiles - 1]]
+        size = vc.image_size
+        return {"pixel_values": torch.zeros(tiles, vc.num_channels, size, size),
+                "aspect_ratio": torch.tensor(ratio),
+                "image_special_ids": torch.zeros(6, dtype=torch.long)}
+
+    def embed_multimodal(self, items: list[dict[str, torch.Tensor]],
+                         pad_to: Optional[int] = None) -> list[torch.Tensor]:
+        """One [block tokens, hidden] tensor per image, all tiles in one encoder call;
+        `pad_to` patches: blank tiles up to that many patches (a fixed shape)."""
+        weight = self.multi_modal_projector.linear_1.weight
+        tiles = torch.cat([it["pixel_values"] for it in items]).to(weight.device)
+        real = tiles.shape[0]
+        if pad_to is not None and pad_to // self.patches_per_tile > real:
+            tiles = torch.cat([tiles, tiles.new_zeros(pad_to // self.patches_per_tile - real,
+                                                      *tiles.shape[1:])])
+        feats = self.multi_modal_projector(self.vision_model(tiles))[:real]
+        outputs, at = [], 0
+        for item in items:
+            count = int(item["pixel_values"].shape[0])
+            outputs.append(self._block_rows(item, feats[at:at + count]))
+            at += count
+        return outputs
+
+    def _block_rows(self, item: dict[str, torch.Tensor], feats: torch.Tensor) -> torch.Tensor:
+        """The image's block in prompt order: text embeddings of its special tokens,
+        its tiles' features in their runs."""
+        start, end, image, _, tile_x, tile_y = (
+            self.get_input_embeddings(item["image_special_ids"].to(feats.device))
+            .to(feats.dtype)[:, None])
+        rows, cols = (int(v) for v in item["aspect_ratio"].view(-1))
+        parts = [start]
+        if rows * cols > 1:
+            for r in range(rows):
+                for c in range(cols):
+                    parts.append(feats[r * cols + c])
+                    parts.append(tile_x if c < cols - 1 else tile_y)
+        parts += [image, feats[-1], end]
+        return torch.cat(parts)
+
+    # --------------------------------------------------------------- model
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.language_model.model.embed_tokens(input_ids)
 
@@ -198,17 +324,39 @@ class Llama4ForConditionalGeneration(nn.Module):
 
     def load_weights(self, weights: Any) -> set[str]:
         """`language_model.*` (or transformers 5's `model.language_model.*`) to the
-        language model; the vision tower's and projector's tensors are skipped."""
+        language model; `vision_model.*` / `multi_modal_projector.*` by name (skipped
+        when the model serves text only)."""
+        own = dict(self.named_parameters())
+        loaded: set[str] = set()
+
         def text_only():
             for name, tensor in weights:
-                if name.startswith("model.language_model."):
-                    name = "model." + name[len("model.language_model."):]
-                elif name.startswith("language_model."):
-                    name = name[len("language_model."):]
+                name = name.removeprefix("model.")
+                if name.startswith("language_model."):
+                    yield name[len("language_model."):], tensor
                 elif name.startswith("lm_head."):
-                    pass
-                else:
-                    continue  # vision_model.*, multi_modal_projector.*
-                yield name, tensor
-        loaded = self.language_model.load_weights(text_only())
-        return {f"language_model.{n}" for n in loaded}
+                    yield name, tensor
+                elif self.with_vision:
+                    if name not in own:
+                        raise ValueError(f"Checkpoint tensor {name!r} has no parameter in "
+                                         f"{type(self).__name__}.")
+                    own[name].data.copy_(tensor)
+                    loaded.add(name)
+        loaded |= {f"language_model.{n}" for n in self.language_model.load_weights(text_only())}
+        missing = sorted(n for n in own if n not in loaded and
+                         not n.startswith("language_model."))
+        if missing:
+            raise ValueError(f"Checkpoint is missing vision weights: {missing[:8]}")
+        return loaded
+
+
+class Llama4MultiModalProjector(nn.Module):
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(config.vision_config.vision_output_dim,
+                                  config.text_config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_1(x)
+

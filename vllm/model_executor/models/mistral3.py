@@ -135,8 +135,8 @@ class Mistral3ForConditionalGeneration(LanguageModelDelegate, nn.Module):
         return (h // merge) * (w // merge + 1)
 
     @staticmethod
-    def mm_placeholder_ranges(token_ids: list[int], hf_config: Any,
-                              lengths: list[int]) -> list[tuple[int, int]]:
+    def mm_placeholder_ranges(token_ids: list[int], hf_config: Any, lengths: list[int],
+                              items: Any = None) -> list[tuple[int, int]]:
         """(offset, length) of each image's block: from its first `[IMG]` on, `length`
         tokens (the processor wrote them); ValueError when the prompt's blocks do not
         match the images."""
