@@ -184,6 +184,15 @@ class KVCacheConfig:
     state_specs: dict[int, MambaSpec] = field(default_factory=dict)
     """State-space layers (no blocks: one state slot per running request)."""
 
+    def state_slots(self, num_blocks: int, max_model_len: int, block_size: int,
+                    max_num_seqs: int) -> int:
+        """State slots (requests running at once) a pool of `num_blocks` pays for: each
+        block was charged a full-length request's share of the state, so the pool holds
+        the states of `num_blocks // ceil(max_model_len / block_size)` requests; at most
+        `max_num_seqs`, at least 1. The engine caps max_num_seqs to it."""
+        per_request = _cdiv(max_model_len, block_size)
+        return max(1, min(max_num_seqs, num_blocks // per_request))
+
     def state_bytes_per_request(self, layer_ids: Optional[Iterable[int]] = None) -> int:
         """Bytes of one request's state slot across the state layers of `layer_ids`."""
         owned = None if layer_ids is None else set(layer_ids)

@@ -1,15 +1,15 @@
 """GraniteMoeHybridForCausalLM (Granite 4: Mamba2 mixers beside attention layers, per
 `layer_types`) on CPU: the attention layers keep the paged KV cache, the mixers their
 state slots; greedy tokens and top-5 logprobs equal transformers' (fp32; sparse MoE
-without rotary, and the dense shared-MLP variant with rotary); 16-token chunked prefill
-and a preempting run equal the plain one."""
+without rotary, and the dense shared-MLP variant with rotary); 16-token chunked prefill,
+a budget that caps the running requests, and a preempted request equal the plain run."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from tests.models.test_breadth_hf import assert_matches_transformers
-from tests.models.test_mamba2 import PROMPTS, _run
+from tests.models.test_mamba2 import PROMPTS, _run, assert_preempted_request_recomputes
 
 HYBRID = dict(vocab_size=49152, hidden_size=64, intermediate_size=32,
               shared_intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
@@ -54,10 +54,12 @@ def test_granite_hybrid_moe_matches_transformers_chunked_and_preempted(tmp_path)
     assert [r[0] for r in chunked] == tokens
 
     block = KV_BLOCK_BYTES + -(-STATE_BYTES // (128 // 16))
-    preempted, info = _run(path, kv_cache_memory_bytes=10 * block, max_model_len=128)
-    assert info["preemptions"] > 0
-    assert [r[0] for r in preempted] == tokens
+    capped, info = _run(path, kv_cache_memory_bytes=20 * block, max_model_len=128)
+    assert info["slots"] == 2
+    assert [r[0] for r in capped] == tokens
     assert info["held"] == {}
+
+    assert_preempted_request_recomputes(path, tokens)
 
 
 def test_granite_hybrid_dense_with_rope_matches_transformers(tmp_path):

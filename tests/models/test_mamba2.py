@@ -1,8 +1,9 @@
 """Mamba2ForCausalLM (state slots instead of KV blocks; vllm/worker/state_cache.py) on
 CPU: greedy tokens and top-5 logprobs equal transformers' (fp32, prompts of several
 lengths, 32 tokens); a prefill cut in 16-token chunks carries the conv and SSM states
-across chunks (equal to unchunked); a run whose small budget preempts requests (they
-recompute from a zeroed slot) equals one that does not; every slot is free afterwards."""
+across chunks (equal to unchunked); a preempted request (priority scheduling) recomputes
+from a zeroed slot and gives the tokens it has alone; a budget that holds one request's
+state caps max_num_seqs to 1 with the same tokens; every slot is free afterwards."""
 from __future__ import annotations
 
 import gc
@@ -68,14 +69,43 @@ def test_mamba2_matches_transformers_chunked_and_preempted(mamba2_path):
     chunked, _ = _run(mamba2_path, max_num_batched_tokens=16)
     assert [r[0] for r in chunked] == tokens
 
-    # 10 blocks of 16 tokens (each block charged its share of a 128-token request's
-    # state): the 4 requests (up to 72 tokens, 5 blocks) cannot all run to the end.
+    # 10 blocks of 16 tokens, each charged its share of a 128-token request's state:
+    # the states of one request fit, so one runs at a time.
     share = -(-STATE_BYTES // (128 // 16))
-    preempted, info = _run(mamba2_path, kv_cache_memory_bytes=10 * share,
-                           max_model_len=128)
-    assert info["preemptions"] > 0
-    assert [r[0] for r in preempted] == tokens
-    assert info["held"] == {} and info["free_slots"] == 4
+    capped, info = _run(mamba2_path, kv_cache_memory_bytes=10 * share, max_model_len=128)
+    assert info["slots"] == 1
+    assert [r[0] for r in capped] == tokens
+    assert info["held"] == {} and info["free_slots"] == 1
+
+    assert_preempted_request_recomputes(mamba2_path, tokens)
+
+
+def assert_preempted_request_recomputes(path: str, tokens: list[list[int]]) -> None:
+    """Priority scheduling, 2 running: a better request arriving a few steps in preempts
+    the worst running one, which later recomputes from a zeroed state slot."""
+    from vllm import SamplingParams
+    llm = LLM(model=path, dtype="float32", block_size=16, max_model_len=256, max_num_seqs=2,
+              scheduling_policy="priority")
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    engine.add_request("low", {"prompt_token_ids": PROMPTS[3]}, params, priority=5)
+    engine.add_request("lower", {"prompt_token_ids": PROMPTS[2]}, params, priority=9)
+    for _ in range(4):
+        engine.step()
+    engine.add_request("high", {"prompt_token_ids": PROMPTS[1]}, params, priority=0)
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    state = engine.engine_core.executor.worker.model_runner.state_cache
+    assert finished["lower"].metrics.num_preemptions == 1
+    assert [list(finished[r].outputs[0].token_ids) for r in ("high", "lower", "low")] == \
+        tokens[1:]
+    assert state.slot_of == {} and len(state._free) == 2
+    engine.shutdown()
+    del llm
+    gc.collect()
 
 
 def test_mamba_flags_state_dtype_and_refusals(mamba2_path, tmp_path):

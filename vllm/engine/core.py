@@ -121,8 +121,25 @@ class EngineCore:
             logger.info("# %s blocks: %d, # CPU blocks: 0%s", device, num_blocks, tail)
         logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_len,
                     num_blocks * bs / max_len)
+        self._cap_running_to_state_slots(num_blocks)
         self.executor.initialize_cache(num_blocks)
         return num_blocks
+
+    def _cap_running_to_state_slots(self, num_blocks: int) -> None:
+        """A model with state-space layers runs at most as many requests as the budget
+        holds states for (one slot each, charged to the blocks): max_num_seqs is capped
+        to it before the scheduler and the runners' state caches are built."""
+        config = self.kv_cache_config
+        if config is None or not config.state_specs:
+            return
+        sc = self.vllm_config.scheduler_config
+        slots = config.state_slots(num_blocks, self.vllm_config.model_config.max_model_len,
+                                   self.vllm_config.cache_config.block_size, sc.max_num_seqs)
+        if slots < sc.max_num_seqs:
+            logger.info("max_num_seqs lowered from %d to %d: the KV cache budget holds the "
+                        "states (%d bytes each) of %d requests.", sc.max_num_seqs, slots,
+                        config.state_bytes_per_request(), slots)
+            sc.max_num_seqs = slots
 
     def _check_hybrid_fits(self, num_blocks: int) -> None:
         """One request of max_model_len tokens must fit: full-attention groups hold all

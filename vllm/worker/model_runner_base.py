@@ -324,13 +324,16 @@ class ModelRunnerBase:
 
     # ------------------------------------------------------ state-space layers
     def _init_state_cache(self) -> None:
-        """Zeroed state slots (max_num_seqs + a pad slot) for this rank's state layers."""
+        """Zeroed state slots (as many as the budget pays for, at most max_num_seqs: see
+        KVCacheConfig.state_slots) and a pad slot, for this rank's state layers."""
         owned = set(self._owned_layer_ids())
         specs = {i: s for i, s in self.get_kv_cache_config().state_specs.items() if i in owned}
         self.state_cache = None
         if specs:
-            self.state_cache = StateCache(specs, self.vllm_config.scheduler_config.max_num_seqs,
-                                          self.device)
+            slots = self.get_kv_cache_config().state_slots(
+                self.num_kv_blocks, self.model_config.max_model_len, self.block_size,
+                self.vllm_config.scheduler_config.max_num_seqs)
+            self.state_cache = StateCache(specs, slots, self.device)
             logger.info("State slots: %d + 1 pad, %.2f MiB (%d state layers)",
                         self.state_cache.num_slots, self.state_cache.nbytes / 2**20, len(specs))
 

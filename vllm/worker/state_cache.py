@@ -4,9 +4,10 @@ A Mamba layer keeps, per running request, a fixed-size conv state and SSM state
 instead of KV blocks. Each state layer has two tensors of `num_slots + 1` slots,
 `[num_slots + 1, *conv_shape]` and `[num_slots + 1, *ssm_shape]`; the last slot is the
 pad slot, which padding rows of a fixed-shape batch (HPU) read and write so that their
-writes never touch a request's state. `num_slots` is `max_num_seqs`: the scheduler runs
-at most that many requests, and a request holds its slot from its first step until it
-finishes or is preempted (`SchedulerOutput.preempted_req_ids`). A slot is zeroed when
+writes never touch a request's state. `num_slots` is what the KV cache budget pays for,
+at most `max_num_seqs` (`KVCacheConfig.state_slots`; the engine caps max_num_seqs to it,
+so the scheduler never runs more requests), and a request holds its slot from its first
+step until it finishes or is preempted (`SchedulerOutput.preempted_req_ids`). A slot is zeroed when
 it is given, and a pass reads a request's state only when the request has computed
 tokens before this step (`has_initial`), so a preempted request, which recomputes
 from scratch, starts from a zero state.
