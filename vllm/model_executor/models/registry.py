@@ -38,6 +38,7 @@ _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     # state-space (vllm/worker/state_cache.py: state slots instead of KV blocks)
     "Mamba2ForCausalLM": ("mamba2", "Mamba2ForCausalLM"),
     "GraniteMoeHybridForCausalLM": ("granitemoehybrid", "GraniteMoeHybridForCausalLM"),
+    "NemotronHForCausalLM": ("nemotron_h", "NemotronHForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "Llama4ForCausalLM": ("llama4", "Llama4ForCausalLM"),
     "Llama4ForConditionalGeneration": ("llama4", "Llama4ForConditionalGeneration"),
