@@ -32,6 +32,15 @@ from vllm.model_executor.models.mixtral import MoECausalLMMixin
 from vllm.model_executor.models.qwen2_moe import SharedExpertMLP
 from vllm.model_executor.models.transformers.moe import TransformersExperts
 from vllm.model_executor.models.utils import head_dim_of, rope_config
+from vllm.model_executor.models.vlm_base import load_vlm_weights
+
+
+_VLM_RENAMES = (("model.language_model.", "language_model."),
+                ("model.vision_model.", "vision_model."),
+                ("model.multi_modal_projector.", "multi_modal_projector."),
+                ("lm_head.", "language_model.lm_head."))
+"""transformers 5's in-memory prefixes -> this module's (the saved naming needs none but
+the LM head's)."""
 
 
 def uses_rope(config: Any, layer_idx: int) -> bool:
@@ -326,28 +335,8 @@ class Llama4ForConditionalGeneration(nn.Module):
         """`language_model.*` (or transformers 5's `model.language_model.*`) to the
         language model; `vision_model.*` / `multi_modal_projector.*` by name (skipped
         when the model serves text only)."""
-        own = dict(self.named_parameters())
-        loaded: set[str] = set()
-
-        def text_only():
-            for name, tensor in weights:
-                name = name.removeprefix("model.")
-                if name.startswith("language_model."):
-                    yield name[len("language_model."):], tensor
-                elif name.startswith("lm_head."):
-                    yield name, tensor
-                elif self.with_vision:
-                    if name not in own:
-                        raise ValueError(f"Checkpoint tensor {name!r} has no parameter in "
-                                         f"{type(self).__name__}.")
-                    own[name].data.copy_(tensor)
-                    loaded.add(name)
-        loaded |= {f"language_model.{n}" for n in self.language_model.load_weights(text_only())}
-        missing = sorted(n for n in own if n not in loaded and
-                         not n.startswith("language_model."))
-        if missing:
-            raise ValueError(f"Checkpoint is missing vision weights: {missing[:8]}")
-        return loaded
+        return load_vlm_weights(self, weights, _VLM_RENAMES,
+                                skip=lambda name: not self.with_vision)
 
 
 class Llama4MultiModalProjector(nn.Module):

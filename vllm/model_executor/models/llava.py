@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from vllm.model_executor.models.clip import CLIPVisionTower, vision_activation
-from vllm.model_executor.models.vlm_base import LanguageModelDelegate
+from vllm.model_executor.models.vlm_base import LanguageModelDelegate, load_vlm_weights
 
 _TEXT_ARCHS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
@@ -133,28 +133,7 @@ class LlavaForConditionalGeneration(LanguageModelDelegate, nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Route each tensor: `language_model.*` to the language model's loader, the
         tower's and projector's by name (tower tensors it does not build are skipped)."""
-        own = dict(self.named_parameters())
-        loaded: set[str] = set()
-        text_weights: list[tuple[str, torch.Tensor]] = []
-        for name, tensor in weights:
-            for new, old in _NEW_TO_OLD_PREFIXES:
-                if name.startswith(new):
-                    name = old + name[len(new):]
-                    break
-            if name.startswith("language_model."):
-                text_weights.append((name[len("language_model."):], tensor))
-                continue
-            if name.startswith("vision_tower.") and not self.vision_tower.owns_weight(
-                    name[len("vision_tower."):]):
-                continue
-            if name not in own:
-                raise ValueError(f"Checkpoint tensor {name!r} has no parameter in "
-                                 f"{type(self).__name__}.")
-            own[name].data.copy_(tensor)
-            loaded.add(name)
-        loaded |= {f"language_model.{n}" for n in self.language_model.load_weights(text_weights)}
-        missing = sorted(n for n in own if n not in loaded and
-                         not n.startswith("language_model."))
-        if missing:
-            raise ValueError(f"Checkpoint is missing vision weights: {missing[:8]}")
-        return loaded
+        return load_vlm_weights(
+            self, weights, _NEW_TO_OLD_PREFIXES,
+            skip=lambda name: name.startswith("vision_tower.") and
+            not self.vision_tower.owns_weight(name[len("vision_tower."):]))

@@ -26,7 +26,7 @@ from vllm.model_executor.models.clip import vision_activation
 from vllm.model_executor.models.llava import build_language_model
 from vllm.model_executor.models.pixtral_vision import (PixtralVisionEncoder,
                                                        build_pixtral_inputs, patchify)
-from vllm.model_executor.models.vlm_base import LanguageModelDelegate
+from vllm.model_executor.models.vlm_base import LanguageModelDelegate, load_vlm_weights
 
 _RENAMES = (("model.language_model.", "language_model.model."),
             ("model.vision_tower.", "vision_tower."),
@@ -216,28 +216,7 @@ class Mistral3ForConditionalGeneration(LanguageModelDelegate, nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """`language_model.*` to the language model's loader, the tower's and
         projector's by name (tower blocks it does not build are skipped)."""
-        own = dict(self.named_parameters())
-        loaded: set[str] = set()
-        text_weights: list[tuple[str, torch.Tensor]] = []
-        for name, tensor in weights:
-            for old, new in _RENAMES:
-                if name.startswith(old):
-                    name = new + name[len(old):]
-                    break
-            if name.startswith("language_model."):
-                text_weights.append((name[len("language_model."):], tensor))
-                continue
-            if name.startswith("vision_tower.") and not self.vision_tower.owns_weight(
-                    name[len("vision_tower."):]):
-                continue
-            if name not in own:
-                raise ValueError(f"Checkpoint tensor {name!r} has no parameter in "
-                                 f"{type(self).__name__}.")
-            own[name].data.copy_(tensor)
-            loaded.add(name)
-        loaded |= {f"language_model.{n}" for n in self.language_model.load_weights(text_weights)}
-        missing = sorted(n for n in own if n not in loaded and
-                         not n.startswith("language_model."))
-        if missing:
-            raise ValueError(f"Checkpoint is missing vision weights: {missing[:8]}")
-        return loaded
+        return load_vlm_weights(
+            self, weights, _RENAMES,
+            skip=lambda name: name.startswith("vision_tower.") and
+            not self.vision_tower.owns_weight(name[len("vision_tower."):]))

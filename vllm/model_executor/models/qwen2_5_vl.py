@@ -29,7 +29,7 @@ from vllm.model_executor.models.qwen2 import (Qwen2Attention, Qwen2DecoderLayer,
 from vllm.model_executor.models.qwen2_5_vl_vision import Qwen2_5_VisionTransformer
 from vllm.model_executor.models.utils import head_dim_of, rope_config
 from vllm.multimodal.mrope import mrope_input_positions
-from vllm.model_executor.models.vlm_base import LanguageModelDelegate
+from vllm.model_executor.models.vlm_base import LanguageModelDelegate, load_vlm_weights
 
 logger = logging.getLogger(__name__)
 
@@ -185,24 +185,4 @@ class Qwen2_5_VLForConditionalGeneration(LanguageModelDelegate, nn.Module):
     # -------------------------------------------------------------- weights
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """`language_model.*` to the language model's loader, `visual.*` by name."""
-        own = dict(self.visual.named_parameters(prefix="visual"))
-        loaded: set[str] = set()
-        text_weights: list[tuple[str, torch.Tensor]] = []
-        for name, tensor in weights:
-            for old, new in _RENAMES:
-                if name.startswith(old):
-                    name = new + name[len(old):]
-                    break
-            if name.startswith("language_model."):
-                text_weights.append((name[len("language_model."):], tensor))
-                continue
-            if name not in own:
-                raise ValueError(f"Checkpoint tensor {name!r} has no parameter in "
-                                 f"{type(self).__name__}.")
-            own[name].data.copy_(tensor)
-            loaded.add(name)
-        loaded |= {f"language_model.{n}" for n in self.language_model.load_weights(text_weights)}
-        missing = sorted(n for n in own if n not in loaded)
-        if missing:
-            raise ValueError(f"Checkpoint is missing vision weights: {missing[:8]}")
-        return loaded
+        return load_vlm_weights(self, weights, _RENAMES)

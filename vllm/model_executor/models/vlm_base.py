@@ -7,7 +7,7 @@ through.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -33,3 +33,39 @@ class LanguageModelDelegate:
 
     def make_empty_intermediate_tensors(self, *args: Any, **kwargs: Any) -> Any:
         return self.language_model.make_empty_intermediate_tensors(*args, **kwargs)
+
+
+def load_vlm_weights(model: Any, weights: Iterable[tuple[str, torch.Tensor]],
+                     renames: Sequence[tuple[str, str]],
+                     rename: Optional[Callable[[str], str]] = None,
+                     skip: Optional[Callable[[str], bool]] = None) -> set[str]:
+    """A vision-language model's `load_weights`: each checkpoint name through the first
+    matching `(old prefix, new prefix)` of `renames` (the two namings of transformers 4
+    and 5) and then `rename`; `language_model.*` to the language model's own loader, the
+    rest (vision tower, projector) copied by name, except what `skip` says this model
+    does not build. An unknown tensor and a vision parameter left empty are errors."""
+    own = dict(model.named_parameters())
+    loaded: set[str] = set()
+    text_weights: list[tuple[str, torch.Tensor]] = []
+    for name, tensor in weights:
+        for old, new in renames:
+            if name.startswith(old):
+                name = new + name[len(old):]
+                break
+        if rename is not None:
+            name = rename(name)
+        if name.startswith("language_model."):
+            text_weights.append((name[len("language_model."):], tensor))
+            continue
+        if skip is not None and skip(name):
+            continue
+        if name not in own:
+            raise ValueError(f"Checkpoint tensor {name!r} has no parameter in "
+                             f"{type(model).__name__}.")
+        own[name].data.copy_(tensor)
+        loaded.add(name)
+    loaded |= {f"language_model.{n}" for n in model.language_model.load_weights(text_weights)}
+    missing = sorted(n for n in own if n not in loaded and not n.startswith("language_model."))
+    if missing:
+        raise ValueError(f"Checkpoint is missing vision weights: {missing[:8]}")
+    return loaded
