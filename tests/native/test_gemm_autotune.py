@@ -204,6 +204,7 @@ def test_unsteady_choices_are_cached_and_timed_again_only_a_few_starts(monkeypat
     starts have tried (keeping the steadiest), then used as it is; VLLM_CPU_RETUNE=1
     times it again on request."""
     monkeypatch.setattr(gemm_autotune.autotune, "stable", lambda samples: False)
+    monkeypatch.setattr(gemm_autotune.autotune, "machine_busy", lambda: False)
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
     monkeypatch.delenv("VLLM_CPU_NATIVE_GEMM", raising=False)
     monkeypatch.delenv("VLLM_CPU_RETUNE", raising=False)
@@ -318,3 +319,20 @@ def test_plans_are_timed_with_the_serving_thread_count(monkeypatch, tmp_path):
         torch.set_num_threads(before)
     assert seen == [3]
     assert path != gemm_autotune.cache_path(gemm_autotune.available_kinds()) or before == 3
+
+
+def test_a_busy_machine_keeps_the_cached_unsteady_choice(monkeypatch):
+    """A later start on a busy machine (load above its CPUs) does not time an unsteady
+    choice again; a quiet one does (until MAX_TRIES); the first start always times."""
+    import os
+    choice = autotune.CachedChoice(("a",), steady=False, noise=2.0, tries=1)
+    monkeypatch.delenv("VLLM_CPU_RETUNE", raising=False)
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus + 0.5, 0.0, 0.0))
+    assert autotune.machine_busy() and not choice.needs_timing()
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus * 0.5, 0.0, 0.0))
+    assert not autotune.machine_busy() and choice.needs_timing()
+    monkeypatch.setenv("VLLM_CPU_RETUNE", "1")
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus + 4.0, 0.0, 0.0))
+    assert choice.needs_timing()  # asked for: always
+

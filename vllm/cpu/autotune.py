@@ -12,7 +12,8 @@ and what else the timings depend on, so only a machine's first start pays for th
 A choice made on unsteady timings (a busy machine) is cached with its quality (how
 far apart its two best samples were) and the number of starts that tried: later
 starts use it and time again only until `MAX_TRIES` starts have tried, keeping the
-steadiest choice seen, so a busy machine does not re-time every start for ever.
+steadiest choice seen, and only when the machine is not busy at that start (load average
+per usable CPU at most 1), so a busy machine does not make starts re-time kernels.
 `VLLM_CPU_RETUNE=1` times everything again.
 """
 from __future__ import annotations
@@ -143,8 +144,22 @@ class CachedChoice:
                 "tries": self.tries}
 
     def needs_timing(self) -> bool:
-        """Time again at this start: asked for, or unsteady and not yet tried enough."""
-        return envs.VLLM_CPU_RETUNE or (not self.steady and self.tries < MAX_TRIES)
+        """Time again at this start: asked for, or unsteady, not yet tried enough, and
+        the machine is not busy now (timings on a busy machine would be unsteady again:
+        the start keeps the cached choice and leaves the retry to a quieter one)."""
+        if envs.VLLM_CPU_RETUNE:
+            return True
+        return not self.steady and self.tries < MAX_TRIES and not machine_busy()
+
+
+def machine_busy() -> bool:
+    """More runnable work than this process's CPUs over the last minute (load average
+    per usable CPU above 1)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform: assume quiet
+        return False
+    return load > len(os.sched_getaffinity(0))
 
 
 def keep_best(old: Optional[CachedChoice], kinds: Sequence[str],
