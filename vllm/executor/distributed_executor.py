@@ -78,7 +78,7 @@ def valid_tensor_parallel_sizes(hf_config: Any) -> list[int]:
     KV heads are either split (tp divides them) or replicated (tp is a multiple of
     them), as the QKV projection layer supports.
     """
-    heads = hf_config.num_attention_heads
+    heads = _heads_of(hf_config)
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     inter = getattr(hf_config, "intermediate_size", None)
     sizes = []
@@ -91,8 +91,13 @@ def valid_tensor_parallel_sizes(hf_config: Any) -> list[int]:
     return sizes
 
 
+def _heads_of(hf_config: Any) -> int:
+    """Query heads; an attention-free model's (Mamba2's) SSM heads, which TP splits."""
+    return getattr(hf_config, "num_attention_heads", None) or hf_config.num_heads
+
+
 def _tp_constraints(hf_config: Any) -> str:
-    heads = hf_config.num_attention_heads
+    heads = _heads_of(hf_config)
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     parts = [f"num_attention_heads={heads}", f"num_key_value_heads={kv_heads}"]
     inter = getattr(hf_config, "intermediate_size", None)

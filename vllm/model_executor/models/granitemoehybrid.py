@@ -7,7 +7,7 @@ SwiGLU MLP (`shared_mlp.input_linear` = [gate; up]) plus, with `num_local_expert
 0, GraniteMoE's sparse MoE block.
 
 Prefix caching is off for it (vllm/core/kv_cache_manager.py: the mixers' states are
-not snapshotted at block boundaries). Tensor and pipeline parallelism: not yet.
+not snapshotted at block boundaries). Pipeline parallelism: not yet.
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@
 `residual_in_fp32`) -> `backbone.norm_f` -> `lm_head` (tied to the embeddings with
 `tie_word_embeddings`). Each mixer keeps a conv and an SSM state per request in the
 runner's state slots (vllm/model_executor/layers/mamba/mamba2_mixer.py); there is no
-KV cache. Tensor and pipeline parallelism are not implemented for it.
+KV cache. Tensor parallelism splits the mixers' heads; pipeline parallelism is not
+implemented for it.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Iterable, Optional, Union
 import torch
 from torch import nn
 
-from vllm.distributed import get_pp_group, get_tp_group
+from vllm.distributed import get_pp_group
 from vllm.model_executor.kernels import drop_weight_copies
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.mamba.mamba2_mixer import Mamba2Mixer, state_dtypes
@@ -38,9 +39,11 @@ def mamba2_mixer_of(config: Any, vllm_config: Any, prefix: str, *, num_heads: in
 
 
 def check_single_rank(arch: str) -> None:
-    if get_tp_group().world_size > 1 or get_pp_group().world_size > 1:
-        raise NotImplementedError(f"{arch}: tensor and pipeline parallelism are not "
-                                  "implemented for state-space layers yet (use 1 and 1).")
+    """Tensor parallelism splits the mixers' heads (mamba2_mixer.py); pipeline stages
+    are not implemented for these models yet."""
+    if get_pp_group().world_size > 1:
+        raise NotImplementedError(f"{arch}: pipeline parallelism is not implemented for "
+                                  "models with state-space layers yet.")
 
 
 class Mamba2Block(nn.Module):

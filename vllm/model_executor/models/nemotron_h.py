@@ -9,7 +9,7 @@
 
 The checkpoint is under `backbone.` (embeddings, layers.N.norm / .mixer, norm_f) with an
 untied `lm_head`. MoE blocks ("E", Nemotron 3) are not implemented and refused by name;
-prefix caching is off (state layers), tensor and pipeline parallelism are not yet.
+prefix caching is off (state layers); pipeline parallelism is not implemented yet.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from torch import nn
 
 from vllm.model_executor.kernels import drop_weight_copies
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.llama import LlamaAttention
 from vllm.model_executor.models.mamba2 import check_single_rank, mamba2_mixer_of
@@ -52,10 +52,10 @@ class Relu2MLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, bias: bool, prefix: str) -> None:
         super().__init__()
-        self.up_proj = ReplicatedLinear(hidden, intermediate, bias=bias,
-                                        prefix=f"{prefix}.up_proj")
-        self.down_proj = ReplicatedLinear(intermediate, hidden, bias=bias,
-                                          prefix=f"{prefix}.down_proj")
+        self.up_proj = ColumnParallelLinear(hidden, intermediate, bias=bias,
+                                            prefix=f"{prefix}.up_proj")
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias,
+                                           prefix=f"{prefix}.down_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(torch.relu(self.up_proj(x)).square())

@@ -5,7 +5,13 @@ SiLU; x, B, C split; the SSD scan (carried SSM state) with D skip; gated RMSNorm
 the gate; out_proj. Per request the conv and SSM states live in the runner's state
 slots (vllm/worker/state_cache.py): a prefill (or a chunk of one) continues from the
 slot when the request computed tokens before, and writes its final states back; a
-decode token takes the one-step forms. Tensor parallelism is not implemented (TP 1).
+decode token takes the one-step forms.
+
+Tensor parallelism: each rank holds `num_heads / tp` heads (its slice of the gate, x,
+dt, A, D, the conv channels and the norm) and `n_groups / tp` B/C groups (all of them,
+replicated, when n_groups is 1); in_proj and the conv are loaded as this rank's rows,
+out_proj is row-parallel (one all-reduce). With one group the gated norm's group spans
+every rank: its sum of squares is all-reduced.
 """
 from __future__ import annotations
 
@@ -15,8 +21,9 @@ import torch
 from torch import nn
 
 from vllm.attention.layer import extract_layer_index
+from vllm.distributed import get_tp_group, tensor_model_parallel_all_reduce
 from vllm.kv_cache_spec import MambaSpec
-from vllm.model_executor.layers.linear import ReplicatedLinear
+from vllm.model_executor.layers.linear import ReplicatedLinear, RowParallelLinear
 from vllm.model_executor.layers.mamba import ops
 from vllm.worker.state_cache import StateMetadata, get_state_metadata
 
@@ -44,26 +51,57 @@ class Mamba2Mixer(nn.Module):
                  prefix: str = "") -> None:
         super().__init__()
         self.layer_idx = extract_layer_index(prefix) if prefix else 0
-        self.num_heads, self.head_dim, self.n_groups = num_heads, head_dim, n_groups
+        tp = get_tp_group()
+        self.tp_size, rank = tp.world_size, tp.rank_in_group
+        if num_heads % self.tp_size or (n_groups % self.tp_size and n_groups != 1):
+            raise ValueError(f"Mamba2 mixer: {num_heads} heads and {n_groups} groups cannot "
+                             f"be split over {self.tp_size} tensor-parallel ranks (heads and "
+                             "groups must divide by it, or one group).")
+        heads, inter = num_heads // self.tp_size, intermediate_size // self.tp_size
+        groups = n_groups // self.tp_size if n_groups % self.tp_size == 0 else n_groups
+        self.num_heads, self.head_dim, self.n_groups = heads, head_dim, groups
         self.state_size, self.conv_kernel, self.chunk_size = state_size, conv_kernel, chunk_size
-        self.intermediate_size = intermediate_size
-        self.conv_dim = intermediate_size + 2 * n_groups * state_size
+        self.intermediate_size = inter
+        self.norm_group_size = intermediate_size // n_groups
+        self.norm_across_ranks = self.norm_group_size > inter
+        """One group wider than this rank's channels: the norm's sum is all-reduced."""
+        self.conv_dim = inter + 2 * groups * state_size
         self.eps = eps
         self.time_step_limit = (float(time_step_limit[0]), float(time_step_limit[1]))
         self.conv_dtype, self.ssm_dtype = state_dtypes
-        self.in_proj = ReplicatedLinear(hidden_size,
-                                        intermediate_size + self.conv_dim + num_heads,
+        # This rank's rows of the full [gate | x | B | C | dt] projection and of the
+        # [x | B | C] conv channels.
+        gn = n_groups * state_size
+        g0 = rank * groups if groups != n_groups else 0
+        x_rows = torch.arange(rank * inter, (rank + 1) * inter)
+        bc = torch.arange(g0 * state_size, (g0 + groups) * state_size)
+        conv_rows = torch.cat([x_rows, intermediate_size + bc, intermediate_size + gn + bc])
+        self._conv_rows = conv_rows
+        self._in_rows = torch.cat([x_rows, intermediate_size + conv_rows,
+                                   2 * intermediate_size + 2 * gn
+                                   + torch.arange(rank * heads, (rank + 1) * heads)])
+        self._head_rows = torch.arange(rank * heads, (rank + 1) * heads)
+        self._inter_rows = x_rows
+        self.in_proj = ReplicatedLinear(hidden_size, inter + self.conv_dim + heads,
                                         bias=use_bias, prefix=f"{prefix}.in_proj")
         dtype = torch.get_default_dtype()
         # checkpoint names (transformers'): conv1d.weight [C, 1, K], conv1d.bias, norm.weight
         self.conv1d = _Params(weight=(self.conv_dim, 1, conv_kernel),
                               bias=(self.conv_dim,) if use_conv_bias else None)
-        self.norm = _Params(weight=(intermediate_size,))
-        self.dt_bias = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad=False)
-        self.A_log = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad=False)
-        self.D = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad=False)
-        self.out_proj = ReplicatedLinear(intermediate_size, hidden_size, bias=use_bias,
-                                         prefix=f"{prefix}.out_proj")
+        self.norm = _Params(weight=(inter,))
+        self.dt_bias = nn.Parameter(torch.zeros(heads, dtype=dtype), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(heads, dtype=dtype), requires_grad=False)
+        self.D = nn.Parameter(torch.zeros(heads, dtype=dtype), requires_grad=False)
+        self.out_proj = RowParallelLinear(intermediate_size, hidden_size, bias=use_bias,
+                                          prefix=f"{prefix}.out_proj")
+        # Checkpoint tensors are full; each parameter takes this rank's rows.
+        for param, rows in ((self.in_proj.weight, self._in_rows),
+                            (self.in_proj.bias, self._in_rows),
+                            (self.conv1d.weight, conv_rows), (self.conv1d.bias, conv_rows),
+                            (self.norm.weight, x_rows), (self.dt_bias, self._head_rows),
+                            (self.A_log, self._head_rows), (self.D, self._head_rows)):
+            if param is not None:
+                param.weight_loader = _rows_loader(rows)
 
     @property
     def conv_weight(self) -> torch.Tensor:
@@ -90,9 +128,18 @@ class Mamba2Mixer(nn.Module):
             y = self._padded(xbc, dt, md)
         else:
             y = self._flat(xbc, dt, md)
-        y = ops.gated_rms_norm(y, gate, self.norm.weight,
-                               self.intermediate_size // self.n_groups, self.eps)
+        if self.norm_across_ranks:
+            y = self._gated_norm_across_ranks(y, gate)
+        else:
+            y = ops.gated_rms_norm(y, gate, self.norm.weight, self.norm_group_size, self.eps)
         return self.out_proj(y.to(hidden_states.dtype))
+
+    def _gated_norm_across_ranks(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """The one group's RMS over every rank's channels (TP with n_groups 1)."""
+        h = y.float() * torch.nn.functional.silu(gate.float())
+        ss = tensor_model_parallel_all_reduce(h.pow(2).sum(-1, keepdim=True))
+        h = h * torch.rsqrt(ss / self.norm_group_size + self.eps)
+        return self.norm.weight * h.to(y.dtype)
 
     def _dt(self, dt: torch.Tensor) -> torch.Tensor:
         dt = torch.nn.functional.softplus(dt.float() + self.dt_bias.float())
@@ -212,3 +259,14 @@ class _Params(nn.Module):
             param = (nn.Parameter(torch.zeros(shape, dtype=torch.get_default_dtype()),
                                   requires_grad=False) if shape is not None else None)
             setattr(self, name, param)
+
+
+def _rows_loader(rows: torch.Tensor):
+    """A weight loader copying rows `rows` (dim 0) of the full checkpoint tensor."""
+    def load(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        part = loaded.index_select(0, rows.to(loaded.device))
+        if part.shape != param.shape:
+            raise ValueError(f"shape mismatch: rows of checkpoint {tuple(part.shape)}, "
+                             f"parameter {tuple(param.shape)}.")
+        param.data.copy_(part)
+    return load
