@@ -39,6 +39,7 @@ _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     "Mamba2ForCausalLM": ("mamba2", "Mamba2ForCausalLM"),
     "GraniteMoeHybridForCausalLM": ("granitemoehybrid", "GraniteMoeHybridForCausalLM"),
     "NemotronHForCausalLM": ("nemotron_h", "NemotronHForCausalLM"),
+    "JambaForCausalLM": ("jamba", "JambaForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "Llama4ForCausalLM": ("llama4", "Llama4ForCausalLM"),
     "Llama4ForConditionalGeneration": ("llama4", "Llama4ForConditionalGeneration"),

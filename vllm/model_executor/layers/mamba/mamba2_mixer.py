@@ -191,9 +191,11 @@ class Mamba2Mixer(nn.Module):
         conv_all, ssm_all = md.states[self.layer_idx]
         if all_initial:  # decodes: every slot holds its request's state
             return conv_all.index_select(0, slots), ssm_all.index_select(0, slots)
-        keep = has_initial.view(-1, 1, 1)  # a new or recomputing request starts from zeros
-        conv0 = torch.where(keep, conv_all.index_select(0, slots), 0.0)
-        ssm0 = torch.where(keep.unsqueeze(-1), ssm_all.index_select(0, slots).float(), 0.0)
+        # a new or recomputing request starts from zeros
+        conv0 = conv_all.index_select(0, slots)
+        ssm0 = ssm_all.index_select(0, slots).float()
+        conv0 = torch.where(has_initial.view(-1, *[1] * (conv0.dim() - 1)), conv0, 0.0)
+        ssm0 = torch.where(has_initial.view(-1, *[1] * (ssm0.dim() - 1)), ssm0, 0.0)
         return conv0, ssm0
 
     def _store(self, md: StateMetadata, slots: torch.Tensor, conv1: torch.Tensor,

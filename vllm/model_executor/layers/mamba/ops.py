@@ -118,3 +118,29 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
     g = h.view(*shape[:-1], shape[-1] // group_size, group_size)
     g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
     return weight * g.view(shape).to(dtype)
+
+
+def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   C: torch.Tensor, D: torch.Tensor, state: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mamba1's selective scan, token by token: x, dt [b, T, d] (dt softplus'ed, 0 at
+    padding), A [d, n] (negative), B, C [b, T, n], D [d], state [b, d, n]. Returns
+    (y [b, T, d], final state), float32: h = exp(dt A) h + dt B x, y = C.h + D x."""
+    x, dt, B, C = x.float(), dt.float(), B.float(), C.float()
+    h = state.float().clone()
+    A = A.float()
+    ys = []
+    for t in range(x.shape[1]):
+        h.mul_(torch.exp(dt[:, t, :, None] * A))
+        h.addcmul_((dt[:, t] * x[:, t]).unsqueeze(-1), B[:, t, None, :])
+        ys.append(torch.bmm(h, C[:, t, :, None]).squeeze(-1))
+    y = torch.stack(ys, dim=1) + x * D.float()
+    return y, h
+
+
+def selective_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   C: torch.Tensor, D: torch.Tensor, state: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of `selective_scan`: x, dt [b, d], B, C [b, n], state [b, d, n]."""
+    y, h = selective_scan(x[:, None], dt[:, None], A, B[:, None], C[:, None], D, state)
+    return y[:, 0], h
