@@ -47,3 +47,14 @@ def test_fake_hpu_state_space_equals_cpu_without_compiles(model, tmp_path, reque
         chunked, chunked_compiles = _generate(path, max_num_batched_tokens=16)
     assert got == expected and compiles == 0
     assert chunked == expected and chunked_compiles == 0
+
+
+def test_fake_hpu_torch_compile_mode_state_space_equals_cpu(tmp_path):
+    """PT_HPU_LAZY_MODE=0 (regional torch.compile): the same tokens, nothing compiled
+    after warmup (the mixers read the per-pass slot metadata outside traced shapes)."""
+    path = _save(str(tmp_path))
+    with platform_env("cpu"):
+        expected, _ = _generate(path)
+    with platform_env("hpu", **dict(BUCKETS, PT_HPU_LAZY_MODE="0")):
+        got, compiles = _generate(path)
+    assert got == expected and compiles == 0
