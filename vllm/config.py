@@ -458,8 +458,9 @@ class CacheConfig:
     """State-space layers' state dtype (conv and SSM states): auto (the model dtype),
     float32 or float16."""
     mamba_ssm_cache_dtype: str = "auto"
-    """The SSM state's dtype alone: auto (that of mamba_cache_dtype), float32 or float16
-    (float32 keeps the long recurrence exact while the model runs in 16 bits)."""
+    """The SSM state's dtype alone: auto (the checkpoint config's mamba_ssm_cache_dtype if
+    it names one, else that of mamba_cache_dtype), float32 or float16 (float32 keeps the
+    long recurrence exact while the model runs in 16 bits)."""
     mamba_block_size: Optional[int] = None
     """vLLM's state snapshots every this many tokens (prefix caching of state layers):
     not implemented, refused when set; prefix caching is off for those models."""

@@ -52,3 +52,16 @@ def test_nemotron_h_moe_blocks_are_refused(tmp_path):
     from vllm.model_executor.models.nemotron_h import NemotronHBlock
     with pytest.raises(NotImplementedError, match="moe"):
         NemotronHBlock(cfg, None, "moe", "backbone.layers.3")
+
+
+def test_checkpoint_ssm_state_dtype_is_the_default(tmp_path):
+    """Nemotron-H configs name mamba_ssm_cache_dtype (float32): with --mamba-ssm-cache-dtype
+    auto the SSM state takes it while the conv state keeps the model dtype (vLLM's rule);
+    the flag overrides it."""
+    from vllm.model_executor.layers.mamba.mamba2_mixer import state_dtypes
+    cache = type("CC", (), {"mamba_cache_dtype": "auto", "mamba_ssm_cache_dtype": "auto"})()
+    hf = type("HF", (), {"mamba_ssm_cache_dtype": "float32"})()
+    assert state_dtypes(cache, torch.bfloat16, hf) == (torch.bfloat16, torch.float32)
+    cache.mamba_ssm_cache_dtype = "float16"
+    assert state_dtypes(cache, torch.bfloat16, hf) == (torch.bfloat16, torch.float16)
+    assert state_dtypes(cache, torch.bfloat16, None) == (torch.bfloat16, torch.float16)

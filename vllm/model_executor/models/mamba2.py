@@ -34,7 +34,8 @@ def mamba2_mixer_of(config: Any, vllm_config: Any, prefix: str, *, num_heads: in
                        conv_kernel, intermediate_size, chunk_size, eps, use_bias=use_bias,
                        use_conv_bias=use_conv_bias, time_step_limit=tuple(limit),
                        state_dtypes=state_dtypes(vllm_config.cache_config,
-                                                 vllm_config.model_config.torch_dtype),
+                                                 vllm_config.model_config.torch_dtype,
+                                                 config),
                        prefix=prefix)
 
 

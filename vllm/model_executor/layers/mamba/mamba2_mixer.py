@@ -30,12 +30,16 @@ from vllm.worker.state_cache import StateMetadata, get_state_metadata
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def state_dtypes(cache_config: Any, model_dtype: torch.dtype
+def state_dtypes(cache_config: Any, model_dtype: torch.dtype, hf_config: Any = None
                  ) -> tuple[torch.dtype, torch.dtype]:
     """(conv state dtype, SSM state dtype): vLLM's --mamba-cache-dtype (both) and
-    --mamba-ssm-cache-dtype (the SSM state; "auto": the former), "auto" = the model's."""
+    --mamba-ssm-cache-dtype (the SSM state; "auto": the checkpoint config's
+    `mamba_ssm_cache_dtype` if it names one, as Nemotron-H's float32, else the
+    former), "auto" = the model's."""
     both = getattr(cache_config, "mamba_cache_dtype", "auto") or "auto"
     ssm = getattr(cache_config, "mamba_ssm_cache_dtype", "auto") or "auto"
+    if ssm == "auto" and getattr(hf_config, "mamba_ssm_cache_dtype", None) in _DTYPES:
+        ssm = hf_config.mamba_ssm_cache_dtype
     conv_dtype = model_dtype if both == "auto" else _DTYPES[both]
     ssm_dtype = conv_dtype if ssm == "auto" else _DTYPES[ssm]
     return conv_dtype, ssm_dtype
