@@ -1,7 +1,7 @@
-"""State-space models on the fake HPU: Mamba2, the Granite 4 hybrid, Nemotron-H and
-Jamba (Mamba1) give CPU's greedy tokens with 0 compiles after warmup (bucketed passes
-read and write the state slots by a [B] slot tensor, padding entries on the pad slot),
-also with 16-token prompt chunks that carry the states across passes."""
+"""State-space models on the fake HPU: Mamba2, the Granite 4 hybrid, Nemotron-H, Jamba
+(Mamba1) and Falcon-H1 give CPU's greedy tokens with 0 compiles after warmup (bucketed
+passes read and write the state slots by a [B] slot tensor, padding entries on the pad
+slot), also with 16-token prompt chunks that carry the states across passes."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +10,7 @@ from tests.hpu.conftest import make_llm, platform_env, release, runner_of
 from tests.hpu.test_hpu_models import GREEDY
 from tests.models.test_granitemoehybrid import _save
 from tests.models.test_mamba2 import PROMPTS, mamba2_path  # noqa: F401 (fixture)
+from tests.models.test_falcon_h1 import save_falcon_h1
 from tests.models.test_jamba import save_jamba
 from tests.models.test_nemotron_h import save_nemotron_h
 
@@ -30,7 +31,7 @@ def _generate(path: str, **kwargs):
 
 
 @pytest.mark.parametrize("model", ["mamba2", "granite_hybrid", "nemotron_h",
-                                   "jamba"])
+                                   "jamba", "falcon_h1"])
 def test_fake_hpu_state_space_equals_cpu_without_compiles(model, tmp_path, request):
     if model == "mamba2":
         path = request.getfixturevalue("mamba2_path")
@@ -38,8 +39,10 @@ def test_fake_hpu_state_space_equals_cpu_without_compiles(model, tmp_path, reque
         path = _save(str(tmp_path))
     elif model == "nemotron_h":
         path = save_nemotron_h(str(tmp_path))
-    else:
+    elif model == "jamba":
         path = save_jamba(str(tmp_path))
+    else:
+        path = save_falcon_h1(str(tmp_path))
     with platform_env("cpu"):
         expected, _ = _generate(path)
     with platform_env("hpu", **BUCKETS):

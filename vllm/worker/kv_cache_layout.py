@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterable
 import torch
 
 from vllm.kv_cache_spec import (AttentionSpec, FullAttentionSpec, KVCacheConfig,
-                                KVCacheSpec, MLAAttentionSpec, SlidingWindowSpec)
+                                KVCacheSpec, MambaSpec, MLAAttentionSpec,
+                                SlidingWindowSpec)
 
 
 def collect_kv_cache_specs(model: torch.nn.Module, block_size: int,
@@ -29,7 +30,7 @@ def collect_kv_cache_specs(model: torch.nn.Module, block_size: int,
         elif isinstance(module, Attention) and module.attn_type != ENCODER_ONLY:
             specs[module.layer_idx] = _attention_spec(module, block_size, dtype)
         elif callable(getattr(module, "state_spec", None)):  # a state-space layer
-            specs[module.layer_idx] = module.state_spec(block_size)
+            specs[getattr(module, "state_key", module.layer_idx)] = module.state_spec(block_size)
     return specs
 
 
@@ -48,7 +49,9 @@ def runner_kv_cache_specs(model: Any, model_config: Any, block_size: int, dtype:
     uniform spec for each owned layer."""
     owned = list(owned)
     specs = collect_kv_cache_specs(model, block_size, dtype) if model is not None else {}
-    specs = {i: s for i, s in specs.items() if i in set(owned)}
+    # (a state layer beside an attention layer is keyed past the layer count: kept)
+    specs = {i: s for i, s in specs.items()
+             if i in set(owned) or (isinstance(s, MambaSpec) and i >= len(owned))}
     if specs:
         return specs
     head_size = model_config.get_head_size()

@@ -327,7 +327,9 @@ class ModelRunnerBase:
         """Zeroed state slots (as many as the budget pays for, at most max_num_seqs: see
         KVCacheConfig.state_slots) and a pad slot, for this rank's state layers."""
         owned = set(self._owned_layer_ids())
-        specs = {i: s for i, s in self.get_kv_cache_config().state_specs.items() if i in owned}
+        num_layers = self.model_config.get_num_layers()
+        specs = {i: s for i, s in self.get_kv_cache_config().state_specs.items()
+                 if i in owned or i >= num_layers}  # keyed past the layers: see kv_cache_layout
         self.state_cache = None
         if specs:
             slots = self.get_kv_cache_config().state_slots(

@@ -38,6 +38,7 @@ class Mamba1Mixer(Mamba2Mixer):
             raise NotImplementedError("Mamba1 (Jamba) mixers: tensor parallelism is not "
                                       "implemented yet.")
         self.layer_idx = extract_layer_index(prefix) if prefix else 0
+        self.state_key = self.layer_idx
         self.intermediate_size, self.state_size = intermediate_size, state_size
         self.conv_kernel, self.dt_rank = conv_kernel, dt_rank
         self.conv_dim = intermediate_size

@@ -52,9 +52,18 @@ class Mamba2Mixer(nn.Module):
                  eps: float, use_bias: bool = False, use_conv_bias: bool = True,
                  time_step_limit: tuple[float, float] = (0.0, float("inf")),
                  state_dtypes: tuple[torch.dtype, torch.dtype] = (torch.float32,) * 2,
-                 prefix: str = "") -> None:
+                 prefix: str = "", norm: str = "gated", out_bias: Optional[bool] = None,
+                 proj_multipliers: Optional[torch.Tensor] = None,
+                 state_key: Optional[int] = None) -> None:
+        """`norm`: "gated" (rmsnorm per group of x * silu(z), Mamba2's), "norm_then_gate"
+        (rmsnorm per group, then * silu(z)) or "none" (x * silu(z), no weight; Falcon-H1
+        without mamba_rms_norm). `proj_multipliers`: [full in_proj width] scales of the
+        projection (Falcon-H1's muP vector). `state_key`: the key of this mixer's state
+        (default the layer index; a layer that also holds attention uses another)."""
         super().__init__()
         self.layer_idx = extract_layer_index(prefix) if prefix else 0
+        self.state_key = self.layer_idx if state_key is None else state_key
+        self.norm_mode = norm
         tp = get_tp_group()
         self.tp_size, rank = tp.world_size, tp.rank_in_group
         if num_heads % self.tp_size or (n_groups % self.tp_size and n_groups != 1):
@@ -92,12 +101,15 @@ class Mamba2Mixer(nn.Module):
         # checkpoint names (transformers'): conv1d.weight [C, 1, K], conv1d.bias, norm.weight
         self.conv1d = _Params(weight=(self.conv_dim, 1, conv_kernel),
                               bias=(self.conv_dim,) if use_conv_bias else None)
-        self.norm = _Params(weight=(inter,))
+        self.norm = _Params(weight=(inter,) if norm != "none" else None)
         self.dt_bias = nn.Parameter(torch.zeros(heads, dtype=dtype), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(heads, dtype=dtype), requires_grad=False)
         self.D = nn.Parameter(torch.zeros(heads, dtype=dtype), requires_grad=False)
-        self.out_proj = RowParallelLinear(intermediate_size, hidden_size, bias=use_bias,
+        self.out_proj = RowParallelLinear(intermediate_size, hidden_size,
+                                          bias=use_bias if out_bias is None else out_bias,
                                           prefix=f"{prefix}.out_proj")
+        self.proj_multipliers = (None if proj_multipliers is None else
+                                 proj_multipliers.index_select(0, self._in_rows).to(dtype))
         # Checkpoint tensors are full; each parameter takes this rank's rows.
         for param, rows in ((self.in_proj.weight, self._in_rows),
                             (self.in_proj.bias, self._in_rows),
@@ -123,6 +135,8 @@ class Mamba2Mixer(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         proj = self.in_proj(hidden_states)
+        if self.proj_multipliers is not None:
+            proj = proj * self.proj_multipliers
         gate, xbc, dt = proj.split([self.intermediate_size, self.conv_dim, self.num_heads],
                                    dim=-1)
         md = get_state_metadata()
@@ -132,7 +146,14 @@ class Mamba2Mixer(nn.Module):
             y = self._padded(xbc, dt, md)
         else:
             y = self._flat(xbc, dt, md)
-        if self.norm_across_ranks:
+        if self.norm_mode == "none":
+            y = (y.float() * torch.nn.functional.silu(gate.float())).to(y.dtype)
+        elif self.norm_mode == "norm_then_gate":
+            if self.norm_across_ranks:
+                raise NotImplementedError("norm_then_gate over tensor-parallel ranks")
+            y = ops.gated_rms_norm(y, None, self.norm.weight, self.norm_group_size, self.eps,
+                                   gate_after=gate)
+        elif self.norm_across_ranks:
             y = self._gated_norm_across_ranks(y, gate)
         else:
             y = ops.gated_rms_norm(y, gate, self.norm.weight, self.norm_group_size, self.eps)
@@ -192,7 +213,7 @@ class Mamba2Mixer(nn.Module):
 
     def _initial(self, md: StateMetadata, slots: torch.Tensor, has_initial: torch.Tensor,
                  all_initial: bool = False):
-        conv_all, ssm_all = md.states[self.layer_idx]
+        conv_all, ssm_all = md.states[self.state_key]
         if all_initial:  # decodes: every slot holds its request's state
             return conv_all.index_select(0, slots), ssm_all.index_select(0, slots)
         # a new or recomputing request starts from zeros
@@ -204,7 +225,7 @@ class Mamba2Mixer(nn.Module):
 
     def _store(self, md: StateMetadata, slots: torch.Tensor, conv1: torch.Tensor,
                ssm1: torch.Tensor) -> None:
-        conv_all, ssm_all = md.states[self.layer_idx]
+        conv_all, ssm_all = md.states[self.state_key]
         conv_all.index_copy_(0, slots, conv1.to(conv_all.dtype))
         ssm_all.index_copy_(0, slots, ssm1.to(ssm_all.dtype))
 

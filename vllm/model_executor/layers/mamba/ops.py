@@ -109,15 +109,20 @@ def ssd_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor
     return y + x * D.float().view(1, h, 1), state
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
-                   group_size: int, eps: float) -> torch.Tensor:
-    """weight * rmsnorm_per_group(x * silu(gate)) (Mamba2's norm before out_proj)."""
+def gated_rms_norm(x: torch.Tensor, gate: Optional[torch.Tensor], weight: torch.Tensor,
+                   group_size: int, eps: float,
+                   gate_after: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """weight * rmsnorm_per_group(x * silu(gate)) (Mamba2's norm before out_proj); with
+    `gate_after` instead: weight * rmsnorm_per_group(x) * silu(gate_after) (Falcon-H1's
+    norm_before_gate)."""
     dtype = x.dtype
-    h = x.float() * F.silu(gate.float())
+    h = x.float() if gate is None else x.float() * F.silu(gate.float())
     shape = h.shape
     g = h.view(*shape[:-1], shape[-1] // group_size, group_size)
     g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * g.view(shape).to(dtype)
+    if gate_after is None:
+        return weight * g.view(shape).to(dtype)
+    return (weight * g.view(shape) * F.silu(gate_after.float())).to(dtype)
 
 
 def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
