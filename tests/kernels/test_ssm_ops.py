@@ -139,3 +139,44 @@ def test_mamba1_selective_scan_matches_reference_and_carries_state():
         ys.append(y)
     torch.testing.assert_close(torch.cat(ys).double(), ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(s[0].double(), h, atol=1e-5, rtol=1e-5)
+
+
+def test_gated_delta_rule_chunked_and_step_match_reference():
+    """Gated DeltaNet (Qwen3-Next's linear attention): the chunked form (several chunk
+    sizes, state carried across chunks and calls, a padded tail) and the one-step form
+    against a float64 token-by-token recurrence."""
+    g0 = torch.Generator().manual_seed(7)
+    b, T, H, dk, dv = 2, 19, 3, 8, 5
+    q = F.normalize(torch.randn(b, T, H, dk, generator=g0), dim=-1) * dk ** -0.5
+    k = F.normalize(torch.randn(b, T, H, dk, generator=g0), dim=-1)
+    v = torch.randn(b, T, H, dv, generator=g0)
+    g = -F.softplus(torch.randn(b, T, H, generator=g0))
+    beta = torch.sigmoid(torch.randn(b, T, H, generator=g0))
+    s0 = torch.randn(b, H, dk, dv, generator=g0) * 0.1
+    S, ref = s0.double(), []
+    for t in range(T):
+        S = S * torch.exp(g[:, t].double())[..., None, None]
+        kt = k[:, t].double()
+        delta = (v[:, t].double() - torch.einsum("bhkv,bhk->bhv", S, kt)) \
+            * beta[:, t].double()[..., None]
+        S = S + kt[..., :, None] * delta[..., None, :]
+        ref.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t].double()))
+    ref = torch.stack(ref, dim=1)
+    for chunk in (4, 8, 64):
+        o, s = ops.gated_delta_rule_chunked(q, k, v, g, beta, s0, chunk)
+        torch.testing.assert_close(o.double(), ref, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(s.double(), S, atol=1e-4, rtol=1e-4)
+    o1, s1 = ops.gated_delta_rule_chunked(q[:, :11], k[:, :11], v[:, :11], g[:, :11],
+                                          beta[:, :11], s0, 4)
+    outs = [o1]
+    for t in range(11, T):  # decode from the carried state
+        o, s1 = ops.gated_delta_rule_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], s1)
+        outs.append(o[:, None])
+    torch.testing.assert_close(torch.cat(outs, 1).double(), ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(s1.double(), S, atol=1e-4, rtol=1e-4)
+    pad = torch.zeros(b, 5, H)
+    o, s = ops.gated_delta_rule_chunked(
+        torch.cat([q, torch.randn(b, 5, H, dk)], 1), torch.cat([k, torch.randn(b, 5, H, dk)], 1),
+        torch.cat([v, torch.randn(b, 5, H, dv)], 1), torch.cat([g, pad], 1),
+        torch.cat([beta, pad], 1), s0, 8)
+    torch.testing.assert_close(s.double(), S, atol=1e-4, rtol=1e-4)

@@ -149,3 +149,51 @@ def selective_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     """One token of `selective_scan`: x, dt [b, d], B, C [b, n], state [b, d, n]."""
     y, h = selective_scan(x[:, None], dt[:, None], A, B[:, None], C[:, None], D, state)
     return y[:, 0], h
+
+
+def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the gated delta rule (Gated DeltaNet, Qwen3-Next's linear
+    attention): q, k [b, H, dk] (normalized and scaled by the caller), v [b, H, dv],
+    g [b, H] (log decay, <= 0), beta [b, H], state [b, H, dk, dv]:
+    S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q. Returns (o, S), float32."""
+    S = state.float() * torch.exp(g.float())[..., None, None]
+    k, q = k.float(), q.float()
+    delta = (v.float() - torch.einsum("bhkv,bhk->bhv", S, k)) * beta.float()[..., None]
+    S = S + k[..., :, None] * delta[..., None, :]
+    return torch.einsum("bhkv,bhk->bhv", S, q), S
+
+
+def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
+                             chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule over a chunk of tokens, chunk by chunk: q, k [b, T, H, dk],
+    v [b, T, H, dv], g, beta [b, T, H] (padding: g = beta = 0 leaves the state alone),
+    state [b, H, dk, dv]. Within a chunk, with G the cumulative log decay, the state
+    after token t is exp(G_t) S0 + sum_{s<=t} exp(G_t - G_s) k_s u_s^T, where the
+    pseudo-values U solve the unit lower-triangular system
+    (I + strict_tril(beta_t exp(G_t - G_s) k_t.k_s)) U = beta (V - exp(G) K S0);
+    outputs are exp(G) Q S0 + tril(exp(G_t - G_s) q_t.k_s) U. Returns (o [b, T, H, dv],
+    final state), float32."""
+    q, k, v, g, beta = q.float(), k.float(), v.float(), g.float(), beta.float()
+    S = state.float()
+    outs = []
+    for start in range(0, q.shape[1], chunk_size):
+        end = min(start + chunk_size, q.shape[1])
+        qc, kc, vc = (t[:, start:end].transpose(1, 2) for t in (q, k, v))  # [b, H, L, d]
+        G = torch.cumsum(g[:, start:end], dim=1).transpose(1, 2)           # [b, H, L]
+        bc = beta[:, start:end].transpose(1, 2)                             # [b, H, L]
+        n = end - start
+        diff = G[..., :, None] - G[..., None, :]                            # [b, H, t, s]
+        lower = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        decay = torch.exp(diff.masked_fill(~lower, float("-inf")))
+        eG = torch.exp(G)[..., None]
+        rhs = bc[..., None] * (vc - eG * (kc @ S))
+        A = (bc[..., None] * decay * (kc @ kc.transpose(-1, -2))).tril(-1)
+        eye = torch.eye(n, dtype=A.dtype, device=A.device)
+        U = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+        outs.append(eG * (qc @ S) + (decay * (qc @ kc.transpose(-1, -2))) @ U)
+        to_end = torch.exp(G[..., -1:] - G)[..., None]                      # [b, H, L, 1]
+        S = torch.exp(G[..., -1])[..., None, None] * S + (kc * to_end).transpose(-1, -2) @ U
+    return torch.cat(outs, dim=2).transpose(1, 2), S
