@@ -54,3 +54,29 @@ def test_qwen3_next_matches_transformers_chunked_and_preempted(tmp_path):
     long = greedy_with_logprobs(llm, [LONG])
     llm.llm_engine.shutdown()
     assert_matches_transformers(path, long, [LONG])
+
+
+def test_qwen3_5_dense_and_moe_match_transformers(tmp_path):
+    """Qwen3.5 text models: the same design with plain linear-attention projections
+    (in_proj_qkv / _z / _b / _a); the MoE one's router always renormalizes."""
+    import transformers
+    from tests.models._tiny_families import _save_tokenizer
+    common = {k: v for k, v in QWEN3_NEXT.items()
+              if k not in ("moe_intermediate_size", "shared_expert_intermediate_size",
+                           "num_experts", "num_experts_per_tok", "decoder_sparse_step",
+                           "max_position_embeddings")}
+    configs = {"dense": transformers.Qwen3_5TextConfig(**common),
+               "moe": transformers.Qwen3_5MoeTextConfig(
+                   moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                   num_experts=4, num_experts_per_tok=2, **common)}
+    for name, config in configs.items():
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(4.0) if p.dim() >= 2 else p.add_(torch.randn_like(p) * 0.1)
+        path = str(tmp_path / name)
+        model.save_pretrained(path, safe_serialization=True)
+        _save_tokenizer(path)
+        results, _ = _run(path)
+        assert_matches_transformers(path, results, PROMPTS)

@@ -6,6 +6,10 @@ partial rotary), each followed by Qwen2-MoE's sparse block (routed experts + sig
 gated shared expert) or a dense SwiGLU MLP; every RMSNorm outside the linear attention
 stores its weight as an offset from 1 (as Gemma's).
 
+Qwen3.5 (`Qwen3_5ForCausalLM`, `Qwen3_5MoeForCausalLM`: transformers' text models of the
+same design) differs only in the linear attention's plain projections (in_proj_qkv, _z,
+_b, _a) and, for the dense one, an MLP in every layer.
+
 Prefix caching is off (state layers); tensor and pipeline parallelism are not
 implemented for it yet.
 """
@@ -80,13 +84,17 @@ class Qwen3NextDecoderLayer(LlamaDecoderLayer):
                 config.linear_conv_kernel_dim, float(config.rms_norm_eps),
                 state_dtypes=state_dtypes(vllm_config.cache_config,
                                           vllm_config.model_config.torch_dtype, config),
-                prefix=f"{prefix}.linear_attn")
+                prefix=f"{prefix}.linear_attn",
+                split_projections=config.model_type.startswith("qwen3_5"))
         else:
             self.self_attn = Qwen3NextAttention(config, rotary_emb, prefix=f"{prefix}.self_attn")
         self.mlp = (Qwen2MoeSparseMoeBlock(config, prefix=f"{prefix}.mlp")
-                    if is_sparse_layer(config, idx) else
+                    if getattr(config, "num_experts", 0) and is_sparse_layer(config, idx) else
                     LlamaMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
                              prefix=f"{prefix}.mlp"))
+        if (isinstance(self.mlp, Qwen2MoeSparseMoeBlock)
+                and config.model_type.startswith("qwen3_5")):
+            self.mlp.experts.renormalize = True  # Qwen3.5-MoE's router always renormalizes
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 

@@ -42,6 +42,8 @@ _BUILTIN_MODELS: dict[str, tuple[str, str]] = {
     "JambaForCausalLM": ("jamba", "JambaForCausalLM"),
     "FalconH1ForCausalLM": ("falcon_h1", "FalconH1ForCausalLM"),
     "Qwen3NextForCausalLM": ("qwen3_next", "Qwen3NextForCausalLM"),
+    "Qwen3_5ForCausalLM": ("qwen3_next", "Qwen3NextForCausalLM"),
+    "Qwen3_5MoeForCausalLM": ("qwen3_next", "Qwen3NextForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "Llama4ForCausalLM": ("llama4", "Llama4ForCausalLM"),
     "Llama4ForConditionalGeneration": ("llama4", "Llama4ForConditionalGeneration"),

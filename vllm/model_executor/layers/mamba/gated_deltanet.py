@@ -8,6 +8,9 @@ beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); the gated delta rule (
 for prefill, one step for decode; carried state [value heads, dk, dv]); per head
 weight * rmsnorm(o) * silu(z); out_proj. The slot handling (flat and padded batches)
 is the Mamba2 mixer's. Tensor parallelism is not implemented (TP 1).
+
+Qwen3.5 (`split_projections`) has the same mixer with plain projections: in_proj_qkv
+([q | k | v], head-major), in_proj_z, in_proj_b and in_proj_a.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ class GatedDeltaNetMixer(Mamba2Mixer):
                  head_k_dim: int, head_v_dim: int, conv_kernel: int, eps: float,
                  chunk_size: int = 64,
                  state_dtypes: tuple[torch.dtype, torch.dtype] = (torch.float32,) * 2,
-                 prefix: str = "") -> None:
+                 prefix: str = "", split_projections: bool = False) -> None:
         nn.Module.__init__(self)
         if get_tp_group().world_size > 1:
             raise NotImplementedError("Gated DeltaNet (Qwen3-Next) mixers: tensor "
@@ -46,10 +49,18 @@ class GatedDeltaNetMixer(Mamba2Mixer):
         self.conv_kernel, self.chunk_size, self.eps = conv_kernel, chunk_size, eps
         self.intermediate_size = self.value_dim  # the width of the slots' outputs
         self.conv_dtype, self.ssm_dtype = state_dtypes
-        self.in_proj_qkvz = ReplicatedLinear(hidden_size, 2 * self.key_dim + 2 * self.value_dim,
-                                             bias=False, prefix=f"{prefix}.in_proj_qkvz")
-        self.in_proj_ba = ReplicatedLinear(hidden_size, 2 * num_v_heads, bias=False,
-                                           prefix=f"{prefix}.in_proj_ba")
+        self.split_projections = split_projections
+        if split_projections:
+            for name, width in (("in_proj_qkv", self.conv_dim), ("in_proj_z", self.value_dim),
+                                ("in_proj_b", num_v_heads), ("in_proj_a", num_v_heads)):
+                setattr(self, name, ReplicatedLinear(hidden_size, width, bias=False,
+                                                     prefix=f"{prefix}.{name}"))
+        else:
+            self.in_proj_qkvz = ReplicatedLinear(hidden_size,
+                                                 2 * self.key_dim + 2 * self.value_dim,
+                                                 bias=False, prefix=f"{prefix}.in_proj_qkvz")
+            self.in_proj_ba = ReplicatedLinear(hidden_size, 2 * num_v_heads, bias=False,
+                                               prefix=f"{prefix}.in_proj_ba")
         self.conv1d = _Params(weight=(self.conv_dim, 1, conv_kernel), bias=None)
         dtype = torch.get_default_dtype()
         self.dt_bias = nn.Parameter(torch.zeros(num_v_heads, dtype=dtype), requires_grad=False)
@@ -75,7 +86,13 @@ class GatedDeltaNetMixer(Mamba2Mixer):
                 torch.cat([flat(z), flat(b), flat(a)], dim=-1))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        qkv, zba = self._reorder(self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states))
+        if self.split_projections:
+            qkv = self.in_proj_qkv(hidden_states)
+            zba = torch.cat([self.in_proj_z(hidden_states), self.in_proj_b(hidden_states),
+                             self.in_proj_a(hidden_states)], dim=-1)
+        else:
+            qkv, zba = self._reorder(self.in_proj_qkvz(hidden_states),
+                                     self.in_proj_ba(hidden_states))
         md = get_state_metadata()
         if md is None:
             y = self._sequences(qkv[None], zba[None], None, None, None)[0][0]
