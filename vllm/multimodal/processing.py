@@ -4,7 +4,8 @@ The processor (AutoProcessor of the checkpoint) resizes and normalizes the image
 expands each image placeholder of the prompt into as many image tokens as the vision
 encoder yields for it. Its output is cut here into one `MultiModalFeature` per image
 (which tensors belong to which image and how many tokens each one fills are the model
-class's business: `split_mm_data`, `num_mm_tokens`), placed in order over the model's
+class's business: `split_mm_data`, and `num_mm_tokens` per image or `mm_token_counts`
+from the expanded ids), placed in order over the model's
 image tokens in the expanded ids (or by the model's `mm_placeholder_ranges`, for an
 image whose placeholder block holds other tokens too: Mistral 3's row breaks).
 This runs in the API process; the features travel to the core with the Request.
@@ -62,7 +63,8 @@ class MultiModalProcessor:
     def __init__(self, model_config: Any) -> None:
         from vllm.model_executor.models.registry import ModelRegistry
         self.model_config = model_config
-        self.model_cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures)
+        self.model_cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures,
+                                                            model_config)
         if not hasattr(self.model_cls, "split_mm_data"):
             raise ValueError(f"{model_config.architectures} has a vision config but no "
                              "multimodal implementation here; --limit-mm-per-prompt "
@@ -106,8 +108,10 @@ class MultiModalProcessor:
                              f"input: {e}") from e
         ids = out["input_ids"][0].tolist()
         per_item = self.model_cls.split_mm_data(out, len(images))
-        lengths = [self.model_cls.num_mm_tokens(self.model_config.hf_config, d)
-                   for d in per_item]
+        counts = getattr(self.model_cls, "mm_token_counts", None)
+        lengths = (counts(out, ids, len(images), self.image_token_id) if counts else
+                   [self.model_cls.num_mm_tokens(self.model_config.hf_config, d)
+                    for d in per_item])
         own_ranges = getattr(self.model_cls, "mm_placeholder_ranges", None)
         runs = (own_ranges(ids, self.model_config.hf_config, lengths, per_item) if own_ranges
                 else placeholder_ranges(ids, self.image_token_id, lengths))

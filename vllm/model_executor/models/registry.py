@@ -118,12 +118,16 @@ class _ModelRegistry:
             raise ValueError(f"Model architectures {archs} are not supported for now. "
                              f"Supported architectures: {', '.join(self.get_supported_archs())}."
                              f"{hint}")
-        from vllm.model_executor.models.transformers import (TransformersForCausalLM,
-                                                             resolve_transformers_class)
-        hf_cls = resolve_transformers_class(hf_config)
+        from vllm.model_executor.models import transformers as backend
+        if backend.is_multimodal_config(hf_config):
+            model_cls = backend.TransformersForMultimodalLM
+            hf_cls = backend.resolve_transformers_mm_class(hf_config)
+        else:
+            model_cls = backend.TransformersForCausalLM
+            hf_cls = backend.resolve_transformers_class(hf_config)
         if impl == "auto":
             logger.info("%s has no native implementation; using the Transformers modeling "
                         "backend (--model-impl transformers) with %s.", archs, hf_cls.__name__)
-        return TransformersForCausalLM, hf_cls.__name__
+        return model_cls, hf_cls.__name__
 
 ModelRegistry = _ModelRegistry()

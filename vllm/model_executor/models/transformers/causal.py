@@ -57,41 +57,50 @@ class TransformersForCausalLM(nn.Module):
         model_config = vllm_config.model_config
         config = model_config.hf_config
         hf_cls = resolve_transformers_class(config)
-        register_attention()
-        with params_on_meta():
-            hf_model = hf_cls._from_config(config, dtype=model_config.torch_dtype,
-                                           attn_implementation=ATTN_IMPLEMENTATION)
+        hf_model = build_on_meta(hf_cls, config, model_config.torch_dtype,
+                                 ATTN_IMPLEMENTATION)
         self.config = hf_model.config
-        tp_size = get_tensor_model_parallel_world_size()
-        plan = dict(getattr(self.config, "base_model_tp_plan", None) or {})
-        base = hf_model.base_model
         self.base_model_prefix = hf_model.base_model_prefix
-        heads, kv_heads, head_dim, shard = _head_layout(self.config, plan, tp_size)
+        setattr(self, self.base_model_prefix, hf_model.base_model)
+        self._adopt_language_model(hf_model, self.base_model_prefix, self.config)
+        materialize_meta(self, torch.get_default_device())
+        logger.info("Transformers modeling backend: %s (attention through our paged "
+                    "attention, tp_size=%d).", hf_cls.__name__,
+                    get_tensor_model_parallel_world_size())
+
+    def _adopt_language_model(self, hf_model: nn.Module, base_path: str,
+                              text_config: Any) -> None:
+        """Make the decoder at `base_path` of `self` (the library's base model of the
+        text model) ours: its linears and embedding replaced per the tp plan, its
+        experts by the fused MoE op, this pipeline stage's layers kept, one paged
+        `Attention` per layer, our LM head in place of `hf_model`'s."""
+        self.lm_base_path = base_path
+        base = self.get_base()
+        tp_size = get_tensor_model_parallel_world_size()
+        plan = dict(getattr(text_config, "base_model_tp_plan", None) or {})
+        heads, kv_heads, head_dim, shard = _head_layout(text_config, plan, tp_size)
         pp = get_pp_group()
         self.is_first_stage, self.is_last_stage = pp.is_first_rank, pp.is_last_rank
         # Global indices of this stage's decoder layers (the runner sizes KV caches by them).
-        self.start_layer, self.end_layer = split_stages(base, self.config, pp.rank_in_group,
+        self.start_layer, self.end_layer = split_stages(base, text_config, pp.rank_in_group,
                                                         pp.world_size)
-        replace_layers(base, plan, tp_size, self.base_model_prefix, shard)
-        self.num_moe_blocks = replace_experts(base, self.config, self.base_model_prefix)
-        self._renames = checkpoint_renames(self.config)
-        setattr(self, self.base_model_prefix, base)
-        self.attn_layers = build_attention_instances(base, self.config, heads, kv_heads,
+        replace_layers(base, plan, tp_size, base_path, shard)
+        self.num_moe_blocks = replace_experts(base, text_config, base_path)
+        self._renames = checkpoint_renames(hf_model.config)
+        self.attn_layers = build_attention_instances(base, text_config, heads, kv_heads,
                                                      head_dim, "attn_layers",
                                                      range(self.start_layer, self.end_layer))
         self._attention_by_index = {int(i): layer for i, layer in self.attn_layers.items()}
-        self.tie_word_embeddings = bool(getattr(self.config, "tie_word_embeddings", False))
-        self._build_lm_head(hf_model)
-        materialize_meta(self, torch.get_default_device())
-        logger.info("Transformers modeling backend: %s (attention through our paged "
-                    "attention, tp_size=%d).", hf_cls.__name__, tp_size)
+        # transformers ties by the top config (a multimodal model's, not its text one's)
+        self.tie_word_embeddings = bool(getattr(hf_model.config, "tie_word_embeddings",
+                                                False))
+        self._build_lm_head(hf_model, text_config)
 
-    def _build_lm_head(self, hf_model: nn.Module) -> None:
+    def _build_lm_head(self, hf_model: nn.Module, config: Any) -> None:
         if not self.is_last_stage:
             self.lm_head = PPMissingLayer()
             return
         head = hf_model.get_output_embeddings()
-        config = self.config
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
                                       bias=getattr(head, "bias", None) is not None,
                                       prefix="lm_head")
@@ -104,7 +113,8 @@ class TransformersForCausalLM(nn.Module):
             soft_cap=getattr(config, "final_logit_softcapping", None))
 
     def get_base(self) -> nn.Module:
-        return getattr(self, self.base_model_prefix)
+        """The text model's decoder (the library's base model of the language model)."""
+        return self.get_submodule(self.lm_base_path)
 
     def forward(self, input_ids: Optional[torch.Tensor], positions: torch.Tensor,
                 intermediate_tensors: Optional[IntermediateTensors] = None,
@@ -131,7 +141,8 @@ class TransformersForCausalLM(nn.Module):
                                         device: Union[str, torch.device]) -> IntermediateTensors:
         """Buffers a later PP stage receives into (shape [batch_size, hidden])."""
         return IntermediateTensors({"hidden_states": torch.zeros(
-            (batch_size, self.config.hidden_size), dtype=dtype, device=device)})
+            (batch_size, self.get_base().config.hidden_size), dtype=dtype,
+            device=device)})
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab_size], the full vocabulary on every TP rank."""
@@ -170,7 +181,7 @@ class TransformersForCausalLM(nn.Module):
 
     def _on_other_stage(self, name: str) -> bool:
         """A tensor of a module this pipeline stage does not hold."""
-        base = f"{self.base_model_prefix}."
+        base = f"{self.lm_base_path}."
         m = re.match(rf"{re.escape(base)}layers\.(\d+)\.", name)
         if m:
             return not self.start_layer <= int(m.group(1)) < self.end_layer
@@ -186,6 +197,17 @@ class TransformersForCausalLM(nn.Module):
         for rename in self._renames:
             name, _ = rename.rename_source_key(name)
         return name
+
+
+def build_on_meta(hf_cls: type, config: Any, dtype: torch.dtype,
+                  attn_implementation: Any) -> nn.Module:
+    """The library's model of `hf_cls` for `config`, its parameters on the meta device,
+    attention through `attn_implementation` (the backend's name, or a dict of one name
+    per sub-config for a model whose parts attend differently)."""
+    register_attention()
+    with params_on_meta():
+        return hf_cls._from_config(config, dtype=dtype,
+                                   attn_implementation=attn_implementation)
 
 
 def checkpoint_renames(config: Any) -> list[Any]:
