@@ -1,4 +1,5 @@
-"""A Mamba2 model against a dense (Llama-layout) model of about the same size, on CPU.
+"""A Mamba2 model and a Granite 4 hybrid against a dense (Llama-layout) model of about
+the same size, on CPU.
 
 Builds two random-weight checkpoints with transformers (same hidden size and
 vocabulary; depths chosen so the non-embedding parameters match within a few percent),
@@ -38,6 +39,16 @@ def build_checkpoints(args: argparse.Namespace, out_dir: str) -> dict[str, str]:
             num_heads=2 * h // 64, head_dim=64, state_size=args.state_size, n_groups=1,
             expand=2, conv_kernel=4, chunk_size=64, tie_word_embeddings=False,
             bos_token_id=1, eos_token_id=2, pad_token_id=0),
+        # Granite 4 hybrid: 3 Mamba2 layers + 1 attention layer, dense shared MLPs
+        "hybrid": transformers.GraniteMoeHybridConfig(
+            vocab_size=args.vocab_size, hidden_size=h, num_hidden_layers=4,
+            layer_types=["mamba", "mamba", "attention", "mamba"], num_attention_heads=h // 64,
+            num_key_value_heads=h // 128, mamba_n_heads=2 * h // 64, mamba_d_head=64,
+            mamba_d_state=args.state_size, mamba_n_groups=1, mamba_chunk_size=64,
+            num_local_experts=0, shared_intermediate_size=args.hybrid_mlp_size,
+            intermediate_size=args.hybrid_mlp_size, position_embedding_type="rope",
+            max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=1,
+            eos_token_id=2, pad_token_id=0),
         "dense": transformers.LlamaConfig(
             vocab_size=args.vocab_size, hidden_size=h, num_hidden_layers=args.dense_layers,
             num_attention_heads=h // 64, num_key_value_heads=h // 128,
@@ -120,6 +131,7 @@ def main() -> None:
     parser.add_argument("--state-size", type=int, default=64)
     parser.add_argument("--dense-layers", type=int, default=4)
     parser.add_argument("--intermediate-size", type=int, default=1408)
+    parser.add_argument("--hybrid-mlp-size", type=int, default=1024)
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args()
@@ -138,6 +150,12 @@ def main() -> None:
                 cache = mamba2_state_bytes(args.mamba_layers, 2 * h // 64, 64,
                                            args.state_size, 1, 2 * h, 4, elem)
                 what = f"state {cache / 2**10:.0f} KiB / request"
+            elif name == "hybrid":
+                state = mamba2_state_bytes(3, 2 * h // 64, 64, args.state_size, 1, 2 * h, 4,
+                                           elem)
+                per_token = 2 * (h // 128) * 64 * elem
+                what = (f"state {state / 2**10:.0f} KiB / request + KV "
+                        f"{per_token / 2**10:.1f} KiB / token")
             else:
                 per_token = args.dense_layers * 2 * (h // 128) * 64 * elem
                 cache = per_token * length
