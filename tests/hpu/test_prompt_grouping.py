@@ -110,7 +110,8 @@ def _fake_runner(ctx):
     return SimpleNamespace(block_size=BS, bucketing=ctx, pad_block_id=63,
                            accounting=BucketAccounting(ctx), device=torch.device("cpu"),
                            prompt_pass_overhead=resolve_pass_overhead(ctx.plan),
-                           contiguous_pa=True, dtype=torch.float32)
+                           contiguous_pa=True, dtype=torch.float32,
+                           _bidirectional_mm=False)
 
 
 def test_runner_passes_keep_writers_first_and_trace_replays_exactly(tmp_path, monkeypatch):
