@@ -172,3 +172,21 @@ def test_backend_top5_logprobs_close_to_transformers(tiny_model_factory, arch):
     path = tiny_model_factory(arch)
     prompts, results = run_engine(path, model_impl="transformers")
     assert_matches_transformers(path, results, prompts)
+
+
+def test_default_gguf_model_through_backend_matches_native():
+    """SmolLM2-135M-Instruct, the embedded GGUF, forced through the backend gives the
+    native path's greedy tokens."""
+    from vllm import LLM, SamplingParams
+    from vllm.config import DEFAULT_MODEL
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = {}
+    for impl in ("vllm", "transformers"):
+        llm = LLM(model=DEFAULT_MODEL, dtype="float32", max_model_len=256, model_impl=impl,
+                  kv_cache_memory_bytes=32 << 20)
+        try:
+            outs[impl] = [list(o.outputs[0].token_ids)
+                          for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+        finally:
+            llm.llm_engine.shutdown()
+    assert outs["transformers"] == outs["vllm"]
