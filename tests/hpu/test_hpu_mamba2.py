@@ -14,7 +14,7 @@ from tests.models.test_mamba2 import PROMPTS, mamba2_path  # noqa: F401 (fixture
 from tests.models.test_falcon_h1 import save_falcon_h1
 from tests.models.test_jamba import save_jamba
 from tests.models.test_nemotron_h import save_nemotron_h
-from tests.models.test_qwen3_next import save_qwen3_next
+from tests.models.test_qwen3_next import save_qwen3_5, save_qwen3_next
 
 BUCKETS = {"PT_HPU_LAZY_MODE": "1", "VLLM_PROMPT_BS_BUCKET_MAX": "4",
            "VLLM_PROMPT_SEQ_BUCKET_MAX": "64", "VLLM_DECODE_BS_BUCKET_MAX": "4"}
@@ -33,7 +33,7 @@ def _generate(path: str, **kwargs):
 
 
 @pytest.mark.parametrize("model", ["mamba2", "granite_hybrid", "nemotron_h",
-                                   "jamba", "falcon_h1", "qwen3_next"])
+                                   "jamba", "falcon_h1", "qwen3_next", "qwen3_5_moe"])
 def test_fake_hpu_state_space_equals_cpu_without_compiles(model, tmp_path, request):
     if model == "mamba2":
         path = request.getfixturevalue("mamba2_path")
@@ -45,8 +45,10 @@ def test_fake_hpu_state_space_equals_cpu_without_compiles(model, tmp_path, reque
         path = save_jamba(str(tmp_path))
     elif model == "falcon_h1":
         path = save_falcon_h1(str(tmp_path))
-    else:
+    elif model == "qwen3_next":
         path = save_qwen3_next(str(tmp_path))
+    else:
+        path = save_qwen3_5(str(tmp_path), moe=True)
     with platform_env("cpu"):
         expected, _ = _generate(path)
     with platform_env("hpu", **BUCKETS):

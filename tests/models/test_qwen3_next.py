@@ -56,27 +56,36 @@ def test_qwen3_next_matches_transformers_chunked_and_preempted(tmp_path):
     assert_matches_transformers(path, long, [LONG])
 
 
-def test_qwen3_5_dense_and_moe_match_transformers(tmp_path):
-    """Qwen3.5 text models: the same design with plain linear-attention projections
-    (in_proj_qkv / _z / _b / _a); the MoE one's router always renormalizes."""
+def save_qwen3_5(directory: str, moe: bool = False) -> str:
+    """A tiny Qwen3.5 text model (dense, or MoE) of Qwen3-Next's sizes."""
     import transformers
     from tests.models._tiny_families import _save_tokenizer
     common = {k: v for k, v in QWEN3_NEXT.items()
               if k not in ("moe_intermediate_size", "shared_expert_intermediate_size",
                            "num_experts", "num_experts_per_tok", "decoder_sparse_step",
                            "max_position_embeddings")}
-    configs = {"dense": transformers.Qwen3_5TextConfig(**common),
-               "moe": transformers.Qwen3_5MoeTextConfig(
-                   moe_intermediate_size=32, shared_expert_intermediate_size=32,
-                   num_experts=4, num_experts_per_tok=2, **common)}
-    for name, config in configs.items():
-        torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(4.0) if p.dim() >= 2 else p.add_(torch.randn_like(p) * 0.1)
-        path = str(tmp_path / name)
-        model.save_pretrained(path, safe_serialization=True)
-        _save_tokenizer(path)
+    config = (transformers.Qwen3_5MoeTextConfig(
+        moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, **common) if moe else transformers.Qwen3_5TextConfig(**common))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(4.0) if p.dim() >= 2 else p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(directory, safe_serialization=True)
+    _save_tokenizer(directory)
+    return directory
+
+
+def test_qwen3_5_dense_and_moe_match_transformers(tmp_path):
+    """Qwen3.5 text models: the same design with plain linear-attention projections
+    (in_proj_qkv / _z / _b / _a); the MoE one's router always renormalizes. Each also
+    gives its plain run's tokens in 16-token chunks and when a request is preempted."""
+    for name in ("dense", "moe"):
+        path = save_qwen3_5(str(tmp_path / name), moe=name == "moe")
         results, _ = _run(path)
         assert_matches_transformers(path, results, PROMPTS)
+        tokens = [r[0] for r in results]
+        chunked, _ = _run(path, max_num_batched_tokens=16)
+        assert [r[0] for r in chunked] == tokens, name
+        assert_preempted_request_recomputes(path, tokens)
