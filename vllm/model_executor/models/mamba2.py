@@ -88,17 +88,24 @@ class Mamba2Model(nn.Module):
 
 
 class Mamba2ForCausalLM(nn.Module):
+    """A `backbone` of state-space (or hybrid) layers, a final norm and the LM head; also
+    the base of the other backbone-named models (Nemotron-H: `backbone_cls`, `_rename`,
+    `_stacked`)."""
+
     is_state_space = True
     """Has state-space layers (state slots; no prefix caching, speculative decoding or
     KV transfer for them)."""
+    backbone_cls: type[nn.Module] = Mamba2Model
+    _stacked: tuple[tuple[str, str, str], ...] = ()
+    """(checkpoint part, fused parameter, shard id) of projections loaded into one."""
 
     def __init__(self, vllm_config: Any, prefix: str = "") -> None:
         super().__init__()
-        check_single_rank("Mamba2ForCausalLM")
+        check_single_rank(type(self).__name__)
         config = vllm_config.model_config.hf_config
         self.config = config
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.backbone = Mamba2Model(config, vllm_config)
+        self.backbone = self.backbone_cls(config, vllm_config)
         self.start_layer, self.end_layer = 0, config.num_hidden_layers
         attach_lm_head(self, config, "lm_head", True, True,
                        self.backbone.embeddings if self.tie_word_embeddings else None)
@@ -115,20 +122,32 @@ class Mamba2ForCausalLM(nn.Module):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)
 
+    def _rename(self, name: str) -> str:
+        """This model's name for a checkpoint tensor (older Mamba2 saves say `embedding`)."""
+        return name.replace("backbone.embedding.", "backbone.embeddings.")
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         drop_weight_copies(self)
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         ignored: list[str] = []
         for name, tensor in weights:
-            name = name.replace("backbone.embedding.", "backbone.embeddings.")
+            name = self._rename(name)
             if self.tie_word_embeddings and name == "lm_head.weight":
                 continue
+            shard = None
+            for old, new, sid in self._stacked:
+                if old in name:
+                    name, shard = name.replace(old, new), sid
+                    break
             if name not in params:
                 ignored.append(name)
                 continue
             param = params[name]
-            getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            if shard is None:
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+            else:
+                param.weight_loader(param, tensor, shard)
             loaded.add(name)
         if self.tie_word_embeddings:
             loaded.add("lm_head.weight")

@@ -13,18 +13,16 @@ prefix caching is off (state layers); pipeline parallelism is not implemented ye
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
 
-from vllm.model_executor.kernels import drop_weight_copies
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import ColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.llama import LlamaAttention
-from vllm.model_executor.models.mamba2 import check_single_rank, mamba2_mixer_of
-from vllm.model_executor.models.utils import attach_lm_head, check_loaded, default_weight_loader
+from vllm.model_executor.models.mamba2 import Mamba2ForCausalLM, mamba2_mixer_of
 from vllm.sequence import IntermediateTensors
 
 _PATTERN = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
@@ -115,24 +113,10 @@ class NemotronHModel(nn.Module):
         return self.norm_f(hidden)
 
 
-class NemotronHForCausalLM(nn.Module):
-    is_state_space = True
+class NemotronHForCausalLM(Mamba2ForCausalLM):
+    backbone_cls = NemotronHModel
     _stacked = ((".q_proj.", ".qkv_proj.", "q"), (".k_proj.", ".qkv_proj.", "k"),
                 (".v_proj.", ".qkv_proj.", "v"))
-
-    def __init__(self, vllm_config: Any, prefix: str = "") -> None:
-        super().__init__()
-        check_single_rank("NemotronHForCausalLM")
-        config = vllm_config.model_config.hf_config
-        self.config = config
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.backbone = NemotronHModel(config, vllm_config)
-        self.start_layer, self.end_layer = 0, config.num_hidden_layers
-        attach_lm_head(self, config, "lm_head", True, True,
-                       self.backbone.embeddings if self.tie_word_embeddings else None)
-
-    def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.backbone.embeddings(input_ids)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 intermediate_tensors: Optional[IntermediateTensors] = None,
@@ -140,33 +124,6 @@ class NemotronHForCausalLM(nn.Module):
                 ) -> Union[torch.Tensor, IntermediateTensors]:
         return self.backbone(input_ids, positions, inputs_embeds)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.logits_processor(self.lm_head, hidden_states)
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        drop_weight_copies(self)
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        ignored: list[str] = []
-        for name, tensor in weights:
-            if name.startswith("model."):  # transformers-side saves may use either prefix
-                name = "backbone." + name[len("model."):]
-            if self.tie_word_embeddings and name == "lm_head.weight":
-                continue
-            shard = None
-            for old, new, sid in self._stacked:
-                if old in name:
-                    name, shard = name.replace(old, new), sid
-                    break
-            if name not in params:
-                ignored.append(name)
-                continue
-            param = params[name]
-            if shard is None:
-                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-            else:
-                param.weight_loader(param, tensor, shard)
-            loaded.add(name)
-        if self.tie_word_embeddings:
-            loaded.add("lm_head.weight")
-        return check_loaded(params, loaded, ignored)
+    def _rename(self, name: str) -> str:
+        """transformers-side saves may use `model.` for the backbone."""
+        return "backbone." + name[len("model."):] if name.startswith("model.") else name
