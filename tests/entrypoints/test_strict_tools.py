@@ -3,7 +3,6 @@ then each `<tool_call>` held to a tool's schema), compiled by xgrammar."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 

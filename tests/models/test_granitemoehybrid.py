@@ -5,7 +5,6 @@ without rotary, and the dense shared-MLP variant with rotary); 16-token chunked 
 a budget that caps the running requests, and a preempted request equal the plain run."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from tests.models.test_breadth_hf import assert_matches_transformers

@@ -116,7 +116,7 @@ def test_image_features_match_transformers(llm, hf, tiny, pad):
 
 def _patch_rows(ids, patch, items, model):
     """Per image, the rows of its block that are patch tokens."""
-    out, pos = [], 0
+    out = []
     starts = (ids == int(items[0]["image_special_ids"][0])).nonzero().view(-1).tolist()
     for item, start in zip(items, starts):
         n = model.num_mm_tokens(model.config, item)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path

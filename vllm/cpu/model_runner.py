@@ -71,7 +71,6 @@ class CPUModelRunner(ModelRunnerBase):
 
     # -------------------------------------------------------------- setup
     def load_model(self) -> None:
-        from vllm.model_executor.model_loader import get_model
         start = time.perf_counter()
         self.model = self._load_weights(self.vllm_config)
         # (a model without attention heads, Mamba2, has no prefill attention to plan)

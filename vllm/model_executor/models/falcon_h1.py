@@ -16,17 +16,15 @@ off (state layers); pipeline parallelism is not implemented.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
 
 from vllm.attention.layer import extract_layer_index
-from vllm.distributed import get_pp_group
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.mamba.mamba2_mixer import Mamba2Mixer, state_dtypes
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
-from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from vllm.model_executor.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
 from vllm.model_executor.models.mamba2 import check_single_rank
 from vllm.sequence import IntermediateTensors
