@@ -79,18 +79,9 @@ class Gemma3ForConditionalGeneration(LanguageModelDelegate, nn.Module):
 
     # ------------------------------------------------------ frontend helpers
     @staticmethod
-    def image_token_id(hf_config: Any) -> int:
-        tid = getattr(hf_config, "image_token_id", None)
-        return tid if tid is not None else hf_config.image_token_index
-
-    @staticmethod
     def load_hf_processor(path: str) -> Any:
         from vllm.multimodal.gemma3_processor import Gemma3ImageProcessor
         return Gemma3ImageProcessor.from_pretrained(path)
-
-    @staticmethod
-    def chat_image_placeholder(hf_processor: Any) -> str:
-        return hf_processor.image_token
 
     @staticmethod
     def split_mm_data(hf_outputs: Any, num_items: int) -> list[dict[str, torch.Tensor]]:

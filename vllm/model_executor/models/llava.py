@@ -92,11 +92,6 @@ class LlavaForConditionalGeneration(LanguageModelDelegate, nn.Module):
 
     # ------------------------------------------------------ frontend helpers
     @staticmethod
-    def image_token_id(hf_config: Any) -> int:
-        tid = getattr(hf_config, "image_token_id", None)
-        return tid if tid is not None else hf_config.image_token_index
-
-    @staticmethod
     def split_mm_data(hf_outputs: Any, num_items: int) -> list[dict[str, torch.Tensor]]:
         """The processor's batch of fixed-size images, one [1, C, H, W] per image."""
         pixels = hf_outputs["pixel_values"]

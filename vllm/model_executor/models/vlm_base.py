@@ -19,6 +19,12 @@ class LanguageModelDelegate:
 
     language_model: Any
 
+    @staticmethod
+    def image_token_id(hf_config: Any) -> int:
+        """The token an image's placeholder run is made of (transformers 4 / 5 names)."""
+        tid = getattr(hf_config, "image_token_id", None)
+        return tid if tid is not None else hf_config.image_token_index
+
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.language_model.model.embed_tokens(input_ids)
 
