@@ -217,3 +217,45 @@ def hf_greedy(model_dir: str, model_cls_name: str, prompt: str, images: list,
     with torch.no_grad():
         out = model.eval().generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def mm_greedy(engine, prompts: list, n: int = 8) -> list[list[int]]:
+    """Greedy tokens of (text, [random_image specs]) prompts (no specs: text only)."""
+    from vllm import SamplingParams
+    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    reqs = [{"prompt": t, "multi_modal_data": {"image": [random_image(*s) for s in specs]}}
+            if specs else t for t, specs in prompts]
+    return [list(o.outputs[0].token_ids) for o in engine.generate(reqs, params,
+                                                                 use_tqdm=False)]
+
+
+def assert_tp2_matches(model_dir: str, prompts: list, expected: list) -> None:
+    """TP=2 over worker processes gives `expected` (the one-process tokens)."""
+    from vllm import LLM
+    tp2 = LLM(model_dir, dtype="float32", max_model_len=512, limit_mm_per_prompt={"image": 2},
+              tensor_parallel_size=2, distributed_executor_backend="mp",
+              kv_cache_memory_bytes=16 << 20)
+    try:
+        assert mm_greedy(tp2, prompts) == expected
+    finally:
+        tp2.llm_engine.shutdown()
+
+
+def assert_fake_hpu_matches(model_dir: str, prompts: list, expected: list,
+                            check_runner=None) -> None:
+    """The fake HPU (small buckets, lazy mode) gives `expected` (the CPU's 6 greedy tokens)
+    with nothing compiled after warmup; `check_runner(runner)` may look at the runner."""
+    from tests.hpu.conftest import SMALL_BUCKETS, make_llm, platform_env, release, runner_of
+    with platform_env("hpu", **dict(SMALL_BUCKETS, PT_HPU_LAZY_MODE="1")):
+        hpu = make_llm(model=model_dir, max_model_len=256, max_num_seqs=4, block_size=16,
+                       kv_cache_memory_bytes=1 << 20, limit_mm_per_prompt={"image": 2})
+        try:
+            runner = runner_of(hpu)
+            if check_runner is not None:
+                check_runner(runner)
+            got = mm_greedy(hpu, prompts, n=6)
+            assert runner.tracker.num_compiles_after_warmup == 0, \
+                runner.tracker.compiled_labels[True]
+        finally:
+            release(hpu)
+    assert got == expected

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.multimodal.conftest import random_image
-from vllm import LLM, SamplingParams
+from tests.multimodal.conftest import assert_fake_hpu_matches, assert_tp2_matches, mm_greedy, random_image
+from vllm import LLM
 
 BOI, SOFT, EOI = "<start_of_image>", "<image_soft_token>", "<end_of_image>"
 PROMPTS = [(f"User: {BOI} describe it. Assistant:", [(0, 40, 24)]),
@@ -75,17 +75,6 @@ def _images(specs):
     return [random_image(*spec) for spec in specs]
 
 
-def _requests(prompts):
-    return [{"prompt": t, "multi_modal_data": {"image": _images(s)}} if s else t
-            for t, s in prompts]
-
-
-def _greedy(engine, prompts, n=8):
-    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    return [list(o.outputs[0].token_ids)
-            for o in engine.generate(_requests(prompts), params, use_tqdm=False)]
-
-
 def _hf_greedy(hf, tiny, text, specs, n=8, bidirectional=True):
     from vllm.multimodal.gemma3_processor import Gemma3ImageProcessor
     proc = Gemma3ImageProcessor.from_pretrained(tiny)
@@ -114,7 +103,7 @@ def test_image_features_match_transformers(llm, hf, tiny):
 
 
 def test_greedy_matches_transformers_with_images_attended_both_ways(llm, hf, tiny):
-    got = _greedy(llm, PROMPTS)
+    got = mm_greedy(llm, PROMPTS)
     for (text, specs), ours in zip(PROMPTS, got):
         assert ours == _hf_greedy(hf, tiny, text, specs)
     # not vacuous: transformers attending the images causally gives other tokens
@@ -129,14 +118,14 @@ def test_images_are_never_split_between_steps(llm, tiny):
                 max_num_batched_tokens=24, enable_prefix_caching=False)
     try:
         assert small.llm_engine.vllm_config.scheduler_config.disable_chunked_mm_input
-        assert _greedy(small, PROMPTS[:2]) == _greedy(llm, PROMPTS[:2])
+        assert mm_greedy(small, PROMPTS[:2]) == mm_greedy(llm, PROMPTS[:2])
     finally:
         small.llm_engine.shutdown()
     tight = LLM(tiny, dtype="float32", max_model_len=512, max_num_batched_tokens=12,
                 enable_prefix_caching=False)
     try:
         with pytest.raises(ValueError, match="multi_modal_data: an image fills 16 tokens"):
-            _greedy(tight, PROMPTS[:1])
+            mm_greedy(tight, PROMPTS[:1])
     finally:
         tight.llm_engine.shutdown()
 
@@ -163,27 +152,8 @@ def test_masked_attention_with_image_groups_matches_float64_reference():
 
 @pytest.mark.timeout(300)
 def test_tp2_matches_tp1(llm, tiny):
-    expected = _greedy(llm, PROMPTS)
-    tp2 = LLM(tiny, dtype="float32", max_model_len=512, limit_mm_per_prompt={"image": 2},
-              tensor_parallel_size=2, distributed_executor_backend="mp",
-              kv_cache_memory_bytes=16 << 20)
-    try:
-        assert _greedy(tp2, PROMPTS) == expected
-    finally:
-        tp2.llm_engine.shutdown()
+    assert_tp2_matches(tiny, PROMPTS, mm_greedy(llm, PROMPTS))
 
 
 def test_fake_hpu_matches_cpu_without_compiles(llm, tiny):
-    from tests.hpu.conftest import SMALL_BUCKETS, make_llm, platform_env, release, runner_of
-    expected = _greedy(llm, PROMPTS, n=6)
-    with platform_env("hpu", **dict(SMALL_BUCKETS, PT_HPU_LAZY_MODE="1")):
-        hpu = make_llm(model=tiny, max_model_len=256, max_num_seqs=4, block_size=16,
-                       kv_cache_memory_bytes=1 << 20, limit_mm_per_prompt={"image": 2})
-        try:
-            runner = runner_of(hpu)
-            got = _greedy(hpu, PROMPTS, n=6)
-            assert runner.tracker.num_compiles_after_warmup == 0, \
-                runner.tracker.compiled_labels[True]
-        finally:
-            release(hpu)
-    assert got == expected
+    assert_fake_hpu_matches(tiny, PROMPTS, mm_greedy(llm, PROMPTS, n=6))

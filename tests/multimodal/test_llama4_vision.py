@@ -12,8 +12,8 @@ import os
 import pytest
 import torch
 
-from tests.multimodal.conftest import random_image
-from vllm import LLM, SamplingParams
+from tests.multimodal.conftest import assert_fake_hpu_matches, assert_tp2_matches, mm_greedy, random_image
+from vllm import LLM
 
 SPECIAL = ["<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>",
            "<|tile_x_separator|>", "<|tile_y_separator|>"]
@@ -143,41 +143,15 @@ def _hf_greedy(hf, tiny, text, specs, n=8):
                                           do_sample=False)[0].tolist()
 
 
-def _greedy(engine, prompts, n=8):
-    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    reqs = [{"prompt": t, "multi_modal_data": {"image": _images(s)}} if s else t
-            for t, s in prompts]
-    return [list(o.outputs[0].token_ids) for o in engine.generate(reqs, params, use_tqdm=False)]
-
-
 def test_greedy_matches_transformers(llm, hf, tiny):
-    for (text, specs), ours in zip(PROMPTS, _greedy(llm, PROMPTS)):
+    for (text, specs), ours in zip(PROMPTS, mm_greedy(llm, PROMPTS)):
         assert ours == _hf_greedy(hf, tiny, text, specs)
 
 
 @pytest.mark.timeout(300)
 def test_tp2_matches_tp1(llm, tiny):
-    expected = _greedy(llm, PROMPTS)
-    tp2 = LLM(tiny, dtype="float32", max_model_len=512, limit_mm_per_prompt={"image": 2},
-              tensor_parallel_size=2, distributed_executor_backend="mp",
-              kv_cache_memory_bytes=16 << 20)
-    try:
-        assert _greedy(tp2, PROMPTS) == expected
-    finally:
-        tp2.llm_engine.shutdown()
+    assert_tp2_matches(tiny, PROMPTS, mm_greedy(llm, PROMPTS))
 
 
 def test_fake_hpu_matches_cpu_without_compiles(llm, tiny):
-    from tests.hpu.conftest import SMALL_BUCKETS, make_llm, platform_env, release, runner_of
-    expected = _greedy(llm, PROMPTS, n=6)
-    with platform_env("hpu", **dict(SMALL_BUCKETS, PT_HPU_LAZY_MODE="1")):
-        hpu = make_llm(model=tiny, max_model_len=256, max_num_seqs=4, block_size=16,
-                       kv_cache_memory_bytes=1 << 20, limit_mm_per_prompt={"image": 2})
-        try:
-            runner = runner_of(hpu)
-            got = _greedy(hpu, PROMPTS, n=6)
-            assert runner.tracker.num_compiles_after_warmup == 0, \
-                runner.tracker.compiled_labels[True]
-        finally:
-            release(hpu)
-    assert got == expected
+    assert_fake_hpu_matches(tiny, PROMPTS, mm_greedy(llm, PROMPTS, n=6))
