@@ -446,6 +446,11 @@ class CacheConfig:
     """KV cache size in bytes; overrides gpu_memory_utilization and VLLM_CPU_KVCACHE_SPACE."""
     num_gpu_blocks_override: Optional[int] = None
     """Use exactly this many KV blocks (testing and debugging)."""
+    cpu_offload_gb: float = 0
+    """GiB of the model's weights per device kept in host memory and copied to the device
+    as their layer runs (whole decoder layers, from the first): the device memory they
+    free goes to the KV cache, each forward pays the copy. HPU and CUDA; not on CPU
+    (the weights are in host memory already)."""
     cache_dtype: str = "auto"
     """KV cache dtype: auto (the model dtype), fp8 / fp8_e4m3 / fp8_inc (float8 e4m3),
     fp8_e5m2; fp8 stores K and V divided by per-layer scales (the checkpoint's, else 1.0),
@@ -487,6 +492,9 @@ class CacheConfig:
             raise ValueError("kv_cache_memory_bytes must be positive.")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
             raise ValueError("num_gpu_blocks_override must be at least 2.")
+        if not self.cpu_offload_gb >= 0:
+            raise ValueError(f"cpu_offload_gb must be >= 0 (GiB of weights kept in host "
+                             f"memory), got {self.cpu_offload_gb}.")
         check_mamba_cache_options(self)
 
 
@@ -969,10 +977,25 @@ class VllmConfig:
         self._finalize_compilation(current_platform)
         self._resolve_attention_backend(current_platform)
         current_platform.check_and_update_config(self)
+        self._check_cpu_offload()
         if self.speculative_config is not None:
             self.speculative_config.verify_with(self)
         if self.kv_transfer_config is not None:
             self.kv_transfer_config.verify_with(self)
+
+    def _check_cpu_offload(self) -> None:
+        """Offloaded layers share one staging copy of their parameters on the device
+        (vllm/model_executor/cpu_offload.py): what rewrites parameter storage in place
+        cannot run on them."""
+        if self.cache_config.cpu_offload_gb <= 0:
+            return
+        for name, on in (("enable_sleep_mode", self.model_config.enable_sleep_mode),
+                         ("weight_transfer_config", self.weight_transfer_config is not None)):
+            if on:
+                raise ValueError(f"cpu_offload_gb={self.cache_config.cpu_offload_gb} cannot "
+                                 f"be combined with {name}: offloaded layers share one "
+                                 "device copy of their weights, which sleep mode and "
+                                 "in-place weight updates would overwrite. Use one of them.")
 
     def _finalize_compilation(self, platform: Any) -> None:
         """CUDA graph sizes where the platform captures them (CUDA); elsewhere none,

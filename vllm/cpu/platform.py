@@ -1,10 +1,15 @@
 """The CPU platform: the embedded default wherever no accelerator is present."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import psutil
 import torch
 
 from vllm.platforms.interface import Platform, PlatformEnum
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 
 def _cpu_flags() -> set[str]:
@@ -50,6 +55,13 @@ class CpuPlatform(Platform):
             from vllm.cpu.ops import register_cpu_ops
             register_cpu_ops()
             self._ops_bound = True
+
+    def check_and_update_config(self, vllm_config: "VllmConfig") -> None:
+        super().check_and_update_config(vllm_config)
+        offload = vllm_config.cache_config.cpu_offload_gb
+        if offload > 0:
+            raise ValueError(f"cpu_offload_gb={offload} is not supported on CPU: the weights "
+                             "already live in host memory. Leave --cpu-offload-gb at 0.")
 
     def prepare_kernels(self) -> None:
         """Bind the kernels, and build the native libraries now if this machine has no

@@ -119,6 +119,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     kv_cache_memory_bytes: Optional[int] = None
     num_gpu_blocks_override: Optional[int] = None
+    cpu_offload_gb: float = 0
     kv_cache_dtype: str = "auto"
     calculate_kv_scales: bool = False
     mamba_cache_dtype: str = "auto"
@@ -351,6 +352,7 @@ class EngineArgs:
             enable_prefix_caching=self.enable_prefix_caching,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes,
             num_gpu_blocks_override=self.num_gpu_blocks_override,
+            cpu_offload_gb=self.cpu_offload_gb,
             cache_dtype=self.kv_cache_dtype,
             calculate_kv_scales=self.calculate_kv_scales,
             mamba_cache_dtype=self.mamba_cache_dtype,

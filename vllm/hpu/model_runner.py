@@ -172,6 +172,7 @@ class HPUModelRunner(ModelRunnerBase):
         return self.tracker.num_compiles_after_warmup
 
     def load_model(self) -> None:
+        from vllm.model_executor.cpu_offload import offload_layers
         from vllm.model_executor.model_loader import get_model
         start, before = time.perf_counter(), MemorySnapshot.take()
         self.model = get_model(self.vllm_config, device=self.device)
@@ -179,8 +180,12 @@ class HPUModelRunner(ModelRunnerBase):
         # Static shapes: rank-padded adapter slots, a [rows] slot tensor per pass.
         self.lora_manager = create_lora_manager(self.model, self.vllm_config, self.device,
                                                 static_shapes=True)
+        self.cpu_offload = offload_layers(
+            self.model, self.vllm_config.cache_config.cpu_offload_gb, self.device)
+        host_resident = {id(p) for p in self.cpu_offload.freed_params}
         for t in list(self.model.parameters()) + list(self.model.buffers()):
-            habana.track_alloc(t)
+            if id(t) not in host_resident:  # they share a staging copy (cpu_offload.py)
+                habana.track_alloc(t)
         log_weights_loaded(self.device_label, before, time.perf_counter() - start)
         wrap_before = MemorySnapshot.take()
         self.forward_module = prepare_forward_module(

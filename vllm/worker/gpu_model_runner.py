@@ -58,6 +58,11 @@ class GPUModelRunner(ModelRunnerBase):
         from vllm.model_executor.model_loader import get_model
         start = time.perf_counter()
         self.model = get_model(self.vllm_config, device=self.device)
+        from vllm.model_executor.cpu_offload import offload_layers
+        self.cpu_offload = offload_layers(
+            self.model, self.vllm_config.cache_config.cpu_offload_gb, self.device)
+        if self.cpu_offload.layers and self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the freed layers' memory, seen by mem_get_info
         self._load_draft_model(lambda cfg: get_model(cfg, device=self.device), self._draft_pass)
         logger.info("Loading model weights took %.2f s", time.perf_counter() - start)
 
