@@ -472,6 +472,13 @@ class CacheConfig:
     mamba_cache_mode: str = "none"
     """vLLM's prefix caching of state layers: none (supported: a hit never resumes a
     state); all / align (state snapshots) are not implemented and refused."""
+    kv_offloading_size: Optional[float] = None
+    """GiB of host memory (all ranks together) that keeps prefix-cache blocks evicted
+    from the device KV cache, loaded back on a prefix hit (LRU within it); None: off.
+    HPU and CUDA; meaningless on CPU, where the KV cache is in host memory already."""
+    kv_offloading_backend: str = "native"
+    """What moves the blocks with kv_offloading_size: native (vLLM's OffloadingConnector,
+    built in). vLLM's lmcache needs the LMCache package and is not supported here."""
 
     # Set by the engine after profiling.
     num_gpu_blocks: Optional[int] = field(init=False, default=None)
@@ -496,6 +503,21 @@ class CacheConfig:
             raise ValueError(f"cpu_offload_gb must be >= 0 (GiB of weights kept in host "
                              f"memory), got {self.cpu_offload_gb}.")
         check_mamba_cache_options(self)
+        check_kv_offloading_options(self)
+
+
+def check_kv_offloading_options(cc: "CacheConfig") -> None:
+    if cc.kv_offloading_backend == "lmcache":
+        raise ValueError("kv_offloading_backend='lmcache' is not supported: LMCache is not "
+                         "part of this build; use kv_offloading_backend='native' (the "
+                         "built-in OffloadingConnector).")
+    if cc.kv_offloading_backend != "native":
+        raise ValueError(f"kv_offloading_backend={cc.kv_offloading_backend!r}; choose "
+                         "native.")
+    size = cc.kv_offloading_size
+    if size is not None and not (isinstance(size, (int, float)) and size > 0):
+        raise ValueError(f"kv_offloading_size must be a positive number of GiB (host "
+                         f"memory for offloaded KV blocks), got {size!r}.")
 
 
 MAMBA_DTYPES = ("auto", "float32", "float16")
@@ -980,8 +1002,20 @@ class VllmConfig:
         self._check_cpu_offload()
         if self.speculative_config is not None:
             self.speculative_config.verify_with(self)
+        self._check_kv_offloading()
         if self.kv_transfer_config is not None:
             self.kv_transfer_config.verify_with(self)
+
+    def _check_kv_offloading(self) -> None:
+        """--kv-offloading-size runs on the OffloadingConnector, which EngineArgs makes
+        the engine's KV connector (vllm/kv_transfer/config.py): the one slot."""
+        if self.cache_config.kv_offloading_size is None:
+            return
+        connector = getattr(self.kv_transfer_config, "kv_connector", None)
+        if connector != "OffloadingConnector":
+            raise ValueError("kv_offloading_size needs kv_transfer_config's connector slot "
+                             f"(it holds {connector!r}): use one of them; with "
+                             "EngineArgs / LLM / --kv-offloading-size it is filled for you.")
 
     def _check_cpu_offload(self) -> None:
         """Offloaded layers share one staging copy of their parameters on the device

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -34,6 +34,9 @@ class ForwardContext:
     pass only: a CUDA or HPU graph is captured in a pass of its own, so the gather is
     recorded in the graph; a table kept from an earlier call on the same static
     positions buffer would be baked into the graph with that call's positions."""
+    wait_for_layer: Optional[Callable[[int], None]] = None
+    """Set while a KV connector loads this step's KV layer by layer (`kv_layer_gate`):
+    each attention layer calls it with its index before it reads its cache."""
 
 
     def metadata_for(self, layer_idx: int) -> Any:
@@ -45,6 +48,23 @@ class ForwardContext:
 
 
 _forward_context: Optional[ForwardContext] = None
+_layer_gate: Optional[Callable[[int], None]] = None
+
+
+@contextmanager
+def kv_layer_gate(wait: Optional[Callable[[int], None]]) -> Iterator[None]:
+    """Lifetime: the model runner enters it around each forward pass of a step while a KV
+    connector copies the step's KV in (vllm/kv_transfer/offloading_worker.py); every
+    forward context made inside carries `wait` as `wait_for_layer`. None: no gate. Not
+    for passes that cannot call out (a replayed graph): the runner waits for every
+    layer before those."""
+    global _layer_gate
+    prev = _layer_gate
+    _layer_gate = wait
+    try:
+        yield
+    finally:
+        _layer_gate = prev
 
 
 def get_forward_context() -> Optional[ForwardContext]:
@@ -58,7 +78,8 @@ def set_forward_context(attn_metadata: Any, kv_caches: list[torch.Tensor],
     global _forward_context
     prev = _forward_context
     _forward_context = ForwardContext(attn_metadata, kv_caches, attn_impl,
-                                      group_metadata or [], layer_group or {})
+                                      group_metadata or [], layer_group or {},
+                                      wait_for_layer=_layer_gate)
     try:
         yield
     finally:

@@ -120,6 +120,8 @@ class Attention(nn.Module):
             return self._causal_no_cache(query, key, value)
         if self.attn_type == ENCODER_ONLY:
             return self.impl.forward_encoder_only(self, query, key, value, ctx.attn_metadata)
+        if ctx.wait_for_layer is not None:  # a KV connector is loading this step's KV
+            ctx.wait_for_layer(self.layer_idx)
         kv_cache = ctx.kv_caches[self.layer_idx] if ctx.kv_caches else None
         if self.calculate_kv_scales and kv_cache is not None and key.shape[0]:
             self._calc_kv_scales(key, value)

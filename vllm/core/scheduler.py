@@ -54,6 +54,13 @@ class SchedulerStats:
     """Draft acceptance counts (cumulative) when speculative decoding is on."""
     kv_cache_eviction_events: list = field(default_factory=list)
     """`KVCacheEvictionEvent`s of sampled blocks since the last stats (--kv-cache-metrics)."""
+    external_prefix_cache_queries: int = 0
+    """Prompt tokens of admitted requests while a KV connector was asked (cumulative)."""
+    external_prefix_cache_hits: int = 0
+    """Prompt tokens a KV connector supplied (KV offloading: host-memory hits)."""
+    kv_offload: Optional[dict[str, int]] = None
+    """KV offloading's cumulative counts (stored_blocks, loaded_blocks, block_bytes,
+    used_blocks); None without it."""
 
 
 @dataclass
@@ -138,6 +145,11 @@ class Scheduler:
                                                               KVConnectorRole.SCHEDULER)
                           if getattr(vllm_config, "kv_transfer_config", None) else None)
         """The KV connector's scheduler half (vllm/kv_transfer), None without one."""
+        bind = getattr(self.connector, "bind_kv_cache", None)
+        if bind is not None:  # KV offloading: sized from, and reading, the KV cache
+            bind(kv_cache_config, self.kv_cache_manager)
+        self.external_queries = 0
+        self.external_hits = 0
 
     # ------------------------------------------------------------ requests
     def add_request(self, request: Request) -> None:
@@ -472,6 +484,9 @@ class Scheduler:
             if request.num_computed_tokens == 0:
                 self.kv_cache_manager.record_prefix_cache_lookup(
                     request, num_computed - num_external)
+                if self.connector is not None and not request.wants_prompt_logprobs:
+                    self.external_queries += request.num_tokens
+                    self.external_hits += num_external
             request.num_computed_tokens = num_computed
             if request.num_cached_tokens < 0:
                 # Local prefix-cache hits plus connector-loaded tokens, as vLLM counts.
@@ -508,8 +523,10 @@ class Scheduler:
         from another engine: asked only at a request's first admission (a preempted
         one recomputes; the remote copy may be gone), and never for prompt logprobs
         (they need every prompt position computed here)."""
-        if (self.connector is None or request.num_cached_tokens >= 0
-                or request.num_computed_tokens != 0 or request.wants_prompt_logprobs):
+        resumed = request.num_cached_tokens >= 0
+        if (self.connector is None or request.num_computed_tokens != 0
+                or request.wants_prompt_logprobs
+                or (resumed and not getattr(self.connector, "loads_on_resume", False))):
             return 0
         num_external, _ = self.connector.get_num_new_matched_tokens(request, num_local)
         return num_external
@@ -723,7 +740,11 @@ class Scheduler:
             waiting_lora_adapters=_count_loras(self.waiting),
             spec_decoding_stats=(self.spec_decoding_stats.copy()
                                  if self.spec_decoding_stats is not None else None),
-            kv_cache_eviction_events=self._drain_kv_cache_events())
+            kv_cache_eviction_events=self._drain_kv_cache_events(),
+            external_prefix_cache_queries=self.external_queries,
+            external_prefix_cache_hits=self.external_hits,
+            kv_offload=(self.connector.stats() if hasattr(self.connector, "stats")
+                        else None))
 
     def _drain_kv_cache_events(self) -> list:
         collector = self.kv_cache_manager.block_pool.metrics_collector

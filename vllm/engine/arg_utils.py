@@ -25,7 +25,7 @@ from vllm.config import (ATTENTION_BACKEND_NAMES, CONVERT_CHOICES, DEFAULT_MODEL
                          ParallelConfig, ProfilerConfig,
                          SchedulerConfig, StructuredOutputsConfig, VllmConfig,
                          WeightTransferConfig)
-from vllm.kv_transfer.config import KVTransferConfig
+from vllm.kv_transfer.config import KVTransferConfig, engine_kv_transfer_config
 from vllm.spec_decode.config import SpeculativeConfig
 from vllm.transformers_utils.config import create_model_config
 from vllm.utils.argparse_utils import human_readable_int, parse_json_dict
@@ -126,6 +126,8 @@ class EngineArgs:
     mamba_ssm_cache_dtype: str = "auto"
     mamba_block_size: Optional[int] = None
     mamba_cache_mode: str = "none"
+    kv_offloading_size: Optional[float] = None
+    kv_offloading_backend: str = "native"
     # scheduler
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
@@ -268,6 +270,9 @@ class EngineArgs:
                                    help="Refused: each worker loads its own shard at once "
                                         "(memory-mapped safetensors), there are no loading "
                                         "batches to bound.")
+            elif f.name == "kv_offloading_backend":
+                group.add_argument(flag, type=str, default=default, help=help_text,
+                                   choices=["native", "lmcache"])
             elif f.name == "scheduling_policy":
                 group.add_argument(flag, type=str, default=default, help=help_text,
                                    choices=["fcfs", "priority"])
@@ -357,7 +362,9 @@ class EngineArgs:
             calculate_kv_scales=self.calculate_kv_scales,
             mamba_cache_dtype=self.mamba_cache_dtype,
             mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,
-            mamba_block_size=self.mamba_block_size, mamba_cache_mode=self.mamba_cache_mode)
+            mamba_block_size=self.mamba_block_size, mamba_cache_mode=self.mamba_cache_mode,
+            kv_offloading_size=self.kv_offloading_size,
+            kv_offloading_backend=self.kv_offloading_backend)
         parallel_config = ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,
@@ -393,7 +400,8 @@ class EngineArgs:
                           speculative_config=self._speculative_config(model_config),
                           weight_transfer_config=WeightTransferConfig.from_cli(
                               self.weight_transfer_config),
-                          kv_transfer_config=KVTransferConfig.from_cli(self.kv_transfer_config),
+                          kv_transfer_config=engine_kv_transfer_config(
+                              self.kv_transfer_config, self.kv_offloading_size),
                           compilation_config=self._compilation_config(),
                           attention_config=AttentionConfig(backend=self.attention_backend),
                           observability_config=observability_config,

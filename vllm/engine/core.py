@@ -77,6 +77,10 @@ class EngineCore:
             raise ValueError(f"Speculative decoding is not supported for models with "
                              f"state-space layers ({arch}): their per-request state cannot "
                              "be rolled back past rejected draft tokens.")
+        if getattr(self.vllm_config.cache_config, "kv_offloading_size", None) is not None:
+            raise ValueError(f"kv_offloading_size: KV offloading is not supported for models "
+                             f"with state-space layers (MambaSpec; {arch}): it moves KV "
+                             "blocks, not per-request states.")
         if getattr(self.vllm_config, "kv_transfer_config", None) is not None:
             raise ValueError(f"KV transfer (prefill/decode disaggregation) is not supported "
                              f"for models with state-space layers ({arch}): connectors move "

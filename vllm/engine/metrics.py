@@ -19,6 +19,7 @@ from vllm.engine.observability_metrics import (HiddenMetrics, KVBlockMetrics, Mf
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
                                PlatformCollector, ProcessCollector, generate_latest)
 
+from vllm.engine.kv_offload_metrics import KVConnectorMetrics
 from vllm.spec_decode.metrics import SpecDecodingProm
 
 logger = logging.getLogger(__name__)
@@ -248,6 +249,9 @@ class StatsTracker:
                        and show_hidden_metrics(obs.show_hidden_metrics_for_version) else None)
         if cache_config is not None:
             self.metrics.set_cache_config_info(cache_config)
+        self.kv_connector = KVConnectorMetrics(
+            m.registry, m.labels, m.label_values,
+            offloading=getattr(cache_config, "kv_offloading_size", None) is not None)
         m = self.metrics
         # vLLM's spec-decode counters, only with speculative decoding (num_spec_tokens: k).
         self.spec_decoding = (SpecDecodingProm(m.registry, m.labels, m.label_values,
@@ -425,6 +429,7 @@ class StatsTracker:
         self.maybe_log()
 
     def _on_optional_stats(self, stats: Any) -> None:
+        self.kv_connector.observe(stats)
         if self.kv_blocks is not None:
             self.kv_blocks.observe(getattr(stats, "kv_cache_eviction_events", None))
         if self.hidden is not None:

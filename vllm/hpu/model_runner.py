@@ -567,6 +567,8 @@ class HPUModelRunner(ModelRunnerBase):
         pipeline stages the pass cannot be repeated (it consumed its input), and with
         tensor parallelism the peers are inside the pass's collectives: raised."""
         use_graph = self._graphed(batch)
+        if use_graph:
+            self._wait_kv_loads()  # a replayed graph cannot wait layer by layer
         run = functools.partial(self._run_batch, batch, lora_slots=fwd.lora_mapping,
                                 serving=True, inputs_embeds=fwd.inputs_embeds,
                                 positions=fwd.positions)
@@ -584,6 +586,7 @@ class HPUModelRunner(ModelRunnerBase):
     def _defragment(self) -> None:
         if self.defragmenter is None:
             return
+        self._wait_kv_loads()  # it moves blocks a KV load may be writing
         used = {b for st in self.requests.values() for b in st.block_ids}
         self.defragmenter.defragment(used, self._cache_tensors(), track=self._track_swap)
 

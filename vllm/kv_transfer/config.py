@@ -16,8 +16,10 @@ KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 @dataclass
 class KVTransferConfig:
     kv_connector: Optional[str] = None
-    """The connector: ExampleConnector (files under a shared directory) or
-    P2pZmqConnector (TCP between a prefill and a decode instance)."""
+    """The connector: ExampleConnector (files under a shared directory),
+    P2pZmqConnector (TCP between a prefill and a decode instance) or
+    OffloadingConnector (prefix-cache blocks kept in host memory; what
+    --kv-offloading-size sets up)."""
     kv_role: Optional[str] = None
     """kv_producer (a prefill instance: saves the KV it computes), kv_consumer (a decode
     instance: loads KV computed elsewhere) or kv_both."""
@@ -34,7 +36,8 @@ class KVTransferConfig:
     kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
     """Connector-specific options: ExampleConnector {"shared_storage_path": DIR};
     P2pZmqConnector {"timeout_s": seconds a fetch may take (default 30),
-    "ttl_s": seconds a producer keeps unfetched KV (default 120)}."""
+    "ttl_s": seconds a producer keeps unfetched KV (default 120)};
+    OffloadingConnector {"cpu_bytes_to_use": host bytes, all ranks together}."""
 
     def __post_init__(self) -> None:
         from vllm.kv_transfer.factory import KVConnectorFactory
@@ -78,6 +81,8 @@ class KVTransferConfig:
 
     def verify_with(self, vllm_config: Any) -> None:
         """Refuse what cannot run with KV transfer (ValueError naming the field)."""
+        if self.kv_connector == "OffloadingConnector":
+            _verify_offloading(vllm_config)
         if getattr(vllm_config.model_config, "runner_type", "generate") == "pooling":
             raise ValueError("kv_transfer_config: KV transfer serves generating models; a "
                              "pooling model keeps no KV cache between steps.")
@@ -90,3 +95,40 @@ class KVTransferConfig:
         if spec is not None and spec.use_draft_model:
             raise ValueError("kv_transfer_config: a draft model keeps its own KV cache, which "
                              "the connectors do not transfer; use speculative method ngram.")
+
+
+def engine_kv_transfer_config(value: Any, kv_offloading_size: Optional[float]
+                              ) -> Optional[KVTransferConfig]:
+    """The engine's connector: --kv-transfer-config's, or the OffloadingConnector that
+    --kv-offloading-size stands for (one slot: not both)."""
+    config = KVTransferConfig.from_cli(value)
+    if kv_offloading_size is None:
+        return config
+    if config is not None:
+        raise ValueError("kv_offloading_size and kv_transfer_config both want the engine's "
+                         "KV connector; use one of them.")
+    return offloading_transfer_config(kv_offloading_size)
+
+
+def offloading_transfer_config(size_gib: float) -> KVTransferConfig:
+    """What --kv-offloading-size (GiB, all ranks together) with the native backend
+    stands for, as in vLLM: the OffloadingConnector in both roles."""
+    return KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                            kv_connector_extra_config={"cpu_bytes_to_use": size_gib * 2**30})
+
+
+def _verify_offloading(vllm_config: Any) -> None:
+    """What KV offloading does not cover, refused by name."""
+    from vllm.platforms import current_platform
+    if current_platform.is_cpu():
+        raise ValueError("--kv-offloading-size (kv_offloading_size) is meaningless on CPU: "
+                         "the KV cache already lives in host memory; give the KV cache "
+                         "more memory instead (--kv-cache-memory-bytes or "
+                         "VLLM_CPU_KVCACHE_SPACE).")
+    if not vllm_config.cache_config.enable_prefix_caching:
+        raise ValueError("kv_offloading_size: KV offloading keeps prefix-cache blocks in "
+                         "host memory; it needs prefix caching (drop "
+                         "--no-enable-prefix-caching).")
+    if vllm_config.model_config.use_mla:
+        raise ValueError("kv_offloading_size: KV offloading is not supported for MLA models "
+                         "(DeepSeek-V2/V3 latent caches) here; drop --kv-offloading-size.")

@@ -40,6 +40,10 @@ _CONNECTORS: dict[str, _Entry] = {
     "P2pZmqConnector": _Entry("vllm.kv_transfer.p2p_zmq_connector:P2pZmqConnectorScheduler",
                               "vllm.kv_transfer.p2p_zmq_worker:P2pZmqConnectorWorker",
                               optional=("timeout_s", "ttl_s")),
+    "OffloadingConnector": _Entry(
+        "vllm.kv_transfer.offloading_connector:OffloadingConnectorScheduler",
+        "vllm.kv_transfer.offloading_worker:OffloadingConnectorWorker",
+        required=("cpu_bytes_to_use",)),
 }
 
 

@@ -30,6 +30,11 @@ class KVLayerView:
         """The shape `read` returns for `num_tokens` slots (what `write` accepts)."""
         raise NotImplementedError
 
+    @property
+    def cache(self) -> torch.Tensor:
+        """One of the layer's cache tensors (its device and dtype are the layer's)."""
+        raise NotImplementedError
+
 
 class FlatKVLayer(KVLayerView):
     """torch_sdpa's head-major cache `[parts, kv_heads, slots, head_size]` (CPU, CUDA)."""
@@ -53,6 +58,10 @@ class FlatKVLayer(KVLayerView):
     def shape_of(self, num_tokens: int) -> tuple[int, ...]:
         parts, heads, _, dim = self._get_cache().shape
         return (parts, num_tokens, heads, dim)
+
+    @property
+    def cache(self) -> torch.Tensor:
+        return self._get_cache()
 
 
 class SplitKVLayer(KVLayerView):
@@ -90,3 +99,7 @@ class SplitKVLayer(KVLayerView):
     def shape_of(self, num_tokens: int) -> tuple[int, ...]:
         parts = self._parts()
         return (len(parts), num_tokens, *parts[0].shape[1:])
+
+    @property
+    def cache(self) -> torch.Tensor:
+        return self._get_caches()[0]

@@ -45,7 +45,7 @@ from vllm.attention.fp8_kv import kv_cache_torch_dtype
 from vllm.config import VllmConfig
 from vllm.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from vllm.distributed.parallel_state import get_pp_group, get_tp_group
-from vllm.forward_context import set_forward_context
+from vllm.forward_context import kv_layer_gate, set_forward_context
 from vllm.lora.models import LoRAModelManager
 from vllm.sample.logits_processors.custom import CustomLogitsProcessors
 from vllm.sample.logits_processors.load import load_custom_logitsprocs
@@ -368,6 +368,9 @@ class ModelRunnerBase:
         self.kv_connector = KVConnectorFactory.create_connector(self.vllm_config,
                                                                 KVConnectorRole.WORKER)
         self.kv_connector.register_kv_caches(self.kv_layer_views())
+        bind = getattr(self.kv_connector, "bind_kv_cache_config", None)
+        if bind is not None:  # KV offloading: host blocks sized like the scheduler's
+            bind(self.get_kv_cache_config())
 
     def kv_layer_views(self) -> dict[str, Any]:
         """This rank's layers as `KVLayerView`s by name, in forward order (default:
@@ -383,6 +386,9 @@ class ModelRunnerBase:
         if connector is None or so.kv_connector_metadata is None:
             return
         connector.bind_connector_metadata(so.kv_connector_metadata)
+        if self._loads_layerwise():
+            connector.start_load_kv()  # asynchronous: the forward waits layer by layer
+            return
         if so.kv_connector_metadata.loads:
             connector.start_load_kv()
             for name in connector.kv_caches:
@@ -395,6 +401,8 @@ class ModelRunnerBase:
         if connector is None or so.kv_connector_metadata is None:
             return None
         meta = so.kv_connector_metadata
+        if self._loads_layerwise():
+            connector.wait_for_all_loads()  # layers the passes did not reach
         if meta.saves:
             for name, view in connector.kv_caches.items():
                 connector.save_kv_layer(name, view)
@@ -404,6 +412,22 @@ class ModelRunnerBase:
         if meta.loads:
             output = self._agree_on_failed_loads(meta, output)
         return output
+
+    def _loads_layerwise(self) -> bool:
+        """Whether the connector loads asynchronously, each attention layer waiting for
+        its own layer (KV offloading); the others load before the forward."""
+        return hasattr(self.kv_connector, "wait_for_layer")
+
+    def _kv_layer_gate(self) -> Any:
+        """The step's forward passes run inside it: attention layers wait for their
+        layer's KV while an asynchronous connector load is under way."""
+        return kv_layer_gate(self.kv_connector.wait_for_layer
+                             if self._loads_layerwise() else None)
+
+    def _wait_kv_loads(self) -> None:
+        """Before a pass that cannot wait layer by layer (a replayed graph)."""
+        if self._loads_layerwise():
+            self.kv_connector.wait_for_all_loads()
 
     @staticmethod
     def _agree_on_failed_loads(meta: Any, output: Optional[Any]) -> Optional[Any]:
@@ -524,7 +548,8 @@ class ModelRunnerBase:
             fwd.inputs_embeds = self.gather_mm_embeddings(fwd)
             fwd.positions = self.prepare_mrope_positions(fwd)
             try:
-                out = self._execute_pass(fwd)
+                with self._kv_layer_gate():
+                    out = self._execute_pass(fwd)
             finally:
                 if fwd.lora_mapping is not None:
                     self.lora_manager.clear_mapping()

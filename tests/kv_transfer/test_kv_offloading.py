@@ -1,0 +1,106 @@
+"""KV offloading (--kv-offloading-size): on the fake HPU, a device KV cache too small to
+keep a set of prompts loses them, and sending one again takes its prefix back from host
+memory (counted as host hits, loaded blocks, Prometheus) with the greedy outputs of the
+run without offloading; with HPU graphs (no layer-by-layer wait inside a replayed
+graph) too. The flags' errors name what is wrong: CPU, lmcache, a bad size."""
+from __future__ import annotations
+
+import pytest
+
+from tests.hpu.conftest import make_llm, platform_env, ragged_prompt_ids, release, runner_of
+from vllm import SamplingParams
+from vllm.engine.metrics import StatsTracker
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+ARGS = dict(block_size=16, num_gpu_blocks_override=12, max_num_seqs=2, max_model_len=128)
+"""12 device blocks of 16 tokens: two 68-token requests at a time, not four prompts."""
+
+
+def _serve(llm, prompts):
+    """Each prompt alone, in order; (tokens, num_cached_tokens) of each."""
+    outs = []
+    for p in prompts:
+        o = llm.generate([{"prompt_token_ids": p}], GREEDY, use_tqdm=False)[0]
+        outs.append((list(o.outputs[0].token_ids), o.num_cached_tokens))
+    return outs
+
+
+def _run(path, env, **kwargs):
+    with platform_env("hpu", VLLM_SKIP_WARMUP="1", **env):
+        llm = make_llm(model=path, **ARGS, **kwargs)
+        try:
+            prompts = ragged_prompt_ids(llm.get_tokenizer(), [60, 60, 60, 60])
+            # Four prompts evict each other's blocks; the first two come back.
+            outs = _serve(llm, prompts + prompts[:2])
+            stats = llm.llm_engine.get_stats()
+            connector = runner_of(llm).kv_connector
+            return outs, stats, connector
+        finally:
+            release(llm)
+
+
+@pytest.mark.parametrize("env", [{}, {"PT_HPU_LAZY_MODE": "1"}],
+                         ids=["layerwise", "hpu-graphs"])
+def test_evicted_prefix_comes_back_from_host_memory(tiny_model_factory, env):
+    path = tiny_model_factory("llama")
+    reference, ref_stats, _ = _run(path, env)
+    outs, stats, connector = _run(path, env, kv_offloading_size=0.001)
+    assert [o[0] for o in outs] == [r[0] for r in reference]
+    # Without offloading the device lost them: nothing cached on the second pass.
+    assert [r[1] for r in reference] == [0] * 6 and ref_stats.prefix_cache_hits == 0
+    # With it: the three full blocks before each re-sent prompt's last token.
+    assert [o[1] for o in outs] == [0, 0, 0, 0, 48, 48]
+    assert stats.prefix_cache_hits == 0  # the device cache did not keep them
+    assert stats.external_prefix_cache_hits == 96
+    assert stats.kv_offload["loaded_blocks"] == 6
+    assert stats.kv_offload["stored_blocks"] >= 16  # 4 full blocks of each prompt
+    assert not connector._copier._thread.is_alive()  # stopped with its engine
+
+    tracker = StatsTracker("m", 128, log_stats=False)
+    tracker.on_scheduler_stats(stats)
+    text = _exposition(tracker)
+    assert 'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 96.0' in text
+    assert 'vllm:kv_offload_loaded_blocks_total{engine="0",model_name="m"} 6.0' in text
+    assert (f'vllm:kv_offload_load_bytes_total{{engine="0",model_name="m"}} '
+            f'{6.0 * stats.kv_offload["block_bytes"]}') in text
+
+
+def _exposition(tracker) -> str:
+    from prometheus_client import generate_latest
+    return generate_latest(tracker.registry).decode()
+
+
+# ------------------------------------------------------------------ refusals
+def test_cpu_refuses_by_name(tiny_model_factory):
+    path = tiny_model_factory("llama")
+    with platform_env("cpu"):
+        with pytest.raises(ValueError, match="kv-offloading-size.*meaningless on CPU"):
+            make_llm(model=path, kv_offloading_size=1.0, **ARGS)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"kv_offloading_size": 1.0, "kv_offloading_backend": "lmcache"},
+     "kv_offloading_backend='lmcache' is not supported"),
+    ({"kv_offloading_size": -1.0}, "kv_offloading_size must be a positive"),
+    ({"kv_offloading_size": 0.0}, "kv_offloading_size must be a positive"),
+    ({"kv_offloading_backend": "disk"}, "kv_offloading_backend='disk'"),
+])
+def test_config_errors_name_the_field(kwargs, message):
+    from vllm.config import CacheConfig
+    with pytest.raises(ValueError) as err:
+        CacheConfig(**kwargs)
+    assert message in str(err.value)
+
+
+def test_server_flags_parse():
+    """`vllm serve` takes the flags (its parser holds EngineArgs'); lmcache parses and is
+    refused when the config is built (above)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    args = make_arg_parser().parse_args(
+        ["--kv-offloading-size", "2.5", "--kv-offloading-backend", "native"])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert engine_args.kv_offloading_size == 2.5
+    assert engine_args.kv_offloading_backend == "native"
+    with pytest.raises(SystemExit):  # not a number of GiB
+        make_arg_parser().parse_args(["--kv-offloading-size", "lots"])
