@@ -609,6 +609,19 @@ class ParallelConfig:
     enable_expert_parallel: bool = False
     """MoE layers split their experts over the tensor-parallel ranks (each rank holds
     whole experts) instead of splitting every expert's intermediate dimension."""
+    nnodes: int = 1
+    """Nodes the tensor/pipeline-parallel ranks are spread over without Ray (the mp
+    executor): each runs world_size / nnodes ranks; node 0 serves, the others run
+    `vllm serve ... --node-rank R --headless`."""
+    node_rank: int = 0
+    """This node's index among the nnodes (0: the head, which serves the API); it runs
+    ranks node_rank * (world_size / nnodes) onwards."""
+    master_addr: str = "127.0.0.1"
+    """Address of node 0, reachable from every node: torch.distributed meets at
+    master_port there, and the head takes its remote workers' RPC connections at
+    master_port + 1."""
+    master_port: int = 29501
+    """torch.distributed's port on master_addr (the RPC port is the next one)."""
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
@@ -626,6 +639,40 @@ class ParallelConfig:
         if self.distributed_executor_backend == "uni" and self.world_size > 1:
             raise ValueError("distributed_executor_backend='uni' runs one process; use mp or "
                              "ray for tensor/pipeline parallel sizes above 1.")
+        self._check_nodes()
+
+    def _check_nodes(self) -> None:
+        """--nnodes / --node-rank / --master-*: tensor/pipeline parallel over nodes."""
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes must be >= 1, got {self.nnodes}.")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes={self.nnodes}), got "
+                             f"{self.node_rank}.")
+        if not 0 < self.master_port < 65535:  # the RPC port is master_port + 1
+            raise ValueError(f"master_port must be in [1, 65534], got {self.master_port}.")
+        if self.nnodes == 1:
+            return
+        if self.data_parallel_size > 1:
+            raise ValueError(
+                f"nnodes={self.nnodes} spreads one engine's tensor/pipeline-parallel ranks "
+                f"over nodes; with data_parallel_size={self.data_parallel_size} place the "
+                "data-parallel replicas with --data-parallel-size-local and "
+                "--data-parallel-address instead.")
+        if self.distributed_executor_backend == "ray":
+            raise ValueError(f"nnodes={self.nnodes} is for the mp executor (workers started "
+                             "on each node with --headless); with "
+                             "distributed_executor_backend='ray' Ray places the ranks over "
+                             "the cluster: leave --nnodes out.")
+        if self.world_size % self.nnodes:
+            raise ValueError(
+                f"nnodes={self.nnodes} must divide tensor_parallel_size x "
+                f"pipeline_parallel_size = {self.world_size} (each node runs the same "
+                "number of ranks).")
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Ranks each node runs (all of them on one node)."""
+        return self.world_size // self.nnodes
 
     @property
     def world_size(self) -> int:

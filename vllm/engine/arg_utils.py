@@ -142,6 +142,10 @@ class EngineArgs:
     data_parallel_size: int = 1
     distributed_executor_backend: Optional[str] = None
     enable_expert_parallel: bool = False
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
     # device / load
     device: str = "auto"
     load_format: str = "auto"
@@ -370,7 +374,9 @@ class EngineArgs:
             pipeline_parallel_size=self.pipeline_parallel_size,
             data_parallel_size=self.data_parallel_size,
             distributed_executor_backend=self.distributed_executor_backend,
-            enable_expert_parallel=self.enable_expert_parallel)
+            enable_expert_parallel=self.enable_expert_parallel,
+            nnodes=self.nnodes, node_rank=self.node_rank, master_addr=self.master_addr,
+            master_port=self.master_port)
         device_config = DeviceConfig(device=self.device)
         max_num_seqs, max_num_batched_tokens = self._batch_defaults(
             device_config.device, model_config.runner_type, parallel_config.world_size)

@@ -8,7 +8,12 @@ a pipe or a process sentinel and raises a RuntimeError instead of hanging.
 
 Lifetime: a monitor thread watches the process sentinels; the first unexpected
 death marks the executor failed and stops the remaining workers (their process
-group is useless without the dead rank). `shutdown()`, garbage collection of the
+group is useless without the dead rank).
+
+Over several nodes (--nnodes, vllm/executor/multinode.py) this node's ranks are
+local workers as above and every other node's ranks are remote workers: their pipe is
+a TCP connection and their sentinel a second connection that closes when they die or
+their node is lost; the rest is the same code. `shutdown()`, garbage collection of the
 executor and interpreter exit all run the same cleanup (weakref.finalize): ask each
 worker to shut down, then SIGTERM, then SIGKILL.
 """
@@ -29,6 +34,8 @@ from typing import Any, Optional, Sequence
 from vllm.executor.distributed_executor import (DistributedExecutorBase, method_name,
                                                 wire_method)
 from vllm.executor.executor_base import WorkerMethod
+from vllm.executor.multinode import (NodeLayout, RemoteWorkerListener, engine_shape,
+                                     hang_up)
 from vllm.executor.multiproc_utils import (SHUTDOWN_METHOD, RpcReply, RpcRequest,
                                           describe_exit, distributed_init_method,
                                           get_loopback_ip, get_mp_context, get_open_port,
@@ -39,11 +46,19 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class WorkerHandle:
-    """The engine's end of one worker process."""
+    """The engine's end of one worker process (`proc` None: a remote worker, on another
+    node; its `death_writer` is the connection that closes when it is gone)."""
     rank: int
-    proc: BaseProcess
+    proc: Optional[BaseProcess]
     conn: Connection
     death_writer: Connection
+    peer: str = ""
+    """A remote worker's host:port."""
+
+    @property
+    def sentinel(self) -> Any:
+        """Ready when the worker is gone."""
+        return self.death_writer if self.proc is None else self.proc.sentinel
 
 
 class WorkerGroup:
@@ -65,13 +80,21 @@ class WorkerGroup:
         self._monitor.start()
 
     # --------------------------------------------------------------- failure
+    @property
+    def _procs(self) -> list[BaseProcess]:
+        return [h.proc for h in self.handles if h.proc is not None]
+
     def fail(self, message: str) -> RuntimeError:
         """Record the first failure, stop every worker, return the error to raise."""
         with self._lock:
             if self.failure is None:
                 self.failure = message
                 logger.error("%s", message)
-            stop_processes([h.proc for h in self.handles], grace_s=0.0)
+            stop_processes(self._procs, grace_s=0.0)
+            for h in self.handles:
+                if h.proc is None:  # hanging up makes a remote worker exit (and wakes
+                    hang_up(h.conn)  # a thread waiting on these connections here)
+                    hang_up(h.death_writer)
         return RuntimeError(self.failure)
 
     def raise_if_failed(self) -> None:
@@ -79,6 +102,10 @@ class WorkerGroup:
             raise RuntimeError(self.failure)
 
     def death_message(self, handle: WorkerHandle) -> str:
+        if handle.proc is None:
+            return (f"Remote worker rank {handle.rank} ({handle.peer}) closed its connection: "
+                    "its process died or its node or the network was lost; the engine "
+                    "cannot continue and must be restarted.")
         with self._lock:  # two threads reaping one process race (one sees no status)
             handle.proc.join(5.0)  # its pipe closes a moment before its exit status is known
             how = describe_exit(handle.proc)
@@ -87,12 +114,12 @@ class WorkerGroup:
 
     def _wait_for_death(self, grace_s: float) -> Optional[WorkerHandle]:
         """A worker that exits within `grace_s`, if any."""
-        by_sentinel = {h.proc.sentinel: h for h in self.handles}
+        by_sentinel = {h.sentinel: h for h in self.handles}
         ready = mp_connection.wait(list(by_sentinel), timeout=grace_s)
         return by_sentinel[ready[0]] if ready else None
 
     def _watch(self) -> None:
-        sentinels = {h.proc.sentinel: h for h in self.handles}
+        sentinels = {h.sentinel: h for h in self.handles}
         while not self.closing:
             ready = mp_connection.wait([*sentinels, self._wake_r])
             if self.closing or self._wake_r in ready:
@@ -132,7 +159,7 @@ class WorkerGroup:
         results: dict[int, Any] = {}
         pending = set(ranks)
         by_conn = {h.conn: h for h in self.handles}
-        by_sentinel = {h.proc.sentinel: h for h in self.handles}
+        by_sentinel = {h.sentinel: h for h in self.handles}
         deadline = None if timeout is None else time.monotonic() + timeout
         while pending:
             self.raise_if_failed()
@@ -164,12 +191,12 @@ class WorkerGroup:
     def _fail_with(self, reply: RpcReply) -> BaseException:
         failure = reply.failure
         dead = self._wait_for_death(grace_s=2.0)
-        if dead is not None:
+        if dead is not None and dead.proc is not None:
             with self._lock:
                 dead.proc.join(5.0)  # its sentinel fires a moment before its status is known
         # A worker that exits cleanly after a failed call (init) reported its own error;
         # only an abnormal death is the cause of the others' failures.
-        if dead is not None and dead.proc.exitcode != 0:
+        if dead is not None and dead.proc is not None and dead.proc.exitcode != 0:
             # A peer's death makes the survivors' collectives fail: report the cause. (The
             # survivors see its sockets close just before its exit becomes visible here.)
             return self.fail(self.death_message(dead))
@@ -195,7 +222,15 @@ class WorkerGroup:
                 except (BrokenPipeError, ConnectionResetError, OSError):
                     pass
         with self._lock:
-            stop_processes([h.proc for h in self.handles], grace_s=5.0)
+            stop_processes(self._procs, grace_s=5.0)
+            # Remote workers exit on the shutdown call: wait for that (their connections
+            # close), so they do not take the head's closing for its death.
+            remote = [h.death_writer for h in self.handles
+                      if h.proc is None and not h.death_writer.closed]
+            deadline = time.monotonic() + 5.0
+            while remote and time.monotonic() < deadline:
+                gone = mp_connection.wait(remote, max(0.0, deadline - time.monotonic()))
+                remote = [c for c in remote if c not in gone]
         for h in self.handles:
             h.conn.close()
             h.death_writer.close()
@@ -209,14 +244,31 @@ class MultiprocExecutor(DistributedExecutorBase):
 
     def _init_executor(self) -> None:
         pc = self.vllm_config.parallel_config
-        init_method = distributed_init_method(get_loopback_ip(), get_open_port())
+        layout = NodeLayout.of(pc)
+        if pc.nnodes > 1 and pc.node_rank != 0:
+            raise ValueError(f"node_rank={pc.node_rank}: only node 0 runs the engine; start "
+                             "the other nodes with --headless.")
+        init_method = (layout.init_method if pc.nnodes > 1 else
+                       distributed_init_method(get_loopback_ip(), get_open_port()))
+        listener = (RemoteWorkerListener(layout, engine_shape(self.vllm_config))
+                    if pc.nnodes > 1 else None)
         start = time.perf_counter()
         handles: list[WorkerHandle] = []
         try:
-            for rank in range(self.world_size):
+            for rank in layout.ranks(0):
                 handles.append(self._spawn(rank, init_method))
+            if listener is not None:
+                logger.info("Waiting for the workers of %d other node(s) at %s:%d.",
+                            pc.nnodes - 1, *layout.rpc_address)
+                remote = listener.accept_all(check=lambda: _check_alive(handles))
+                handles += [WorkerHandle(r.rank, None, r.conn, r.death, r.peer)
+                            for r in remote.values()]
         except BaseException:
-            stop_processes([h.proc for h in handles], grace_s=0.0)
+            stop_processes([h.proc for h in handles if h.proc is not None], grace_s=0.0)
+            for h in handles:
+                if h.proc is None:
+                    h.conn.close()
+                    h.death_writer.close()
             raise
         self.group = WorkerGroup(handles)
         self._finalizer = weakref.finalize(self, self.group.close)
@@ -225,9 +277,10 @@ class MultiprocExecutor(DistributedExecutorBase):
         except BaseException:
             self.shutdown()
             raise
-        logger.info("Started %d worker processes (tp=%d, pp=%d, pids %s) in %.2f s.",
+        logger.info("Started %d worker processes (tp=%d, pp=%d, pids %s%s) in %.2f s.",
                     self.world_size, pc.tensor_parallel_size, pc.pipeline_parallel_size,
-                    pids, time.perf_counter() - start)
+                    pids, f", over {pc.nnodes} nodes" if pc.nnodes > 1 else "",
+                    time.perf_counter() - start)
 
     def _spawn(self, rank: int, init_method: str) -> WorkerHandle:
         ctx = get_mp_context()
@@ -247,7 +300,8 @@ class MultiprocExecutor(DistributedExecutorBase):
 
     @property
     def worker_pids(self) -> list[int]:
-        return [h.proc.pid for h in self.group.handles]
+        """This node's worker processes."""
+        return [h.proc.pid for h in self.group.handles if h.proc is not None]
 
     def collective_rpc(self, method: WorkerMethod, timeout: Optional[float] = None,
                        args: tuple = (), kwargs: Optional[dict[str, Any]] = None,
@@ -264,3 +318,22 @@ class MultiprocExecutor(DistributedExecutorBase):
 
     def shutdown(self) -> None:
         self._finalizer()
+
+
+def _check_alive(handles: list[WorkerHandle]) -> None:
+    """While the remote nodes join: a local worker that exited (bad configuration, a
+    failed start) ends the wait."""
+    for h in handles:
+        if h.proc is not None and h.proc.exitcode is not None:
+            reason = ""
+            if h.conn.poll():
+                try:
+                    reply = h.conn.recv()
+                    if reply.failure is not None:
+                        if isinstance(reply.failure.exception, ValueError):
+                            raise reply.failure.exception
+                        reason = ": " + reply.failure.describe()
+                except (EOFError, OSError):
+                    pass
+            raise RuntimeError(f"Worker process rank {h.rank} exited ({describe_exit(h.proc)}) "
+                               f"while the other nodes were joining{reason}")

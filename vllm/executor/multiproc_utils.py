@@ -268,11 +268,12 @@ def describe_exit(proc: BaseProcess) -> str:
 
 # ------------------------------------------------------------ worker side
 def worker_main(vllm_config: Any, rank: int, local_rank: int, init_method: str,
-                conn: Connection, death_reader: Connection) -> None:
-    """Entry point of a worker process: build the worker, then serve RPCs until shutdown."""
+                conn: Connection, death_reader: Connection, engine_gone_code: int = 1) -> None:
+    """Entry point of a worker process: build the worker, then serve RPCs until shutdown
+    (the process exits with `engine_gone_code` when the engine goes away first)."""
     # Ctrl-C reaches the whole process group; the engine decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    exit_when_parent_dies(death_reader)
+    exit_when_parent_dies(death_reader, engine_gone_code)
     prefix_log_lines(rank)
     try:
         worker = create_worker(vllm_config, rank, local_rank, init_method)
@@ -355,7 +356,7 @@ def _send(conn: Connection, reply: RpcReply) -> bool:
         return True
 
 
-def exit_when_parent_dies(death_reader: Connection) -> None:
+def exit_when_parent_dies(death_reader: Connection, code: int = 1) -> None:
     def watch() -> None:
         try:
             death_reader.recv_bytes()
@@ -363,7 +364,7 @@ def exit_when_parent_dies(death_reader: Connection) -> None:
             pass
         # The engine is gone (or asked for an immediate exit): nobody will send work again,
         # and peers may be blocked in collectives with us, so do not wait for cleanups.
-        os._exit(1)
+        os._exit(code)
 
     threading.Thread(target=watch, name="vllm-parent-watch", daemon=True).start()
 

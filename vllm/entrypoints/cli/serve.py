@@ -29,6 +29,8 @@ def resolve_model_tag(args: argparse.Namespace) -> argparse.Namespace:
 def cmd_serve(args: argparse.Namespace) -> None:
     from vllm.entrypoints.openai.core_prestart import prestart
     args = resolve_model_tag(args)
+    from vllm.entrypoints.cli.headless import run_headless_workers_if_asked
+    run_headless_workers_if_asked(args)  # --nnodes N --headless: this node's workers only
     prestart(args)  # the engine core starts before the server module's imports
     from vllm.entrypoints.openai.api_server import run_server
     run_server(args)

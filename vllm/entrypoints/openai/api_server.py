@@ -623,6 +623,8 @@ def run_server(args: argparse.Namespace) -> None:
                                        release_engine_core)
     args._process_start = _process_start_time()
     _apply_log_level(args)
+    from vllm.entrypoints.cli.headless import run_headless_workers_if_asked
+    run_headless_workers_if_asked(args)  # --nnodes N --headless: this node's workers only
     validate_parsed_serve_args(args)
     logger.info("vLLM API server version %s", __version__)
     engine_args = AsyncEngineArgs.from_cli_args(args)

@@ -106,6 +106,9 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     server.add_argument("--response-role", type=str, default="assistant",
                         help="Role of generated chat messages when add_generation_prompt "
                              "is true.")
+    server.add_argument("--headless", action="store_true",
+                        help="Run this node's engine cores (data parallel) or workers "
+                             "(--nnodes) without an API server; they join the head node.")
     server.add_argument("--shutdown-timeout", type=float, default=0.0,
                         help="On SIGTERM/SIGINT, seconds requests in flight may take to finish "
                              "(new ones get 503) before the rest are aborted with an error. "
