@@ -93,6 +93,32 @@ def test_tp2_over_two_nodes_equals_tp1_and_a_dead_remote_fails_the_engine(
     assert not wait_gone({head.pid, node1.pid})
 
 
+@pytest.mark.timeout(120)
+def test_pp2_over_two_nodes_offline_equals_tp1(tiny_qwen2, tiny_reference, monkeypatch):
+    """The driver (last stage) is the remote rank: its replies cross the network."""
+    from _dist_helpers import run_greedy
+    # This process ran torch's OpenMP pool (the reference): a forked rank with more than
+    # one thread (one rank per node takes every core) would hang in its first parallel
+    # region, so the head's worker is spawned.
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    master = _free_port(pairs=True)
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *_engine_flags(tiny_qwen2),
+         "-pp", "2", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port",
+         str(master), "--node-rank", "1", "--headless"],
+        env=dict(worker_env(), VLLM_CPU_OMP_THREADS_BIND="nobind"), stdout=log,
+        stderr=subprocess.STDOUT)
+    try:
+        assert run_greedy(tiny_qwen2, pipeline_parallel_size=2, nnodes=2,
+                          master_addr="127.0.0.1", master_port=master) == tiny_reference
+        assert node1.wait(30) == 0, _tail(log)  # the head shut it down
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+            node1.wait(10)
+
+
 def _wait_health(url: str, proc: subprocess.Popen, logs, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
