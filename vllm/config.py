@@ -622,6 +622,19 @@ class ParallelConfig:
     master_port + 1."""
     master_port: int = 29501
     """torch.distributed's port on master_addr (the RPC port is the next one)."""
+    data_parallel_size_local: Optional[int] = None
+    """Data-parallel engine cores started on this node (default: all of
+    data_parallel_size; fewer when other nodes run the rest with --headless)."""
+    data_parallel_start_rank: int = 0
+    """Data-parallel rank of this node's first engine core (a --headless node's)."""
+    data_parallel_address: Optional[str] = None
+    """Address of the head node, which serves the API and takes the engine cores'
+    registrations (default: 127.0.0.1 when every core is local)."""
+    data_parallel_rpc_port: int = 29550
+    """Port on the head node where the engine cores register."""
+    data_parallel_backend: str = "mp"
+    """How data-parallel engine cores are started: mp (processes on each node) or ray
+    (Ray places them over the cluster)."""
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
@@ -634,6 +647,7 @@ class ParallelConfig:
             raise ValueError(
                 f"distributed_executor_backend={self.distributed_executor_backend!r}; choose "
                 "uni, mp or ray.")
+        self._check_data_parallel_deployment()
         if self.distributed_executor_backend is None:
             self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
         if self.distributed_executor_backend == "uni" and self.world_size > 1:
@@ -673,6 +687,39 @@ class ParallelConfig:
     def ranks_per_node(self) -> int:
         """Ranks each node runs (all of them on one node)."""
         return self.world_size // self.nnodes
+
+    def _check_data_parallel_deployment(self) -> None:
+        """The multi-process / multi-node data-parallel flags, checked by name."""
+        if self.data_parallel_backend not in ("mp", "ray"):
+            raise ValueError(f"data_parallel_backend={self.data_parallel_backend!r}; "
+                             "choose mp or ray.")
+        local = self.data_parallel_size_local
+        if local is not None and not 1 <= local <= self.data_parallel_size:
+            raise ValueError(f"data_parallel_size_local must be in [1, data_parallel_size="
+                             f"{self.data_parallel_size}], got {local}.")
+        if not 0 <= self.data_parallel_start_rank < self.data_parallel_size:
+            raise ValueError(f"data_parallel_start_rank must be in [0, data_parallel_size="
+                             f"{self.data_parallel_size}), got "
+                             f"{self.data_parallel_start_rank}.")
+        if self.data_parallel_start_rank + (local or self.data_parallel_size) \
+                > self.data_parallel_size:
+            raise ValueError(
+                f"data_parallel_start_rank={self.data_parallel_start_rank} + "
+                f"data_parallel_size_local={local} exceeds data_parallel_size="
+                f"{self.data_parallel_size}.")
+        if not 0 < self.data_parallel_rpc_port < 65536:
+            raise ValueError(f"data_parallel_rpc_port must be in [1, 65535], got "
+                             f"{self.data_parallel_rpc_port}.")
+
+    @property
+    def data_parallel_local_size(self) -> int:
+        """Engine cores this node starts (they share its devices and cores)."""
+        return self.data_parallel_size_local or self.data_parallel_size
+
+    @property
+    def data_parallel_rank_local(self) -> int:
+        """This replica's index among this node's replicas (which devices it takes)."""
+        return self.data_parallel_rank - self.data_parallel_start_rank
 
     @property
     def world_size(self) -> int:

@@ -4,8 +4,11 @@ from __future__ import annotations
 import gc
 import multiprocessing.resource_tracker as resource_tracker
 import os
+import socket
+import subprocess
 import time
 
+import httpx
 import psutil
 
 # Spawned workers inherit this. On a shared, oversubscribed machine, OpenMP threads that
@@ -94,3 +97,29 @@ def worker_env() -> dict[str, str]:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+# ------------------------------------------------------------ servers
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_health(url: str, proc: subprocess.Popen, log: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{tail_log(log)}")
+        try:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server not ready after {timeout_s} s:\n{tail_log(log)}")
+
+
+def tail_log(path: str, lines: int = 40) -> str:
+    with open(path) as f:
+        return "".join(f.readlines()[-lines:])

@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,32 +17,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
-from _dist_helpers import wait_gone, worker_env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_health(url: str, proc: subprocess.Popen, log: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{_tail(log)}")
-        try:
-            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"server not ready after {timeout_s} s:\n{_tail(log)}")
-
-
-def _tail(path: str, lines: int = 40) -> str:
-    with open(path) as f:
-        return "".join(f.readlines()[-lines:])
+from _dist_helpers import free_port as _free_port
+from _dist_helpers import tail_log as _tail
+from _dist_helpers import wait_gone, wait_health as _wait_health, worker_env
 
 
 def _worker_pids(server_pid: int) -> list[int]:

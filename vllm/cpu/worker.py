@@ -38,13 +38,13 @@ class CPUWorker(WorkerBase):
         # This node's ranks (all of them unless --nnodes spreads them over nodes).
         cores = cores_for_rank(envs.VLLM_CPU_OMP_THREADS_BIND, allowed,
                                self.rank % pc.ranks_per_node,
-                               pc.ranks_per_node, pc.data_parallel_size)
+                               pc.ranks_per_node, pc.data_parallel_local_size)
         if cores is not None:
             os.sched_setaffinity(0, cores)
             logger.info("Rank %d bound to cores %s.", self.rank, _format_cores(cores))
             torch.set_num_threads(len(cores))
             return
-        world = pc.ranks_per_node * pc.data_parallel_size
+        world = pc.ranks_per_node * pc.data_parallel_local_size
         torch.set_num_threads(max(1, len(allowed) // world))
 
     def determine_num_available_blocks(self) -> int:
@@ -71,7 +71,7 @@ class CPUWorker(WorkerBase):
         sc = self.vllm_config.scheduler_config
         bs = cc.block_size
         pc = self.vllm_config.parallel_config
-        world = pc.ranks_per_node * pc.data_parallel_size
+        world = pc.ranks_per_node * pc.data_parallel_local_size
         needed = sc.max_num_seqs * -(-sc.max_model_len // bs) * block_bytes
         return int(min(_DEFAULT_KV_SPACE_GiB * _GiB, needed, available / 2 / world))
 

@@ -83,7 +83,8 @@ _DOCS["scheduling_policy"] = _field_docs(SchedulerConfig).get("policy", "")
 
 
 _SHORT_FLAGS = {"tensor_parallel_size": "-tp", "pipeline_parallel_size": "-pp",
-                "data_parallel_size": "-dp"}
+                "data_parallel_size": "-dp", "data_parallel_size_local": "-dpl",
+                "data_parallel_start_rank": "-dpr", "data_parallel_rpc_port": "-dpp"}
 """vLLM's short spellings."""
 
 
@@ -140,6 +141,11 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
+    data_parallel_size_local: Optional[int] = None
+    data_parallel_start_rank: int = 0
+    data_parallel_address: Optional[str] = None
+    data_parallel_rpc_port: int = 29550
+    data_parallel_backend: str = "mp"
     distributed_executor_backend: Optional[str] = None
     enable_expert_parallel: bool = False
     nnodes: int = 1
@@ -274,6 +280,11 @@ class EngineArgs:
                                    help="Refused: each worker loads its own shard at once "
                                         "(memory-mapped safetensors), there are no loading "
                                         "batches to bound.")
+            elif f.name == "data_parallel_address":
+                group.add_argument(flag, "-dpa", type=str, default=None, help=help_text)
+            elif f.name == "data_parallel_backend":
+                group.add_argument(flag, "-dpb", type=str, default=default,
+                                   choices=["mp", "ray"], help=help_text)
             elif f.name == "kv_offloading_backend":
                 group.add_argument(flag, type=str, default=default, help=help_text,
                                    choices=["native", "lmcache"])
@@ -373,6 +384,11 @@ class EngineArgs:
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,
             data_parallel_size=self.data_parallel_size,
+            data_parallel_size_local=self.data_parallel_size_local,
+            data_parallel_start_rank=self.data_parallel_start_rank,
+            data_parallel_address=self.data_parallel_address,
+            data_parallel_rpc_port=self.data_parallel_rpc_port,
+            data_parallel_backend=self.data_parallel_backend,
             distributed_executor_backend=self.distributed_executor_backend,
             enable_expert_parallel=self.enable_expert_parallel,
             nnodes=self.nnodes, node_rank=self.node_rank, master_addr=self.master_addr,

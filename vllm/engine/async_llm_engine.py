@@ -159,7 +159,11 @@ class AsyncLLMEngine(EngineClient):
                                   cache_config=getattr(self.vllm_config, "cache_config", None),
                                   num_spec_tokens=(spec_config.num_speculative_tokens
                                                    if spec_config is not None else 0),
+                                  engine_index=_engine_index(self.vllm_config),
                                   **_observability_args(self.vllm_config))
+        # Several API servers on one shared core: only its primary records its series.
+        self.stats.records_core_stats = getattr(getattr(engine, "engine_core", None),
+                                                "records_core_stats", True)
         self._inbox: "queue.SimpleQueue[Union[_Add, _Abort]]" = queue.SimpleQueue()
         self._wake = threading.Event()
         self._lock = threading.Lock()  # orders "post to inbox" against "engine died"
@@ -738,6 +742,12 @@ def _prompt_parts(prompt: Any) -> tuple[Optional[str], Optional[list[int]]]:
     if isinstance(prompt, dict):
         return prompt.get("prompt"), prompt.get("prompt_token_ids")
     return None, None
+
+
+def _engine_index(vllm_config: Any) -> int:
+    """The `engine` label of this engine's series: its data-parallel rank."""
+    pc = getattr(vllm_config, "parallel_config", None)
+    return getattr(pc, "data_parallel_rank", 0)
 
 
 def _observability_args(vllm_config: Any) -> dict[str, Any]:

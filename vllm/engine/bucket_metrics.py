@@ -21,6 +21,8 @@ from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from vllm.metrics.multiprocess import GAUGE_MODE
+
 PHASES = ("prompt", "decode")
 
 
@@ -38,7 +40,8 @@ class BucketMetrics:
                             [*labels, "phase"], registry=registry)
         self.waste = Gauge("vllm:hpu_padding_waste_ratio", "Share of HPU compute spent on "
                            "bucket padding since warmup (1 - real / padded).",
-                           [*labels, "phase"], registry=registry)
+                           [*labels, "phase"], multiprocess_mode=GAUGE_MODE,
+                           registry=registry)
         self.hits = Counter("vllm:hpu_bucket_hits", "HPU passes run per shape bucket "
                             "(batch size, query length, blocks).", [*labels, "phase", "bucket"],
                             registry=registry)
@@ -46,13 +49,15 @@ class BucketMetrics:
                                  "bucket made at serving time (not warmed up).", labels,
                                  registry=registry).labels(*values)
         self.warmup_seconds = Gauge("vllm:hpu_warmup_seconds", "Seconds the HPU warmup took.",
-                                    labels, registry=registry).labels(*values)
+                                    labels, multiprocess_mode=GAUGE_MODE,
+                                    registry=registry).labels(*values)
         self.cold = Gauge("vllm:hpu_cold_buckets", "Buckets the HPU warmup left uncompiled "
                           "(VLLM_WARMUP_BUDGET_S, or graph memory).", labels,
-                          registry=registry).labels(*values)
+                          multiprocess_mode=GAUGE_MODE, registry=registry).labels(*values)
         self.graph_memory = Gauge("vllm:hpu_graph_memory_bytes", "Device memory held by "
                                   "the captured HPU graphs, measured at each capture.",
-                                  [*labels, "phase"], registry=registry)
+                                  [*labels, "phase"], multiprocess_mode=GAUGE_MODE,
+                                  registry=registry)
         self._last: dict[Any, int] = {}
 
     def _grow(self, key: Any, counter: Any, total: int) -> None:

@@ -44,9 +44,13 @@ def use_multiprocessing(default: bool) -> bool:
     return default if value is None else value
 
 
-def make_engine_core(vllm_config: Any, multiprocess: bool, wait_ready: bool = True) -> Any:
+def make_engine_core(vllm_config: Any, multiprocess: bool, wait_ready: bool = True,
+                     address: Optional[str] = None) -> Any:
     """The engine core for LLMEngine: an EngineCore here, or a client of one elsewhere
-    (`wait_ready=False`: started, not waited for; call its `wait_ready()`)."""
+    (`wait_ready=False`: started, not waited for; call its `wait_ready()`). `address`:
+    a shared core already running there (vllm/engine/core_server.py)."""
+    if address is not None:
+        return RemoteEngineCoreClient(vllm_config, address, wait_ready=wait_ready)
     if multiprocess:
         return MPEngineCoreClient(vllm_config, wait_ready=wait_ready)
     from vllm.engine.core import EngineCore
@@ -69,7 +73,32 @@ class MPEngineCoreClient:
 
     multiprocess = True
 
+    records_core_stats = True
+    """Whether this frontend records the core's own metric series (a shared core's
+    primary frontend does; see vllm/engine/core_server.py)."""
+
     def __init__(self, vllm_config: Any, wait_ready: bool = True) -> None:
+        self._init_state(vllm_config)
+        self._dir = tempfile.mkdtemp(prefix="vllm-core-")
+        self._input_addr = f"ipc://{os.path.join(self._dir, 'input')}"
+        self._output_addr = f"ipc://{os.path.join(self._dir, 'output')}"
+        start = time.perf_counter()
+        # The process first, then this process's ZMQ context (whose I/O threads would
+        # make a fork unsafe); the core's connects wait for the binds.
+        self.proc, self._death_writer = self._start_process()
+        self._ctx = zmq.Context()
+        self._input = self._bind(zmq.PUSH, self._input_addr)
+        self._output = self._bind(zmq.PULL, self._output_addr)
+        self._make_pollers(self.proc.sentinel)
+        self._finalizer = weakref.finalize(self, _close, self.proc, self._input, self._output,
+                                           self._ctx, self._death_writer, self._dir,
+                                           self._wake_r, self._wake_w)
+        self._started_at = start
+        self._ready = False
+        if wait_ready:
+            self.wait_ready()
+
+    def _init_state(self, vllm_config: Any) -> None:
         self.vllm_config = vllm_config
         self.loaded_loras: dict[int, Any] = {}
         """Adapters the core loaded (mirrors the core's table: add_request checks it)."""
@@ -83,32 +112,19 @@ class MPEngineCoreClient:
         self._closed = False
         self._encoder = MessageEncoder()
         self._decoder = MessageDecoder()
-        self._dir = tempfile.mkdtemp(prefix="vllm-core-")
-        self._input_addr = f"ipc://{os.path.join(self._dir, 'input')}"
-        self._output_addr = f"ipc://{os.path.join(self._dir, 'output')}"
-        start = time.perf_counter()
-        # The process first, then this process's ZMQ context (whose I/O threads would
-        # make a fork unsafe); the core's connects wait for the binds.
-        self.proc, self._death_writer = self._start_process()
-        self._ctx = zmq.Context()
-        self._input = self._bind(zmq.PUSH, self._input_addr)
-        self._output = self._bind(zmq.PULL, self._output_addr)
+
+    def _make_pollers(self, death_watch: Any) -> None:
+        """What a wait watches: the core's messages, `death_watch` (the core process's
+        sentinel, or a disconnect monitor), and (`step()` only) wakeups."""
+        self._death_watch = death_watch
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
-        # What a wait watches: the core's messages, its exit, and (`step()` only) wakeups.
         self._poller = zmq.Poller()
         self._poller.register(self._output, zmq.POLLIN)
-        self._poller.register(self.proc.sentinel, zmq.POLLIN)
+        self._poller.register(death_watch, zmq.POLLIN)
         self._wakeable_poller = zmq.Poller()
-        for sock in (self._output, self.proc.sentinel, self._wake_r):
+        for sock in (self._output, death_watch, self._wake_r):
             self._wakeable_poller.register(sock, zmq.POLLIN)
-        self._finalizer = weakref.finalize(self, _close, self.proc, self._input, self._output,
-                                           self._ctx, self._death_writer, self._dir,
-                                           self._wake_r, self._wake_w)
-        self._started_at = start
-        self._ready = False
-        if wait_ready:
-            self.wait_ready()
 
     def wait_ready(self) -> None:
         """Wait until the core is initialized (its KV cache sized); raise its start-up
@@ -124,6 +140,9 @@ class MPEngineCoreClient:
         self._ready = True
         logger.info("Engine core process started (pid %d) in %.2f s.", self.proc.pid,
                     time.perf_counter() - self._started_at)
+
+    def _on_ready(self, info: dict[str, Any]) -> None:
+        self.vllm_config.cache_config.num_gpu_blocks = info["num_gpu_blocks"]
 
     def _start_process(self) -> tuple[Any, Any]:
         """The core's process and this end of its death pipe: the one the server forked
@@ -170,7 +189,7 @@ class MPEngineCoreClient:
                 continue
             kind, *fields = message
             if kind == serial.READY:
-                self.vllm_config.cache_config.num_gpu_blocks = fields[0]["num_gpu_blocks"]
+                self._on_ready(fields[0])
                 return
             if kind == serial.FAILED:
                 exc, tb = fields
@@ -309,11 +328,15 @@ class MPEngineCoreClient:
         events = dict((self._wakeable_poller if wakeable else self._poller).poll())
         if self._output in events:
             return self._decoder.decode(self._output.recv())
-        if self.proc.sentinel in events:
-            self._dead = self._death_message()
-            raise EngineCoreDeadError(self._dead)
+        if self._death_watch in events:
+            self._on_death_event()
+            return None
         self._clear_wakeups()
         return None
+
+    def _on_death_event(self) -> None:
+        self._dead = self._death_message()
+        raise EngineCoreDeadError(self._dead)
 
     def _drain(self) -> None:
         """Take every message already waiting, without blocking."""
@@ -353,6 +376,114 @@ class MPEngineCoreClient:
             self.proc.join(1.0)  # reap it: its exit code (the sentinel fires before that)
         return (f"The engine core process (pid {self.proc.pid}) exited unexpectedly "
                 f"({describe_exit(self.proc)}).")
+
+
+class RemoteEngineCoreClient(MPEngineCoreClient):
+    """The frontend's end of a shared engine core (vllm/engine/core_server.py) already
+    running at `address`, on this node or another; several frontends share it.
+
+    Nothing here owns the core: shutdown only tells it this frontend leaves. The core
+    counts as dead when its connection drops (its process exited, or heartbeats stopped
+    on a lost node): the requests waiting on it fail with EngineCoreDeadError."""
+
+    def __init__(self, vllm_config: Any, address: str, wait_ready: bool = True) -> None:
+        from vllm.engine.core_server import set_heartbeats, watch_disconnects
+        self._init_state(vllm_config)
+        self.address = address
+        self.records_core_stats = False
+        self._started_at = time.perf_counter()
+        self._ctx = zmq.Context()
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, os.urandom(8))
+        set_heartbeats(sock)
+        self._monitor = watch_disconnects(sock)
+        sock.connect(address)
+        self._input = self._output = sock
+        self._make_pollers(self._monitor)
+        self._finalizer = weakref.finalize(self, _close_remote, sock, self._monitor,
+                                           self._ctx, self._wake_r, self._wake_w)
+        self._ready = False
+        self._send(serial.HELLO)
+        if wait_ready:
+            self.wait_ready()
+
+    @property
+    def rank(self) -> int:
+        return self.vllm_config.parallel_config.data_parallel_rank
+
+    def wait_ready(self) -> None:
+        if self._ready:
+            return
+        try:
+            self._wait_ready_message()
+        except BaseException:
+            self.shutdown()
+            raise
+        self._ready = True
+        logger.info("Connected to engine core DP rank %d at %s (%s).", self.rank,
+                    self.address, "primary frontend" if self.records_core_stats else
+                    "secondary frontend")
+
+    def _on_ready(self, info: dict[str, Any]) -> None:
+        super()._on_ready(info)
+        self.records_core_stats = bool(info.get("primary"))
+
+    def check_health(self) -> None:
+        """Raise once the core's connection dropped (read without blocking, unless
+        another thread is reading the sockets: it notices the same event)."""
+        from vllm.engine.core_server import disconnected
+        if self._dead is None and self._lock.acquire(blocking=False):
+            try:
+                if disconnected(self._monitor):
+                    self._drain_quietly()
+                    if self._dead is None:
+                        self._dead = self._death_message()
+            finally:
+                self._lock.release()
+        if self._dead is not None:
+            raise EngineCoreDeadError(self._dead)
+
+    def _drain_quietly(self) -> None:
+        try:
+            self._drain()
+        except EngineCoreDeadError:
+            pass  # self._dead holds the core's own reason
+
+    def _on_death_event(self) -> None:
+        from vllm.engine.core_server import disconnected
+        if disconnected(self._monitor):
+            self._drain_quietly()
+            if self._dead is None:
+                self._dead = self._death_message()
+            raise EngineCoreDeadError(self._dead)
+
+    def _death_message(self) -> str:
+        return (f"The engine core of data-parallel rank {self.rank} at {self.address} "
+                "disconnected: its process or its node is gone.")
+
+    def shutdown(self) -> None:
+        """Tell the core this frontend leaves (it aborts what is left of ours)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._dead is None:
+            try:
+                self._input.send(self._encoder.encode(serial.SHUTDOWN), zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+        self._finalizer()
+
+
+def _close_remote(sock: Any, monitor: Any, ctx: Any, wake_r: Any, wake_w: Any) -> None:
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass
+    monitor.close(linger=0)
+    sock.close(linger=1000)  # the goodbye goes out
+    ctx.term()
+    for s in (wake_r, wake_w):
+        s.close()
 
 
 def _close(proc: Any, input_sock: Any, output_sock: Any, ctx: Any, death_writer: Any,

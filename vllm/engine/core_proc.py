@@ -137,8 +137,7 @@ class EngineCoreProc:
                     self._send_outputs([])
         except BaseException as exc:  # noqa: BLE001 - the frontend fails its requests
             logger.exception("The engine core stopped with an error.")
-            self.outputs.send(self.encoder.encode(
-                serial.DEAD, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            self._send_dead(f"{type(exc).__name__}: {exc}", traceback.format_exc())
             return 1
 
     # ----------------------------------------------------------- inputs
@@ -176,7 +175,13 @@ class EngineCoreProc:
                                                                         **kwargs)))
         except Exception as exc:  # noqa: BLE001 - raised again in the caller
             reply = (False, _portable(exc))
-        self.outputs.send(self.encoder.encode(serial.UTILITY_REPLY, call_id, *reply))
+        self._send(self.encoder.encode(serial.UTILITY_REPLY, call_id, *reply))
+
+    def _send(self, data: bytes) -> None:
+        self.outputs.send(data)
+
+    def _send_dead(self, reason: str, tb: str) -> None:
+        self._send(self.encoder.encode(serial.DEAD, reason, tb))
 
     # ---------------------------------------------------------- outputs
     def _send_outputs(self, outputs: list[Any]) -> None:
@@ -185,5 +190,5 @@ class EngineCoreProc:
         if not outputs and stats == self._last_stats:
             return
         self._last_stats = stats
-        self.outputs.send(self.encoder.encode(serial.OUTPUTS, serial.pack_outputs(outputs),
-                                              MessageEncoder.opaque(stats)))
+        self._send(self.encoder.encode(serial.OUTPUTS, serial.pack_outputs(outputs),
+                                       MessageEncoder.opaque(stats)))

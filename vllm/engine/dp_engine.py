@@ -4,9 +4,11 @@
 scheduler, KV cache and workers; each may itself be tensor/pipeline parallel) and
 `DPAsyncLLMEngine` presents them to the server as one engine:
 
-- routing: a new request goes to the replica with the least outstanding work,
-  counted as the requests this frontend routed to it that have not finished yet
-  (ties rotate, so an idle server spreads a burst evenly);
+- routing: a new request goes to the replica with the least work, as vLLM's
+  coordinator counts it: the requests its core reports waiting or running (every
+  frontend hears every core's stats, so several API servers balance together), plus
+  those this frontend sent it since that report (ties rotate, so an idle server
+  spreads a burst evenly);
 - metrics: /metrics exposes every replica's series with an `engine` label ("0",
   "1", ...), as vLLM does; sum over the label for totals;
 - health: the server is unhealthy (503) as soon as any replica is dead.
@@ -49,6 +51,31 @@ def build_async_engine(engine_args: AsyncEngineArgs, start_engine_loop: bool = T
         return DPAsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len)
     return AsyncLLMEngine.from_engine_args(engine_args, start_engine_loop, max_log_len,
                                            while_core_starts=while_core_starts)
+
+
+def build_remote_engine(engine_args: AsyncEngineArgs, addresses: list[str],
+                        max_log_len: Optional[int] = None
+                        ) -> Union[AsyncLLMEngine, "DPAsyncLLMEngine"]:
+    """An API server's engine over shared cores already running at `addresses` (one per
+    data-parallel rank; vllm/engine/dp_cores.py): this process tokenizes, detokenizes
+    and streams, the cores step."""
+    from vllm.engine.dp_cores import rank_config
+    from vllm.engine.llm_engine import LLMEngine
+    replicas: list[AsyncLLMEngine] = []
+    try:
+        for rank, address in enumerate(addresses):
+            engine = LLMEngine(rank_config(engine_args, rank),
+                               log_stats=not engine_args.disable_log_stats,
+                               core_address=address)
+            replicas.append(AsyncLLMEngine(
+                engine, log_requests=engine_args.log_requests,
+                log_outputs=engine_args.enable_log_outputs,
+                log_stats=not engine_args.disable_log_stats, max_log_len=max_log_len))
+    except BaseException:
+        for r in replicas:
+            r.shutdown()
+        raise
+    return replicas[0] if len(replicas) == 1 else DPAsyncLLMEngine(replicas)
 
 
 def prestart_engine_core(data_parallel_size: int, engine_args: AsyncEngineArgs) -> bool:
@@ -101,6 +128,9 @@ class DPAsyncLLMEngine(EngineClient):
             weakref.WeakKeyDictionary())
         """Replica of each stream, for iterate() even after its id was released."""
         self._outstanding = [0] * len(replicas)
+        self._unreported = [0] * len(replicas)
+        """Requests sent to each replica since its core's last stats."""
+        self._reported: list[Any] = [None] * len(replicas)
         self._next = 0
         self._shutdown_done = False
 
@@ -180,12 +210,25 @@ class DPAsyncLLMEngine(EngineClient):
 
     # ------------------------------------------------------------ requests
     def pick_replica(self) -> int:
-        """Index of the replica with the fewest outstanding requests (ties rotate)."""
+        """Index of the replica with the least load (ties rotate)."""
         n = len(self.replicas)
+        loads = [self._load(i) for i in range(n)]
         order = [(self._next + k) % n for k in range(n)]
-        best = min(order, key=lambda i: self._outstanding[i])
+        best = min(order, key=loads.__getitem__)
         self._next = (best + 1) % n
+        self._unreported[best] += 1
         return best
+
+    def _load(self, index: int) -> int:
+        """Waiting + running requests by the core's last stats, plus those sent since
+        (before any stats: what this frontend has outstanding there)."""
+        stats = getattr(self.replicas[index].stats, "last_scheduler_stats", None)
+        if stats is None:
+            return self._outstanding[index]
+        if stats is not self._reported[index]:
+            self._reported[index] = stats
+            self._unreported[index] = 0
+        return stats.num_waiting_reqs + stats.num_running_reqs + self._unreported[index]
 
     async def add_request(self, request_id: str, prompt: Any, params: Any,
                           arrival_time: Optional[float] = None,

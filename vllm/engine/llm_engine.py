@@ -32,10 +32,13 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
 
     def __init__(self, vllm_config: VllmConfig, log_stats: bool = True,
-                 multiprocess: bool = False, wait_for_core: bool = True) -> None:
+                 multiprocess: bool = False, wait_for_core: bool = True,
+                 core_address: Optional[str] = None) -> None:
         """`wait_for_core=False` (a core in its own process): return once the tokenizer
         is loaded, while the core may still initialize; call `wait_for_core()` before
-        the first request (a server builds its app meanwhile)."""
+        the first request (a server builds its app meanwhile). `core_address`: a shared
+        engine core already running there (several API servers, data parallel over
+        nodes: vllm/engine/core_server.py) instead of a core of this engine's own."""
         from vllm.transformers_utils.tokenizer import get_tokenizer
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
@@ -48,8 +51,9 @@ class LLMEngine:
                     vllm_config.cache_config.enable_prefix_caching,
                     vllm_config.scheduler_config.enable_chunked_prefill)
         # A core process is started first: it initializes while the tokenizer loads here.
-        core = make_engine_core(vllm_config, multiprocess=True, wait_ready=False) \
-            if multiprocess else None
+        core = make_engine_core(vllm_config, multiprocess=True, wait_ready=False,
+                                address=core_address) \
+            if multiprocess or core_address is not None else None
         try:
             # skip_tokenizer_init: token ids in, token ids out, as vLLM (no tokenizer).
             self.tokenizer = None if mc.skip_tokenizer_init else get_tokenizer(

@@ -19,6 +19,7 @@ from vllm.engine.observability_metrics import (HiddenMetrics, KVBlockMetrics, Mf
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram,
                                PlatformCollector, ProcessCollector, generate_latest)
 
+from vllm.metrics.multiprocess import GAUGE_MODE
 from vllm.engine.kv_offload_metrics import KVConnectorMetrics
 from vllm.spec_decode.metrics import SpecDecodingProm
 
@@ -67,7 +68,8 @@ class PrometheusMetrics:
         reg = self.registry
 
         def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, labels, registry=reg).labels(*values)
+            return Gauge(name, doc, labels, multiprocess_mode=GAUGE_MODE,
+                         registry=reg).labels(*values)
 
         def counter(name: str, doc: str) -> Any:
             return Counter(name, doc, labels, registry=reg).labels(*values)
@@ -82,7 +84,7 @@ class PrometheusMetrics:
         by_reason = Gauge("vllm:num_requests_waiting_by_reason",
                           "Number of requests waiting, by reason: capacity (KV cache or batch "
                           "slots) or deferred (grammar compiling, LoRA slot).",
-                          [*labels, "reason"], registry=reg)
+                          [*labels, "reason"], multiprocess_mode=GAUGE_MODE, registry=reg)
         self.num_requests_waiting_by_reason = {r: by_reason.labels(*values, r)
                                                for r in WAITING_REASONS}
         self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc",
@@ -173,7 +175,8 @@ class PrometheusMetrics:
                 for f in dataclasses.fields(cache_config)}
         info["engine"] = self._labels["engine"]
         Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-              list(info), registry=self.registry).labels(**info).set(1)
+              list(info), multiprocess_mode=GAUGE_MODE,
+              registry=self.registry).labels(**info).set(1)
 
 
 REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
@@ -264,18 +267,25 @@ class StatsTracker:
         self.lora_info = None if max_loras is None else Gauge(
             "vllm:lora_requests_info", "Running stats on lora requests.",
             ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
-            registry=self.metrics.registry)
+            multiprocess_mode=GAUGE_MODE, registry=self.metrics.registry)
         self._requests: dict[str, _RequestTimes] = {}
         self._last_queries = 0
         self._last_hits = 0
         self._last_preemptions = 0
         self._window = _Window()
         self._last_scheduler_stats: Any = None
+        self.records_core_stats = True
+        """False in an API server that is not its shared core's primary frontend."""
         self._step_tokens = 0
 
     @property
     def registry(self) -> CollectorRegistry:
         return self.metrics.registry
+
+    @property
+    def last_scheduler_stats(self) -> Any:
+        """The engine core's latest SchedulerStats (None before the first)."""
+        return self._last_scheduler_stats
 
     # -------------------------------------------------------------- requests
     def on_request_added(self, request_id: str, params: Any = None,
@@ -399,8 +409,13 @@ class StatsTracker:
 
     # ------------------------------------------------------------- scheduler
     def on_scheduler_stats(self, stats: Any) -> None:
-        """Update gauges and the cumulative-count counters from the engine's SchedulerStats."""
+        """Update gauges and the cumulative-count counters from the engine's SchedulerStats.
+        A frontend that is not its core's primary (several API servers share the core)
+        only keeps them: the primary records the core's series, once."""
         if stats is None:
+            return
+        if not self.records_core_stats:
+            self._last_scheduler_stats = stats
             return
         m = self.metrics
         m.num_requests_running.set(stats.num_running_reqs)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from vllm.engine.perf_metrics import PEAK_FLOPS, PerfEstimate
+from vllm.metrics.multiprocess import GAUGE_MODE
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ class SleepStateMetric:
         gauge = Gauge("vllm:engine_sleep_state", "Engine sleep state; awake = 0 means "
                       "engine is sleeping; awake = 1 means engine is awake; "
                       "weights_offloaded = 1 means sleep level 1; discard_all = 1 means "
-                      "sleep level 2.", [*labels, "sleep_state"], registry=registry)
+                      "sleep level 2.", [*labels, "sleep_state"],
+                      multiprocess_mode=GAUGE_MODE, registry=registry)
         self._states = {s: gauge.labels(*values, s) for s in SLEEP_STATES}
         self.set(0)
 
@@ -99,6 +101,7 @@ class MfuMetrics:
             Gauge("vllm:peak_flops_per_gpu", "Dense bf16 peak FLOP/s of one device "
                   f"({device_model}): model FLOPs utilization is "
                   "rate(vllm:estimated_flops_per_gpu_total) / this.", labels,
+                  multiprocess_mode=GAUGE_MODE,
                   registry=registry).labels(*values).set(self.peak_flops)
 
     def add(self, estimate: PerfEstimate) -> None:
@@ -119,7 +122,7 @@ class HiddenMetrics:
         self.gpu_cache_usage = Gauge(
             "vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage. "
             "DEPRECATED: use vllm:kv_cache_usage_perc.", labels,
-            registry=registry).labels(*values)
+            multiprocess_mode=GAUGE_MODE, registry=registry).labels(*values)
         self.gpu_prefix_cache_queries = Counter(
             "vllm:gpu_prefix_cache_queries", "GPU prefix cache queries, in terms of number "
             "of queried tokens. DEPRECATED: use vllm:prefix_cache_queries.", labels,

@@ -25,6 +25,8 @@ ADD = "add"
 ABORT = "abort"
 UTILITY = "utility"
 SHUTDOWN = "shutdown"
+HELLO = "hello"
+"""A frontend's first message to a shared core (vllm/engine/core_server.py)."""
 # Message kinds, core -> frontend.
 READY = "ready"
 FAILED = "failed"

@@ -111,7 +111,7 @@ class HPUWorker(WorkerBase):
         (the share on small hosts) no pool is used; with larger shares, start the
         workers with spawn if the engine process already ran torch work."""
         pc = self.vllm_config.parallel_config
-        ranks = pc.world_size * pc.data_parallel_size
+        ranks = pc.world_size * pc.data_parallel_local_size
         if ranks > 1:
             cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                      else os.cpu_count() or 1)

@@ -33,11 +33,11 @@ class WorkerBase:
 
     @property
     def device_index(self) -> int:
-        """This rank's device on its node. Data-parallel replicas run on one node side
-        by side, so replica r's ranks take the devices r * world_size onwards:
-        index = data_parallel_rank * world_size + local_rank."""
+        """This rank's device on its node. A node's data-parallel replicas run side by
+        side, so its replica r's ranks take the devices r * world_size onwards:
+        index = data_parallel_rank_local * world_size + local_rank."""
         pc = self.vllm_config.parallel_config
-        return pc.data_parallel_rank * pc.world_size + self.local_rank
+        return pc.data_parallel_rank_local * pc.world_size + self.local_rank
 
     def get_device_index(self) -> int:
         """The device this worker runs on (an RPC: replicas and ranks can be checked)."""

@@ -31,6 +31,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     args = resolve_model_tag(args)
     from vllm.entrypoints.cli.headless import run_headless_workers_if_asked
     run_headless_workers_if_asked(args)  # --nnodes N --headless: this node's workers only
+    from vllm.entrypoints.multi_server import run_multi_server
+    run_multi_server(args)  # returns unless the deployment needs cores of its own
     prestart(args)  # the engine core starts before the server module's imports
     from vllm.entrypoints.openai.api_server import run_server
     run_server(args)

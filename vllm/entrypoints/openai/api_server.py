@@ -38,7 +38,8 @@ from vllm.engine.protocol import EngineClient, EngineDeadError
 from vllm.entrypoints.anthropic.routes import install_anthropic_routes
 from vllm.entrypoints.launcher import serve_http
 from vllm.entrypoints.openai.chat_utils import load_chat_template
-from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.entrypoints.openai.cli_args import (make_arg_parser, needs_own_cores,
+                                              validate_parsed_serve_args)
 from vllm.entrypoints.openai.errors import (BadRequestError, OpenAIError,
                                             ServiceUnavailableError, error_type_for,
                                             lone_surrogate_path, make_error, validation_error)
@@ -382,8 +383,14 @@ def _install_routes(app: FastAPI) -> None:
         from prometheus_client import CONTENT_TYPE_LATEST
 
         from vllm.engine.metrics import render_metrics
-        registry = _state(raw_request).engine.metrics_registry
-        body = render_metrics(registry, raw_request.app.state.http_metrics_registry)
+        from vllm.metrics import multiprocess
+        if multiprocess.enabled():  # several API servers: every one's series
+            from vllm.engine.metrics import process_registry
+            from prometheus_client import generate_latest
+            body = multiprocess.render_all() + generate_latest(process_registry())
+        else:
+            registry = _state(raw_request).engine.metrics_registry
+            body = render_metrics(registry, raw_request.app.state.http_metrics_registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
@@ -616,11 +623,36 @@ def _freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def serve_engine(args: argparse.Namespace, sock: socket.socket, engine: EngineClient,
+                 tokenizer: Optional[Any] = None) -> bool:
+    """Serve `engine` on the listening `sock` until SIGINT/SIGTERM, then shut the engine
+    down; True if it died meanwhile."""
+    try:
+        _log_startup(engine)
+        app = build_app(args, engine, tokenizer=tokenizer)
+        _freeze_startup_heap()
+        scheme = "https" if args.ssl_certfile else "http"
+        logger.info("Starting vLLM API server on %s://%s:%d", scheme,
+                    args.host or "0.0.0.0", args.port)
+        return asyncio.run(serve_http(
+            app, sock, engine, shutdown_timeout_s=args.shutdown_timeout,
+            graceful_close_s=GRACEFUL_SHUTDOWN_S, log_level=args.uvicorn_log_level,
+            access_log=not args.disable_uvicorn_access_log, ssl_keyfile=args.ssl_keyfile,
+            ssl_certfile=args.ssl_certfile, ssl_ca_certs=args.ssl_ca_certs,
+            timeout_keep_alive=5))
+    finally:
+        engine.shutdown()
+
+
 def run_server(args: argparse.Namespace) -> None:
     """Load the engine, then serve until SIGINT/SIGTERM (exit status 1 if the engine died)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.engine.dp_engine import (build_async_engine, prestart_engine_core,
                                        release_engine_core)
+    if needs_own_cores(args):
+        raise ValueError("--api-server-count above 1, --headless, "
+                         "--data-parallel-size-local and --data-parallel-backend ray start "
+                         "engine cores of their own: run them with `vllm serve`.")
     args._process_start = _process_start_time()
     _apply_log_level(args)
     from vllm.entrypoints.cli.headless import run_headless_workers_if_asked
@@ -642,21 +674,7 @@ def run_server(args: argparse.Namespace) -> None:
             engine_args, max_log_len=args.max_log_len,
             while_core_starts=lambda e: spare.update(tokenizer=copy_tokenizer(e.tokenizer)))
         release_engine_core()
-        try:
-            _log_startup(engine)
-            app = build_app(args, engine, tokenizer=spare.get("tokenizer"))
-            _freeze_startup_heap()
-            scheme = "https" if args.ssl_certfile else "http"
-            logger.info("Starting vLLM API server on %s://%s:%d", scheme,
-                        args.host or "0.0.0.0", args.port)
-            engine_died = asyncio.run(serve_http(
-                app, sock, engine, shutdown_timeout_s=args.shutdown_timeout,
-                graceful_close_s=GRACEFUL_SHUTDOWN_S, log_level=args.uvicorn_log_level,
-                access_log=not args.disable_uvicorn_access_log, ssl_keyfile=args.ssl_keyfile,
-                ssl_certfile=args.ssl_certfile, ssl_ca_certs=args.ssl_ca_certs,
-                timeout_keep_alive=5))
-        finally:
-            engine.shutdown()
+        engine_died = serve_engine(args, sock, engine, tokenizer=spare.get("tokenizer"))
     finally:
         sock.close()
         # Everything is shut down: keep the interpreter's final garbage collection from

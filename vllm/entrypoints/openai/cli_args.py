@@ -106,6 +106,11 @@ def make_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.A
     server.add_argument("--response-role", type=str, default="assistant",
                         help="Role of generated chat messages when add_generation_prompt "
                              "is true.")
+    server.add_argument("--api-server-count", "-asc", type=int, default=None,
+                        help="API server processes sharing the port (default 1; 0 with "
+                             "--headless). Each talks to every engine core; use several "
+                             "when tokenization, detokenization and streaming, not the "
+                             "engine, are the bottleneck.")
     server.add_argument("--headless", action="store_true",
                         help="Run this node's engine cores (data parallel) or workers "
                              "(--nnodes) without an API server; they join the head node.")
@@ -216,6 +221,36 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
                          "skip_tokenizer_init=True (token ids in, token ids out).")
     if args.max_log_len is not None and args.max_log_len < 0:
         raise ValueError(f"--max-log-len must be >= 0, got {args.max_log_len}.")
+    _check_deployment(args)
+
+
+def needs_own_cores(args: argparse.Namespace) -> bool:
+    """Whether this `vllm serve` needs engine cores of its own (it then runs through
+    vllm/entrypoints/multi_server.py)."""
+    if getattr(args, "headless", False) and getattr(args, "nnodes", 1) in (None, 1):
+        return True
+    dp = getattr(args, "data_parallel_size", 1)
+    local = getattr(args, "data_parallel_size_local", None)
+    return ((getattr(args, "api_server_count", None) or 1) > 1
+            or (local is not None and local < dp)
+            or (dp > 1 and getattr(args, "data_parallel_backend", "mp") == "ray"))
+
+
+def _check_deployment(args: argparse.Namespace) -> None:
+    """--api-server-count / --headless against the data-parallel layout."""
+    count = getattr(args, "api_server_count", None)
+    if count is not None and count < 0:
+        raise ValueError(f"--api-server-count must be >= 0, got {count}.")
+    if getattr(args, "headless", False):
+        if count:
+            raise ValueError(f"--api-server-count={count} cannot be used with --headless "
+                             "(no API server runs on a headless node).")
+    elif count == 0:
+        raise ValueError("--api-server-count=0 starts no API server: use --headless.")
+    elif getattr(args, "data_parallel_start_rank", 0):
+        raise ValueError("--data-parallel-start-rank is for a --headless node (the head "
+                         "node runs ranks from 0); hybrid load balancing, API servers on "
+                         "every node, is not supported.")
 
 
 def _check_tool_parser(args: argparse.Namespace) -> None:
