@@ -154,7 +154,7 @@ def test_multi_node_flags_refused_by_name(kwargs, match):
         ParallelConfig(**kwargs)
 
 
-def test_headless_refuses_node_zero_and_the_head_refuses_other_settings():
+def test_headless_refuses_node_zero_and_the_head_refuses_other_settings(caplog):
     from vllm.executor.multinode import (NodeLayout, RemoteWorkerListener, _connect,
                                          run_headless)
     pc = ParallelConfig(tensor_parallel_size=2, nnodes=2, master_port=_free_port(pairs=True))
@@ -165,6 +165,8 @@ def test_headless_refuses_node_zero_and_the_head_refuses_other_settings():
     errors = []
 
     def worker():
+        with socket.create_connection(layout.rpc_address) as stray:  # e.g. a port scan:
+            stray.sendall(b"GET / HTTP/1.0\r\n\r\n")  # dropped, not an error
         try:
             _connect(layout, 1, {"tensor_parallel_size": 4}, "rpc", timeout_s=10)
         except ValueError as e:
@@ -176,3 +178,4 @@ def test_headless_refuses_node_zero_and_the_head_refuses_other_settings():
         listener.accept_all(timeout_s=10)
     thread.join(10)
     assert errors and "refused rank 1" in errors[0]
+    assert "Dropped a connection from 127.0.0.1" in caplog.text

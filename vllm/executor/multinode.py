@@ -27,6 +27,7 @@ both must be reachable only from the cluster's nodes.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -178,7 +179,10 @@ class RemoteWorkerListener:
                 except socket.timeout:
                     continue
                 conn = _wrap(sock)
-                rank, kind = self._handshake(conn, expected, halves)
+                welcome = self._handshake(conn, expected, halves, f"{addr[0]}:{addr[1]}")
+                if welcome is None:
+                    continue
+                rank, kind = welcome
                 halves.setdefault(rank, {})[kind] = conn
                 peers[rank] = f"{addr[0]}:{addr[1]}"
         except BaseException:
@@ -192,18 +196,23 @@ class RemoteWorkerListener:
                 for r in sorted(expected)}
 
     def _handshake(self, conn: Connection, expected: set[int],
-                   halves: dict[int, dict[str, Connection]]) -> tuple[int, str]:
-        """Read a hello; answer None (welcome) or the reason it is refused (then raise:
-        a node with other flags would only hang the group)."""
-        if not conn.poll(10.0):
-            conn.close()
-            raise RuntimeError("A connection to the multi-node RPC port sent no hello "
-                               "within 10 s.")
-        hello = conn.recv()
-        error = None
+                   halves: dict[int, dict[str, Connection]], peer: str
+                   ) -> Optional[tuple[int, str]]:
+        """Read a hello (JSON: nothing is unpickled from a connection before it); answer
+        the reason it is refused, or none. A connection that is no vLLM worker is dropped
+        (None); a worker started with other flags fails the start (it would only hang the
+        group)."""
+        try:
+            hello = json.loads(conn.recv_bytes(1 << 16)) if conn.poll(10.0) else None
+        except (OSError, EOFError, ValueError):
+            hello = None
         if not isinstance(hello, dict) or hello.get("hello") != _HELLO:
-            error = "not a vLLM worker of this version"
-        elif hello["shape"] != self.shape:
+            logger.warning("Dropped a connection from %s to the multi-node RPC port: not a "
+                           "vLLM worker of this version.", peer)
+            conn.close()
+            return None
+        error = None
+        if hello["shape"] != self.shape:
             diff = {k: (self.shape.get(k), hello["shape"].get(k)) for k in self.shape
                     if self.shape.get(k) != hello["shape"].get(k)}
             error = ("started with other settings than the head: " + ", ".join(
@@ -211,7 +220,7 @@ class RemoteWorkerListener:
         elif hello["rank"] not in expected or hello["kind"] in halves.get(hello["rank"], {}):
             error = (f"claims rank {hello['rank']}, which is not a remote rank still "
                      f"expected ({sorted(expected)}); check --node-rank")
-        conn.send(error)
+        conn.send_bytes(json.dumps({"error": error}).encode())
         if error is not None:
             conn.close()
             raise RuntimeError(f"A remote worker was refused: {error}.")
@@ -242,10 +251,11 @@ def _connect(layout: NodeLayout, rank: int, shape: dict, kind: str,
                                    f"{timeout_s:.0f} s: {e}.") from e
             time.sleep(0.5)
     conn = _wrap(sock)
-    conn.send({"hello": _HELLO, "rank": rank, "kind": kind, "shape": shape})
+    conn.send_bytes(json.dumps({"hello": _HELLO, "rank": rank, "kind": kind,
+                                "shape": shape}).encode())
     if not conn.poll(30.0):
         raise TimeoutError(f"The head at {host}:{port} did not answer rank {rank}'s hello.")
-    error = conn.recv()
+    error = json.loads(conn.recv_bytes())["error"]
     if error is not None:
         raise ValueError(f"The head at {host}:{port} refused rank {rank}: {error}.")
     return conn
