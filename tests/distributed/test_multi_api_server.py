@@ -195,3 +195,109 @@ def test_a_second_node_serves_through_the_head(tiny_qwen2, tiny_reference, backe
             node.stop()
     for node in nodes:
         os.unlink(node.log.name)
+
+
+# ------------------------------------------------------------ no engine needed
+def _serve_args(*argv: str):
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+    return make_arg_parser().parse_args(list(argv))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--headless", "--api-server-count", "2"], "cannot be used with --headless"),
+    (["--api-server-count", "0"], "use --headless"),
+    (["--api-server-count", "-1"], "--api-server-count must be >= 0"),
+    (["-dp", "2", "--data-parallel-start-rank", "1"], "is for a --headless node"),
+])
+def test_deployment_flags_refused_by_name(argv, message):
+    from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+    with pytest.raises(ValueError, match=message):
+        validate_parsed_serve_args(_serve_args(*argv))
+
+
+def test_runtime_lora_updates_refused_with_several_api_servers(monkeypatch):
+    from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
+    with pytest.raises(ValueError, match="would be unknown to the others"):
+        validate_parsed_serve_args(_serve_args("--api-server-count", "2"))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(data_parallel_size=2, data_parallel_size_local=3), "data_parallel_size_local"),
+    (dict(data_parallel_size=2, data_parallel_start_rank=2), "data_parallel_start_rank"),
+    (dict(data_parallel_size=4, data_parallel_size_local=2, data_parallel_start_rank=3),
+     "exceeds data_parallel_size"),
+    (dict(data_parallel_backend="mpi"), "data_parallel_backend"),
+    (dict(data_parallel_rpc_port=70000), "data_parallel_rpc_port"),
+])
+def test_data_parallel_layout_checked(kwargs, message):
+    from vllm.config import ParallelConfig
+    with pytest.raises(ValueError, match=message):
+        ParallelConfig(**kwargs)
+
+
+def test_the_module_entry_point_sends_deployments_to_vllm_serve():
+    from vllm.entrypoints.openai.api_server import run_server
+    with pytest.raises(ValueError, match="run them with `vllm serve`"):
+        run_server(_serve_args("--api-server-count", "2"))
+
+
+def test_a_shared_core_loads_an_adapter_once():
+    """Every API server loads its --lora-modules on every core: once per core; a
+    load_inplace (weights read again) still reloads."""
+    from types import SimpleNamespace
+
+    from vllm.engine.utility import _add_lora
+    from vllm.lora.request import LoRARequest
+    calls = []
+    core = SimpleNamespace(vllm_config=SimpleNamespace(lora_config=object()),
+                           loaded_loras={},
+                           collective_rpc=lambda m, args: calls.append(m) or [True])
+    lora = LoRARequest(lora_name="a", lora_int_id=1, lora_path="/adapters/a")
+    assert _add_lora(core, lora) and _add_lora(core, lora)
+    assert calls == ["add_lora"]
+    assert _add_lora(core, LoRARequest(lora_name="a", lora_int_id=1,
+                                       lora_path="/adapters/a", load_inplace=True))
+    assert calls == ["add_lora", "add_lora"]
+
+
+def test_routing_follows_the_cores_reported_load():
+    """Several API servers balance by what each core reports (waiting + running), plus
+    what this one sent since the report."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from vllm.engine.dp_engine import DPAsyncLLMEngine
+
+    class Replica:
+        def __init__(self, waiting: int, running: int) -> None:
+            self.model_config = SimpleNamespace(max_model_len=64, served_model_name=["m"])
+            self.vllm_config = None
+            from prometheus_client import CollectorRegistry
+            self.stats = SimpleNamespace(
+                registry=CollectorRegistry(), last_scheduler_stats=SimpleNamespace(
+                    num_waiting_reqs=waiting, num_running_reqs=running))
+            self.added: list[str] = []
+
+        async def add_request(self, request_id, *args, **kwargs):
+            self.added.append(request_id)
+            return Stream(request_id)
+
+    class Stream:
+        def __init__(self, request_id: str) -> None:
+            self.request_id = request_id
+
+    busy, idle = Replica(waiting=3, running=2), Replica(waiting=0, running=2)
+    dp = DPAsyncLLMEngine([busy, idle])
+
+    async def scenario() -> None:
+        for i in range(5):
+            await dp.add_request(f"r{i}", "p", None)
+
+    asyncio.run(scenario())
+    # idle (load 2) takes r0-r2 until it reaches busy's 5, then they alternate.
+    assert idle.added == ["r0", "r1", "r2", "r4"] and busy.added == ["r3"]
+    # A new report replaces what this frontend counted since the last one.
+    idle.stats.last_scheduler_stats = SimpleNamespace(num_waiting_reqs=9, num_running_reqs=0)
+    asyncio.run(dp.add_request("r5", "p", None))
+    assert busy.added == ["r3", "r5"]

@@ -236,6 +236,11 @@ def needs_own_cores(args: argparse.Namespace) -> bool:
             or (dp > 1 and getattr(args, "data_parallel_backend", "mp") == "ray"))
 
 
+def _runtime_lora_updating() -> bool:
+    from vllm import envs
+    return bool(envs.VLLM_ALLOW_RUNTIME_LORA_UPDATING)
+
+
 def _check_deployment(args: argparse.Namespace) -> None:
     """--api-server-count / --headless against the data-parallel layout."""
     count = getattr(args, "api_server_count", None)
@@ -247,6 +252,11 @@ def _check_deployment(args: argparse.Namespace) -> None:
                              "(no API server runs on a headless node).")
     elif count == 0:
         raise ValueError("--api-server-count=0 starts no API server: use --headless.")
+    elif count is not None and count > 1 and _runtime_lora_updating():
+        raise ValueError(f"VLLM_ALLOW_RUNTIME_LORA_UPDATING with --api-server-count={count}: "
+                         "an adapter loaded through one API server would be unknown to the "
+                         "others. Give the adapters with --lora-modules, or run one API "
+                         "server.")
     elif getattr(args, "data_parallel_start_rank", 0):
         raise ValueError("--data-parallel-start-rank is for a --headless node (the head "
                          "node runs ranks from 0); hybrid load balancing, API servers on "
