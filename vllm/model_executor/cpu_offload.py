@@ -88,6 +88,15 @@ def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
     return host
 
 
+@torch._dynamo.disable
+def _copy_in(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Eager even when the layer is a compiled region (one without attention: the HPU's
+    torch.compile mode compiles such layers whole, hooks included): the copy is not
+    traced into a graph that would keep the host tensors as its constants."""
+    for staged, host in pairs:
+        staged.copy_(host, non_blocking=True)
+
+
 class _CopyIn:
     """Forward pre-hook: the layer's host tensors into the shared staging copy."""
 
@@ -95,8 +104,7 @@ class _CopyIn:
         self.pairs = pairs
 
     def __call__(self, module: nn.Module, args: tuple) -> None:
-        for staged, host in self.pairs:
-            staged.copy_(host, non_blocking=True)
+        _copy_in(self.pairs)
 
 
 def offload_layers(model: nn.Module, cpu_offload_gb: float, device: torch.device,
