@@ -2,12 +2,14 @@
 keep a set of prompts loses them, and sending one again takes its prefix back from host
 memory (counted as host hits, loaded blocks, Prometheus) with the greedy outputs of the
 run without offloading; with HPU graphs (no layer-by-layer wait inside a replayed
-graph) too. The flags' errors name what is wrong: CPU, lmcache, a bad size."""
+graph) too. The flags' errors name what is wrong: CPU, lmcache, a bad size, state-space
+and MLA models."""
 from __future__ import annotations
 
 import pytest
 
 from tests.hpu.conftest import make_llm, platform_env, ragged_prompt_ids, release, runner_of
+from tests.models.test_mamba2 import mamba2_path  # noqa: F401 (fixture)
 from vllm import SamplingParams
 from vllm.engine.metrics import StatsTracker
 
@@ -104,3 +106,27 @@ def test_server_flags_parse():
     assert engine_args.kv_offloading_backend == "native"
     with pytest.raises(SystemExit):  # not a number of GiB
         make_arg_parser().parse_args(["--kv-offloading-size", "lots"])
+
+
+def test_host_pool_is_lru_and_spares_the_steps_loads():
+    from vllm.kv_transfer.offloading_connector import HostBlockPool
+    pool = HostBlockPool(2)
+    a, b = pool.allocate(101, set()), pool.allocate(102, set())
+    assert {a, b} == {0, 1} and len(pool) == 2
+    assert pool.lookup(101) == a  # 101 is now the most recently used
+    assert pool.allocate(103, set()) == b and pool.lookup(102) is None
+    # The least recently used (101) is being loaded this step: 103's block goes instead.
+    assert pool.allocate(104, {a}) == b and pool.lookup(103) is None
+    assert pool.allocate(105, {a, b}) is None  # nothing may be evicted
+
+
+def test_state_space_and_mla_models_refuse_by_name(request, tmp_path):
+    from tests.hpu.test_hpu_mla import V3
+    from tests.models._tiny_families import save_tiny
+    mla = save_tiny(str(tmp_path / "ds-v3"), "DeepseekV3Config", **V3)
+    with platform_env("hpu", VLLM_SKIP_WARMUP="1"):
+        with pytest.raises(ValueError, match="not supported for MLA models"):
+            make_llm(model=mla, kv_offloading_size=0.01, **ARGS)
+        with pytest.raises(ValueError, match="state-space layers \\(MambaSpec"):
+            make_llm(model=request.getfixturevalue("mamba2_path"), kv_offloading_size=0.01,
+                     **ARGS)

@@ -213,15 +213,14 @@ class OffloadingConnectorScheduler:
             for block in blocks[first:]:
                 if block.block_hash is None:
                     break  # not full yet (hashes are set once the step fills a block)
+                if self.host.lookup(block.block_hash) is None:
+                    host_id = self.host.allocate(block.block_hash, protected)
+                    if host_id is None:
+                        break  # every host block is in this step's copies: next step
+                    protected.add(host_id)
+                    device_ids.append(block.block_id)
+                    host_ids.append(host_id)
                 n += 1
-                if self.host.lookup(block.block_hash) is not None:
-                    continue
-                host_id = self.host.allocate(block.block_hash, protected)
-                if host_id is None:
-                    break
-                protected.add(host_id)
-                device_ids.append(block.block_id)
-                host_ids.append(host_id)
             self._num_scanned[req_id] = n
             if device_ids:
                 meta.saves.append(BlockTransfer(req_id, device_ids, host_ids))
