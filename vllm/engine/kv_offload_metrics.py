@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from vllm.metrics.multiprocess import GAUGE_MODE
+
 
 class KVConnectorMetrics:
 
@@ -54,6 +56,7 @@ class KVConnectorMetrics:
                                "(prefix-cache hits served from host memory)."),
             "used_blocks": Gauge("vllm:kv_offload_host_blocks_used",
                                  "Host-memory blocks holding offloaded KV.", self._labels,
+                                 multiprocess_mode=GAUGE_MODE,
                                  registry=self._reg).labels(*self._values),
         }
 
