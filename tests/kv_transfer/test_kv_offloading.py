@@ -130,3 +130,23 @@ def test_state_space_and_mla_models_refuse_by_name(request, tmp_path):
         with pytest.raises(ValueError, match="state-space layers \\(MambaSpec"):
             make_llm(model=request.getfixturevalue("mamba2_path"), kv_offloading_size=0.01,
                      **ARGS)
+
+
+def test_host_memory_outlives_sleep(tiny_model_factory):
+    """Sleep frees the device cache (the last step's stores finish first) and forgets the
+    device prefix cache; the prefixes come back from host memory after the wake-up."""
+    path = tiny_model_factory("llama")
+    with platform_env("hpu", VLLM_SKIP_WARMUP="1"):
+        llm = make_llm(model=path, kv_offloading_size=0.001, enable_sleep_mode=True, **ARGS)
+        try:
+            prompts = ragged_prompt_ids(llm.get_tokenizer(), [60, 60])
+            before = _serve(llm, prompts)
+            llm.sleep(level=1)
+            llm.wake_up()
+            after = _serve(llm, prompts)
+            stats = llm.llm_engine.get_stats()
+        finally:
+            release(llm)
+    assert [a[0] for a in after] == [b[0] for b in before]
+    assert [a[1] for a in after] == [48, 48]
+    assert stats.prefix_cache_hits == 0 and stats.external_prefix_cache_hits == 96

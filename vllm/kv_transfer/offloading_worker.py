@@ -195,6 +195,10 @@ class OffloadingConnectorWorker:
 
         self._last_job = self._copier.submit(job)
 
+    def wait_idle(self) -> None:
+        """Until every queued copy is done (before the device cache is freed)."""
+        self._wait_last_job()
+
     def _wait_last_job(self) -> None:
         if self._last_job is not None:
             self._last_job.wait()

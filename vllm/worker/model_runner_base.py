@@ -460,6 +460,8 @@ class ModelRunnerBase:
             raise ValueError("The worker is already asleep; call wake_up() first.")
         if level == 2:
             check_level2_supported(self.vllm_config)
+        if self._loads_layerwise():
+            self.kv_connector.wait_idle()  # the last step's stores still read the cache
         kv_bytes = sum(t.numel() * t.element_size() for t in self._cache_tensors())
         self.kv_caches = []
         draft = self._draft_model()
