@@ -1,4 +1,5 @@
-"""KV cache transfer between engines: prefill/decode disaggregation.
+"""KV cache transfer: between engines (prefill/decode disaggregation), and between a
+device cache and host memory (KV offloading, `offloading_connector.py`).
 
 vLLM V1's KV-connector design. A connector has two halves, built by
 `factory.KVConnectorFactory` for the role asking:
