@@ -242,3 +242,45 @@ def test_captures_read_only_weights_caches_and_static_buffers(
         assert not stray, f"captured ops read tensors made before the capture: {stray}"
     prompts = _prompts(2, [7, 12], seed=5)
     assert _generate(llm, prompts) == _hf_reference(path, prompts)
+
+
+def test_state_space_model_runs_eagerly_with_the_triton_ssm_kernels(cuda_runner_on_cpu,
+                                                                    tmp_path, monkeypatch):
+    """A Mamba2 model's mixers keep their requests' states in slots found through
+    per-pass metadata, which a replayed graph would not have (its decodes came out
+    wrong): the runner does not capture it (and says so). Its conv and SSD steps run
+    the CUDA platform's Triton kernels (bound here in place of the CPU's torch ops,
+    through the interpreter) and the greedy tokens equal transformers'."""
+    import transformers
+
+    from tests.models._tiny_families import _save_tokenizer
+    from tests.models.test_mamba2 import MAMBA2
+    from vllm.cuda.ops import CUDA_KERNELS
+    from vllm.model_executor import kernels
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.Mamba2Config(**MAMBA2), dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)  # decisive greedy choices
+    model.save_pretrained(str(tmp_path), safe_serialization=True)
+    _save_tokenizer(str(tmp_path))
+    calls: set[str] = set()
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls.add(name)
+            return fn(*args, **kwargs)
+        return call
+    table = kernels._bound.setdefault("cpu", {})
+    for name, fn in CUDA_KERNELS.items():
+        monkeypatch.setitem(table, name, counted(name, fn))
+    prompts = _prompts(3, [3, 12, 7], seed=5)
+    llm = LLM(model=str(tmp_path), dtype="float32", attention_backend="TRITON_ATTN",
+              max_num_seqs=4, max_model_len=64, cudagraph_capture_sizes=[1, 2, 4])
+    assert _generate(llm, prompts) == _hf_reference(str(tmp_path), prompts)
+    reason = llm.collective_rpc(lambda w: w.model_runner.graphs_unavailable())[0]
+    assert "state-space layers" in reason
+    assert llm.collective_rpc(_runner_stats)[0][1] is None  # no graphs
+    assert calls == {"causal_conv1d", "causal_conv1d_step", "ssd_step"}

@@ -5,7 +5,8 @@ and the CUDA platform binds these Triton kernels (vllm/cuda/layer_kernels.py) wh
 first layer is built, where triton is installed. Each falls back to the layer's
 `forward_native` where its kernel does not apply (rows that are not contiguous in
 their last dimension, autograd, M-RoPE's three position rows), so a bound forward is
-always safe to call.
+always safe to call. In the same step the kernel table (vllm/model_executor/kernels.py)
+gets the Triton kernels of the state-space mixers (vllm/cuda/ssm_kernels.py).
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from vllm.cuda import layer_kernels
+from vllm.cuda import layer_kernels, ssm_kernels
 from vllm.model_executor.custom_op import CustomOp
+from vllm.model_executor.kernels import register_kernels
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
@@ -79,6 +81,18 @@ CUDA_FORWARDS: dict[str, Callable[..., Any]] = {
 """op name -> its CUDA forward."""
 
 
+CUDA_KERNELS: dict[str, Callable[..., Any]] = {
+    "causal_conv1d": ssm_kernels.causal_conv1d,
+    "causal_conv1d_step": ssm_kernels.causal_conv1d_step,
+    "ssd_step": ssm_kernels.ssd_step,
+    "selective_step": ssm_kernels.selective_step,
+    "gated_delta_rule_step": ssm_kernels.gated_delta_rule_step,
+}
+"""kernel name -> its CUDA implementation (model_executor/kernels.py): the Triton
+kernels of the state-space mixers (vllm/cuda/ssm_kernels.py)."""
+
+
 def register_cuda_ops() -> list[str]:
-    """Bind every CUDA forward (idempotent); returns the op names bound."""
+    """Bind every CUDA forward and kernel (idempotent); returns the op names bound."""
+    register_kernels(CUDA_KERNELS, "cuda")
     return CustomOp.register_forwards(CUDA_FORWARDS, "cuda")

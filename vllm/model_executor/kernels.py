@@ -36,6 +36,12 @@ Kernels (name: signature; the neutral default):
   (None: the caller dequantizes).
 - `inc_fp8_linear(method, layer, x, bias) -> Tensor | None`: INC's static fp8 linear
   with the backend's own scale handling; None: the generic fp8 path.
+- The state-space and linear-attention ops of the hybrid models' mixers
+  (vllm/model_executor/layers/mamba/ops.py, whose docstrings give the signatures; the
+  torch ops are the defaults): `causal_conv1d`, `causal_conv1d_step`, `ssd_chunk_scan`,
+  `ssd_step`, `selective_scan`, `selective_step`, `gated_delta_rule_chunked`,
+  `gated_delta_rule_step`, `gated_rms_norm`. The step ops take `state_slots` (update
+  the slot cache in place).
 """
 from __future__ import annotations
 
@@ -46,6 +52,7 @@ import torch.nn.functional as F
 
 from vllm import envs
 from vllm.model_executor.layers.batch_invariant import row_invariant_linear
+from vllm.model_executor.layers.mamba import ops as ssm_ops
 
 KernelFn = Callable[..., Any]
 
@@ -170,3 +177,11 @@ def _no_int4_linear(layer: torch.nn.Module, x: torch.Tensor,
 def _no_inc_fp8_linear(method: Any, layer: torch.nn.Module, x: torch.Tensor,
                        bias: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     return None
+
+
+# the state-space / linear-attention ops: the torch ops are the defaults
+SSM_OPS = ("causal_conv1d", "causal_conv1d_step", "ssd_chunk_scan", "ssd_step",
+           "selective_scan", "selective_step", "gated_delta_rule_chunked",
+           "gated_delta_rule_step", "gated_rms_norm")
+for _name in SSM_OPS:
+    default(_name)(getattr(ssm_ops, _name))

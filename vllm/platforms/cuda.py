@@ -36,9 +36,9 @@ class CudaPlatform(Platform):
         return "vllm.worker.gpu_worker.GPUWorker"
 
     def bind_custom_ops(self) -> None:
-        """The Triton kernels of RMSNorm, SiLU-and-mul and the rotary embedding
-        (vllm/cuda/ops.py), bound when the first layer is built, where triton is
-        installed (else the layers' torch forwards run)."""
+        """The Triton kernels of RMSNorm, SiLU-and-mul and the rotary embedding, and
+        of the state-space mixers' conv and step ops (vllm/cuda/ops.py), bound when
+        the first layer is built, where triton is installed (else the torch ops run)."""
         if not self._ops_bound and has_triton():
             from vllm.cuda.ops import register_cuda_ops
             register_cuda_ops()

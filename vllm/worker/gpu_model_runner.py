@@ -105,6 +105,9 @@ class GPUModelRunner(ModelRunnerBase):
             "calculate_kv_scales": cfg.cache_config.calculate_kv_scales,
             # expert routing reads per-expert row counts back to the host
             "MoE layers": self._has_moe_layers(),
+            # the mixers read and write their requests' state slots through per-pass
+            # metadata (host lists) that a replayed graph would not have
+            "state-space layers": self._has_state_layers(),
         }
         found = [name for name, present in reasons.items() if present]
         return f"not captured with {', '.join(found)}" if found else None
@@ -112,6 +115,10 @@ class GPUModelRunner(ModelRunnerBase):
     def _has_moe_layers(self) -> bool:
         from vllm.model_executor.layers.fused_moe import FusedMoE
         return self.model is not None and any(isinstance(m, FusedMoE)
+                                              for m in self.model.modules())
+
+    def _has_state_layers(self) -> bool:
+        return self.model is not None and any(callable(getattr(m, "state_spec", None))
                                               for m in self.model.modules())
 
     def max_blocks_per_seq(self) -> int:

@@ -24,7 +24,6 @@ from vllm.attention.layer import extract_layer_index
 from vllm.distributed import get_tp_group
 from vllm.kv_cache_spec import MambaSpec
 from vllm.model_executor.layers.linear import ReplicatedLinear
-from vllm.model_executor.layers.mamba import ops
 from vllm.model_executor.layers.mamba.mamba2_mixer import Mamba2Mixer, _Params
 from vllm.worker.state_cache import get_state_metadata
 
@@ -132,18 +131,21 @@ class GatedDeltaNetMixer(Mamba2Mixer):
         if ssm0 is None:
             ssm0 = torch.zeros(b, self.hv, self.dk, self.dv, dtype=torch.float32,
                                device=qkv.device)
-        conv_out, conv1 = ops.causal_conv1d(qkv, self.conv_weight, None, conv0, lengths)
+        conv_out, conv1 = self._op("causal_conv1d")(qkv, self.conv_weight, None, conv0,
+                                                    lengths)
         q, k, v, z, g, beta = self._prepare(conv_out, zba)
         if lengths is not None:
             valid = (torch.arange(t, device=qkv.device).view(1, t)
                      < lengths.view(b, 1)).unsqueeze(-1)
             g, beta = g * valid, beta * valid
-        o, ssm1 = ops.gated_delta_rule_chunked(q, k, v, g, beta, ssm0, self.chunk_size)
+        o, ssm1 = self._op("gated_delta_rule_chunked")(q, k, v, g, beta, ssm0,
+                                                       self.chunk_size)
         return self._gate(o, z), conv1, ssm1
 
     def _step(self, qkv: torch.Tensor, zba: torch.Tensor, conv0: torch.Tensor,
-              ssm0: torch.Tensor):
-        conv_out, conv1 = ops.causal_conv1d_step(qkv, self.conv_weight, None, conv0)
+              ssm0: torch.Tensor, slots: Optional[torch.Tensor] = None):
+        conv_out, conv1 = self._op("causal_conv1d_step")(qkv, self.conv_weight, None, conv0,
+                                                         slots)
         q, k, v, z, g, beta = self._prepare(conv_out, zba)
-        o, ssm1 = ops.gated_delta_rule_step(q, k, v, g, beta, ssm0)
+        o, ssm1 = self._op("gated_delta_rule_step")(q, k, v, g, beta, ssm0, slots)
         return self._gate(o, z), conv1, ssm1

@@ -19,7 +19,6 @@ from vllm.distributed import get_tp_group
 from vllm.kv_cache_spec import MambaSpec
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import ReplicatedLinear
-from vllm.model_executor.layers.mamba import ops
 from vllm.model_executor.layers.mamba.mamba2_mixer import Mamba2Mixer, _Params
 from vllm.worker.state_cache import get_state_metadata
 
@@ -93,19 +92,21 @@ class Mamba1Mixer(Mamba2Mixer):
         if ssm0 is None:
             ssm0 = torch.zeros(b, self.intermediate_size, self.state_size,
                                dtype=torch.float32, device=x.device)
-        xc, conv1 = ops.causal_conv1d(x, self.conv_weight, self.conv_bias, conv0, lengths)
+        xc, conv1 = self._op("causal_conv1d")(x, self.conv_weight, self.conv_bias, conv0,
+                                              lengths)
         dt, B, C = self._ssm_inputs(xc)
         if lengths is not None:
             valid = torch.arange(t, device=x.device).view(1, t) < lengths.view(b, 1)
             dt = dt * valid.unsqueeze(-1)
-        y, ssm1 = ops.selective_scan(xc, dt, -torch.exp(self.A_log.float()), B, C, self.D,
-                                     ssm0)
+        y, ssm1 = self._op("selective_scan")(xc, dt, -torch.exp(self.A_log.float()), B, C,
+                                             self.D, ssm0)
         return y * torch.nn.functional.silu(z.float()), conv1, ssm1
 
     def _step(self, x: torch.Tensor, z: torch.Tensor, conv0: torch.Tensor,
-              ssm0: torch.Tensor):
-        xc, conv1 = ops.causal_conv1d_step(x, self.conv_weight, self.conv_bias, conv0)
+              ssm0: torch.Tensor, slots: Optional[torch.Tensor] = None):
+        xc, conv1 = self._op("causal_conv1d_step")(x, self.conv_weight, self.conv_bias,
+                                                   conv0, slots)
         dt, B, C = self._ssm_inputs(xc)
-        y, ssm1 = ops.selective_step(xc, dt, -torch.exp(self.A_log.float()), B, C, self.D,
-                                     ssm0)
+        y, ssm1 = self._op("selective_step")(xc, dt, -torch.exp(self.A_log.float()), B, C,
+                                             self.D, ssm0, slots)
         return y * torch.nn.functional.silu(z.float()), conv1, ssm1

@@ -12,6 +12,11 @@ dt, A, D, the conv channels and the norm) and `n_groups / tp` B/C groups (all of
 replicated, when n_groups is 1); in_proj and the conv are loaded as this rank's rows,
 out_proj is row-parallel (one all-reduce). With one group the gated norm's group spans
 every rank: its sum of squares is all-reduced.
+
+The state-space ops (vllm/model_executor/layers/mamba/ops.py) are called through the
+kernel table (`_op`): the platform's own kernels where it binds them (CUDA: Triton),
+else the torch ops. Decodes of a flat batch update their slots in place
+(`state_slots`); the other paths gather the slots' states and store the new ones.
 """
 from __future__ import annotations
 
@@ -23,8 +28,8 @@ from torch import nn
 from vllm.attention.layer import extract_layer_index
 from vllm.distributed import get_tp_group, tensor_model_parallel_all_reduce
 from vllm.kv_cache_spec import MambaSpec
+from vllm.model_executor.kernels import kernel
 from vllm.model_executor.layers.linear import ReplicatedLinear, RowParallelLinear
-from vllm.model_executor.layers.mamba import ops
 from vllm.worker.state_cache import StateMetadata, get_state_metadata
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -132,6 +137,15 @@ class Mamba2Mixer(nn.Module):
                          (self.num_heads, self.head_dim, self.state_size),
                          self.conv_dtype, self.ssm_dtype)
 
+    def _op(self, name: str):
+        """State-space op `name` from the kernel table (vllm/model_executor/kernels.py),
+        picked on first use and kept on the module (a plain attribute)."""
+        fns = self.__dict__.setdefault("_ssm_ops", {})
+        fn = fns.get(name)
+        if fn is None:
+            fn = fns[name] = kernel(name)
+        return fn
+
     # ------------------------------------------------------------------ forward
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         proj = self.in_proj(hidden_states)
@@ -151,12 +165,13 @@ class Mamba2Mixer(nn.Module):
         elif self.norm_mode == "norm_then_gate":
             if self.norm_across_ranks:
                 raise NotImplementedError("norm_then_gate over tensor-parallel ranks")
-            y = ops.gated_rms_norm(y, None, self.norm.weight, self.norm_group_size, self.eps,
-                                   gate_after=gate)
+            y = self._op("gated_rms_norm")(y, None, self.norm.weight, self.norm_group_size,
+                                           self.eps, gate_after=gate)
         elif self.norm_across_ranks:
             y = self._gated_norm_across_ranks(y, gate)
         else:
-            y = ops.gated_rms_norm(y, gate, self.norm.weight, self.norm_group_size, self.eps)
+            y = self._op("gated_rms_norm")(y, gate, self.norm.weight, self.norm_group_size,
+                                           self.eps)
         return self.out_proj(y.to(hidden_states.dtype))
 
     def _gated_norm_across_ranks(self, y: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -191,31 +206,30 @@ class Mamba2Mixer(nn.Module):
         if ssm0 is None:
             ssm0 = torch.zeros(b, self.num_heads, self.head_dim, self.state_size,
                                dtype=torch.float32, device=xbc.device)
-        conv_out, conv1 = ops.causal_conv1d(xbc, self.conv_weight, self.conv_bias, conv0,
-                                            lengths)
+        conv_out, conv1 = self._op("causal_conv1d")(xbc, self.conv_weight, self.conv_bias,
+                                                    conv0, lengths)
         x, B, C = self._split_xbc(conv_out)
         dt = self._dt(dt)
         if lengths is not None:
             valid = torch.arange(t, device=xbc.device).view(1, t) < lengths.view(b, 1)
             dt = dt * valid.unsqueeze(-1)
         A = -torch.exp(self.A_log.float())
-        y, ssm1 = ops.ssd_chunk_scan(x, dt, A, B, C, self.D, self.chunk_size, ssm0)
+        y, ssm1 = self._op("ssd_chunk_scan")(x, dt, A, B, C, self.D, self.chunk_size, ssm0)
         return y.reshape(b, t, self.intermediate_size), conv1, ssm1
 
     def _step(self, xbc: torch.Tensor, dt: torch.Tensor, conv0: torch.Tensor,
-              ssm0: torch.Tensor):
-        """b decode tokens [b, ...]; returns (y [b, intermediate], conv, SSM states)."""
-        conv_out, conv1 = ops.causal_conv1d_step(xbc, self.conv_weight, self.conv_bias, conv0)
+              ssm0: torch.Tensor, slots: Optional[torch.Tensor] = None):
+        """b decode tokens [b, ...]; returns (y [b, intermediate], conv, SSM states).
+        With `slots`, conv0 / ssm0 are the slot caches, updated in place."""
+        conv_out, conv1 = self._op("causal_conv1d_step")(xbc, self.conv_weight,
+                                                         self.conv_bias, conv0, slots)
         x, B, C = self._split_xbc(conv_out)
         A = -torch.exp(self.A_log.float())
-        y, ssm1 = ops.ssd_step(x, self._dt(dt), A, B, C, self.D, ssm0)
+        y, ssm1 = self._op("ssd_step")(x, self._dt(dt), A, B, C, self.D, ssm0, slots)
         return y.reshape(-1, self.intermediate_size), conv1, ssm1
 
-    def _initial(self, md: StateMetadata, slots: torch.Tensor, has_initial: torch.Tensor,
-                 all_initial: bool = False):
+    def _initial(self, md: StateMetadata, slots: torch.Tensor, has_initial: torch.Tensor):
         conv_all, ssm_all = md.states[self.state_key]
-        if all_initial:  # decodes: every slot holds its request's state
-            return conv_all.index_select(0, slots), ssm_all.index_select(0, slots)
         # a new or recomputing request starts from zeros
         conv0 = conv_all.index_select(0, slots)
         ssm0 = ssm_all.index_select(0, slots).float()
@@ -234,22 +248,19 @@ class Mamba2Mixer(nn.Module):
         each other sequence on its own."""
         y = xbc.new_empty(xbc.shape[0], self.intermediate_size, dtype=torch.float32)
         decode = [i for i, n in enumerate(md.num_tokens) if n == 1 and md.has_initial_list[i]]
-        if decode:
+        if decode:  # every slot holds its request's state: updated in place
             k = len(decode)
             rows_list = [md.row_offsets[i] for i in decode]
+            caches = md.states[self.state_key]
             if decode == list(range(k)) and rows_list == list(range(k)):
                 slots = md.slots[:k]  # the usual layout: decodes first, one row each
-                out, conv1, ssm1 = self._step(xbc[:k], dt[:k],
-                                              *self._initial(md, slots, None, True))
-                y[:k] = out
+                y[:k] = self._step(xbc[:k], dt[:k], *caches, slots)[0]
             else:
                 rows = torch.tensor(rows_list, device=xbc.device)
                 slots = md.slots.index_select(0, torch.tensor(decode, device=xbc.device))
-                out, conv1, ssm1 = self._step(xbc.index_select(0, rows),
-                                              dt.index_select(0, rows),
-                                              *self._initial(md, slots, None, True))
+                out = self._step(xbc.index_select(0, rows), dt.index_select(0, rows),
+                                 *caches, slots)[0]
                 y.index_copy_(0, rows, out)
-            self._store(md, slots, conv1, ssm1)
         done = set(decode)
         for i, (start, n) in enumerate(zip(md.row_offsets, md.num_tokens)):
             if i in done or n == 0:

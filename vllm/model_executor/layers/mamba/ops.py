@@ -15,6 +15,13 @@ state decays by exp(0) = 1 and receives nothing.
   state read out through C; the state is carried to the next chunk.
 - `ssd_step`: the one-step recurrence (decode).
 - `gated_rms_norm`: x * silu(gate), RMS-normalized per group of channels.
+
+The one-token ops (`causal_conv1d_step`, `ssd_step`, `selective_step`,
+`gated_delta_rule_step`) also take `state_slots` [b]: `state` is then the whole slot
+cache `[num_slots, ...]`; rows `state_slots` are read, updated in place (in the cache's
+dtype) and the cache is returned as the new state. Without it they return a new state
+and leave `state` alone. The mixers call these through the kernel table
+(vllm/model_executor/kernels.py), where a backend may bind its own (CUDA: Triton).
 """
 from __future__ import annotations
 
@@ -43,9 +50,22 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     return out, new_state
 
 
+def _in_slots(step, cache: torch.Tensor, slots: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`step(rows)` -> (y, new rows) on rows `slots` of `cache`, written back in place."""
+    y, new = step(cache.index_select(0, slots))
+    cache.index_copy_(0, slots, new.to(cache.dtype))
+    return y, cache
+
+
 def causal_conv1d_step(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                       conv_state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [b, C] one token each; returns (silu(conv) [b, C], new conv state)."""
+                       conv_state: torch.Tensor, state_slots: Optional[torch.Tensor] = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [b, C] one token each, conv_state [b, C, K - 1]; returns (silu(conv) [b, C],
+    new conv state in x's dtype; with `state_slots`, see the module's docstring)."""
+    if state_slots is not None:
+        return _in_slots(lambda rows: causal_conv1d_step(x, weight, bias, rows),
+                         conv_state, state_slots)
     window = torch.cat([conv_state.to(x.dtype), x.unsqueeze(-1)], dim=-1)  # [b, C, K]
     out = (window * weight.to(x.dtype)).sum(-1)
     if bias is not None:
@@ -93,10 +113,13 @@ def ssd_chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
 
 
 def ssd_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-             C: torch.Tensor, D: torch.Tensor, state: torch.Tensor
+             C: torch.Tensor, D: torch.Tensor, state: torch.Tensor,
+             state_slots: Optional[torch.Tensor] = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token: x [b, H, P], dt [b, H], B, C [b, G, N], state [b, H, P, N].
-    Returns (y [b, H, P], new state), in float32."""
+    """One token: x [b, H, P], dt [b, H] (softplus'ed), A, D [H], B, C [b, G, N],
+    state [b, H, P, N]. Returns (y [b, H, P], new state), in float32."""
+    if state_slots is not None:
+        return _in_slots(lambda rows: ssd_step(x, dt, A, B, C, D, rows), state, state_slots)
     b, h, p = x.shape
     x, dt = x.float(), dt.float()
     B, C = _heads(B.float(), h), _heads(C.float(), h)
@@ -144,20 +167,28 @@ def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
 
 
 def selective_step(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                   C: torch.Tensor, D: torch.Tensor, state: torch.Tensor
+                   C: torch.Tensor, D: torch.Tensor, state: torch.Tensor,
+                   state_slots: Optional[torch.Tensor] = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of `selective_scan`: x, dt [b, d], B, C [b, n], state [b, d, n]."""
+    if state_slots is not None:
+        return _in_slots(lambda rows: selective_step(x, dt, A, B, C, D, rows), state,
+                         state_slots)
     y, h = selective_scan(x[:, None], dt[:, None], A, B[:, None], C[:, None], D, state)
     return y[:, 0], h
 
 
 def gated_delta_rule_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+                          g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor,
+                          state_slots: Optional[torch.Tensor] = None
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token of the gated delta rule (Gated DeltaNet, Qwen3-Next's linear
     attention): q, k [b, H, dk] (normalized and scaled by the caller), v [b, H, dv],
     g [b, H] (log decay, <= 0), beta [b, H], state [b, H, dk, dv]:
     S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q. Returns (o, S), float32."""
+    if state_slots is not None:
+        return _in_slots(lambda rows: gated_delta_rule_step(q, k, v, g, beta, rows), state,
+                         state_slots)
     S = state.float() * torch.exp(g.float())[..., None, None]
     k, q = k.float(), q.float()
     delta = (v.float() - torch.einsum("bhkv,bhk->bhv", S, k)) * beta.float()[..., None]
