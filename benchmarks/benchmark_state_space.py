@@ -23,6 +23,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 
@@ -119,6 +120,20 @@ def default_config_table() -> None:
         print(f"| {name} | {state / 2**20:.1f} MiB | {kv / 2**10:.0f} KiB |")
 
 
+@contextlib.contextmanager
+def state_ops_kind(kind: str):
+    """`torch`: the CPU state-space steps fall back to the torch ops (the native
+    library reported unavailable), for a side-by-side run in this process."""
+    from vllm.cpu import state_ops
+    original = state_ops.get_state_lib
+    if kind == "torch":
+        state_ops.get_state_lib = lambda: None
+    try:
+        yield
+    finally:
+        state_ops.get_state_lib = original
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -134,6 +149,10 @@ def main() -> None:
     parser.add_argument("--hybrid-mlp-size", type=int, default=1024)
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--table", action="store_true")
+    parser.add_argument("--state-ops", default="both", choices=["native", "torch", "both"],
+                        help="the state-space decode steps on CPU: the native in-place "
+                             "kernels (vllm/cpu/state_ops.cpp), the torch ops, or both "
+                             "side by side")
     args = parser.parse_args()
     if args.table:
         default_config_table()
@@ -161,11 +180,16 @@ def main() -> None:
                 cache = per_token * length
                 what = (f"KV {per_token / 2**10:.1f} KiB / token = {cache / 2**10:.0f} KiB "
                         f"at {length} tokens")
-            steps = time_decode_steps(path, argparse.Namespace(**{**vars(args),
-                                                                  "top_k": 1}))
-            print(f"{name:6s} params {total:5.1f} M ({body:5.1f} M without embeddings)  "
-                  f"{what}  decode step: median {1e3 * statistics.median(steps):6.2f} ms, "
-                  f"mean {1e3 * statistics.mean(steps):6.2f} ms over {len(steps)} steps")
+            kinds = ["native", "torch"] if args.state_ops == "both" else [args.state_ops]
+            for kind in kinds if name != "dense" else ["-"]:
+                with state_ops_kind(kind):
+                    steps = time_decode_steps(path, argparse.Namespace(**{**vars(args),
+                                                                          "top_k": 1}))
+                label = name if kind == "-" else f"{name} ({kind} state ops)"
+                print(f"{label:26s} params {total:5.1f} M ({body:5.1f} M without "
+                      f"embeddings)  {what}  decode step: median "
+                      f"{1e3 * statistics.median(steps):6.2f} ms, mean "
+                      f"{1e3 * statistics.mean(steps):6.2f} ms over {len(steps)} steps")
 
 
 if __name__ == "__main__":

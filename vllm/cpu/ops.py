@@ -23,7 +23,7 @@ from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.fused_moe.layer import FusedMoE
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
-from vllm.cpu import cpu_ops, gemm, quant_ops
+from vllm.cpu import cpu_ops, gemm, quant_ops, state_ops
 from vllm.cpu.gemm import PACKS_ATTR
 from vllm.cpu.fused_decode import fused_decode_layers_cpu
 
@@ -177,6 +177,8 @@ CPU_KERNELS: dict[str, Callable[..., Any]] = {
     "paged_decode_attention": paged_decode_attention_cpu,
     "fp8_gemm": fp8_gemm_cpu,
     "int4_linear": int4_linear_cpu,
+    "ssd_step": state_ops.ssd_step,
+    "causal_conv1d_step": state_ops.causal_conv1d_step,
 }
 """kernel name -> its CPU implementation."""
 
