@@ -49,10 +49,30 @@ def test_conv_step_in_place_matches_torch(cache_dtype):
     assert torch.equal(cache, expected)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_gated_delta_step_in_place_matches_torch(cache_dtype):
+    torch.manual_seed(3)
+    b, h, dk, dv = 3, 2, 8, 6
+    cache = torch.randn(5, h, dk, dv).to(cache_dtype)
+    slots = torch.tensor([0, 4, 2])
+    q, k = torch.randn(b, h, dk) * 0.3, torch.randn(b, h, dk) * 0.3
+    v, g, beta = torch.randn(b, h, dv), -torch.rand(b, h), torch.rand(b, h)
+    expected = cache.clone()
+    o_ref, _ = ops.gated_delta_rule_step(q, k, v, g, beta, expected, state_slots=slots)
+    o, out = state_ops.gated_delta_rule_step(q, k, v, g, beta, cache, state_slots=slots)
+    assert out is cache
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.float(), expected.float(), rtol=1e-6,
+                               atol=1e-6 if cache_dtype == torch.float32 else 1e-2)
+    untouched = [i for i in range(5) if i not in slots.tolist()]
+    assert torch.equal(cache[untouched], expected[untouched])
+
+
 def test_cpu_table_runs_them_and_falls_back_to_torch():
     from vllm.cpu.ops import CPU_KERNELS
     assert CPU_KERNELS["ssd_step"] is state_ops.ssd_step
     assert CPU_KERNELS["causal_conv1d_step"] is state_ops.causal_conv1d_step
+    assert CPU_KERNELS["gated_delta_rule_step"] is state_ops.gated_delta_rule_step
     # A float16 cache has no native path: the torch op runs, same contract.
     cache = torch.randn(4, 2, 3, 8).half()
     x, dt, A = torch.randn(1, 2, 3), torch.rand(1, 2), -torch.rand(2)

@@ -179,6 +179,7 @@ CPU_KERNELS: dict[str, Callable[..., Any]] = {
     "int4_linear": int4_linear_cpu,
     "ssd_step": state_ops.ssd_step,
     "causal_conv1d_step": state_ops.causal_conv1d_step,
+    "gated_delta_rule_step": state_ops.gated_delta_rule_step,
 }
 """kernel name -> its CPU implementation."""
 

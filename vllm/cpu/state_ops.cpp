@@ -10,7 +10,10 @@
 // nearest even on the store, as torch's .to(torch.bfloat16)).
 //
 // The conv step likewise updates each request's [channels, K - 1] window in place and
-// writes silu(window . weight + bias).
+// writes silu(window . weight + bias). The gated delta rule (Gated DeltaNet)
+// needs S^T k before it can update S, so its state tile is decayed into a float32
+// scratch on the first pass and updated, read out and stored on the second: one read and
+// one write of the cache, the arithmetic and the single rounding as in the torch op.
 //
 // Plain C ABI (loaded with ctypes; no torch headers). Loops over the state dimension are
 // written for the compiler's vectorizer (-O3 -march=native).
@@ -64,11 +67,31 @@ inline float row_bf16(uint16_t* __restrict s, const float* __restrict b,
 
 inline float silu(float v) { return v / (1.f + std::exp(-v)); }
 
+inline void store_row(int dtype, void* base, int64_t off, const float* v, int64_t n) {
+  if (dtype == 0) {
+    std::memcpy(static_cast<float*>(base) + off, v, n * sizeof(float));
+  } else {
+    uint16_t* d = static_cast<uint16_t*>(base) + off;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(v[i]);
+  }
+}
+
+inline void load_row(int dtype, const void* base, int64_t off, float* v, int64_t n) {
+  if (dtype == 0) {
+    std::memcpy(v, static_cast<const float*>(base) + off, n * sizeof(float));
+  } else {
+    const uint16_t* d = static_cast<const uint16_t*>(base) + off;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) v[i] = bf16_to_f32(d[i]);
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
-int vllm_state_ops_version() { return 1; }
+int vllm_state_ops_version() { return 2; }
 
 // Mamba2 (SSD) decode step for `batch` requests, their states at `slots` of `state`
 // ([num_slots, heads, head_dim, state_size], row stride `slot_stride` elements;
@@ -137,6 +160,60 @@ void vllm_conv1d_decode(int dtype, void* state, int64_t slot_stride, const int64
       }
       out[r * channels + c] = silu(acc);
     }
+  }
+}
+
+// Gated delta rule, one token: q, k [batch, heads, dk], v [batch, heads, dv], g, beta
+// [batch, heads] (g: log decay), float32; states [slots, heads, dk, dv] (dtype 0
+// float32, 1 bfloat16): S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q.
+// o [batch, heads, dv] float32.
+void vllm_gated_delta_decode(int dtype, void* state, int64_t slot_stride,
+                             const int64_t* slots, int64_t batch, int64_t heads, int64_t dk,
+                             int64_t dv, const float* q, const float* k, const float* v,
+                             const float* g, const float* beta, float* o, int num_threads) {
+#pragma omp parallel num_threads(num_threads)
+  {
+    float* tile = new float[dk * dv];
+    float* ks = new float[dv];
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t r = 0; r < batch; ++r) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t rh = r * heads + h;
+        const float decay = std::exp(g[rh]), bt = beta[rh];
+        const float* kr = k + rh * dk;
+        const float* qr = q + rh * dk;
+        const float* vr = v + rh * dv;
+        float* orow = o + rh * dv;
+        const int64_t base = slots[r] * slot_stride + h * dk * dv;
+        for (int64_t j = 0; j < dv; ++j) ks[j] = 0.f;
+        for (int64_t i = 0; i < dk; ++i) {  // decay into the scratch; S^T k
+          float* t = tile + i * dv;
+          load_row(dtype, state, base + i * dv, t, dv);
+          const float ki = kr[i];
+#pragma omp simd
+          for (int64_t j = 0; j < dv; ++j) {
+            t[j] *= decay;
+            ks[j] += ki * t[j];
+          }
+        }
+        for (int64_t j = 0; j < dv; ++j) {  // delta, kept in ks
+          ks[j] = (vr[j] - ks[j]) * bt;
+          orow[j] = 0.f;
+        }
+        for (int64_t i = 0; i < dk; ++i) {  // update, read out, store
+          float* t = tile + i * dv;
+          const float ki = kr[i], qi = qr[i];
+#pragma omp simd
+          for (int64_t j = 0; j < dv; ++j) {
+            t[j] += ki * ks[j];
+            orow[j] += qi * t[j];
+          }
+          store_row(dtype, state, base + i * dv, t, dv);
+        }
+      }
+    }
+    delete[] ks;
+    delete[] tile;
   }
 }
 
