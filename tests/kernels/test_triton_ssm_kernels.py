@@ -4,7 +4,9 @@
 code a GPU compiles; no GPU here); with VLLM_TEST_TRITON_DEVICE=cuda on a GPU. Random
 inputs of several shapes (batch 1 and 3, odd head and state sizes, strided views as the
 mixers pass), float32; the step ops both returning a new state (the input left alone)
-and updating a slot cache in place at `state_slots` (the other slots untouched)."""
+and updating a slot cache in place at `state_slots` (the other slots untouched); the
+prefill scans from random states over padded sequences (T not a multiple of the chunk),
+and the gated norm in its three forms."""
 from __future__ import annotations
 
 import os
@@ -130,6 +132,110 @@ def test_causal_conv1d_prefill(batch, seq, channels, width, bias, lengths):
     _close(got[1], want[1])
 
 
+def _valid(batch: int, seq: int, lengths) -> torch.Tensor:
+    """[b, T] True at each sequence's tokens (padding after its length)."""
+    if lengths is None:
+        return torch.ones(batch, seq, dtype=torch.bool, device=DEVICE)
+    return (torch.arange(seq).view(1, seq)
+            < torch.tensor(lengths).view(batch, 1)).to(DEVICE)
+
+
+def _close_scan(got: tuple, want: tuple) -> None:
+    """A scan's outputs and final state: float32, equal to rounding (the Triton scans
+    run the recurrence token by token, the torch ops chunk by chunk)."""
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == torch.float32 and g.shape == w.shape
+        torch.testing.assert_close(g.cpu(), w.cpu(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("batch,seq,channels,state_size,lengths",
+                         [(1, 13, 33, 16, None), (3, 21, 50, 7, [21, 1, 10])])
+def test_selective_scan(batch, seq, channels, state_size, lengths):
+    """Mamba1's prefill scan from a random state; padding (dt = 0) keeps the state."""
+    torch.manual_seed(5)
+    x = _rand(batch, seq, channels + 4)[..., 4:]  # strided channels
+    dt = torch.nn.functional.softplus(_rand(batch, seq, channels))
+    dt = dt * _valid(batch, seq, lengths).unsqueeze(-1)
+    A = -torch.exp(_rand(channels, state_size))
+    bc = _rand(batch, seq, 2 * state_size + 3)
+    B, C = bc[..., 3:3 + state_size], bc[..., 3 + state_size:]
+    D, state = _rand(channels), _rand(batch, channels, state_size)
+    before = state.clone()
+    args = (x, dt, A, B, C, D, state)
+    _close_scan(ssm_kernels.selective_scan(*args), ops.selective_scan(*args))
+    assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("batch,seq,heads,groups,head_dim,state_size,chunk,lengths",
+                         [(1, 13, 3, 1, 5, 16, 8, None),
+                          (3, 21, 4, 2, 24, 19, 8, [21, 1, 10])])
+def test_ssd_chunk_scan(batch, seq, heads, groups, head_dim, state_size, chunk, lengths):
+    """Mamba2's prefill scan (strided x, B, C as the mixer's split of the conv output)
+    from a random state, T not a multiple of the chunk; padding keeps the state."""
+    torch.manual_seed(6)
+    gn = groups * state_size
+    xbc = _rand(batch, seq, heads * head_dim + 2 * gn)
+    x, B, C = xbc.split([heads * head_dim, gn, gn], -1)
+    x = x.reshape(batch, seq, heads, head_dim)
+    B = B.reshape(batch, seq, groups, state_size)
+    C = C.reshape(batch, seq, groups, state_size)
+    dt = torch.nn.functional.softplus(_rand(batch, seq, heads))
+    dt = dt * _valid(batch, seq, lengths).unsqueeze(-1)
+    A, D = -torch.exp(_rand(heads)), _rand(heads)
+    state = _rand(batch, heads, head_dim, state_size)
+    args = (x, dt, A, B, C, D, chunk, state)
+    _close_scan(ssm_kernels.ssd_chunk_scan(*args), ops.ssd_chunk_scan(*args))
+    # a bfloat16 state cache's rows: read as the torch op reads them
+    args = (x, dt, A, B, C, D, chunk, state.bfloat16())
+    _close_scan(ssm_kernels.ssd_chunk_scan(*args), ops.ssd_chunk_scan(*args))
+
+
+@pytest.mark.parametrize("batch,seq,heads,dk,dv,chunk,lengths",
+                         [(1, 13, 2, 16, 24, 8, None), (3, 21, 3, 20, 13, 8, [21, 1, 10])])
+def test_gated_delta_rule_chunked(batch, seq, heads, dk, dv, chunk, lengths):
+    """The Gated DeltaNet prefill (strided v) from a random state; padding (g = beta =
+    0) keeps the state."""
+    torch.manual_seed(7)
+    F = torch.nn.functional
+    q = F.normalize(_rand(batch, seq, heads, dk), dim=-1) * dk ** -0.5
+    k = F.normalize(_rand(batch, seq, heads, dk), dim=-1)
+    v = _rand(batch, seq, heads + 1, dv)[:, :, 1:]
+    valid = _valid(batch, seq, lengths).unsqueeze(-1)
+    g = -torch.rand(batch, seq, heads, device=DEVICE) * valid
+    beta = torch.rand(batch, seq, heads, device=DEVICE) * valid
+    state = _rand(batch, heads, dk, dv)
+    args = (q, k, v, g, beta, state, chunk)
+    _close_scan(ssm_kernels.gated_delta_rule_chunked(*args),
+                ops.gated_delta_rule_chunked(*args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["gate", "none", "gate_after"])
+def test_gated_rms_norm(mode, dtype):
+    """x * silu(gate) normalized per group (strided gate, as the mixer's split of the
+    projection), without a gate, and Falcon-H1's gate after the norm; the torch op's
+    result dtype (bf16 x, fp32 weight: fp32 unless the gate comes after)."""
+    torch.manual_seed(8)
+    x = _rand(2, 5, 48).to(dtype)
+    gate = _rand(2, 5, 60)[..., 6:54].to(dtype)
+    weight = _rand(48)
+    kwargs = {"gate_after": gate} if mode == "gate_after" else {}
+    gate_in = gate if mode == "gate" else None
+    want = ops.gated_rms_norm(x, gate_in, weight, 16, 1e-5, **kwargs)
+    got = ssm_kernels.gated_rms_norm(x, gate_in, weight, 16, 1e-5, **kwargs)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if dtype == torch.float32:
+        _close(got, want)
+    else:  # an element may round to the neighbouring bf16 value before the weight
+        torch.testing.assert_close(got.float().cpu(), want.float().cpu(),
+                                   atol=(weight.abs().max() * 2 ** -6).item(), rtol=0)
+    # one group of many channels: the kernel loops over it in blocks
+    x = _rand(3, 2500)
+    w = _rand(2500)
+    _close(ssm_kernels.gated_rms_norm(x, None, w, 2500, 1e-6),
+           ops.gated_rms_norm(x, None, w, 2500, 1e-6))
+
+
 def test_the_cuda_kernel_table_binds_them_and_cpu_keeps_torch():
     """On CUDA the mixers' ops resolve to the Triton kernels; CPU and HPU keep the
     torch ops (inspecting the table; no GPU needed)."""
@@ -141,7 +247,11 @@ def test_the_cuda_kernel_table_binds_them_and_cpu_keeps_torch():
                 "causal_conv1d_step": ssm_kernels.causal_conv1d_step,
                 "ssd_step": ssm_kernels.ssd_step,
                 "selective_step": ssm_kernels.selective_step,
-                "gated_delta_rule_step": ssm_kernels.gated_delta_rule_step}
+                "gated_delta_rule_step": ssm_kernels.gated_delta_rule_step,
+                "selective_scan": ssm_kernels.selective_scan,
+                "ssd_chunk_scan": ssm_kernels.ssd_chunk_scan,
+                "gated_delta_rule_chunked": ssm_kernels.gated_delta_rule_chunked,
+                "gated_rms_norm": ssm_kernels.gated_rms_norm}
     assert {k: cuda_ops.CUDA_KERNELS[k] for k in expected} == expected
     for name, fn in expected.items():
         assert kernels.kernel(name, "cuda") is fn
@@ -158,7 +268,8 @@ def test_launches_compile_for_sm90(monkeypatch):
     not) for sm_90 ahead of time: the interpreter accepts what a GPU may reject."""
     pytest.importorskip("triton.backends.nvidia.compiler")
     from tests.kernels.test_triton_attention import _compile_for_sm90, _Recorder
-    names = ("_CONV1D", "_CONV1D_STEP", "_SSD_STEP", "_SELECTIVE_STEP", "_GATED_DELTA_STEP")
+    names = ("_CONV1D", "_CONV1D_STEP", "_SSD_STEP", "_SELECTIVE_STEP", "_GATED_DELTA_STEP",
+             "_SELECTIVE_SCAN", "_SSD_SCAN", "_GATED_DELTA_SCAN", "_GATED_RMS_NORM")
     recorders = {name: _Recorder(getattr(ssm_kernels, name)) for name in names}
     for name in names:
         monkeypatch.setattr(ssm_kernels, name, recorders[name])
@@ -185,8 +296,26 @@ def test_launches_compile_for_sm90(monkeypatch):
                                           torch.zeros(2, 4, 128, dtype=bf),
                                           torch.zeros(2, 4), torch.zeros(2, 4),
                                           torch.zeros(4, 4, 128, 128, dtype=bf), s)
+    # the prefill scans (Mamba1 with 8192 channels, Mamba2 heads of 64 x 128 states,
+    # Qwen3-Next's 128 x 128 delta-rule states) and the gated norms (bf16 activations)
+    ssm_kernels.selective_scan(torch.zeros(2, 30, 8192, dtype=bf), torch.zeros(2, 30, 8192),
+                               torch.zeros(8192, 16), torch.zeros(2, 30, 16, dtype=bf),
+                               torch.zeros(2, 30, 16, dtype=bf), torch.zeros(8192),
+                               torch.zeros(2, 8192, 16))
+    ssm_kernels.ssd_chunk_scan(torch.zeros(2, 30, 8, 64, dtype=bf), torch.zeros(2, 30, 8),
+                               torch.zeros(8), torch.zeros(2, 30, 1, 128, dtype=bf),
+                               torch.zeros(2, 30, 1, 128, dtype=bf), torch.zeros(8), 256,
+                               torch.zeros(2, 8, 64, 128, dtype=bf))
+    ssm_kernels.gated_delta_rule_chunked(torch.zeros(2, 30, 4, 128), torch.zeros(2, 30, 4, 128),
+                                         torch.zeros(2, 30, 4, 128, dtype=bf),
+                                         torch.zeros(2, 30, 4), torch.zeros(2, 30, 4),
+                                         torch.zeros(2, 4, 128, 128), 64)
+    y, gate = torch.zeros(30, 4096), torch.zeros(30, 4096, dtype=bf)
+    ssm_kernels.gated_rms_norm(y, gate, torch.zeros(4096, dtype=bf), 4096, 1e-5)
+    ssm_kernels.gated_rms_norm(y.bfloat16(), None, torch.zeros(4096, dtype=bf), 512, 1e-5,
+                               gate_after=gate)
     launches = [launch for r in recorders.values() for launch in r.launches]
-    assert len(launches) == 10
+    assert len(launches) == 15
     for fn, args, kwargs in launches:
         _compile_for_sm90(fn, args, dict(kwargs))
 
@@ -209,7 +338,8 @@ def test_mixers_through_the_table_equal_the_torch_ops(family, tmp_path, monkeypa
     """A tiny model of each mixer family (Mamba2, Mamba1, Gated DeltaNet) served with
     the Triton kernels bound in the table (the CPU platform's entries here, run by the
     interpreter) gives the torch ops' greedy tokens and logprobs: the mixers call
-    through the table, batched decodes update their slots in place."""
+    through the table (prefills: the conv, the scans, Mamba2's gated norm), batched
+    decodes update their slots in place."""
     from tests.models.test_jamba import save_jamba
     from tests.models.test_qwen3_next import save_qwen3_next
     from vllm.cuda.ops import CUDA_KERNELS
@@ -241,9 +371,10 @@ def test_mixers_through_the_table_equal_the_torch_ops(family, tmp_path, monkeypa
     for name, fn in CUDA_KERNELS.items():
         monkeypatch.setitem(table, name, counted(name, fn))
     got = _generate(path, prompts)
-    step = {"mamba2": "ssd_step", "jamba": "selective_step",
-            "qwen3_next": "gated_delta_rule_step"}[family]
-    assert sorted(calls) == sorted(["causal_conv1d", "causal_conv1d_step", step])
+    ops_used = {"mamba2": ["ssd_chunk_scan", "ssd_step", "gated_rms_norm"],
+                "jamba": ["selective_scan", "selective_step"],
+                "qwen3_next": ["gated_delta_rule_chunked", "gated_delta_rule_step"]}[family]
+    assert sorted(calls) == sorted(["causal_conv1d", "causal_conv1d_step", *ops_used])
     for (tokens, lps), (want_tokens, want_lps) in zip(got, want):
         assert tokens == want_tokens
         for step, want_step in zip(lps, want_lps):

@@ -248,9 +248,10 @@ def test_state_space_model_runs_eagerly_with_the_triton_ssm_kernels(cuda_runner_
                                                                     tmp_path, monkeypatch):
     """A Mamba2 model's mixers keep their requests' states in slots found through
     per-pass metadata, which a replayed graph would not have (its decodes came out
-    wrong): the runner does not capture it (and says so). Its conv and SSD steps run
-    the CUDA platform's Triton kernels (bound here in place of the CPU's torch ops,
-    through the interpreter) and the greedy tokens equal transformers'."""
+    wrong): the runner does not capture it (and says so). Its conv, SSD scan, gated
+    norm and decode steps run the CUDA platform's Triton kernels (bound here in place
+    of the CPU's, after them, through the interpreter) and the greedy tokens equal
+    transformers'."""
     import transformers
 
     from tests.models._tiny_families import _save_tokenizer
@@ -273,6 +274,8 @@ def test_state_space_model_runs_eagerly_with_the_triton_ssm_kernels(cuda_runner_
             calls.add(name)
             return fn(*args, **kwargs)
         return call
+    from vllm.platforms import current_platform
+    current_platform.bind_custom_ops()  # the CPU's first, so they do not overwrite ours
     table = kernels._bound.setdefault("cpu", {})
     for name, fn in CUDA_KERNELS.items():
         monkeypatch.setitem(table, name, counted(name, fn))
@@ -283,4 +286,5 @@ def test_state_space_model_runs_eagerly_with_the_triton_ssm_kernels(cuda_runner_
     reason = llm.collective_rpc(lambda w: w.model_runner.graphs_unavailable())[0]
     assert "state-space layers" in reason
     assert llm.collective_rpc(_runner_stats)[0][1] is None  # no graphs
-    assert calls == {"causal_conv1d", "causal_conv1d_step", "ssd_step"}
+    assert calls == {"causal_conv1d", "causal_conv1d_step", "ssd_step", "ssd_chunk_scan",
+                     "gated_rms_norm"}

@@ -87,6 +87,10 @@ CUDA_KERNELS: dict[str, Callable[..., Any]] = {
     "ssd_step": ssm_kernels.ssd_step,
     "selective_step": ssm_kernels.selective_step,
     "gated_delta_rule_step": ssm_kernels.gated_delta_rule_step,
+    "selective_scan": ssm_kernels.selective_scan,
+    "ssd_chunk_scan": ssm_kernels.ssd_chunk_scan,
+    "gated_delta_rule_chunked": ssm_kernels.gated_delta_rule_chunked,
+    "gated_rms_norm": ssm_kernels.gated_rms_norm,
 }
 """kernel name -> its CUDA implementation (model_executor/kernels.py): the Triton
 kernels of the state-space mixers (vllm/cuda/ssm_kernels.py)."""
