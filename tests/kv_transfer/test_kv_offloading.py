@@ -150,3 +150,30 @@ def test_host_memory_outlives_sleep(tiny_model_factory):
     assert [a[0] for a in after] == [b[0] for b in before]
     assert [a[1] for a in after] == [48, 48]
     assert stats.prefix_cache_hits == 0 and stats.external_prefix_cache_hits == 96
+
+
+def test_a_failed_store_fails_one_load_then_recomputes(tiny_model_factory):
+    """A store that failed leaves host blocks without KV: the request that would load
+    them ends with finish reason "error" (never sampled from a wrong cache), the host
+    entries are forgotten, and the next request with that prefix computes it."""
+    path = tiny_model_factory("llama")
+    with platform_env("hpu", VLLM_SKIP_WARMUP="1"):
+        llm = make_llm(model=path, kv_offloading_size=0.001, **ARGS)
+        try:
+            prompts = ragged_prompt_ids(llm.get_tokenizer(), [60, 60, 60, 60])
+            view = runner_of(llm).kv_connector.kv_caches["layers.0"]
+
+            def broken(slots):
+                raise RuntimeError("injected store failure")
+
+            view.read = broken  # every store of the first prompt fails
+            first = _serve(llm, prompts[:1])
+            del view.read
+            _serve(llm, prompts[1:])  # evicts the first prompt from the device
+            failed = llm.generate([{"prompt_token_ids": prompts[0]}], GREEDY,
+                                  use_tqdm=False)[0]
+            again = _serve(llm, prompts[:1])
+        finally:
+            release(llm)
+    assert failed.outputs[0].finish_reason == "error" and not failed.outputs[0].token_ids
+    assert again == [(first[0][0], 0)]  # recomputed: no host hit, the same tokens

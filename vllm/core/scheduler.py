@@ -630,6 +630,9 @@ class Scheduler:
         kv_out = runner_output.kv_connector_output
         if kv_out is None or not kv_out.failed_recving:
             return []
+        on_failed = getattr(self.connector, "on_failed_loads", None)
+        if on_failed is not None:  # KV offloading: those host blocks are not to be reused
+            on_failed(kv_out.failed_recving)
         outputs = []
         for req_id in sorted(kv_out.failed_recving):
             request = self.requests.get(req_id)

@@ -104,6 +104,12 @@ class HostBlockPool:
             self._by_hash.move_to_end(block_hash)
         return host_id
 
+    def drop(self, block_hash: int) -> None:
+        """Forget `block_hash` (its host block holds no valid KV); the block is free."""
+        host_id = self._by_hash.pop(block_hash, None)
+        if host_id is not None:
+            self._free.append(host_id)
+
     def allocate(self, block_hash: int, protected: set[int]) -> Optional[int]:
         """A host block for `block_hash`: a free one, else the least recently used
         one's (never one in `protected`). None when every block is protected."""
@@ -133,6 +139,8 @@ class OffloadingConnectorScheduler:
         """Bytes of one block, all layers and ranks (for the byte counters)."""
         self._pending: dict[str, tuple[int, list[int]]] = {}
         """Request -> (first block, host blocks) of its last lookup's hit."""
+        self._loading: dict[str, list[int]] = {}
+        """Request -> the block hashes of its last load (dropped if that load fails)."""
         self._loads: list[BlockTransfer] = []
         self._num_scanned: dict[str, int] = {}
         """Request -> how many of its leading blocks were already stored or found."""
@@ -193,6 +201,7 @@ class OffloadingConnectorScheduler:
         n = num_external_tokens // self.block_size
         self._loads.append(BlockTransfer(request.request_id, list(block_ids[start:start + n]),
                                          host_ids[:n]))
+        self._loading[request.request_id] = list(request.block_hashes[start:start + n])
         self.num_loaded_blocks += n
         # Found in the host pool: nothing of these to store again.
         self._num_scanned[request.request_id] = start + n
@@ -231,7 +240,15 @@ class OffloadingConnectorScheduler:
                          ) -> tuple[bool, Optional[dict[str, Any]]]:
         self._num_scanned.pop(request.request_id, None)
         self._pending.pop(request.request_id, None)
+        self._loading.pop(request.request_id, None)
         return False, None
+
+    def on_failed_loads(self, req_ids: set[str]) -> None:
+        """The workers could not load these requests' blocks (a host block whose store
+        had failed): forget those host entries, so later requests recompute them."""
+        for req_id in req_ids:
+            for block_hash in self._loading.pop(req_id, []):
+                self.host.drop(block_hash)
 
     def stats(self) -> dict[str, int]:
         return {"stored_blocks": self.num_stored_blocks,

@@ -94,6 +94,8 @@ class OffloadingConnectorWorker:
         """This step's load: layer name -> set once that layer's blocks are in."""
         self._last_job: Optional[threading.Event] = None
         self._failed: set[str] = set()
+        self._poisoned: set[int] = set()
+        """Host blocks whose last store failed (read and written on the copy thread)."""
 
     # --------------------------------------------------------------- set-up
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
@@ -132,13 +134,18 @@ class OffloadingConnectorWorker:
         names = list(self.kv_caches)
         self._layer_ready = {name: threading.Event() for name in names}
         ready = self._layer_ready
-        device = _slots([b for t in loads for b in t.device_block_ids], self.block_size)
-        host = torch.as_tensor(_slots([b for t in loads for b in t.host_block_ids],
-                                      self.block_size))
         after = self._record_compute()
 
         def job() -> None:
             try:
+                # A host block whose store failed holds no KV: its requests fail.
+                bad = [t for t in loads if self._poisoned.intersection(t.host_block_ids)]
+                self._failed.update(t.req_id for t in bad)
+                good = [t for t in loads if t not in bad]
+                device = _slots([b for t in good for b in t.device_block_ids],
+                                self.block_size)
+                host = torch.as_tensor(_slots([b for t in good for b in t.host_block_ids],
+                                              self.block_size))
                 with self._on_copy_stream(after):
                     for name in names:
                         self.kv_caches[name].write(device,
@@ -146,8 +153,8 @@ class OffloadingConnectorWorker:
                         self._sync_copy_stream()
                         ready[name].set()
             except Exception as e:  # noqa: BLE001 - fails the step's loading requests
-                logger.error("KV offloading: loading %d blocks failed: %s", len(device)
-                             // self.block_size, e)
+                logger.error("KV offloading: loading the KV of %d requests failed: %s",
+                             len(loads), e)
                 self._failed.update(t.req_id for t in loads)
             finally:
                 for event in ready.values():
@@ -184,14 +191,18 @@ class OffloadingConnectorWorker:
                                       self.block_size))
         after = self._record_compute()
 
+        host_ids = {b for t in saves for b in t.host_block_ids}
+
         def job() -> None:
             try:
                 with self._on_copy_stream(after):
                     for name, view in self.kv_caches.items():
                         self.host[name].index_copy_(1, host, view.read(device))
-            except Exception as e:  # noqa: BLE001 - those blocks are recomputed instead
+                self._poisoned.difference_update(host_ids)
+            except Exception as e:  # noqa: BLE001 - a later load of them fails its request
                 logger.error("KV offloading: storing %d blocks failed: %s",
                              len(device) // self.block_size, e)
+                self._poisoned.update(host_ids)
 
         self._last_job = self._copier.submit(job)
 
