@@ -40,6 +40,10 @@ Design:
   being loaded in the same step (loaded hashes are refreshed at lookup and protected
   while the step's stores take blocks).
 
+- **Failures**: a store that fails leaves its host blocks poisoned on the worker; a later
+  load from them fails only its request (finish reason "error", as a failed P/D load),
+  and `on_failed_loads` drops those entries here, so the next request recomputes them.
+
 Counted here (SchedulerStats -> Prometheus): blocks stored and loaded (vLLM's
 `vllm:kv_offload_store_bytes` / `vllm:kv_offload_load_bytes`, and block counts), and
 the host hits as vLLM's external prefix-cache hits.
