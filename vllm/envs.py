@@ -105,6 +105,10 @@ environment_variables: dict[str, tuple[Callable[[str], Any], Any, str]] = {
     "VLLM_TORCH_PROFILER_WITH_STACK": (_bool, True, "Record Python stacks in torch profiler "
                                        "traces."),
     "VLLM_ENGINE_ITERATION_TIMEOUT_S": (int, 60, "Seconds a worker may take for one step."),
+    "PROMETHEUS_MULTIPROC_DIR": (str, "", "prometheus_client's multiprocess directory (its "
+                                 "own variable): `vllm serve --api-server-count N` makes "
+                                 "a fresh one for its API servers and removes it at exit; "
+                                 "one set by the user is used and left in place."),
     "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": (_bool, False, "Keep the OpenAI server up (answering "
                                         "503) after its engine died, instead of exiting."),
     "VLLM_MAX_COMPLETION_PROMPTS": (int, 1024, "Most prompts one request may hold (a list "

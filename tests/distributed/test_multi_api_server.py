@@ -243,7 +243,7 @@ def test_the_module_entry_point_sends_deployments_to_vllm_serve():
 
 def test_a_shared_core_loads_an_adapter_once():
     """Every API server loads its --lora-modules on every core: once per core; a
-    load_inplace (weights read again) still reloads."""
+    load_inplace or a new generation (the frontend's stamp of a reload) still reloads."""
     from types import SimpleNamespace
 
     from vllm.engine.utility import _add_lora
@@ -258,6 +258,9 @@ def test_a_shared_core_loads_an_adapter_once():
     assert _add_lora(core, LoRARequest(lora_name="a", lora_int_id=1,
                                        lora_path="/adapters/a", load_inplace=True))
     assert calls == ["add_lora", "add_lora"]
+    assert _add_lora(core, LoRARequest(lora_name="a", lora_int_id=1,
+                                       lora_path="/adapters/a", generation=1))
+    assert calls == ["add_lora", "add_lora", "add_lora"]
 
 
 def test_routing_follows_the_cores_reported_load():

@@ -236,13 +236,18 @@ def test_gated_rms_norm(mode, dtype):
            ops.gated_rms_norm(x, None, w, 2500, 1e-6))
 
 
-def test_the_cuda_kernel_table_binds_them_and_cpu_keeps_torch():
-    """On CUDA the mixers' ops resolve to the Triton kernels; CPU and HPU keep the
-    torch ops (inspecting the table; no GPU needed)."""
+def test_the_cuda_kernel_table_binds_them_and_cpu_and_hpu_keep_theirs():
+    """On CUDA the mixers' ops resolve to the Triton kernels; the HPU keeps the torch
+    ops, the CPU its native decode steps (vllm/cpu/state_ops.py) and torch for the rest
+    (inspecting the table; no GPU needed)."""
+    from vllm.cpu import state_ops
+    from vllm.cpu.ops import register_cpu_ops
     from vllm.cuda import ops as cuda_ops
     from vllm.model_executor import kernels
     from vllm.platforms.cuda import CudaPlatform
     CudaPlatform().bind_custom_ops()
+    register_cpu_ops()
+    cpu_native = {"ssd_step", "causal_conv1d_step", "gated_delta_rule_step"}
     expected = {"causal_conv1d": ssm_kernels.causal_conv1d,
                 "causal_conv1d_step": ssm_kernels.causal_conv1d_step,
                 "ssd_step": ssm_kernels.ssd_step,
@@ -255,7 +260,8 @@ def test_the_cuda_kernel_table_binds_them_and_cpu_keeps_torch():
     assert {k: cuda_ops.CUDA_KERNELS[k] for k in expected} == expected
     for name, fn in expected.items():
         assert kernels.kernel(name, "cuda") is fn
-        assert kernels.kernel(name, "cpu") is getattr(ops, name)
+        assert kernels.kernel(name, "cpu") is getattr(
+            state_ops if name in cpu_native else ops, name)
         assert kernels.kernel(name, "hpu") is getattr(ops, name)
     for name in kernels.SSM_OPS:
         assert name in kernels._defaults

@@ -82,7 +82,8 @@ def _add_lora(core: Any, lora_request: Any) -> bool:
         raise ValueError("LoRA is not enabled; start the engine with enable_lora=True.")
     known = core.loaded_loras.get(lora_request.lora_int_id)
     if (known is not None and known.lora_path == lora_request.lora_path
-            and not getattr(lora_request, "load_inplace", False)):
+            and known.generation == lora_request.generation
+            and not lora_request.load_inplace):
         return True  # several API servers load their --lora-modules on a shared core
     added = all(core.collective_rpc("add_lora", args=(lora_request,)))
     core.loaded_loras[lora_request.lora_int_id] = lora_request

@@ -22,13 +22,14 @@ ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def enabled() -> bool:
-    return bool(os.environ.get(ENV))
+    from vllm import envs
+    return bool(envs.PROMETHEUS_MULTIPROC_DIR)
 
 
 def setup_dir() -> Optional[str]:
     """A fresh directory for this deployment's files, exported to the API servers this
     process starts (None when the user gave one: it is theirs to clear)."""
-    if os.environ.get(ENV):
+    if enabled():
         return None
     path = tempfile.mkdtemp(prefix="vllm-metrics-")
     os.environ[ENV] = path
