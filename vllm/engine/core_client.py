@@ -305,11 +305,15 @@ class MPEngineCoreClient:
 
     # ----------------------------------------------------------- shutdown
     def shutdown(self) -> None:
-        """Ask the core to stop (it shuts its workers down), wait, then make sure."""
+        """Ask the core to stop (it shuts its workers down), wait, then make sure. A core
+        not ready yet (the frontend's own set-up failed meanwhile) has nothing to finish
+        and may not read its socket for a while: its death pipe closes at once instead
+        (a stop message sent before it connected would be dropped, and the wait would
+        run out its 30 s)."""
         if self._closed:
             return
         self._closed = True
-        if self.proc.is_alive() and self._dead is None:
+        if self.proc.is_alive() and self._dead is None and self._ready:
             try:
                 self._input.send(self._encoder.encode(serial.SHUTDOWN), zmq.NOBLOCK)
             except zmq.ZMQError:
