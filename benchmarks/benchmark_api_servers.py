@@ -27,7 +27,7 @@ import httpx
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from benchmarks.served_compare import free_port, stop_server  # noqa: E402
+from benchmarks.served_compare import free_port, stop_server, wait_ready  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -50,20 +50,6 @@ def start(model: str, count: int, port: int, extra: list[str]) -> tuple[subproce
         cmd += ["--api-server-count", str(count)]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, log.name
-
-
-def wait_ready(proc: subprocess.Popen, url: str, log: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited:\n{open(log).read()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"server not ready:\n{open(log).read()[-3000:]}")
 
 
 def _request_bytes(port: int, model: str, i: int, max_tokens: int, chat: bool,
@@ -196,7 +182,7 @@ def main() -> None:
             url = f"http://127.0.0.1:{port}"
             proc, log = start(model, count, port, extra)
             try:
-                wait_ready(proc, url, log, args.startup_timeout)
+                wait_ready(proc, port, args.startup_timeout, log)
                 name = served_model_name(url)
                 _run(load(url, name, 64, args.concurrency, args.max_tokens, args.chat,
                           args.stream))  # warm

@@ -128,6 +128,8 @@ class SharedEngineCoreProc(EngineCoreProc):
         self._owner: dict[str, bytes] = {}
         """The frontend each unfinished request came from."""
         self._sent_stats: dict[bytes, Any] = {}
+        self._reply_to = b""
+        """The frontend whose admin call is running (its reply goes there)."""
 
     # ----------------------------------------------------------- inputs
     def _handle_inputs(self, block: bool) -> bool:

@@ -59,18 +59,11 @@ def build_remote_engine(engine_args: AsyncEngineArgs, addresses: list[str],
     """An API server's engine over shared cores already running at `addresses` (one per
     data-parallel rank; vllm/engine/dp_cores.py): this process tokenizes, detokenizes
     and streams, the cores step."""
-    from vllm.engine.dp_cores import rank_config
-    from vllm.engine.llm_engine import LLMEngine
     replicas: list[AsyncLLMEngine] = []
     try:
         for rank, address in enumerate(addresses):
-            engine = LLMEngine(rank_config(engine_args, rank),
-                               log_stats=not engine_args.disable_log_stats,
-                               core_address=address)
-            replicas.append(AsyncLLMEngine(
-                engine, log_requests=engine_args.log_requests,
-                log_outputs=engine_args.enable_log_outputs,
-                log_stats=not engine_args.disable_log_stats, max_log_len=max_log_len))
+            replicas.append(_build_replica(engine_args, rank, True, max_log_len,
+                                           core_address=address))
     except BaseException:
         for r in replicas:
             r.shutdown()
@@ -99,13 +92,15 @@ def release_engine_core() -> None:
 
 
 def _build_replica(engine_args: AsyncEngineArgs, rank: int, start_engine_loop: bool,
-                   max_log_len: Optional[int]) -> AsyncLLMEngine:
+                   max_log_len: Optional[int], core_address: Optional[str] = None
+                   ) -> AsyncLLMEngine:
     """Replica `rank`: its config says which one it is, so its workers take their own
-    devices (see WorkerBase.device_index) instead of all starting at device 0."""
+    devices (see WorkerBase.device_index) instead of all starting at device 0.
+    `core_address`: its engine core runs elsewhere already (build_remote_engine)."""
+    from vllm.engine.dp_cores import rank_config
     from vllm.engine.llm_engine import LLMEngine
-    config = engine_args.create_engine_config()
-    config.parallel_config = dataclasses.replace(config.parallel_config, data_parallel_rank=rank)
-    engine = LLMEngine(config, log_stats=not engine_args.disable_log_stats)
+    engine = LLMEngine(rank_config(engine_args, rank),
+                       log_stats=not engine_args.disable_log_stats, core_address=core_address)
     return AsyncLLMEngine(engine, log_requests=engine_args.log_requests,
                           log_outputs=engine_args.enable_log_outputs,
                           log_stats=not engine_args.disable_log_stats,

@@ -166,16 +166,24 @@ def api_server_main(args: argparse.Namespace, sock: socket.socket, addresses: li
 
 
 def _supervise(servers: list[Any], cores: Any) -> int:
-    """Wait until an API server or a local core exits: 1 (the rest are stopped)."""
+    """Wait until an API server or a local core exits: 1 (the rest are stopped). With
+    VLLM_KEEP_ALIVE_ON_ENGINE_DEATH a core's exit stops nothing: the API servers stay
+    up answering 503, as one server does, until one of them exits."""
+    from vllm import envs
     from vllm.engine.dp_cores import wait_any
     from vllm.executor.multiproc_utils import describe_exit
-    ready = wait_any([p.sentinel for p in servers] + cores.sentinels, None)
-    for proc in servers + cores.procs:
-        if proc.sentinel in ready:
+    watched = servers + cores.procs
+    while True:
+        ready = wait_any([p.sentinel for p in watched], None)
+        for proc in [p for p in watched if p.sentinel in ready]:
             proc.join(1.0)
-            logger.error("%s exited (%s): stopping the deployment.", proc.name,
-                         describe_exit(proc))
-    return 1
+            watched.remove(proc)
+            if proc in servers or not envs.VLLM_KEEP_ALIVE_ON_ENGINE_DEATH:
+                logger.error("%s exited (%s): stopping the deployment.", proc.name,
+                             describe_exit(proc))
+                return 1
+            logger.error("%s exited (%s); VLLM_KEEP_ALIVE_ON_ENGINE_DEATH keeps the API "
+                         "servers up (answering 503).", proc.name, describe_exit(proc))
 
 
 def _stop_api_servers(servers: list[Any]) -> None:
