@@ -765,12 +765,16 @@ inline void store16(bf16* y, int64_t n0, int64_t N, __m512 v) {
   _mm256_mask_storeu_epi16(y + n0, mask, (__m256i)_mm512_cvtneps_pbh(v));
 }
 
+// `ahead` (may be null): where this group asks for the next tile's weights, one k-pair
+// line per block every `every` pairs of its own loop, into L2 (see gemm_blocks).
 template <int MB, int NB>
 void gemm_tile(const bf16* x, int64_t x_stride, const bf16* p, int64_t block, int64_t pairs,
-               const __m512* bias, bf16* y, int64_t y_stride, int64_t n0, int64_t N) {
+               const __m512* bias, bf16* y, int64_t y_stride, int64_t n0, int64_t N,
+               const bf16* ahead, int64_t every) {
   __m512 acc[MB][NB];
   for (int m = 0; m < MB; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = bias[j];
+  int64_t countdown = every;
   for (int64_t kp = 0; kp < pairs; ++kp) {
     __m512bh w[NB];
     for (int j = 0; j < NB; ++j) {
@@ -779,6 +783,14 @@ void gemm_tile(const bf16* x, int64_t x_stride, const bf16* p, int64_t block, in
                                                    (kp + kPrefetchPairs) * 2 * kLanes),
                      _MM_HINT_T0);
       w[j] = (__m512bh)_mm512_loadu_si512(p + j * block + kp * 2 * kLanes);
+    }
+    if constexpr (MB >= kPrefetchRows) {
+      if (ahead != nullptr && --countdown == 0) {
+        countdown = every;
+        for (int j = 0; j < NB; ++j)
+          _mm_prefetch(reinterpret_cast<const char*>(ahead + j * block), _MM_HINT_T1);
+        ahead += 2 * kLanes;
+      }
     }
     for (int m = 0; m < MB; ++m) {
       int32_t pair;
@@ -812,7 +824,8 @@ inline void store8(bf16* y, int64_t n0, int64_t N, __m256 v) {
 // accumulators, 2 * MB broadcast inputs and one weight vector pair in 16 registers.
 template <int MB, int NB>
 void gemm_tile(const bf16* x, int64_t x_stride, const bf16* p, int64_t block, int64_t pairs,
-               const __m256* bias, bf16* y, int64_t y_stride, int64_t n0, int64_t N) {
+               const __m256* bias, bf16* y, int64_t y_stride, int64_t n0, int64_t N,
+               const bf16* /*ahead*/, int64_t /*every*/) {
   constexpr int V = 2 * NB;
   const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xffff0000u));
   __m256 acc[MB][V];
@@ -853,12 +866,12 @@ void gemm_tile(const bf16* x, int64_t x_stride, const bf16* p, int64_t block, in
 template <int MB, int NB>
 void gemm_group(int64_t rows, const bf16* x, int64_t x_stride, const bf16* p, int64_t block,
                 int64_t pairs, const Vec* bias, bf16* y, int64_t y_stride, int64_t n0,
-                int64_t N) {
+                int64_t N, const bf16* ahead, int64_t every) {
   switch (rows) {
 #define VLLM_ROWS(R)                                                                  \
     case R:                                                                             \
       gemm_tile<(R <= MB ? R : 1), NB>(x, x_stride, p, block, pairs, bias, y, y_stride, \
-                                       n0, N);                                          \
+                                       n0, N, ahead, every);                            \
       break;
     VLLM_ROWS(1) VLLM_ROWS(2) VLLM_ROWS(3) VLLM_ROWS(4) VLLM_ROWS(5) VLLM_ROWS(6)
     VLLM_ROWS(7) VLLM_ROWS(8) VLLM_ROWS(9) VLLM_ROWS(10) VLLM_ROWS(11) VLLM_ROWS(12)
@@ -867,10 +880,20 @@ void gemm_group(int64_t rows, const bf16* x, int64_t x_stride, const bf16* p, in
   }
 }
 
+//
+// Only the first group streams the block from memory; with two groups or more the others
+// compute from cache while the memory system idles. So every group (of kPrefetchRows
+// rows or more) also asks for its share of the next tile's weights (`next`, null for a
+// thread's last tile): group g for pairs from g * pairs / groups on, one line per block
+// every `groups` pairs of its loop. The next tile is in L2 when its first group starts,
+// and memory time overlaps compute time instead of adding to it. SmolLM2's projections
+// and LM head from memory (2 cores, AVX512-BF16), ms for one decode step's worth: 8 rows
+// 7.18 -> 6.49, 16 rows 8.03 -> 7.09, 24 rows 9.94 -> 7.60, 64 rows 21.2 -> 18.4; 1 row
+// (no prefetch in tiles that narrow) 6.7 either way.
 template <int MB, int NB>
 void gemm_blocks(const bf16* x, int64_t x_stride, int64_t M, const bf16* p, int64_t block,
                  int64_t pairs, const Vec* bias, bf16* y, int64_t y_stride, int64_t n0,
-                 int64_t N) {
+                 int64_t N, const bf16* next) {
   static_assert(MB <= 12, "gemm_group instantiates groups of up to 12 rows");
   const int64_t groups = (M + MB - 1) / MB;
   if (groups == 0) return;
@@ -878,8 +901,10 @@ void gemm_blocks(const bf16* x, int64_t x_stride, int64_t M, const bf16* p, int6
   int64_t m = 0;
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t rows = base + (g < larger ? 1 : 0);
+    const bf16* ahead =
+        next != nullptr ? next + g * pairs / groups * 2 * kLanes : nullptr;
     gemm_group<MB, NB>(rows, x + m * x_stride, x_stride, p, block, pairs, bias,
-                       y + m * y_stride, y_stride, n0, N);
+                       y + m * y_stride, y_stride, n0, N, ahead, groups);
     m += rows;
   }
 }
@@ -895,13 +920,14 @@ void gemm_packed(const bf16* x, int64_t x_stride, int64_t M, const bf16* packed,
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * 2 * kLanes;
       const bf16* p = packed + 2 * t * block;
+      const bf16* next = t + 1 < t1 ? p + 2 * block : nullptr;
 #if VLLM_HAVE_BF16_GEMM
       const __m512 b[2] = {load_bias16(bias, n0, N), load_bias16(bias, n0 + kLanes, N)};
-      gemm_blocks<12, 2>(x, x_stride, M, p, block, pairs, b, y, y_stride, n0, N);
+      gemm_blocks<12, 2>(x, x_stride, M, p, block, pairs, b, y, y_stride, n0, N, next);
 #else
       __m256 b[4];
       for (int j = 0; j < 4; ++j) b[j] = load_bias8(bias, n0 + j * 8, N);
-      gemm_blocks<2, 2>(x, x_stride, M, p, block, pairs, b, y, y_stride, n0, N);
+      gemm_blocks<2, 2>(x, x_stride, M, p, block, pairs, b, y, y_stride, n0, N, next);
 #endif
     }
   }
