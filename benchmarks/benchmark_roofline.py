@@ -10,12 +10,17 @@ the bf16 GEMM peak, both measured in this process (issue 53, item 2).
      the prompt-chunk row count; the kernel it chose is reported.
 2. The engine (`vllm.LLM`, greedy, EOS ignored) at each batch size: wall time of every
    `EngineCore.step` (the engine keeps no per-step timing of its own), split into
-   prefill steps and full-batch decode steps.
+   prefill steps and full-batch decode steps. The triad runs again right before and
+   right after each batch size (this VM's bandwidth moves between phases minutes
+   apart), and each batch is held against the faster of those two.
 3. Accounting from the model config (`ModelBytes`): a decode step reads every linear
    weight once (LM head included, the embedding table not: it is only gathered) plus
    the KV of every context token of every request; a prefill step computes 2 FLOPs
    per weight per prompt token, causal attention, and logits only for the prompts it
-   completes (as the runner does).
+   completes (as the runner does). Shares: of the bandwidth roofline (bytes per
+   step / step time against the triad), of the GEMM peak, and of the roofline
+   itself (the longer of the two times over the step time: at batch 16 on a fast
+   2-core machine the FLOPs at the peak take as long as the bytes at the bandwidth).
 
 The engine's `--enable-mfu-metrics` estimate (vllm/engine/perf_metrics.py) is not used
 here: it counts the embedding table as read every step and logits for every prompt
@@ -39,7 +44,7 @@ import json
 import statistics
 import subprocess
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -118,13 +123,35 @@ def run_probes(triad_elements: int, gemm_size: int, gemm_rows: Optional[int],
                 "triad_mib": 3 * 4 * triad_elements / 2 ** 20,
                 "gemm_flops_per_s": flops, "gemm_kernel": kind, "gemm_size": gemm_size,
                 "gemm_rows": gemm_rows or gemm_size}
+    return on_step_thread(llm, measure)
+
+
+def on_step_thread(llm: Any, fn: Callable[[], Any]) -> Any:
+    """fn() on the thread the engine's steps run on (the calling thread when the
+    engine has no step thread of its own, or without an engine)."""
     step_thread = None
     if llm is not None:
         executor = llm.llm_engine.engine_core.executor
         step_thread = getattr(executor, "_step_thread", None)
         if getattr(executor, "worker", None) is None:
             raise SystemExit("benchmark_roofline.py needs the single-process executor.")
-    return step_thread.submit(measure).result() if step_thread else measure()
+    return step_thread.submit(fn).result() if step_thread else fn()
+
+
+def triad_next_to(llm: Any, triad_elements: int, run: Callable[[], dict]) -> dict:
+    """run() with the triad measured right before and right after it: this VM's
+    bandwidth moves between phases (~45 and ~75 GB/s here, minutes apart), so a step is
+    held against the bandwidth of its own moment. The faster of the two is kept (the
+    share is then the lower one)."""
+    def triad() -> float:
+        with torch.inference_mode():
+            return triad_bandwidth(triad_elements, runs=3, allocations=2)
+    before = on_step_thread(llm, triad)
+    row = run()
+    after = on_step_thread(llm, triad)
+    row["triad_before_after"] = [before, after]
+    row["triad_bytes_per_s"] = max(before, after)
+    return row
 
 
 # ------------------------------------------------------------------ accounting
@@ -266,11 +293,18 @@ def machine() -> dict:
 
 
 def add_shares(result: dict) -> dict:
+    """Each row's shares: decode against the bandwidth (the triad measured next to the
+    row where there is one), against the GEMM peak, and against the roofline itself,
+    max(bytes / bandwidth, FLOPs / peak): a batch whose FLOPs take longer at the peak
+    than its bytes at the bandwidth is bound by compute, and its bandwidth share alone
+    could never reach 100%."""
     probes = result["probes"]
     for row in result["batches"]:
-        row["bw_roofline_share"] = row["decode_gb_per_s"] * 1e9 / probes["triad_bytes_per_s"]
+        bw = row.get("triad_bytes_per_s", probes["triad_bytes_per_s"])
+        row["bw_roofline_share"] = row["decode_gb_per_s"] * 1e9 / bw
         row["decode_gemm_peak_share"] = (row["decode_tflop_per_s"] * 1e12
                                          / probes["gemm_flops_per_s"])
+        row["roofline_share"] = max(row["bw_roofline_share"], row["decode_gemm_peak_share"])
         row["gemm_peak_share"] = (row["prefill_tflop_per_s"] * 1e12
                                   / probes["gemm_flops_per_s"])
     return result
@@ -285,14 +319,16 @@ def print_report(r: dict) -> None:
           f"moved); bf16 GEMM peak {p['gemm_flops_per_s'] / 1e12:.3f} TFLOP/s "
           f"({p['gemm_rows']}x{p['gemm_size']}x{p['gemm_size']}, {p['gemm_kernel']})")
     print(f"model weights read per step {r['weight_bytes'] / 1e6:.1f} MB")
-    print("| batch | decode step ms | MB read/step | GB/s | % of BW roofline "
-          "| decode % of GEMM peak "
+    print("| batch | decode step ms | MB read/step | GB/s | triad GB/s next to it "
+          "| % of BW roofline | decode % of GEMM peak | % of roofline "
           "| prefill tokens | prefill step ms | GFLOP | TFLOP/s | % of GEMM peak |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for b in r["batches"]:
+        triads = b.get("triad_before_after", [p["triad_bytes_per_s"]] * 2)
         print(f"| {b['batch']} | {b['decode_step_ms']:.2f} | {b['decode_bytes_per_step'] / 1e6:.1f} "
-              f"| {b['decode_gb_per_s']:.2f} | {100 * b['bw_roofline_share']:.0f}% "
-              f"| {100 * b['decode_gemm_peak_share']:.0f}% "
+              f"| {b['decode_gb_per_s']:.2f} | {triads[0] / 1e9:.0f} / {triads[1] / 1e9:.0f} "
+              f"| {100 * b['bw_roofline_share']:.0f}% "
+              f"| {100 * b['decode_gemm_peak_share']:.0f}% | {100 * b['roofline_share']:.0f}% "
               f"| {b['prefill_tokens']} | {b['prefill_step_ms']:.1f} "
               f"| {b['prefill_flops'] / 1e9:.1f} | {b['prefill_tflop_per_s']:.3f} "
               f"| {100 * b['gemm_peak_share']:.0f}% |")
@@ -309,7 +345,10 @@ def main(args: argparse.Namespace) -> dict:
     rng = np.random.default_rng(args.seed or 0)
     llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2),
                  use_tqdm=False)  # warm-up
-    batches = [run_batch(llm, model, b, args.input_len, args.output_len, rng)
+    triad_elements = args.triad_mib * 2 ** 20 // 12
+    batches = [triad_next_to(llm, triad_elements,
+                             lambda b=b: run_batch(llm, model, b, args.input_len,
+                                                   args.output_len, rng))
                for b in args.batch_sizes]
     result = add_shares({"machine": start_machine, "load_avg_after": list(os.getloadavg()),
                          "model": args.model, "probes": probes,

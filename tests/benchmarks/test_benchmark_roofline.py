@@ -53,3 +53,19 @@ def test_decode_flops_count_logits_and_attention():
     m = ModelBytes.from_hf_config(CONFIG)
     assert m.decode_flops([3, 5]) == (2 * (m.layer_params + 64 * 100) * 2
                                       + 4 * 2 * 4 * 16 * 8)
+
+
+def test_a_rows_own_triad_and_the_roofline_share():
+    """A row measured next to its own triad is held against it; the roofline share is
+    the larger of the bandwidth and the compute share (the binding roof)."""
+    r = add_shares({"probes": {"triad_bytes_per_s": 100e9, "gemm_flops_per_s": 2e12},
+                    "batches": [{"decode_gb_per_s": 30.0, "decode_tflop_per_s": 1.6,
+                                 "prefill_tflop_per_s": 0.5, "triad_bytes_per_s": 50e9},
+                                {"decode_gb_per_s": 30.0, "decode_tflop_per_s": 0.2,
+                                 "prefill_tflop_per_s": 0.5}]})
+    compute_bound, memory_bound = r["batches"]
+    assert abs(compute_bound["bw_roofline_share"] - 0.6) < 1e-9
+    assert abs(compute_bound["roofline_share"] - 0.8) < 1e-9
+    assert abs(memory_bound["bw_roofline_share"] - 0.3) < 1e-9
+    assert abs(memory_bound["decode_gemm_peak_share"] - 0.1) < 1e-9
+    assert abs(memory_bound["roofline_share"] - 0.3) < 1e-9
