@@ -739,16 +739,17 @@ using Vec = __m512;
 
 // How far ahead (in k pairs, one 64-byte line of a feature block each) gemm_tile asks
 // for the weights: 4 KiB per stream. The hardware prefetcher alone keeps a single-row
-// product near the memory bandwidth, but from a few rows up the multiply-adds slow the
+// product near the memory bandwidth, but from two rows up the multiply-adds slow the
 // loads enough that its requests come late: measured on SmolLM2's projections (2 cores,
 // AVX512-BF16, weights streamed from memory), 16 rows took 9.9 ms without, 8.1 ms with
-// (64 pairs ahead; 16: 10.3, 32: 9.3, 128: 9.1), 1 row the same 6.2 ms. A request past
-// the packed block only brings a line of the next one (prefetches never fault). Tiles of
-// fewer than kPrefetchRows rows do without: they gain nothing from memory, and on a
-// weight already in cache (as the start-up timing sees it, gemm_autotune.py) the extra
-// instruction per load made one row slow enough to lose to another kernel.
+// (64 pairs ahead; 16: 10.3, 32: 9.3, 128: 9.1), 3 rows 7.9 -> 6.3 ms, 1 row the same.
+// A request past the packed block only brings a line of the next one (prefetches never
+// fault). One-row tiles do without: they gain nothing from memory (measured in both of
+// this VM's bandwidth phases), and on a weight already in cache (as the start-up timing
+// sees it, gemm_autotune.py) the extra instruction per load made one row slow enough to
+// lose to another kernel.
 constexpr int64_t kPrefetchPairs = 64;
-constexpr int kPrefetchRows = 4;
+constexpr int kPrefetchRows = 2;
 
 inline __m512 load_bias16(const bf16* bias, int64_t n0, int64_t N) {
   if (bias == nullptr) return _mm512_setzero_ps();
