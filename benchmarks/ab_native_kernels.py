@@ -31,11 +31,13 @@ import dataclasses
 import json
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.benchmark_roofline import StepTimes
+from benchmarks.compare_vllm_cpu import cpu_model_name
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNEL_DIR = "vllm/cpu"
@@ -96,49 +98,15 @@ def decode_step_ms(llm: Any, batch: int, input_len: int, output_len: int,
                    rng: np.random.Generator) -> float:
     """Median wall time of the pure decode steps of `batch` fresh random prompts."""
     from vllm import SamplingParams
-    from vllm.engine import core as core_mod
-    times: list[float] = []
-    real_step = core_mod.EngineCore.step
-
-    def step(self):
-        scheduled = []
-        real_schedule = self.scheduler.schedule
-
-        def schedule():
-            so = real_schedule()
-            scheduled.append(so.total_num_scheduled_tokens == batch
-                             and len(so.num_scheduled_tokens) == batch)
-            return so
-        self.scheduler.schedule = schedule
-        start = time.perf_counter()
-        try:
-            return real_step(self)
-        finally:
-            del self.scheduler.schedule
-            if scheduled and scheduled[0]:
-                times.append(time.perf_counter() - start)
     prompts = [{"prompt_token_ids": rng.integers(0, 10000, input_len).tolist()}
                for _ in range(batch)]
-    core_mod.EngineCore.step = step
-    try:
+    with StepTimes() as timer:
         llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=output_len,
                                              ignore_eos=True), use_tqdm=False)
-    finally:
-        core_mod.EngineCore.step = real_step
+    times = [t for t, tokens, requests in timer.steps if tokens == requests == batch]
     if not times:
         raise RuntimeError(f"no decode step of all {batch} requests was scheduled")
     return 1000 * float(np.median(times))
-
-
-def cpu_model_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def main(args: argparse.Namespace) -> dict:

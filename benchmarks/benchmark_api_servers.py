@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,18 +26,8 @@ import httpx
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
+from benchmarks.compare_vllm_cpu import cpu_model_name  # noqa: E402
 from benchmarks.served_compare import free_port, stop_server, wait_ready  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def start(model: str, count: int, port: int, extra: list[str]) -> tuple[subprocess.Popen, str]:
@@ -171,7 +160,7 @@ def main() -> None:
     from vllm.engine.arg_utils import DEFAULT_MODEL
     model = args.model or DEFAULT_MODEL
     extra = [a for a in args.extra if a != "--"]
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {args.requests} "
+    print(f"CPU: {cpu_model_name()}, {os.cpu_count()} cores; {args.requests} "
           f"{'chat ' if args.chat else ''}{'streamed ' if args.stream else ''}requests, "
           f"{args.concurrency} concurrent, {args.max_tokens} output token(s)")
     results: dict[int, list[float]] = {c: [] for c in args.counts}
@@ -209,7 +198,7 @@ def main() -> None:
         print(f"api servers {count}: median {med:.1f} req/s ({med / base:.2f}x)")
     if args.output_json:
         with open(args.output_json, "w") as f:
-            json.dump(dict(cpu=cpu_model(), rows=rows), f, indent=1)
+            json.dump(dict(cpu=cpu_model_name(), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ import dataclasses
 import datetime
 import json
 import statistics
-import subprocess
 import time
 from typing import Any, Callable, Optional
 
@@ -282,13 +281,8 @@ def run_batch(llm: Any, model: ModelBytes, batch: int, input_len: int, output_le
 # ------------------------------------------------------------------ report
 def machine() -> dict:
     """lscpu's model name and the load average, recorded with every result."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        name = next((l.split(":", 1)[1].strip() for l in out.splitlines()
-                     if l.startswith("Model name")), "unknown")
-    except OSError:
-        name = "unknown"
-    return {"cpu": name, "load_avg": list(os.getloadavg()),
+    from benchmarks.compare_vllm_cpu import cpu_model_name
+    return {"cpu": cpu_model_name(), "load_avg": list(os.getloadavg()),
             "date": datetime.date.today().isoformat()}
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ if __package__ in (None, ""):
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
     sys.path.insert(0, os.path.dirname(_HERE))
 
+from benchmarks.compare_vllm_cpu import cpu_model_name  # noqa: E402
 from benchmarks.datasets import sample_synthetic_lengths  # noqa: E402
 from vllm.hpu.bucket_planner import (BucketPlan, default_context, evaluate,  # noqa: E402
                                      make_plan, plan_context)
@@ -181,17 +181,6 @@ def measure_warmup(limits: EngineLimits, row: Row, tmp: str) -> None:
     row.compiles, row.seconds = compiles, seconds
 
 
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-requests", type=int, default=500)
@@ -219,7 +208,7 @@ def main() -> None:
                       f"{row.waste['prompt']:.1%} | {row.waste['decode']:.1%} |")
     if args.warmup:
         print(f"\nwarmup seconds: fake HPU, tiny random llama, 1 thread; lscpu model name: "
-              f"{cpu_model()}")
+              f"{cpu_model_name()}")
 
 
 if __name__ == "__main__":
