@@ -734,9 +734,6 @@ void pack_vnni(const bf16* w, int64_t N, int64_t K, bf16* out, int nthreads) {
   }
 }
 
-#if VLLM_HAVE_BF16_GEMM
-using Vec = __m512;
-
 // How far ahead (in k pairs, one 64-byte line of a feature block each) gemm_tile asks
 // for the weights: 4 KiB per stream. The hardware prefetcher alone keeps a single-row
 // product near the memory bandwidth, but from two rows up the multiply-adds slow the
@@ -748,8 +745,40 @@ using Vec = __m512;
 // this VM's bandwidth phases), and on a weight already in cache (as the start-up timing
 // sees it, gemm_autotune.py) the extra instruction per load made one row slow enough to
 // lose to another kernel.
+// The AVX2 kernel prefetches from one row up: widening each weight pair to two float
+// vectors slows even a one-row loop enough for the hardware's requests to come late
+// (the AVX2 build run on an AVX512-BF16 EPYC, same probe, with the next-tile prefetch
+// of gemm_blocks: 1 row 8.7 -> 6.7 ms, 4 rows 10.4 -> 6.4 ms, 16 rows 26.4 -> 21.8 ms).
 constexpr int64_t kPrefetchPairs = 64;
+#if VLLM_HAVE_BF16_GEMM
 constexpr int kPrefetchRows = 2;
+#else
+constexpr int kPrefetchRows = 1;
+#endif
+
+// Weights of the tile itself, kPrefetchPairs pairs ahead of pair kp, into L1.
+template <int NB>
+inline void prefetch_own(const bf16* p, int64_t block, int64_t kp) {
+  for (int j = 0; j < NB; ++j)
+    _mm_prefetch(
+        reinterpret_cast<const char*>(p + j * block + (kp + kPrefetchPairs) * 2 * kLanes),
+        _MM_HINT_T0);
+}
+
+// One line per block of the next tile every `every` pairs, into L2 (see gemm_blocks).
+template <int NB>
+inline void prefetch_ahead(const bf16*& ahead, int64_t& countdown, int64_t every,
+                           int64_t block) {
+  if (ahead == nullptr || --countdown != 0) return;
+  countdown = every;
+  for (int j = 0; j < NB; ++j)
+    _mm_prefetch(reinterpret_cast<const char*>(ahead + j * block), _MM_HINT_T1);
+  ahead += 2 * kLanes;
+}
+
+#if VLLM_HAVE_BF16_GEMM
+using Vec = __m512;
+
 
 inline __m512 load_bias16(const bf16* bias, int64_t n0, int64_t N) {
   if (bias == nullptr) return _mm512_setzero_ps();
@@ -777,22 +806,13 @@ void gemm_tile(const bf16* x, int64_t x_stride, const bf16* p, int64_t block, in
     for (int j = 0; j < NB; ++j) acc[m][j] = bias[j];
   int64_t countdown = every;
   for (int64_t kp = 0; kp < pairs; ++kp) {
-    __m512bh w[NB];
-    for (int j = 0; j < NB; ++j) {
-      if constexpr (MB >= kPrefetchRows)
-        _mm_prefetch(reinterpret_cast<const char*>(p + j * block +
-                                                   (kp + kPrefetchPairs) * 2 * kLanes),
-                     _MM_HINT_T0);
-      w[j] = (__m512bh)_mm512_loadu_si512(p + j * block + kp * 2 * kLanes);
-    }
     if constexpr (MB >= kPrefetchRows) {
-      if (ahead != nullptr && --countdown == 0) {
-        countdown = every;
-        for (int j = 0; j < NB; ++j)
-          _mm_prefetch(reinterpret_cast<const char*>(ahead + j * block), _MM_HINT_T1);
-        ahead += 2 * kLanes;
-      }
+      prefetch_own<NB>(p, block, kp);
+      prefetch_ahead<NB>(ahead, countdown, every, block);
     }
+    __m512bh w[NB];
+    for (int j = 0; j < NB; ++j)
+      w[j] = (__m512bh)_mm512_loadu_si512(p + j * block + kp * 2 * kLanes);
     for (int m = 0; m < MB; ++m) {
       int32_t pair;
       std::memcpy(&pair, x + m * x_stride + 2 * kp, 4);
@@ -826,13 +846,18 @@ inline void store8(bf16* y, int64_t n0, int64_t N, __m256 v) {
 template <int MB, int NB>
 void gemm_tile(const bf16* x, int64_t x_stride, const bf16* p, int64_t block, int64_t pairs,
                const __m256* bias, bf16* y, int64_t y_stride, int64_t n0, int64_t N,
-               const bf16* /*ahead*/, int64_t /*every*/) {
+               const bf16* ahead, int64_t every) {
   constexpr int V = 2 * NB;
   const __m256i high = _mm256_set1_epi32(static_cast<int32_t>(0xffff0000u));
   __m256 acc[MB][V];
   for (int m = 0; m < MB; ++m)
     for (int j = 0; j < V; ++j) acc[m][j] = bias[j];
+  int64_t countdown = every;
   for (int64_t kp = 0; kp < pairs; ++kp) {
+    if constexpr (MB >= kPrefetchRows) {
+      prefetch_own<NB>(p, block, kp);
+      prefetch_ahead<NB>(ahead, countdown, every, block);
+    }
     __m256 xe[MB], xo[MB];
     for (int m = 0; m < MB; ++m) {
       int32_t pair;
