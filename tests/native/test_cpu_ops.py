@@ -7,6 +7,9 @@ loader tests cover the fallbacks: disabled by the environment, or no working com
 """
 from __future__ import annotations
 
+import ctypes
+import subprocess
+
 import numpy as np
 import pytest
 import torch
@@ -181,6 +184,49 @@ def test_packed_gemm_matches_a_float32_matmul(m, n, k):
         ref = F.linear(x.float(), w.float(), None if bias is None else bias.float())
         torch.testing.assert_close(got.float(), ref, atol=1e-2 * ref.abs().max().item(),
                                    rtol=1e-2)
+
+
+def _avx2_build(tmp_path) -> ctypes.CDLL:
+    """cpu_ops built as on a CPU with AVX2 + FMA and no AVX-512 (the AVX2 packed GEMM),
+    whatever this CPU has beyond that."""
+    flags = loader._cpu_flags().split()
+    if not {"avx2", "fma"} <= set(flags):
+        pytest.skip("no AVX2 + FMA on this CPU")
+    out = tmp_path / "cpu_ops_avx2.so"
+    subprocess.run([loader._compiler(), *loader.CXX_FLAGS, "-mno-avx512f", "-o", str(out),
+                    str(loader.SOURCE)], check=True, capture_output=True, timeout=120)
+    lib = ctypes.CDLL(str(out))
+    loader._declare(lib)
+    return lib
+
+
+def test_the_avx2_build_of_the_packed_gemm(tmp_path):
+    """The AVX2 + FMA kernel (the one AVX2-only servers run), built here with AVX-512
+    switched off: against a float32 matmul, and each row equal to its one-row product
+    (batch invariance), over row counts of one and several row groups and enough
+    features that each thread runs several tiles (the next-tile prefetch)."""
+    lib = _avx2_build(tmp_path)
+    assert lib.vllm_has_amx_gemm() == 0
+    torch.manual_seed(7)
+    for n, k in [(200, 96), (33, 40)]:
+        w = torch.randn(n, k).bfloat16()
+        packed = torch.empty(lib.vllm_packed_numel(n, k), dtype=torch.bfloat16)
+        assert lib.vllm_pack_bf16(w.data_ptr(), n, k, packed.data_ptr(), 2) == 1
+        x = torch.randn(17, k + 4).bfloat16()[:, 4:]   # strided rows
+
+        def gemm(rows: torch.Tensor) -> torch.Tensor:
+            y = torch.empty(rows.shape[0], n, dtype=torch.bfloat16)
+            assert lib.vllm_gemm_bf16_packed(rows.data_ptr(), rows.stride(0), rows.shape[0],
+                                             packed.data_ptr(), n, k, 0, y.data_ptr(), n, 2)
+            return y
+        for m in (1, 2, 3, 17):
+            got = gemm(x[:m])
+            ref = F.linear(x[:m].float(), w.float())
+            torch.testing.assert_close(got.float(), ref, atol=1e-2 * ref.abs().max().item(),
+                                       rtol=1e-2)
+        whole = gemm(x)
+        for i in (0, 5, 16):
+            assert torch.equal(whole[i], gemm(x[i:i + 1])[0])
 
 
 @pytest.mark.skipif(not cpu_ops.amx_gemm_supported(), reason="no AMX tiles on this CPU")
