@@ -10,6 +10,7 @@ packed weights are the same layout in every build) and times the decode steps of
 batch of random prompts.
 
     python benchmarks/ab_native_kernels.py --a HEAD~1 --b . --batch-sizes 1 16 64
+    python benchmarks/ab_native_kernels.py --a HEAD~1 --b . --extra-cflags=-mno-avx512f
 
 `--a` / `--b`: a git revision (its `vllm/cpu/*.cpp` and `*.h`) or a folder holding
 `cpu_ops.cpp` (`.`: this checkout). The engine is single-process (the default executor).
@@ -67,10 +68,19 @@ def kernel_sources(spec: str, into: Path) -> Path:
     return out
 
 
-def load_build(folder: Path) -> ctypes.CDLL:
-    """cpu_ops of `folder`, built (or found in the cache) as the engine builds its own."""
+def load_build(folder: Path, extra_flags: list[str], into: Path) -> ctypes.CDLL:
+    """cpu_ops of `folder`, built (or found in the cache) as the engine builds its own;
+    with `extra_flags` (e.g. -mno-avx512f: the AVX2 kernels on an AVX-512 machine)
+    compiled into `into` with the engine's flags plus those."""
     from vllm.cpu import loader
-    lib = ctypes.CDLL(str(loader.build_library(folder / "cpu_ops.cpp")))
+    source = folder / "cpu_ops.cpp"
+    if extra_flags:
+        path = into / f"cpu_ops-{abs(hash((str(folder), *extra_flags)))}.so"
+        subprocess.run([loader._compiler(), *loader.CXX_FLAGS, *extra_flags, "-o", str(path),
+                        str(source)], check=True, timeout=loader.BUILD_TIMEOUT_S)
+    else:
+        path = loader.build_library(source)
+    lib = ctypes.CDLL(str(path))
     loader._declare(lib)
     return lib
 
@@ -116,7 +126,8 @@ def main(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         folders = {"a": kernel_sources(args.a, Path(tmp)), "b": kernel_sources(args.b, Path(tmp))}
         llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
-        libs = {k: load_build(f) for k, f in folders.items()}
+        libs = {k: load_build(f, args.extra_cflags.split(), Path(tmp))
+                for k, f in folders.items()}
     rng = np.random.default_rng(args.seed or 0)
     load_before = list(os.getloadavg())
     rounds: dict[str, dict[int, list[float]]] = {k: {b: [] for b in args.batch_sizes}
@@ -135,7 +146,7 @@ def main(args: argparse.Namespace) -> dict:
         rows.append({"batch": batch, "a_ms": a, "b_ms": b, "speedup": a / b,
                      "a_rounds": rounds["a"][batch], "b_rounds": rounds["b"][batch]})
     result = {"cpu": cpu_model_name(), "load_avg": [load_before, list(os.getloadavg())],
-              "a": args.a, "b": args.b, "model": args.model, "input_len": args.input_len,
+              "a": args.a, "b": args.b, "extra_cflags": args.extra_cflags, "model": args.model, "input_len": args.input_len,
               "output_len": args.output_len, "rounds": args.rounds, "rows": rows}
     print_report(result)
     if args.json:
@@ -146,7 +157,8 @@ def main(args: argparse.Namespace) -> dict:
 
 def print_report(r: dict) -> None:
     print(f"{r['cpu']}; load average {r['load_avg'][0][0]:.2f} -> {r['load_avg'][1][0]:.2f}; "
-          f"A = {r['a']}, B = {r['b']}; decode step medians of {r['rounds']} alternating rounds")
+          f"A = {r['a']}, B = {r['b']}{' (' + r['extra_cflags'] + ')' if r['extra_cflags'] else ''}; "
+          f"decode step medians of {r['rounds']} alternating rounds")
     print("| batch | A ms | B ms | A / B | A rounds | B rounds |")
     print("|---|---|---|---|---|---|")
     for row in r["rows"]:
@@ -167,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--extra-cflags", default="",
+                        help="compiler flags added to both builds, e.g. '-mno-avx512f' to "
+                             "compare the AVX2 kernels on an AVX-512 machine")
     parser.add_argument("--json", type=str, default=None, help="write the result here")
     EngineArgs.add_cli_args(parser)
     return parser
