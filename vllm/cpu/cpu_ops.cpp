@@ -779,7 +779,6 @@ inline void prefetch_ahead(const bf16*& ahead, int64_t& countdown, int64_t every
 #if VLLM_HAVE_BF16_GEMM
 using Vec = __m512;
 
-
 inline __m512 load_bias16(const bf16* bias, int64_t n0, int64_t N) {
   if (bias == nullptr) return _mm512_setzero_ps();
   const int64_t left = N - n0;
@@ -906,7 +905,6 @@ void gemm_group(int64_t rows, const bf16* x, int64_t x_stride, const bf16* p, in
   }
 }
 
-//
 // Only the first group streams the block from memory; with two groups or more the others
 // compute from cache while the memory system idles. So every group (of kPrefetchRows
 // rows or more) also asks for its share of the next tile's weights (`next`, null for a
