@@ -76,8 +76,12 @@ def load_build(folder: Path, extra_flags: list[str], into: Path) -> ctypes.CDLL:
     source = folder / "cpu_ops.cpp"
     if extra_flags:
         path = into / f"cpu_ops-{abs(hash((str(folder), *extra_flags)))}.so"
-        subprocess.run([loader._compiler(), *loader.CXX_FLAGS, *extra_flags, "-o", str(path),
-                        str(source)], check=True, timeout=loader.BUILD_TIMEOUT_S)
+        proc = subprocess.run([loader._compiler(), *loader.CXX_FLAGS, *extra_flags, "-o",
+                               str(path), str(source)], capture_output=True, text=True,
+                              timeout=loader.BUILD_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise SystemExit(f"building {source} with {' '.join(extra_flags)} failed:\n"
+                             f"{proc.stderr.strip()[-2000:]}")
     else:
         path = loader.build_library(source)
     lib = ctypes.CDLL(str(path))
@@ -125,9 +129,9 @@ def main(args: argparse.Namespace) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         folders = {"a": kernel_sources(args.a, Path(tmp)), "b": kernel_sources(args.b, Path(tmp))}
-        llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
         libs = {k: load_build(f, args.extra_cflags.split(), Path(tmp))
-                for k, f in folders.items()}
+                for k, f in folders.items()}   # before the engine: a bad build fails fast
+        llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(args)))
     rng = np.random.default_rng(args.seed or 0)
     load_before = list(os.getloadavg())
     rounds: dict[str, dict[int, list[float]]] = {k: {b: [] for b in args.batch_sizes}
